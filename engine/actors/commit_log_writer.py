@@ -1,0 +1,183 @@
+"""The CommitLog writer: the only process that appends to the log.
+
+Receives sends forwarded by the front (ROUTER ``writer.sock``), validates
+them, assigns queue offsets (one counter per topic-queue, rebuilt from the
+log at start) and commit log offsets, appends the batch into the mapped
+segment, then announces the new confirmed offset (PUB ``writer-pub.sock``)
+and answers.
+
+Under ASYNC_FLUSH a send is answered once its records are in the mapping.
+Under SYNC_FLUSH the answer waits until the flusher reports the log flushed
+past the batch (group commit: one flush covers every waiting batch), or
+FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
+from engine.commit_log import CommitLogWriter
+from engine.errors import ErrorCode, PutStatus, RequestError
+from engine.ipc import endpoints
+from engine.ipc.messages import Confirmed, Flushed, encoder, offsets_decoder, route_decoder
+from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_error, encode_reply, safe_request_id
+from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id
+from engine.recovery import plan_commit_log_recovery
+from engine.records import build_fields
+from engine.shared_offsets import CONFIRMED, MIN_OFFSET, WRITTEN
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingAck:
+    """A batch waiting for the flusher (SYNC_FLUSH)."""
+
+    reply_to: list[bytes]
+    request_id: int
+    end_offset: int
+    deadline_ms: int
+    results: list[SendResult]
+
+
+class CommitLogWriterActor(Actor):
+    tick_interval_ms = 100
+
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.store_host = HostAddress.parse(cfg.store_host, cfg.store_port)
+        self.log = CommitLogWriter(ctx.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
+                                   with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments)
+        self.next_queue_offset: dict[tuple[str, int], int] = {}
+        self.last_store_timestamp_ms = 0
+        self.min_offset = 0
+        self.flushed_offset = 0
+        self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.pending: deque[PendingAck] = deque()
+
+    def recover(self) -> None:
+        plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
+        self.log.open_at(plan.end_offset)
+        self.next_queue_offset = dict(plan.next_queue_offsets)
+        self.last_store_timestamp_ms = plan.last_store_timestamp_ms
+        self.min_offset = plan.min_offset
+        self.flushed_offset = plan.end_offset
+        log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges",
+                 plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
+                 len(self.next_queue_offset), len(plan.damage))
+        self.requests = self.ctx.socket(zmq.ROUTER)
+        self.requests.bind(self.ctx.ipc(endpoints.WRITER))
+        self.announce = self.ctx.socket(zmq.PUB)
+        self.announce.bind(self.ctx.ipc(endpoints.WRITER_PUB))
+        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_send))
+        if self.sync_flush:
+            self.flushes = self.ctx.socket(zmq.SUB)
+            self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
+            self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
+            self.on_readable(self.flushes, lambda: drain(self.flushes, self.handle_flushed))
+        self.publish_offsets()
+
+    @property
+    def confirmed_offset(self) -> int:
+        return self.log.written_offset
+
+    def publish_offsets(self) -> None:
+        offsets = self.ctx.offsets
+        offsets.set(WRITTEN, self.log.written_offset)
+        offsets.set(CONFIRMED, self.confirmed_offset)
+        offsets.set(MIN_OFFSET, self.min_offset)
+        message = Confirmed(self.confirmed_offset, self.min_offset, self.last_store_timestamp_ms)
+        self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, encoder.encode(message)])
+
+    def handle_send(self, frames: list[zmq.Frame]) -> None:
+        reply_to = [f.bytes for f in frames[:3]]
+        raw = frames[3].buffer
+        try:
+            route = route_decoder.decode(frames[4].buffer)
+            request = decode_request("send", raw)
+            assert isinstance(request, SendRequest)
+            results, end_offset = self.append(request, route.queue_id)
+        except RequestError as exc:
+            self.requests.send_multipart([*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
+            return
+        self.publish_offsets()
+        if self.sync_flush and request.wait_store and end_offset > self.flushed_offset:
+            deadline = monotonic_ms() + self.config.sync_flush_timeout_ms
+            self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, results))
+            return
+        self.requests.send_multipart([*reply_to, encode_reply(request.id, results=results)])
+
+    def append(self, request: SendRequest, queue_id: int) -> tuple[list[SendResult], int]:
+        """Validate and append a whole batch (all or nothing); RequestError if refused."""
+        if queue_id < 0:
+            raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
+        now_ms = wall_ms()
+        topic = request.topic.encode()
+        fields = [build_fields(m, topic=topic, queue_id=queue_id, config=self.config, born_host=self.store_host,
+                               now_ms=now_ms) for m in request.messages]
+        batch_bytes = self.log.batch_size(fields)
+        if batch_bytes > self.config.send_batch_bytes_max + 64 * 1024 \
+                or batch_bytes + END_FILE_MIN_BLANK_BYTES > self.config.segment_size_bytes:
+            raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the batch takes {batch_bytes} bytes; the limit is "
+                                                          f"{self.config.send_batch_bytes_max}")
+        key = (request.topic, queue_id)
+        first = self.next_queue_offset.get(key, 0)
+        store_ts = max(now_ms, self.last_store_timestamp_ms)
+        try:
+            appended = self.log.append(fields, first_queue_offset=first, store_timestamp_ms=store_ts)
+        except OSError as exc:
+            log.error("cannot create a segment: %s", exc)
+            raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, f"cannot create a segment: {exc}") from None
+        self.next_queue_offset[key] = first + len(fields)
+        self.last_store_timestamp_ms = store_ts
+        results = [SendResult(status=PutStatus.PUT_OK.name, status_code=int(PutStatus.PUT_OK),
+                              msg_id=encode_msg_id(self.store_host, offset), queue_id=queue_id,
+                              queue_offset=first + i, commit_log_offset=offset, store_timestamp=store_ts)
+                   for i, (offset, _size) in enumerate(appended.positions)]
+        return results, appended.end_offset
+
+    def handle_flushed(self, frames: list[zmq.Frame]) -> None:
+        message = offsets_decoder.decode(frames[1].buffer)
+        if isinstance(message, Flushed):
+            self.flushed_offset = max(self.flushed_offset, message.flushed_offset)
+            self.release_pending(monotonic_ms())
+
+    def release_pending(self, now_ms: int) -> None:
+        while self.pending and (self.pending[0].end_offset <= self.flushed_offset
+                                or self.pending[0].deadline_ms <= now_ms):
+            ack = self.pending.popleft()
+            if ack.end_offset > self.flushed_offset:
+                for result in ack.results:
+                    result.status = PutStatus.FLUSH_DISK_TIMEOUT.name
+                    result.status_code = int(PutStatus.FLUSH_DISK_TIMEOUT)
+            self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=ack.results)])
+
+    def tick(self, now_ms: int) -> None:
+        self.publish_offsets()
+        if self.pending:
+            self.release_pending(now_ms)
+        segment_pos = self.log.written_offset % self.config.segment_size_bytes
+        if segment_pos * 2 >= self.config.segment_size_bytes:
+            try:
+                self.log.ensure_next_segment()
+            except OSError as exc:
+                log.error("cannot preallocate the next segment: %s", exc)
+
+    def detail(self) -> dict[str, int]:
+        return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
+                "queues": len(self.next_queue_offset), "pending_sync_acks": len(self.pending)}
+
+    def shutdown(self) -> None:
+        self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)
+        self.publish_offsets()
+        self.log.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(CommitLogWriterActor))

@@ -1,0 +1,202 @@
+"""A ConsumeQueue owner: writes the units of its queues and serves their pulls.
+
+Owner k holds every (topic, queue_id) with ``owner_of(topic, queue_id) == k``.
+It applies ``DispatchBatch``es from the reput dispatcher (SUB ``cq.<k>.``)
+and answers pulls and lookups by id forwarded by the front (ROUTER
+``owner-<k>.sock``), reading message bytes through its own read-only mapping
+of the CommitLog.
+
+Progress: ``applied_offset``, the log offset below which every record of
+its queues is in a unit. A batch starting above it means a batch was missed;
+the owner reads the gap from the log itself before applying the batch.
+
+Recovery: the last unit of every queue is checked against the record it
+points at (a kill can tear a unit); then everything from
+``max(checkpoint dispatched offset, end of the newest unit)`` up to the
+confirmed offset is applied again from the log (units already present are
+skipped: ``ConsumeQueue.put`` is idempotent).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main
+from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.commit_log import CommitLogReader, Damage
+from engine.consume_queue import ConsumeQueue, list_queues
+from engine.errors import ErrorCode, RequestError
+from engine.ipc import endpoints
+from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.ipc.protocol import GetByIdRequest, PullRequest, decode_request, encode_error, encode_reply, safe_request_id
+from engine.layout import RecordError, decode_msg_id, tags_code
+from engine.pull import pull
+from engine.records import message_view, owner_of
+from engine.shared_offsets import CONFIRMED, FLUSHED, owner_slot
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeQueueOwnerActor(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.instance = ctx.instance
+        self.owner_count = cfg.consume_queue_owner_count
+        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.applied_offset = 0
+        self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+
+    def is_mine(self, topic: str, queue_id: int) -> bool:
+        return owner_of(topic, queue_id, self.owner_count) == self.instance
+
+    def queue(self, topic: str, queue_id: int, *, create: bool) -> ConsumeQueue | None:
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None and create:
+            cq = ConsumeQueue(self.ctx.store_dir, topic, queue_id,
+                              file_units=self.config.consume_queue_file_units, writable=True)
+            self.queues[key] = cq
+        return cq
+
+    @property
+    def visible_end(self) -> int:
+        confirmed = self.ctx.offsets.get(CONFIRMED)
+        return min(confirmed, self.ctx.offsets.get(FLUSHED)) if self.sync_flush else confirmed
+
+    def recover(self) -> None:
+        for topic, queue_id in list_queues(self.ctx.store_dir):
+            if self.is_mine(topic, queue_id):
+                self.queue(topic, queue_id, create=True)
+        confirmed = self.ctx.offsets.get(CONFIRMED)
+        newest_end = 0
+        for cq in self.queues.values():
+            self.repair_tail(cq, confirmed)
+            newest_end = max(newest_end, cq.max_physical_end)
+        try:
+            checkpoint = load_checkpoint(self.ctx.store_dir)
+        except CheckpointError:
+            checkpoint = None
+        floor = checkpoint.dispatched_offset if checkpoint else 0
+        self.applied_offset = max(self.reader.min_offset(), min(max(floor, newest_end), confirmed))
+        self.catch_up(self.visible_end)
+        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
+                 self.applied_offset)
+        self.requests = self.ctx.socket(zmq.ROUTER)
+        self.requests.bind(self.ctx.ipc(endpoints.owner_endpoint_name(self.instance)))
+        self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
+        self.dispatches.setsockopt(zmq.SUBSCRIBE, endpoints.owner_topic(self.instance))
+        self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
+        self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
+        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
+
+    def repair_tail(self, cq: ConsumeQueue, confirmed: int) -> None:
+        """Drop trailing units that do not point at their own record below ``confirmed``."""
+        for _ in range(cq.max_offset - cq.min_offset):
+            queue_offset = cq.max_offset - 1
+            unit = cq.get(queue_offset)
+            if unit is None or unit.is_blank:
+                return
+            try:
+                record = self.reader.read(unit.commit_log_offset, limit=confirmed, check_crc=False)
+                if (record.topic, record.queue_id, record.queue_offset, record.total_size) == \
+                        (cq.topic, cq.queue_id, queue_offset, unit.size):
+                    return
+            except RecordError:
+                pass
+            log.warning("queue %s/%d: unit %d does not match the log; dropped", cq.topic, cq.queue_id, queue_offset)
+            cq.truncate_from(queue_offset)
+
+    def catch_up(self, end: int) -> None:
+        """Apply every record of our queues in [applied_offset, end) straight from the log."""
+        if end <= self.applied_offset:
+            return
+        for item in self.reader.scan(self.applied_offset, end, check_crc=False):
+            if isinstance(item, Damage):
+                continue
+            if self.is_mine(item.topic, item.queue_id):
+                cq = self.queue(item.topic, item.queue_id, create=True)
+                assert cq is not None
+                cq.put(item.queue_offset, item.commit_log_offset, item.total_size, tags_code(item.tags))
+        self.applied_offset = end
+
+    def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
+        batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
+        if batch.end <= self.applied_offset:
+            return
+        if batch.start > self.applied_offset:
+            log.info("owner %d missed [%d, %d); reading it from the log", self.instance, self.applied_offset,
+                     batch.start)
+            self.catch_up(batch.start)
+        for entry in batch.entries:
+            if entry.commit_log_offset < self.applied_offset:
+                continue
+            cq = self.queue(entry.topic, entry.queue_id, create=True)
+            assert cq is not None
+            cq.put(entry.queue_offset, entry.commit_log_offset, entry.size, entry.tags_code)
+        self.applied_offset = batch.end
+        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+
+    def handle_request(self, frames: list[zmq.Frame]) -> None:
+        reply_to = [f.bytes for f in frames[:3]]
+        raw = frames[3].buffer
+        envelope_op = frames[5].bytes.decode() if len(frames) > 5 else "pull"
+        try:
+            reply = self.get_by_id(raw) if envelope_op == "get_by_id" else self.pull(raw)
+        except RequestError as exc:
+            reply = encode_error(safe_request_id(raw), exc.code, exc.message)
+        self.requests.send_multipart([*reply_to, reply])
+
+    def pull(self, raw: memoryview) -> bytes:
+        request = decode_request("pull", raw)
+        assert isinstance(request, PullRequest)
+        cq = self.queue(request.topic, request.queue_id, create=False)
+        result = pull(cq, self.reader, offset=request.offset,
+                      max_messages=min(request.max_messages, self.config.pull_message_count_max),
+                      max_bytes=min(request.max_bytes, self.config.pull_bytes_max), visible_end=self.visible_end)
+        if result.corrupt_offset >= 0:
+            raise RequestError(ErrorCode.MESSAGE_CORRUPT,
+                               f"the message at queue offset {result.corrupt_offset} failed its CRC check and is "
+                               f"not served; the next offset is {result.next_offset}")
+        return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
+                            next_offset=result.next_offset, min_offset=result.min_offset,
+                            max_offset=result.max_offset, messages=result.messages)
+
+    def get_by_id(self, raw: memoryview) -> bytes:
+        request = decode_request("get_by_id", raw)
+        assert isinstance(request, GetByIdRequest)
+        try:
+            _host, offset = decode_msg_id(request.msg_id)
+        except ValueError as exc:
+            raise RequestError(ErrorCode.INVALID_MSG_ID, f"{request.msg_id!r} is not a message id: {exc}") from None
+        end = self.visible_end
+        if not self.reader.min_offset() <= offset < end:
+            raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {offset}")
+        try:
+            record = self.reader.read(offset, limit=end, check_crc=True)
+        except RecordError as exc:
+            code = ErrorCode.MESSAGE_CORRUPT if "CRC" in exc.reason else ErrorCode.MESSAGE_NOT_FOUND
+            raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
+        return encode_reply(request.id, message=message_view(record))
+
+    def tick(self, now_ms: int) -> None:
+        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+
+    def detail(self) -> dict[str, int]:
+        return {"applied_offset": self.applied_offset, "queues": len(self.queues)}
+
+    def shutdown(self) -> None:
+        drain(self.dispatches, self.handle_dispatch)
+        self.catch_up(self.visible_end)
+        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        for cq in self.queues.values():
+            cq.flush()
+            cq.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(ConsumeQueueOwnerActor))

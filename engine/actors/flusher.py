@@ -1,0 +1,200 @@
+"""The flush/checkpoint actor: makes the log, queues and index durable.
+
+* CommitLog: ASYNC_FLUSH flushes every ``flush_interval_ms`` when at least
+  ``flush_least_pages`` pages are dirty, and everything every
+  ``flush_thorough_interval_ms``. SYNC_FLUSH flushes as soon as the writer
+  confirms new bytes; confirmations that arrive during a flush are covered
+  by the next one (group commit). Each flush is announced (PUB ``flushed``).
+* Queues and index: every ``flush_consume_queue_interval_ms``, read how far
+  every owner and the index builder applied the log, fdatasync their files,
+  and from then on that offset is the checkpoint's ``dispatched_offset``.
+* The checkpoint is rewritten every ``checkpoint_interval_ms``.
+
+The flusher writes through no mapping: ``fdatasync`` on its own descriptor
+flushes the pages that the writer dirtied through its mapping.
+A failed flush is never retried (fsyncgate): the actor exits, the supervisor
+restarts it, and nothing past the last good flush was acknowledged as durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import deque
+from pathlib import Path
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
+from engine.commit_log import COMMIT_LOG_DIR
+from engine.consume_queue import CONSUME_QUEUE_DIR
+from engine.index_file import INDEX_DIR
+from engine.ipc import endpoints
+from engine.ipc.messages import Confirmed, Flushed, encoder, offsets_decoder
+from engine.layout import offset_to_file_name
+from engine.mapped_file import PAGE_BYTES, list_files
+from engine.shared_offsets import FLUSHED, INDEX_APPLIED, owner_slot
+
+log = logging.getLogger(__name__)
+_TIMESTAMPS_KEPT = 4096
+
+
+class FlusherActor(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.tick_interval_ms = min(cfg.flush_interval_ms, cfg.flush_consume_queue_interval_ms,
+                                    cfg.checkpoint_interval_ms)
+        self.confirmed_offset = 0
+        self.flushed_offset = 0
+        self.timestamps: deque[tuple[int, int]] = deque(maxlen=_TIMESTAMPS_KEPT)
+        self.segment_fds: dict[int, int] = {}
+        self.checkpoint = Checkpoint()
+        self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = monotonic_ms()
+
+    def recover(self) -> None:
+        try:
+            self.checkpoint = load_checkpoint(self.ctx.store_dir) or Checkpoint()
+        except CheckpointError as exc:
+            log.error("checkpoint unusable (%s); starting a new one", exc)
+        self.flushed_offset = self.checkpoint.flushed_offset
+        self.confirmed = self.ctx.socket(zmq.SUB)
+        self.confirmed.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
+        self.confirmed.connect(self.ctx.ipc(endpoints.WRITER_PUB))
+        self.announce = self.ctx.socket(zmq.PUB)
+        self.announce.bind(self.ctx.ipc(endpoints.FLUSHER_PUB))
+        self.on_readable(self.confirmed, self.on_confirmed)
+
+    def on_confirmed(self) -> None:
+        drain(self.confirmed, self.handle_confirmed)
+        if self.sync_flush and self.confirmed_offset > self.flushed_offset:
+            self.flush_commit_log(self.confirmed_offset)
+
+    def handle_confirmed(self, frames: list[zmq.Frame]) -> None:
+        message = offsets_decoder.decode(frames[1].buffer)
+        assert isinstance(message, Confirmed)
+        if message.confirmed_offset < self.confirmed_offset:
+            # A restarted writer cut a torn tail; nothing below it was ever confirmed to us.
+            self.flushed_offset = min(self.flushed_offset, message.confirmed_offset)
+        self.confirmed_offset = message.confirmed_offset
+        if not self.timestamps or self.timestamps[-1][0] != message.confirmed_offset:
+            self.timestamps.append((message.confirmed_offset, message.last_store_timestamp))
+
+    def _segment_fd(self, start: int) -> int | None:
+        fd = self.segment_fds.get(start)
+        if fd is None:
+            path = self.ctx.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            self.segment_fds[start] = fd
+        return fd
+
+    def flush_commit_log(self, target: int) -> None:
+        """fdatasync every segment between the flushed offset and ``target``; exit on failure."""
+        size = self.config.segment_size_bytes
+        start = self.flushed_offset - self.flushed_offset % size
+        for segment in range(start, target, size):
+            fd = self._segment_fd(segment)
+            if fd is not None:
+                os.fdatasync(fd)  # an OSError here ends the process: never retry a failed flush
+        for segment in [s for s in self.segment_fds if s + size <= target - target % size and s < start]:
+            os.close(self.segment_fds.pop(segment))
+        self.flushed_offset = target
+        self.ctx.offsets.set(FLUSHED, target)
+        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(Flushed(target))])
+
+    def _timestamp_at(self, offset: int) -> int:
+        best = 0
+        for confirmed, ts in self.timestamps:
+            if confirmed <= offset:
+                best = ts
+        return best
+
+    def flush_queues_and_index(self) -> int:
+        owners = [self.ctx.offsets.get(owner_slot(k)) for k in range(self.config.consume_queue_owner_count)]
+        applied = min([*owners, self.ctx.offsets.get(INDEX_APPLIED)])
+        for directory in _queue_dirs(self.ctx.store_dir):
+            for _offset, path in list_files(directory)[-2:]:
+                _fdatasync_path(path)
+        index_dir = self.ctx.store_dir / INDEX_DIR
+        if index_dir.is_dir():
+            for name in sorted(n for n in os.listdir(index_dir) if n.isdigit())[-2:]:
+                _fdatasync_path(index_dir / name)
+        return applied
+
+    def tick(self, now_ms: int) -> None:
+        cfg = self.config
+        if not self.sync_flush and self.confirmed_offset > self.flushed_offset:
+            thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
+            dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
+            if thorough or dirty_pages >= cfg.flush_least_pages:
+                self.flush_commit_log(self.confirmed_offset)
+                if thorough:
+                    self.last_thorough_ms = now_ms
+        if now_ms - self.last_queue_flush_ms >= cfg.flush_consume_queue_interval_ms:
+            self.last_queue_flush_ms = now_ms
+            applied = self.flush_queues_and_index()
+            if applied > self.checkpoint.dispatched_offset:
+                self.checkpoint = _replace(self.checkpoint, dispatched_offset=applied,
+                                           logics_msg_timestamp_ms=self._timestamp_at(applied),
+                                           index_msg_timestamp_ms=self._timestamp_at(applied))
+        if now_ms - self.last_checkpoint_ms >= cfg.checkpoint_interval_ms:
+            self.last_checkpoint_ms = now_ms
+            self.write_checkpoint()
+
+    def write_checkpoint(self) -> None:
+        flushed = min(self.flushed_offset, self.confirmed_offset) if self.confirmed_offset else self.flushed_offset
+        updated = _replace(self.checkpoint, flushed_offset=flushed, confirm_phy_offset=flushed,
+                           physic_msg_timestamp_ms=self._timestamp_at(flushed) or
+                           self.checkpoint.physic_msg_timestamp_ms)
+        if updated != self.checkpoint:
+            self.checkpoint = updated
+            store_checkpoint(self.ctx.store_dir, updated)
+
+    def detail(self) -> dict[str, int]:
+        return {"flushed_offset": self.flushed_offset, "confirmed_offset": self.confirmed_offset,
+                "dispatched_offset": self.checkpoint.dispatched_offset}
+
+    def shutdown(self) -> None:
+        drain(self.confirmed, self.handle_confirmed)
+        if self.confirmed_offset > self.flushed_offset:
+            self.flush_commit_log(self.confirmed_offset)
+        applied = self.flush_queues_and_index()
+        self.checkpoint = _replace(self.checkpoint, dispatched_offset=max(applied, self.checkpoint.dispatched_offset),
+                                   logics_msg_timestamp_ms=self._timestamp_at(applied) or
+                                   self.checkpoint.logics_msg_timestamp_ms)
+        self.write_checkpoint()
+        for fd in self.segment_fds.values():
+            os.close(fd)
+
+
+def _replace(checkpoint: Checkpoint, **changes: int) -> Checkpoint:
+    from dataclasses import replace
+
+    return replace(checkpoint, **changes)
+
+
+def _queue_dirs(store_dir: Path) -> list[Path]:
+    root = store_dir / CONSUME_QUEUE_DIR
+    if not root.is_dir():
+        return []
+    return [Path(q.path) for t in os.scandir(root) if t.is_dir() for q in os.scandir(t.path) if q.is_dir()]
+
+
+def _fdatasync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(FlusherActor))

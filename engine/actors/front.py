@@ -1,0 +1,188 @@
+"""The front: the one client endpoint, routing each request to the actor that serves it.
+
+Binds the client ROUTER (default ``tcp://127.0.0.1:10911``). For each frame
+it reads only the envelope (op, id, topic, queue id), checks the topic and
+queue against the topic table it owns (``config/topics.json``), and then:
+
+* ``send`` -> the writer, with the queue it chose (given, or round robin);
+* ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
+* ``query_by_key`` -> the index builder;
+* ``create_topic``, ``list_topics``, ``ping``, ``status``: answered here.
+
+The client frame is forwarded untouched (bodies are not decoded or copied
+here): [client id, REQ flag, request, Route, op]. Replies come back as
+[client id, REQ flag, reply] and go out as they are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main
+from engine.errors import ErrorCode, RequestError
+from engine.ipc import endpoints
+from engine.ipc.messages import Route, encoder
+from engine.ipc.protocol import (
+    CreateTopicRequest,
+    Envelope,
+    decode_envelope,
+    decode_request,
+    encode_error,
+    encode_reply,
+    safe_request_id,
+)
+from engine.layout import decode_msg_id
+from engine.records import owner_of
+from engine.shared_offsets import SharedOffsets
+from engine.topics import TopicTable, validate_topic
+
+log = logging.getLogger(__name__)
+
+_PLAIN = b"\x00"
+_REQ = b"\x01"
+
+
+class FrontActor(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        self.topics = TopicTable(ctx.store_dir)
+        self.round_robin: dict[str, itertools.count[int]] = {}
+        self.owner_count = ctx.config.consume_queue_owner_count
+        self.requests_served = 0
+
+    def recover(self) -> None:
+        cfg = self.config
+        self.clients = self.ctx.socket(zmq.ROUTER, max_message_bytes=cfg.client_frame_bytes_max)
+        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.clients.bind(cfg.endpoint)
+        self.writer = self._backend(endpoints.WRITER)
+        self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
+        self.index = self._backend(endpoints.INDEX)
+        self.on_readable(self.clients, lambda: drain(self.clients, self.handle_client))
+        for backend in (self.writer, *self.owners, self.index):
+            self.on_readable(backend, lambda b=backend: drain(b, self.handle_backend_reply))
+
+    def _backend(self, name: str) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # refuse, rather than queue for, an actor that is down
+        sock.connect(self.ctx.ipc(name))
+        return sock
+
+    def handle_backend_reply(self, frames: list[zmq.Frame]) -> None:
+        client, flag, reply = frames[0], frames[1].bytes, frames[2]
+        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply], copy=False)
+
+    def handle_client(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) == 3 and not frames[1].bytes:
+            client, flag, raw = frames[0], _REQ, frames[2]
+        elif len(frames) == 2:
+            client, flag, raw = frames[0], _PLAIN, frames[1]
+        else:
+            return  # not our framing; nothing sensible to answer
+        self.requests_served += 1
+        try:
+            self.route(client, flag, raw)
+        except RequestError as exc:
+            self.answer(client, flag, encode_error(safe_request_id(raw.buffer), exc.code, exc.message))
+
+    def answer(self, client: zmq.Frame, flag: bytes, reply: bytes) -> None:
+        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply], copy=False)
+
+    def route(self, client: zmq.Frame, flag: bytes, raw: zmq.Frame) -> None:
+        envelope = decode_envelope(raw.buffer)
+        op = envelope.op
+        if op == "send":
+            queue_id = self.choose_queue(envelope)
+            self.forward(self.writer, client, flag, raw, queue_id, op)
+        elif op == "pull":
+            queue_id = self.check_queue(envelope)
+            self.forward(self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)],
+                         client, flag, raw, queue_id, op)
+        elif op == "query_by_key":
+            self.check_topic(envelope)
+            self.forward(self.index, client, flag, raw, -1, op)
+        elif op == "get_by_id":
+            self.forward(self.owners[self.owner_for_id(raw)], client, flag, raw, -1, op)
+        else:
+            self.answer(client, flag, self.local(op, envelope, raw))
+
+    def forward(self, backend: zmq.Socket, client: zmq.Frame, flag: bytes, raw: zmq.Frame, queue_id: int,
+                op: str) -> None:
+        frames = [client, flag, raw, encoder.encode(Route(queue_id)), op.encode()]
+        try:
+            backend.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
+                               f"the actor serving {op!r} is not available; retry later") from None
+
+    def check_topic(self, envelope: Envelope) -> str:
+        if not isinstance(envelope.topic, str):
+            raise RequestError(ErrorCode.INVALID_FIELD, "the field 'topic' is required and must be a string")
+        validate_topic(envelope.topic)
+        if self.topics.get(envelope.topic) is None:
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {envelope.topic!r} does not exist")
+        return envelope.topic
+
+    def check_queue(self, envelope: Envelope) -> int:
+        topic = self.check_topic(envelope)
+        queue_id = envelope.queue_id
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool):
+            raise RequestError(ErrorCode.INVALID_FIELD, "the field 'queue_id' is required and must be an integer")
+        config = self.topics.get(topic)
+        assert config is not None
+        if not 0 <= queue_id < config.read_queue_nums:
+            raise RequestError(ErrorCode.QUEUE_NOT_FOUND, f"topic {topic!r} has queues 0..{config.read_queue_nums - 1}; "
+                                                          f"there is no queue {queue_id}")
+        return queue_id
+
+    def choose_queue(self, envelope: Envelope) -> int:
+        if isinstance(envelope.topic, str) and self.topics.get(envelope.topic) is None \
+                and self.config.auto_create_topic:
+            validate_topic(envelope.topic)
+            self.topics.create(envelope.topic, self.config.topic_queue_count_default)
+        if envelope.queue_id is not None:
+            return self.check_queue(envelope)
+        topic = self.check_topic(envelope)
+        config = self.topics.get(topic)
+        assert config is not None
+        counter = self.round_robin.setdefault(topic, itertools.count())
+        return next(counter) % config.write_queue_nums
+
+    def owner_for_id(self, raw: zmq.Frame) -> int:
+        request = decode_request("get_by_id", raw.buffer)
+        try:
+            _host, offset = decode_msg_id(request.msg_id)  # type: ignore[attr-defined]
+        except ValueError as exc:
+            raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
+        return (offset // self.config.segment_size_bytes) % self.owner_count
+
+    def local(self, op: str, envelope: Envelope, raw: zmq.Frame) -> bytes:
+        request = decode_request(op, raw.buffer)
+        if op == "create_topic":
+            assert isinstance(request, CreateTopicRequest)
+            count = request.queue_count or self.config.topic_queue_count_default
+            if count > self.config.topic_queue_count_max:
+                raise RequestError(ErrorCode.INVALID_FIELD,
+                                   f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
+            created = self.topics.create(request.topic, count)
+            return encode_reply(envelope.id, topic=created.topic_name, queue_count=created.write_queue_nums)
+        if op == "list_topics":
+            topics = [{"topic": name, "queue_count": cfg.write_queue_nums}
+                      for name, cfg in sorted(self.topics.topics.items())]
+            return encode_reply(envelope.id, topics=topics)
+        if op == "ping":
+            return encode_reply(envelope.id, pong=True)
+        assert op == "status"
+        offsets: SharedOffsets = self.ctx.offsets
+        return encode_reply(envelope.id, offsets=offsets.snapshot(self.owner_count),
+                            topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
+
+    def detail(self) -> dict[str, int]:
+        return {"requests": self.requests_served, "topics": len(self.topics.topics)}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(FrontActor))

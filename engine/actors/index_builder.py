@@ -1,0 +1,144 @@
+"""The index builder: maintains the IndexFiles and answers lookups by key.
+
+Applies ``DispatchBatch``es from the reput dispatcher (SUB ``ix``): every
+record's UNIQ_KEY and KEYS become items ``topic#key``. Answers
+``query_by_key`` forwarded by the front (ROUTER ``index.sock``): the index
+gives candidate offsets, and each candidate record is read from the log and
+kept only if it really carries that key in that topic (hash collisions never
+reach the client) and passes its CRC check.
+
+Recovery: the newest file's half-added item (if a kill left one) is unlinked;
+then records from ``max(checkpoint dispatched offset, end_phy_offset)`` are
+indexed again from the log (``IndexService.build`` skips what is below the
+newest file's ``end_phy_offset``; a record indexed twice is harmless, as
+queries return each offset once).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main
+from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.commit_log import CommitLogReader, Damage
+from engine.errors import RequestError
+from engine.index_file import IndexService
+from engine.ipc import endpoints
+from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
+from engine.layout import RecordError
+from engine.records import message_view
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED
+
+log = logging.getLogger(__name__)
+
+
+class IndexBuilderActor(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.index = IndexService(ctx.store_dir, hash_slot_count=cfg.index_hash_slot_count,
+                                  index_count_max=cfg.index_item_count_max, writable=True)
+        self.applied_offset = 0
+        self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+
+    @property
+    def visible_end(self) -> int:
+        confirmed = self.ctx.offsets.get(CONFIRMED)
+        return min(confirmed, self.ctx.offsets.get(FLUSHED)) if self.sync_flush else confirmed
+
+    def recover(self) -> None:
+        try:
+            checkpoint = load_checkpoint(self.ctx.store_dir)
+        except CheckpointError:
+            checkpoint = None
+        floor = checkpoint.dispatched_offset if checkpoint else 0
+        confirmed = self.ctx.offsets.get(CONFIRMED)
+        self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
+        self.catch_up(self.visible_end)
+        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        log.info("index recovered: %d files, applied up to %d", len(self.index.files), self.applied_offset)
+        self.requests = self.ctx.socket(zmq.ROUTER)
+        self.requests.bind(self.ctx.ipc(endpoints.INDEX))
+        self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
+        self.dispatches.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_INDEX)
+        self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
+        self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
+        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
+
+    def catch_up(self, end: int) -> None:
+        if end <= self.applied_offset:
+            return
+        for item in self.reader.scan(self.applied_offset, end, check_crc=False):
+            if isinstance(item, Damage):
+                continue
+            keys = item.keys
+            uniq = item.uniq_key
+            if keys or uniq:
+                self.index.build(item.topic, [uniq, *keys] if uniq else keys, item.commit_log_offset,
+                                 item.store_timestamp_ms)
+        self.applied_offset = end
+
+    def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
+        batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
+        if batch.end <= self.applied_offset:
+            return
+        if batch.start > self.applied_offset:
+            self.catch_up(batch.start)
+        for entry in batch.entries:
+            if entry.commit_log_offset >= self.applied_offset:
+                self.index.build(entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp)
+        self.applied_offset = batch.end
+        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+
+    def handle_request(self, frames: list[zmq.Frame]) -> None:
+        reply_to = [f.bytes for f in frames[:3]]
+        raw = frames[3].buffer
+        try:
+            reply = self.query(raw)
+        except RequestError as exc:
+            reply = encode_error(safe_request_id(raw), exc.code, exc.message)
+        self.requests.send_multipart([*reply_to, reply])
+
+    def query(self, raw: memoryview) -> bytes:
+        request = decode_request("query_by_key", raw)
+        assert isinstance(request, QueryByKeyRequest)
+        count_max = min(request.max_results, self.config.query_result_count_max)
+        candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
+                                      begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
+        end = self.visible_end
+        log_min = self.reader.min_offset()
+        messages = []
+        for offset in sorted(candidates):
+            if not log_min <= offset < end:
+                continue
+            try:
+                record = self.reader.read(offset, limit=end, check_crc=True)
+            except RecordError:
+                continue
+            if record.topic != request.topic or (request.key not in record.keys and record.uniq_key != request.key):
+                continue  # a hash collision
+            messages.append(message_view(record))
+            if len(messages) >= count_max:
+                break
+        return encode_reply(request.id, messages=messages)
+
+    def tick(self, now_ms: int) -> None:
+        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+
+    def detail(self) -> dict[str, int]:
+        return {"applied_offset": self.applied_offset, "index_files": len(self.index.files)}
+
+    def shutdown(self) -> None:
+        drain(self.dispatches, self.handle_dispatch)
+        self.catch_up(self.visible_end)
+        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.index.flush()
+        self.index.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(IndexBuilderActor))

@@ -1,0 +1,157 @@
+"""The reput dispatcher: follows the log and tells queue owners and the index.
+
+Woken by the writer's ``Confirmed`` announcements (never a sleep loop), it
+parses every record from its reput offset up to the confirmed offset (under
+SYNC_FLUSH, up to the flushed offset: readers never see unflushed data) and
+publishes ``DispatchBatch``es: to owner k (topic ``cq.<k>.``) the records of
+its queues, to the index builder (``ix``) the records that carry keys.
+
+Every batch names the log range it covers, and an empty batch goes out on
+every tick, so a receiver that missed a batch (a restart, a full queue)
+notices the gap and reads it from the log itself. Receivers are idempotent by
+commit log offset, so a restarted dispatcher may start early without harm.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from engine.actors.base import Actor, ActorContext, drain, main
+from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.commit_log import CommitLogReader, Damage
+from engine.ipc import endpoints
+from engine.ipc.messages import Confirmed, DispatchBatch, DispatchEntry, Flushed, encoder, offsets_decoder
+from engine.layout import tags_code
+from engine.records import owner_of
+from engine.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, owner_slot
+
+log = logging.getLogger(__name__)
+
+
+class ReputDispatcherActor(Actor):
+    def __init__(self, ctx: ActorContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.tick_interval_ms = cfg.dispatch_tick_interval_ms
+        self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.owner_count = cfg.consume_queue_owner_count
+        self.owner_topics = [endpoints.owner_topic(k) for k in range(self.owner_count)]
+        self.reput_offset = 0
+        self.confirmed_offset = 0
+        self.flushed_offset = 0
+        self.damaged_ranges = 0
+
+    def recover(self) -> None:
+        offsets = self.ctx.offsets
+        applied = [offsets.get(owner_slot(k)) for k in range(self.owner_count)] + [offsets.get(INDEX_APPLIED)]
+        try:
+            checkpoint = load_checkpoint(self.ctx.store_dir)
+        except CheckpointError:
+            checkpoint = None
+        floor = checkpoint.dispatched_offset if checkpoint else 0
+        self.reput_offset = max(self.reader.min_offset(), min(applied) if min(applied) > 0 else floor)
+        self.confirmed_offset = offsets.get(CONFIRMED)
+        self.flushed_offset = offsets.get(FLUSHED)
+        self.publisher = self.ctx.socket(zmq.PUB, hwm=max(self.config.socket_hwm_messages, 100_000))
+        self.publisher.bind(self.ctx.ipc(endpoints.REPUT_PUB))
+        self.announcements = self.ctx.socket(zmq.SUB)
+        self.announcements.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
+        self.announcements.connect(self.ctx.ipc(endpoints.WRITER_PUB))
+        if self.sync_flush:
+            self.announcements.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
+            self.announcements.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
+        self.on_readable(self.announcements, self.on_announcement)
+        log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
+
+    def on_announcement(self) -> None:
+        drain(self.announcements, self.handle_announcement)
+        self.dispatch()
+
+    def handle_announcement(self, frames: list[zmq.Frame]) -> None:
+        message = offsets_decoder.decode(frames[1].buffer)
+        if isinstance(message, Confirmed):
+            if message.confirmed_offset < self.reput_offset:
+                # A restarted writer cut a torn tail we had not dispatched past; follow it.
+                self.reput_offset = max(message.confirmed_offset, self.reader.min_offset())
+            self.confirmed_offset = message.confirmed_offset
+        elif isinstance(message, Flushed):
+            self.flushed_offset = message.flushed_offset
+
+    @property
+    def end_offset(self) -> int:
+        """How far readers may see: confirmed, and under SYNC_FLUSH also flushed."""
+        if self.sync_flush:
+            return min(self.confirmed_offset, self.flushed_offset)
+        return self.confirmed_offset
+
+    def dispatch(self) -> None:
+        end = self.end_offset
+        limit = self.config.dispatch_batch_records_max
+        while self.reput_offset < end and not self.stopping:
+            start = self.reput_offset
+            per_owner: list[list[DispatchEntry]] = [[] for _ in range(self.owner_count)]
+            for_index: list[DispatchEntry] = []
+            count = 0
+            position = start
+            for item in self.reader.scan(start, end, check_crc=False):
+                if isinstance(item, Damage):
+                    self.report_damage(item)
+                    position = item.end
+                    continue
+                self.route(item, per_owner, for_index)
+                position = item.commit_log_offset + item.total_size
+                count += 1
+                if count >= limit:
+                    break
+            else:
+                position = end
+            self.publish(start, position, per_owner, for_index)
+            self.reput_offset = position
+
+    def route(self, record, per_owner: list[list[DispatchEntry]], for_index: list[DispatchEntry]) -> None:
+        keys = record.keys
+        uniq = record.uniq_key
+        entry = DispatchEntry(record.topic, record.queue_id, record.queue_offset, record.commit_log_offset,
+                              record.total_size, tags_code(record.tags), record.store_timestamp_ms, [])
+        per_owner[owner_of(record.topic, record.queue_id, self.owner_count)].append(entry)
+        if keys or uniq:
+            index_keys = [uniq, *keys] if uniq else keys
+            for_index.append(DispatchEntry(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
+                                           entry.size, entry.tags_code, entry.store_timestamp, index_keys))
+
+    def publish(self, start: int, end: int, per_owner: list[list[DispatchEntry]],
+                for_index: list[DispatchEntry]) -> None:
+        for topic, entries in zip(self.owner_topics, per_owner, strict=True):
+            self.publisher.send_multipart([topic, encoder.encode(DispatchBatch(start, end, entries))])
+        self.publisher.send_multipart([endpoints.TOPIC_INDEX, encoder.encode(DispatchBatch(start, end, for_index))])
+        self.ctx.offsets.set(DISPATCHED, end)
+
+    def report_damage(self, damage: Damage) -> None:
+        self.damaged_ranges += 1
+        log.error("DAMAGED COMMIT LOG: bytes [%d, %d) hold no valid record (%s); skipped, later records dispatched",
+                  damage.start, damage.end, damage.reason)
+
+    def tick(self, now_ms: int) -> None:
+        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
+        self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
+        self.dispatch()
+        empty: list[list[DispatchEntry]] = [[] for _ in range(self.owner_count)]
+        self.publish(self.reput_offset, self.reput_offset, empty, [])
+
+    def detail(self) -> dict[str, int]:
+        return {"reput_offset": self.reput_offset, "confirmed_offset": self.confirmed_offset,
+                "damaged_ranges": self.damaged_ranges}
+
+    def shutdown(self) -> None:
+        self.stopping = False
+        drain(self.announcements, self.handle_announcement)
+        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
+        self.dispatch()
+        self.stopping = True
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(ReputDispatcherActor))

@@ -1,0 +1,152 @@
+"""The Python client: the protocol of ``docs/protocol.md`` over a ZeroMQ DEALER socket.
+
+    from engine.client import StoreClient
+
+    with StoreClient("tcp://127.0.0.1:10911") as client:
+        client.create_topic("orders", queue_count=4)
+        [result] = client.send("orders", [{"body": b"hello", "keys": ["order-1"], "tags": "new"}])
+        reply = client.pull("orders", result["queue_id"], result["queue_offset"])
+        found = client.query_by_key("orders", "order-1")
+
+Every call has a deadline (``timeout_ms``); a reply that does not come in
+time raises ``RequestTimeout``. A refused request raises ``EngineError``
+carrying the engine's stable error ``code`` and ``name``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine.ipc.protocol import PROTOCOL_VERSION
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class ClientError(Exception):
+    """Base of everything this client raises."""
+
+
+class RequestTimeout(ClientError, TimeoutError):
+    """No reply before the deadline: the engine may be down, busy, or may have dropped the frame."""
+
+
+class EngineError(ClientError):
+    """The engine refused the request; ``code`` and ``name`` are from ``engine.errors.ErrorCode``."""
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(f"{name} ({code}): {message}")
+        self.code = code
+        self.name = name
+        self.message = message
+
+
+class StoreClient:
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
+                 context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self._context = context or zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self._socket = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        return sock
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._socket.close()
+
+    # -- transport ---------------------------------------------------------
+
+    def send_raw(self, frame: bytes) -> None:
+        """Send a frame as it is (for tests of bad input)."""
+        self._socket.send(frame)
+
+    def receive_raw(self, *, timeout_ms: int | None = None) -> dict[str, Any]:
+        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
+        if not self._socket.poll(timeout):
+            raise RequestTimeout(f"no reply from {self.endpoint} within {timeout} ms")
+        return _decoder.decode(self._socket.recv())
+
+    def request(self, op: str, *, timeout_ms: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply; raise EngineError if the engine refused it."""
+        request_id = next(self._ids)
+        self._socket.send(_encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields}))
+        deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self._socket.poll(remaining_ms):
+                # The socket may still deliver the late reply; start afresh so it cannot be mistaken.
+                self._socket.close()
+                self._socket = self._connect()
+                raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within the deadline")
+            reply = _decoder.decode(self._socket.recv())
+            if reply.get("id") == request_id:
+                break
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            raise EngineError(error.get("code", 0), error.get("name", "UNKNOWN"), error.get("message", ""))
+        return reply
+
+    # -- operations --------------------------------------------------------
+
+    def send(self, topic: str, messages: Iterable[Mapping[str, Any]], *, queue_id: int | None = None,
+             wait_store: bool = True) -> list[dict[str, Any]]:
+        """Store a batch in one queue; returns one result per message (status, msg_id, offsets)."""
+        fields: dict[str, Any] = {"topic": topic, "messages": list(messages), "wait_store": wait_store}
+        if queue_id is not None:
+            fields["queue_id"] = queue_id
+        return self.request("send", **fields)["results"]
+
+    def send_one(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] = (),
+                 properties: Mapping[str, str] | None = None, queue_id: int | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"body": body, "keys": list(keys), "properties": dict(properties or {})}
+        if tags is not None:
+            message["tags"] = tags
+        return self.send(topic, [message], queue_id=queue_id)[0]
+
+    def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32,
+             max_bytes: int = 4 * 1024 * 1024) -> dict[str, Any]:
+        """One pull: status, next_offset, min_offset, max_offset, messages."""
+        return self.request("pull", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                            max_bytes=max_bytes)
+
+    def query_by_key(self, topic: str, key: str, *, begin_timestamp: int = 0,
+                     end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64) -> list[dict[str, Any]]:
+        return self.request("query_by_key", topic=topic, key=key, begin_timestamp=begin_timestamp,
+                            end_timestamp=end_timestamp, max_results=max_results)["messages"]
+
+    def get_by_id(self, msg_id: str) -> dict[str, Any]:
+        return self.request("get_by_id", msg_id=msg_id)["message"]
+
+    def create_topic(self, topic: str, *, queue_count: int | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"topic": topic}
+        if queue_count is not None:
+            fields["queue_count"] = queue_count
+        return self.request("create_topic", **fields)
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        return self.request("list_topics")["topics"]
+
+    def ping(self) -> bool:
+        return bool(self.request("ping").get("pong"))
+
+    def status(self) -> dict[str, Any]:
+        return self.request("status")

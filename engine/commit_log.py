@@ -1,0 +1,247 @@
+"""The CommitLog: one append-only log of records shared by every topic.
+
+Offsets are absolute bytes (``commit_log_offset``). The log is a sequence of
+fixed-size segments (``mapped_file.MappedFileQueue``); a segment that cannot
+hold the next batch gets the 8-byte blank marker and the batch goes to the
+next segment, so a batch never spans two segments.
+
+Invariants (between recoveries, each only grows):
+
+* ``flushed_offset <= confirmed_offset <= written_offset``;
+* every byte below ``confirmed_offset`` belongs to a complete record or to a
+  blank marker's padding;
+* a record's PHYSICALOFFSET field equals its own position.
+
+``CommitLogWriter`` is used by exactly one process (the writer actor).
+``CommitLogReader`` is used by everyone else, read-only, never past the
+offset the writer announced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.layout import (
+    END_FILE_MIN_BLANK_BYTES,
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
+    PHYSICAL_OFFSET_POSITION,
+    HostAddress,
+    Record,
+    RecordError,
+    RecordFields,
+    decode_record,
+    encode_blank,
+    encode_record_into,
+    encoded_size,
+    peek_size_and_magic,
+)
+from engine.mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+COMMIT_LOG_DIR = "commitlog"
+_MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"))
+
+
+class CommitLogReader:
+    """Read-only access to the CommitLog through this process's own mappings."""
+
+    def __init__(self, store_dir: Path, segment_size_bytes: int) -> None:
+        self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=False)
+        self.segment_size_bytes = segment_size_bytes
+
+    def min_offset(self) -> int:
+        first = self.segments.first_offset()
+        return 0 if first is None else first
+
+    def segment_at(self, offset: int) -> MappedFile | None:
+        return self.segments.find(offset)
+
+    def read(self, offset: int, *, limit: int, check_crc: bool = True) -> Record:
+        """The record at ``offset``; RecordError if it is damaged or reaches past ``limit``."""
+        segment = self.segments.find(offset)
+        if segment is None:
+            raise RecordError("no segment holds this offset", offset)
+        end = min(segment.size_bytes, limit - segment.start_offset)
+        return decode_record(segment.mm, offset - segment.start_offset, limit=end,
+                             base_offset=segment.start_offset, check_crc=check_crc)
+
+    def scan(self, start: int, end: int, *, check_crc: bool = False) -> Iterator[ScanItem]:
+        """Walk [start, end) record by record, yielding records and damaged ranges.
+
+        Blank markers roll to the next segment. A record that fails its checks
+        is reported as a ``Damage`` and the walk resynchronises on the next
+        valid record (it never stops silently in the middle of the log).
+        """
+        offset = start
+        while offset < end:
+            segment = self.segments.find(offset)
+            if segment is None:
+                yield Damage(offset, end, "missing segment")
+                return
+            pos = offset - segment.start_offset
+            limit = min(segment.size_bytes, end - segment.start_offset)
+            if limit - pos < END_FILE_MIN_BLANK_BYTES:
+                offset = segment.end_offset
+                continue
+            size, magic = peek_size_and_magic(segment.mm, pos)
+            if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
+                offset = segment.end_offset
+                continue
+            try:
+                record = decode_record(segment.mm, pos, limit=limit, base_offset=segment.start_offset,
+                                       check_crc=check_crc)
+            except RecordError as exc:
+                resume = find_next_record(segment, pos + 1, limit, check_crc=check_crc)
+                stop = segment.start_offset + (resume if resume is not None else limit)
+                yield Damage(offset, stop, exc.reason)
+                offset = stop
+                continue
+            yield record
+            offset += record.total_size
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Bytes [start, end) of the log that hold no valid record."""
+
+    start: int
+    end: int
+    reason: str
+
+
+ScanItem = Record | Damage
+
+
+def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bool) -> int | None:
+    """Position of the next valid record (or blank marker) in ``segment`` at or after ``pos``."""
+    mm = segment.mm
+    best: int | None = None
+    for pattern in _MAGIC_PATTERNS:
+        at = pos + 4
+        while True:
+            hit = mm.find(pattern, at, limit)
+            if hit < 0 or (best is not None and hit - 4 >= best):
+                break
+            candidate = hit - 4
+            if candidate >= pos and _is_record_at(segment, candidate, limit, check_crc=check_crc):
+                best = candidate
+                break
+            at = hit + 1
+    return best
+
+
+def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool) -> bool:
+    if pos + PHYSICAL_OFFSET_POSITION + 8 > limit:
+        return False
+    try:
+        decode_record(segment.mm, pos, limit=limit, base_offset=segment.start_offset, check_crc=check_crc)
+    except RecordError:
+        return False
+    return True
+
+
+_GARBAGE_CHUNK_BYTES = 1 << 20
+
+
+def _zero_garbage(segment: MappedFile, pos: int) -> None:
+    """Zero from ``pos`` until a whole chunk is already zero (writes are sequential)."""
+    for at in range(pos, segment.size_bytes, _GARBAGE_CHUNK_BYTES):
+        stop = min(segment.size_bytes, at + _GARBAGE_CHUNK_BYTES)
+        if not segment.mm[at:stop].strip(b"\x00"):
+            return
+        segment.zero(at, stop)
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """Where a batch landed: one (commit_log_offset, size) per record."""
+
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    end_offset: int = 0
+
+
+class CommitLogWriter:
+    """The single appender. ``written_offset`` is where the next record goes."""
+
+    def __init__(self, store_dir: Path, segment_size_bytes: int, *, store_host: HostAddress,
+                 with_record_crc: bool, warm_segments: bool = False) -> None:
+        self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=True)
+        self.segment_size_bytes = segment_size_bytes
+        self.store_host = store_host
+        self.with_record_crc = with_record_crc
+        self.warm_segments = warm_segments
+        self.written_offset = 0
+
+    def open_at(self, offset: int) -> None:
+        """Set the append position after recovery and clear any torn bytes past it."""
+        self.written_offset = offset
+        first = offset - offset % self.segment_size_bytes
+        for start in self.segments.known:
+            if start < first:
+                continue
+            segment = self.segments.get(start)
+            assert segment is not None
+            _zero_garbage(segment, offset - start if start == first else 0)
+
+    def batch_size(self, records: list[RecordFields]) -> int:
+        return sum(encoded_size(r, with_record_crc=self.with_record_crc) for r in records)
+
+    def append(self, records: list[RecordFields], *, first_queue_offset: int,
+               store_timestamp_ms: int) -> AppendResult:
+        """Append a batch for one queue; queue offsets run from ``first_queue_offset``."""
+        total = self.batch_size(records)
+        assert total + END_FILE_MIN_BLANK_BYTES <= self.segment_size_bytes
+        segment = self._segment_for(total)
+        pos = self.written_offset - segment.start_offset
+        result = AppendResult()
+        for i, fields in enumerate(records):
+            offset = segment.start_offset + pos
+            size = encode_record_into(segment.mm, pos, fields, queue_offset=first_queue_offset + i,
+                                      commit_log_offset=offset, store_timestamp_ms=store_timestamp_ms,
+                                      store_host=self.store_host, with_record_crc=self.with_record_crc)
+            result.positions.append((offset, size))
+            pos += size
+        self.written_offset = segment.start_offset + pos
+        result.end_offset = self.written_offset
+        return result
+
+    def _segment_for(self, batch_bytes: int) -> MappedFile:
+        """The segment that will take a batch of ``batch_bytes``, rolling if needed."""
+        start = self.written_offset - self.written_offset % self.segment_size_bytes
+        segment = self.segments.get(start) or self.segments.create(start, warm=self.warm_segments)
+        pos = self.written_offset - start
+        remaining = self.segment_size_bytes - pos
+        if batch_bytes + END_FILE_MIN_BLANK_BYTES <= remaining:
+            return segment
+        if remaining >= END_FILE_MIN_BLANK_BYTES:
+            encode_blank(segment.mm, pos, remaining)
+        self.written_offset = segment.end_offset
+        return self.segments.get(segment.end_offset) or self.segments.create(segment.end_offset,
+                                                                             warm=self.warm_segments)
+
+    def ensure_next_segment(self) -> None:
+        """Preallocate the segment after the current one so a roll never waits."""
+        start = self.written_offset - self.written_offset % self.segment_size_bytes
+        nxt = start + self.segment_size_bytes
+        if self.segments.get(nxt) is None:
+            self.segments.create(nxt, warm=self.warm_segments)
+
+    def flush(self, start: int, end: int) -> None:
+        """msync [start, end) of the log through the writer's own mappings."""
+        offset = start
+        while offset < end:
+            segment = self.segments.find(offset)
+            if segment is None:
+                return
+            stop = min(end, segment.end_offset)
+            segment.flush(offset - segment.start_offset, stop - segment.start_offset)
+            offset = stop
+
+    def close(self) -> None:
+        self.segments.close()

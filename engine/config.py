@@ -1,0 +1,158 @@
+"""Every limit and interval of the engine, with its unit at the end of its name.
+
+Defaults are embedded (RocketMQ's where RocketMQ has one); a TOML file may
+override any of them::
+
+    segment_size_bytes = 67108864
+    flush_mode = "SYNC_FLUSH"
+
+``StoreConfig.test_min()`` is the preset the tests use: tiny segments and
+queue files so that every test rolls files.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from engine.layout import CQ_UNIT_BYTES, PROPERTIES_MAX_BYTES
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+FlushMode = Literal["ASYNC_FLUSH", "SYNC_FLUSH"]
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is not acceptable."""
+
+
+class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The engine's settings. Field names carry their unit; see docs/configuration.md."""
+
+    # Where clients connect. Loopback only unless set otherwise.
+    endpoint: str = "tcp://127.0.0.1:10911"
+    # Host and port written into STOREHOST and message ids.
+    store_host: str = "127.0.0.1"
+    store_port: int = 10911
+
+    # Files.
+    segment_size_bytes: int = 1 * GiB
+    consume_queue_file_units: int = 300_000
+    index_hash_slot_count: int = 5_000_000
+    index_item_count_max: int = 20_000_000
+    warm_segments: bool = False
+
+    # Messages.
+    message_body_bytes_max: int = 4 * MiB
+    properties_bytes_max: int = PROPERTIES_MAX_BYTES
+    send_batch_bytes_max: int = 4 * MiB
+    record_crc_enabled: bool = True
+    topic_queue_count_default: int = 4
+    topic_queue_count_max: int = 1024
+    auto_create_topic: bool = True
+
+    # Reads.
+    pull_message_count_max: int = 1024
+    pull_bytes_max: int = 4 * MiB
+    query_result_count_max: int = 64
+
+    # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
+    flush_mode: FlushMode = "ASYNC_FLUSH"
+    flush_interval_ms: int = 500
+    flush_least_pages: int = 4
+    flush_thorough_interval_ms: int = 10_000
+    flush_consume_queue_interval_ms: int = 1_000
+    checkpoint_interval_ms: int = 1_000
+    sync_flush_timeout_ms: int = 5_000
+
+    # Actors.
+    consume_queue_owner_count: int = 2
+    dispatch_batch_records_max: int = 1_000
+    dispatch_tick_interval_ms: int = 100
+    heartbeat_interval_ms: int = 200
+    heartbeat_timeout_ms: int = 5_000
+    actor_start_timeout_ms: int = 30_000
+    actor_stop_timeout_ms: int = 10_000
+    restart_count_max: int = 5
+    restart_window_ms: int = 60_000
+    restart_backoff_ms: int = 100
+    rpc_timeout_ms: int = 10_000
+    socket_hwm_messages: int = 10_000
+    client_frame_bytes_max: int = 4 * MiB + 64 * KiB
+
+    def validate(self) -> StoreConfig:
+        """Check relationships between fields; raise ConfigError naming the field."""
+        checks = [
+            (self.segment_size_bytes >= 4 * KiB, "segment_size_bytes must be at least 4096"),
+            (self.segment_size_bytes % 4096 == 0, "segment_size_bytes must be a multiple of 4096"),
+            (self.message_body_bytes_max + 64 * KiB <= self.segment_size_bytes,
+             "segment_size_bytes must hold the largest message (message_body_bytes_max + 64 KiB)"),
+            (self.consume_queue_file_units >= 1, "consume_queue_file_units must be positive"),
+            (self.index_hash_slot_count >= 1, "index_hash_slot_count must be positive"),
+            (self.index_item_count_max >= 2, "index_item_count_max must be at least 2"),
+            (0 < self.properties_bytes_max <= PROPERTIES_MAX_BYTES, "properties_bytes_max is at most 32767"),
+            (self.consume_queue_owner_count >= 1, "consume_queue_owner_count must be positive"),
+            (1 <= self.topic_queue_count_default <= self.topic_queue_count_max,
+             "topic_queue_count_default must be between 1 and topic_queue_count_max"),
+            (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
+             "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
+            (self.restart_count_max >= 0, "restart_count_max must not be negative"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        return self
+
+    @property
+    def consume_queue_file_bytes(self) -> int:
+        return self.consume_queue_file_units * CQ_UNIT_BYTES
+
+    def replace(self, **changes: object) -> StoreConfig:
+        return msgspec.structs.replace(self, **changes).validate()
+
+    @classmethod
+    def test_min(cls) -> StoreConfig:
+        """Small files so that tests roll segments, queue files and index files."""
+        return cls(
+            segment_size_bytes=8 * MiB,
+            consume_queue_file_units=1_000,
+            index_hash_slot_count=1_000,
+            index_item_count_max=4_000,
+            message_body_bytes_max=4 * MiB,
+            flush_interval_ms=50,
+            flush_consume_queue_interval_ms=100,
+            checkpoint_interval_ms=100,
+            heartbeat_interval_ms=100,
+        ).validate()
+
+    @classmethod
+    def load(cls, path: str | Path | None, **overrides: object) -> StoreConfig:
+        """Defaults, then the TOML file at ``path`` (if any), then ``overrides``."""
+        values: dict[str, object] = {}
+        if path is not None:
+            try:
+                values.update(tomllib.loads(Path(path).read_text()))
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"cannot read config {path}: {exc}") from exc
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return msgspec.convert(values, cls).validate()
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"invalid config: {exc}") from exc
+
+    def to_toml_dict(self) -> dict[str, object]:
+        return msgspec.structs.asdict(self)
+
+
+def encode_config(config: StoreConfig) -> bytes:
+    """Serialise a config to hand it to an actor process."""
+    return msgspec.json.encode(config)
+
+
+def decode_config(data: bytes | str) -> StoreConfig:
+    return msgspec.json.decode(data, type=StoreConfig).validate()

@@ -1,0 +1,164 @@
+"""ConsumeQueue: per (topic, queue_id), a dense array of 20-byte units into the log.
+
+Directory ``consumequeue/{topic}/{queue_id}/``; files of
+``consume_queue_file_units`` units named by their logical byte offset
+(queue offset x 20), as RocketMQ names them.
+
+Invariants:
+
+* unit n describes the record whose QUEUEOFFSET is n;
+* units are written in commit log order, so ``max_physical_end`` (end of the
+  last unit's record) only grows, and a unit is applied at most once (a put at
+  or below it is a duplicate and is skipped: dispatch is idempotent);
+* every unit points below the commit log's confirmed offset;
+* a unit whose size is 0 marks the end of the queue; a gap in queue offsets
+  (a damaged record that was never dispatched) is filled with ``BLANK_UNIT``
+  units (RocketMQ's fillPreBlank) which a pull skips.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES
+from engine.mapped_file import MappedFileQueue
+
+CONSUME_QUEUE_DIR = "consumequeue"
+BLANK_UNIT_SIZE = 0x7FFFFFFF
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
+
+
+class Unit(NamedTuple):
+    commit_log_offset: int
+    size: int
+    tags_code: int
+
+    @property
+    def is_blank(self) -> bool:
+        return self.size == BLANK_UNIT_SIZE
+
+
+def queue_dir(store_dir: Path, topic: str, queue_id: int) -> Path:
+    return store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id)
+
+
+def list_queues(store_dir: Path) -> list[tuple[str, int]]:
+    """Every (topic, queue_id) that has a ConsumeQueue directory."""
+    root = store_dir / CONSUME_QUEUE_DIR
+    found = []
+    if not root.is_dir():
+        return found
+    for topic_entry in os.scandir(root):
+        if not topic_entry.is_dir() or not TOPIC_PATTERN.match(topic_entry.name):
+            continue
+        for queue_entry in os.scandir(topic_entry.path):
+            if queue_entry.is_dir() and queue_entry.name.isdigit():
+                found.append((topic_entry.name, int(queue_entry.name)))
+    found.sort()
+    return found
+
+
+class ConsumeQueue:
+    """One queue's units. Only the queue's owner opens it writable."""
+
+    def __init__(self, store_dir: Path, topic: str, queue_id: int, *, file_units: int, writable: bool) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_units = file_units
+        self.file_bytes = file_units * CQ_UNIT_BYTES
+        self.files = MappedFileQueue(queue_dir(store_dir, topic, queue_id), self.file_bytes, writable=writable)
+        self.min_offset = 0
+        self.max_offset = 0  # number of units = next queue offset
+        self.max_physical_end = 0
+        self._load()
+
+    def _load(self) -> None:
+        first = self.files.first_offset()
+        last = self.files.last_offset()
+        if first is None or last is None:
+            return
+        self.min_offset = first // CQ_UNIT_BYTES
+        mapped = self.files.get(last)
+        assert mapped is not None
+        lo, hi = 0, self.file_units  # first empty unit in the last file, by bisection
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.max_offset = last // CQ_UNIT_BYTES + lo
+        self.max_physical_end = self._last_physical_end()
+
+    def _last_physical_end(self) -> int:
+        for queue_offset in range(self.max_offset - 1, max(self.min_offset, self.max_offset - 64) - 1, -1):
+            unit = self.get(queue_offset)
+            if unit is not None and not unit.is_blank:
+                return unit.commit_log_offset + unit.size
+        return 0
+
+    def get(self, queue_offset: int) -> Unit | None:
+        if not self.min_offset <= queue_offset < self.max_offset:
+            return None
+        byte_offset = queue_offset * CQ_UNIT_BYTES
+        mapped = self.files.find(byte_offset)
+        if mapped is None:
+            return None
+        return Unit(*CQ_UNIT.unpack_from(mapped.mm, byte_offset - mapped.start_offset))
+
+    def read(self, queue_offset: int, count: int) -> list[Unit]:
+        """Up to ``count`` units from ``queue_offset``, within one file (as RocketMQ reads)."""
+        if not self.min_offset <= queue_offset < self.max_offset:
+            return []
+        byte_offset = queue_offset * CQ_UNIT_BYTES
+        mapped = self.files.find(byte_offset)
+        if mapped is None:
+            return []
+        pos = byte_offset - mapped.start_offset
+        end_units = min(queue_offset + count, self.max_offset, (mapped.start_offset + mapped.size_bytes) // CQ_UNIT_BYTES)
+        end = pos + (end_units - queue_offset) * CQ_UNIT_BYTES
+        return [Unit(*fields) for fields in CQ_UNIT.iter_unpack(mapped.mm[pos:end])]
+
+    def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
+        """Write the unit for ``queue_offset``; False if it was already there (a replay)."""
+        if commit_log_offset + size <= self.max_physical_end or queue_offset < self.max_offset:
+            return False
+        while self.max_offset < queue_offset:
+            self._write(self.max_offset, 0, BLANK_UNIT_SIZE, 0)
+        self._write(queue_offset, commit_log_offset, size, tags_code)
+        self.max_physical_end = commit_log_offset + size
+        return True
+
+    def _write(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> None:
+        assert queue_offset == self.max_offset
+        byte_offset = queue_offset * CQ_UNIT_BYTES
+        start = byte_offset - byte_offset % self.file_bytes
+        mapped = self.files.get(start) or self.files.create(start)
+        CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
+        self.max_offset = queue_offset + 1
+
+    def truncate_from(self, queue_offset: int) -> None:
+        """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole)."""
+        queue_offset = max(queue_offset, self.min_offset)
+        for offset in range(queue_offset, self.max_offset):
+            byte_offset = offset * CQ_UNIT_BYTES
+            mapped = self.files.find(byte_offset)
+            if mapped is not None:
+                CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, 0, 0, 0)
+        self.max_offset = min(self.max_offset, queue_offset)
+        self.max_physical_end = self._last_physical_end()
+
+    def flush(self) -> None:
+        for mapped in list(self.files.files.values()):
+            mapped.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def delete_queue_files(store_dir: Path, topic: str) -> None:
+    shutil.rmtree(store_dir / CONSUME_QUEUE_DIR / topic, ignore_errors=True)

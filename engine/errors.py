@@ -1,0 +1,72 @@
+"""Statuses and error codes, each with a stable number that clients may rely on.
+
+Three families, as in RocketMQ:
+
+* ``PutStatus``: the outcome of storing one message (S/PutMessageStatus.java);
+* ``GetStatus``: the outcome of a pull (S/GetMessageStatus.java);
+* ``ErrorCode``: a request the engine refused before doing anything.
+
+The numbers never change meaning; new members get new numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class PutStatus(enum.IntEnum):
+    PUT_OK = 0
+    FLUSH_DISK_TIMEOUT = 1
+    FLUSH_SLAVE_TIMEOUT = 2
+    SLAVE_NOT_AVAILABLE = 3
+    SERVICE_NOT_AVAILABLE = 4
+    CREATE_MAPPED_FILE_FAILED = 5
+    MESSAGE_ILLEGAL = 6
+    PROPERTIES_SIZE_EXCEEDED = 7
+    OS_PAGE_CACHE_BUSY = 8
+    UNKNOWN_ERROR = 9
+    DISK_FULL = 10
+
+
+class GetStatus(enum.IntEnum):
+    FOUND = 0
+    NO_MATCHED_MESSAGE = 1
+    MESSAGE_WAS_REMOVING = 2
+    OFFSET_FOUND_NULL = 3
+    OFFSET_OVERFLOW_BADLY = 4
+    OFFSET_OVERFLOW_ONE = 5
+    OFFSET_TOO_SMALL = 6
+    NO_MATCHED_LOGIC_QUEUE = 7
+    NO_MESSAGE_IN_QUEUE = 8
+    OFFSET_RESET = 9
+
+
+class ErrorCode(enum.IntEnum):
+    """Why a request was refused. 0 is never an error."""
+
+    MALFORMED_REQUEST = 1  # not msgpack, not a map, or invalid UTF-8
+    UNSUPPORTED_VERSION = 2
+    UNKNOWN_OP = 3
+    INVALID_FIELD = 4  # a field is missing, of the wrong type or out of range
+    INVALID_TOPIC = 5
+    TOPIC_NOT_FOUND = 6
+    QUEUE_NOT_FOUND = 7
+    MESSAGE_ILLEGAL = 8  # body empty or over message_body_bytes_max, batch too large
+    PROPERTIES_SIZE_EXCEEDED = 9
+    INVALID_PROPERTY = 10  # separator characters in a property, key or tag
+    INVALID_MSG_ID = 11
+    MESSAGE_NOT_FOUND = 12
+    MESSAGE_CORRUPT = 13  # the record failed its CRC check; it is never served
+    SERVICE_NOT_AVAILABLE = 14
+    TIMEOUT = 15
+    TOPIC_EXISTS = 16
+    INTERNAL_ERROR = 17
+
+
+class RequestError(Exception):
+    """A request the engine refuses: carries the stable code and a message."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message

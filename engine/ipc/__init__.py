@@ -1,0 +1,1 @@
+"""Inter-process communication: the client protocol, internal messages, endpoints."""

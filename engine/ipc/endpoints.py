@@ -1,0 +1,64 @@
+"""The one table of internal endpoints, socket options and the run directory.
+
+Internal sockets are ``ipc://`` files in a private run directory (mode 0700)
+derived from the store directory, so two engines on two stores never meet,
+and a path stays short enough for a Unix socket (108 bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import zmq
+
+RUN_DIR_ROOT = Path(os.environ.get("RMQPY_RUN_ROOT", "/tmp"))
+
+WRITER = "writer.sock"
+WRITER_PUB = "writer-pub.sock"
+FLUSHER_PUB = "flusher-pub.sock"
+REPUT_PUB = "reput-pub.sock"
+INDEX = "index.sock"
+SUPERVISOR_CONTROL = "supervisor.sock"
+SUPERVISOR_EVENTS = "events.sock"
+SUPERVISOR_HEARTBEATS = "heartbeats.sock"
+
+TOPIC_CONFIRMED = b"confirmed"
+TOPIC_FLUSHED = b"flushed"
+TOPIC_INDEX = b"ix"
+TOPIC_EVENT = b"event"
+
+
+def owner_endpoint_name(instance: int) -> str:
+    return f"owner-{instance}.sock"
+
+
+def owner_topic(instance: int) -> bytes:
+    return f"cq.{instance}.".encode()
+
+
+def run_dir_for(store_dir: Path) -> Path:
+    digest = hashlib.sha1(str(store_dir.resolve()).encode()).hexdigest()[:16]
+    return RUN_DIR_ROOT / f"rmqpy-{digest}"
+
+
+def ensure_run_dir(store_dir: Path) -> Path:
+    run_dir = run_dir_for(store_dir)
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    return run_dir
+
+
+def ipc(run_dir: Path, name: str) -> str:
+    return f"ipc://{run_dir / name}"
+
+
+def configure(sock: zmq.Socket, *, hwm: int, max_message_bytes: int = -1) -> zmq.Socket:
+    """Options every socket gets: no linger at close, bounded queues."""
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if max_message_bytes > 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    return sock

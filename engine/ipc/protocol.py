@@ -1,0 +1,200 @@
+"""The client protocol: what any client, in any language, sends and receives.
+
+Transport: ZeroMQ. The client uses a DEALER socket (a REQ socket works too)
+and sends one frame per request, a msgpack map with string keys; the reply
+is one frame, a msgpack map. Specified for humans in ``docs/protocol.md``;
+this module is the machine-checked version of that document.
+
+Every request carries ``v`` (protocol version), ``op`` and ``id`` (any
+integer the client chooses; echoed in the reply). Every reply carries ``v``,
+``id`` and ``ok``; when ``ok`` is false it carries ``error`` with a stable
+numeric ``code`` (``engine.errors.ErrorCode``), its ``name`` and a message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from engine.errors import ErrorCode, RequestError
+
+PROTOCOL_VERSION = 1
+OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status")
+
+Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
+Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
+SignedInt32 = Annotated[int, Meta(ge=-0x80000000, le=0x7FFFFFFF)]
+TopicName = Annotated[str, Meta(max_length=255)]
+
+
+class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    v: int = PROTOCOL_VERSION
+    op: str
+    id: int = 0
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    """The fields every actor reads first, to route and to answer errors."""
+
+    v: int = PROTOCOL_VERSION
+    op: str = ""
+    id: int = 0
+    topic: str | None = None
+    queue_id: int | None = None
+
+
+class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    body: bytes
+    tags: str | None = None
+    keys: list[str] = []
+    properties: dict[str, str] = {}
+    flag: SignedInt32 = 0
+    born_timestamp: Int64 | None = None
+
+
+class SendRequest(_Request, kw_only=True):
+    topic: TopicName
+    queue_id: Int32 | None = None
+    messages: Annotated[list[SendMessage], Meta(min_length=1, max_length=100_000)]
+    wait_store: bool = True
+
+
+class PullRequest(_Request, kw_only=True):
+    topic: TopicName
+    queue_id: Int32
+    offset: Int64
+    max_messages: Annotated[int, Meta(ge=1)] = 32
+    max_bytes: Annotated[int, Meta(ge=1)] = 4 * 1024 * 1024
+
+
+class QueryByKeyRequest(_Request, kw_only=True):
+    topic: TopicName
+    key: Annotated[str, Meta(min_length=1, max_length=4096)]
+    begin_timestamp: Int64 = 0
+    end_timestamp: Int64 = 0x7FFFFFFFFFFFFFFF
+    max_results: Annotated[int, Meta(ge=1)] = 64
+
+
+class GetByIdRequest(_Request, kw_only=True):
+    msg_id: Annotated[str, Meta(max_length=64)]
+
+
+class CreateTopicRequest(_Request, kw_only=True):
+    topic: TopicName
+    queue_count: Annotated[int, Meta(ge=1)] | None = None
+
+
+class PlainRequest(_Request, kw_only=True):
+    """``list_topics``, ``ping`` and ``status`` take no other field."""
+
+
+REQUEST_TYPES: dict[str, type[_Request]] = {
+    "send": SendRequest,
+    "pull": PullRequest,
+    "query_by_key": QueryByKeyRequest,
+    "get_by_id": GetByIdRequest,
+    "create_topic": CreateTopicRequest,
+    "list_topics": PlainRequest,
+    "ping": PlainRequest,
+    "status": PlainRequest,
+}
+assert tuple(REQUEST_TYPES) == OPS
+
+_envelope_decoder = msgspec.msgpack.Decoder(Envelope)
+_decoders = {op: msgspec.msgpack.Decoder(cls) for op, cls in REQUEST_TYPES.items()}
+_encoder = msgspec.msgpack.Encoder()
+
+# msgspec raises more than DecodeError on hostile input: UnicodeDecodeError for
+# invalid UTF-8 in a str field, RecursionError for deep nesting (see
+# shared/reference/reliability.md section 3.2).
+_DECODE_ERRORS = (msgspec.DecodeError, ValueError, RecursionError)
+
+
+def decode_envelope(frame: bytes | memoryview) -> Envelope:
+    """Read the envelope; RequestError for anything that is not a request map."""
+    try:
+        envelope = _envelope_decoder.decode(frame)
+    except msgspec.ValidationError as exc:
+        if " - at `$" in str(exc):
+            raise RequestError(ErrorCode.INVALID_FIELD, str(exc)) from None
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"not a request map: {exc}") from None
+    except _DECODE_ERRORS as exc:
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"not valid msgpack: {exc}") from None
+    if envelope.v != PROTOCOL_VERSION:
+        raise RequestError(ErrorCode.UNSUPPORTED_VERSION, f"protocol version {envelope.v} is not supported; "
+                                                          f"this engine speaks {PROTOCOL_VERSION}")
+    if envelope.op not in _decoders:
+        raise RequestError(ErrorCode.UNKNOWN_OP, f"unknown op {envelope.op!r}; known ops: {', '.join(OPS)}")
+    return envelope
+
+
+def decode_request(op: str, frame: bytes | memoryview) -> _Request:
+    try:
+        return _decoders[op].decode(frame)
+    except msgspec.ValidationError as exc:
+        raise RequestError(ErrorCode.INVALID_FIELD, str(exc)) from None
+    except _DECODE_ERRORS as exc:
+        raise RequestError(ErrorCode.MALFORMED_REQUEST, f"not valid msgpack: {exc}") from None
+
+
+class ErrorInfo(msgspec.Struct):
+    code: int
+    name: str
+    message: str
+
+
+class MessageView(msgspec.Struct, kw_only=True):
+    """One stored message as a reply carries it."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_size: int
+    msg_id: str
+    body: bytes
+    body_crc: int
+    tags: str | None
+    keys: list[str]
+    uniq_key: str | None
+    properties: dict[str, str]
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    store_timestamp: int
+    store_host: str
+    reconsume_times: int
+
+
+class SendResult(msgspec.Struct, kw_only=True):
+    status: str
+    status_code: int
+    msg_id: str = ""
+    queue_id: int = -1
+    queue_offset: int = -1
+    commit_log_offset: int = -1
+    store_timestamp: int = 0
+
+
+def encode_reply(request_id: int, **fields: object) -> bytes:
+    return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "ok": True, **fields})
+
+
+def encode_error(request_id: int, code: ErrorCode, message: str) -> bytes:
+    return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "ok": False,
+                            "error": ErrorInfo(int(code), code.name, message)})
+
+
+def encode_request(op: str, request_id: int, **fields: object) -> bytes:
+    return _encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
+
+
+def safe_request_id(frame: bytes | memoryview) -> int:
+    """The request id if the frame has a readable one, else 0 (for error replies)."""
+    try:
+        return _envelope_decoder.decode(frame).id
+    except (*_DECODE_ERRORS, msgspec.ValidationError):
+        return 0

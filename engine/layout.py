@@ -1,0 +1,480 @@
+"""On-disk formats, byte for byte as Apache RocketMQ writes them (big-endian).
+
+Every structure is drawn next to the ``struct.Struct`` that reads and writes it,
+and every size is checked when this module is imported. The reference for each
+field is ``shared/reference/rocketmq-store.md`` (sections 1, 3, 4 and 6).
+
+Nothing here does I/O: these are pure encoders and decoders over buffers
+(``bytes``, ``bytearray``, ``mmap`` or ``memoryview``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from typing import NamedTuple
+
+# --------------------------------------------------------------------------
+# CommitLog record (S/MessageExtEncoder.java, S/CommitLog.java)
+#
+#   0               4               8               12              16
+#   +---------------+---------------+---------------+---------------+
+#   | TOTALSIZE i32 | MAGICCODE u32 | BODYCRC i32   | QUEUEID i32   |
+#   +---------------+---------------+---------------+---------------+
+#   | FLAG i32      | QUEUEOFFSET i64               | PHYSICALOFF.. |
+#   +---------------+-------------------------------+---------------+
+#   | ..SET i64     | SYSFLAG i32   | BORNTIMESTAMP i64             |
+#   +---------------+---------------+-------------------------------+
+#   | BORNHOST ip4  | BORNHOST port | STORETIMESTAMP i64            |
+#   +---------------+---------------+-------------------------------+
+#   | STOREHOST ip4 | STOREHOST port| RECONSUMETIMES| PREPARED_TX.. |
+#   +---------------+---------------+---------------+---------------+
+#   | ..OFFSET i64  |  84 bytes of fixed header end here
+#   +---------------+
+#   | BODYLEN i32 | BODY ... | TOPICLEN u8 (v1) or u16 (v2) | TOPIC ... |
+#   | PROPLEN u16 | PROPERTIES "name\x01value\x02..." |
+#
+#   4+4+4+4+4+8+8+4+8+(4+4)+8+(4+4)+4+8 = 84; with BODYLEN (4), TOPICLEN (1)
+#   and PROPLEN (2) the fixed overhead of a v1 IPv4 record is 91 bytes.
+# --------------------------------------------------------------------------
+
+RECORD_HEADER = struct.Struct(">iIiiiqqiq4siq4siiq")
+BODY_LEN = struct.Struct(">i")
+TOPIC_LEN_V1 = struct.Struct(">B")
+TOPIC_LEN_V2 = struct.Struct(">H")
+PROPERTIES_LEN = struct.Struct(">H")
+TOTAL_SIZE_AND_MAGIC = struct.Struct(">iI")
+
+MAGIC_V1 = 0xDAA320A7
+MAGIC_V2 = 0xDAA320AB
+MAGIC_BLANK = 0xCBD43194
+
+END_FILE_MIN_BLANK_BYTES = 8
+TOPIC_V1_MAX_BYTES = 127
+PROPERTIES_MAX_BYTES = 32767
+
+QUEUE_OFFSET_POSITION = 20
+PHYSICAL_OFFSET_POSITION = 28
+STORE_TIMESTAMP_POSITION = 56
+BODY_LEN_POSITION = 84
+
+# SYSFLAG bits (C/sysflag/MessageSysFlag.java).
+SYSFLAG_COMPRESSED = 0x1
+SYSFLAG_MULTI_TAGS = 0x2
+SYSFLAG_TRANSACTION_MASK = 0xC
+SYSFLAG_BORNHOST_V6 = 0x10
+SYSFLAG_STOREHOST_V6 = 0x20
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_WAIT = "WAIT"
+PROPERTY_CRC32 = "__CRC32#"
+KEY_SEPARATOR = " "
+
+# The whole-record CRC property: "__CRC32#" \x01 ten digits \x02
+# (MessageDecoder#createCrc32). It covers the record minus these 20 bytes.
+CRC32_RESERVED_BYTES = len(PROPERTY_CRC32) + 1 + 10 + 1
+CRC32_PROPERTY_PREFIX = (PROPERTY_CRC32 + NAME_VALUE_SEPARATOR).encode()
+
+assert RECORD_HEADER.size == 84
+assert RECORD_HEADER.size + BODY_LEN.size + TOPIC_LEN_V1.size + PROPERTIES_LEN.size == 91
+assert CRC32_RESERVED_BYTES == 20
+
+
+def crc32_masked(data: bytes | bytearray | memoryview) -> int:
+    """RocketMQ's CRC: zlib CRC-32 masked to a non-negative Java int (UtilAll#crc32)."""
+    return zlib.crc32(data) & 0x7FFFFFFF
+
+
+def crc32_property_digits(crc: int) -> bytes:
+    """Ten ASCII digits, least-significant first, as MessageDecoder#createCrc32 writes them."""
+    assert 0 <= crc <= 0x7FFFFFFF
+    out = bytearray(10)
+    for i in range(10):
+        out[i] = 0x30 + crc % 10
+        crc //= 10
+    return bytes(out)
+
+
+def crc32_from_digits(digits: bytes | str) -> int | None:
+    """Inverse of ``crc32_property_digits``; None when the text is not ten digits."""
+    text = digits.decode("ascii", "replace") if isinstance(digits, bytes) else digits
+    if len(text) != 10 or not text.isdigit():
+        return None
+    return int(text[::-1])
+
+
+def encode_properties(properties: dict[str, str]) -> bytes:
+    """``name\\x01value\\x02`` for every entry (MessageDecoder#messageProperties2String)."""
+    parts = [f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}" for name, value in properties.items()]
+    return "".join(parts).encode("utf-8")
+
+
+def decode_properties(data: bytes | memoryview) -> dict[str, str]:
+    """Parse a properties block as MessageDecoder#string2messageProperties does."""
+    text = bytes(data).decode("utf-8", "replace")
+    result: dict[str, str] = {}
+    for entry in text.split(PROPERTY_SEPARATOR):
+        if len(entry) < 3:
+            continue
+        name, sep, value = entry.partition(NAME_VALUE_SEPARATOR)
+        if sep and name and value:
+            result[name] = value
+    return result
+
+
+def record_size(*, body_bytes: int, topic_bytes: int, properties_bytes: int) -> int:
+    """TOTALSIZE of a record with IPv4 hosts (MessageExtEncoder#calMsgLength)."""
+    topic_len_size = TOPIC_LEN_V1.size if topic_bytes <= TOPIC_V1_MAX_BYTES else TOPIC_LEN_V2.size
+    return (RECORD_HEADER.size + BODY_LEN.size + body_bytes + topic_len_size + topic_bytes
+            + PROPERTIES_LEN.size + properties_bytes)
+
+
+class HostAddress(NamedTuple):
+    """An IPv4 address and port as RocketMQ stores BORNHOST and STOREHOST."""
+
+    ip: bytes
+    port: int
+
+    @classmethod
+    def parse(cls, host: str, port: int) -> HostAddress:
+        return cls(socket.inet_aton(host), port)
+
+    def __str__(self) -> str:
+        return f"{socket.inet_ntoa(self.ip)}:{self.port}"
+
+
+class RecordFields(NamedTuple):
+    """What the writer supplies to encode one record; offsets are patched in at append."""
+
+    topic: bytes
+    queue_id: int
+    body: bytes | memoryview
+    properties: bytes  # encoded user properties, without the CRC property
+    flag: int
+    born_timestamp_ms: int
+    born_host: HostAddress
+    sys_flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+def encoded_size(fields: RecordFields, *, with_record_crc: bool) -> int:
+    extra = CRC32_RESERVED_BYTES if with_record_crc else 0
+    return record_size(body_bytes=len(fields.body), topic_bytes=len(fields.topic),
+                       properties_bytes=len(fields.properties) + extra)
+
+
+def encode_record_into(buf: bytearray | memoryview, pos: int, fields: RecordFields, *,
+                       queue_offset: int, commit_log_offset: int, store_timestamp_ms: int,
+                       store_host: HostAddress, with_record_crc: bool) -> int:
+    """Write one complete record at ``buf[pos:]`` and return its TOTALSIZE."""
+    topic_bytes = len(fields.topic)
+    body_bytes = len(fields.body)
+    props_bytes = len(fields.properties) + (CRC32_RESERVED_BYTES if with_record_crc else 0)
+    size = record_size(body_bytes=body_bytes, topic_bytes=topic_bytes, properties_bytes=props_bytes)
+    v2 = topic_bytes > TOPIC_V1_MAX_BYTES
+    RECORD_HEADER.pack_into(
+        buf, pos, size, MAGIC_V2 if v2 else MAGIC_V1, crc32_masked(fields.body), fields.queue_id,
+        fields.flag, queue_offset, commit_log_offset, fields.sys_flag, fields.born_timestamp_ms,
+        fields.born_host.ip, fields.born_host.port, store_timestamp_ms, store_host.ip, store_host.port,
+        fields.reconsume_times, fields.prepared_transaction_offset)
+    at = pos + RECORD_HEADER.size
+    BODY_LEN.pack_into(buf, at, body_bytes)
+    at += BODY_LEN.size
+    buf[at:at + body_bytes] = fields.body
+    at += body_bytes
+    (TOPIC_LEN_V2 if v2 else TOPIC_LEN_V1).pack_into(buf, at, topic_bytes)
+    at += TOPIC_LEN_V2.size if v2 else TOPIC_LEN_V1.size
+    buf[at:at + topic_bytes] = fields.topic
+    at += topic_bytes
+    PROPERTIES_LEN.pack_into(buf, at, props_bytes)
+    at += PROPERTIES_LEN.size
+    buf[at:at + len(fields.properties)] = fields.properties
+    at += len(fields.properties)
+    if with_record_crc:
+        crc = crc32_masked(memoryview(buf)[pos:pos + size - CRC32_RESERVED_BYTES])
+        end = at + CRC32_RESERVED_BYTES
+        buf[at:end] = CRC32_PROPERTY_PREFIX + crc32_property_digits(crc) + PROPERTY_SEPARATOR.encode()
+        at = end
+    assert at == pos + size, (at, pos, size)
+    return size
+
+
+def encode_record(fields: RecordFields, *, queue_offset: int, commit_log_offset: int,
+                  store_timestamp_ms: int, store_host: HostAddress, with_record_crc: bool = True) -> bytes:
+    """Encode one record into new bytes (tests and tools; the writer encodes in place)."""
+    buf = bytearray(encoded_size(fields, with_record_crc=with_record_crc))
+    encode_record_into(buf, 0, fields, queue_offset=queue_offset, commit_log_offset=commit_log_offset,
+                       store_timestamp_ms=store_timestamp_ms, store_host=store_host,
+                       with_record_crc=with_record_crc)
+    return bytes(buf)
+
+
+def encode_blank(buf: bytearray | memoryview, pos: int, remaining: int) -> None:
+    """The end-of-file marker: [TOTALSIZE = remaining][BLANK magic] (doAppend END_OF_FILE)."""
+    assert remaining >= END_FILE_MIN_BLANK_BYTES
+    TOTAL_SIZE_AND_MAGIC.pack_into(buf, pos, remaining, MAGIC_BLANK)
+
+
+class Record(NamedTuple):
+    """A decoded CommitLog record. ``body`` is a zero-copy slice of the buffer."""
+
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: HostAddress
+    store_timestamp_ms: int
+    store_host: HostAddress
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: memoryview
+    topic: str
+    properties: dict[str, str]
+    properties_raw: memoryview
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def msg_id(self) -> str:
+        return encode_msg_id(self.store_host, self.commit_log_offset)
+
+    def user_properties(self) -> dict[str, str]:
+        hidden = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
+        return {k: v for k, v in self.properties.items() if k not in hidden}
+
+
+class RecordError(ValueError):
+    """A record failed a structural or CRC check; ``reason`` says which."""
+
+    def __init__(self, reason: str, offset: int) -> None:
+        super().__init__(f"{reason} at commit log offset {offset}")
+        self.reason = reason
+        self.offset = offset
+
+
+def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
+                  base_offset: int = 0, check_crc: bool = True) -> Record:
+    """Decode and verify the record at ``buf[pos:]``; ``limit`` bounds what may be read.
+
+    ``base_offset`` is the commit log offset of ``buf[0]``, so the record's
+    PHYSICALOFFSET can be checked against where it really is. Raises
+    ``RecordError`` on any inconsistency: a damaged record is never returned.
+    """
+    here = base_offset + pos
+    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
+        raise RecordError("truncated header", here)
+    (size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
+     born_ip, born_port, store_ts, store_ip, store_port, reconsume, prepared) = RECORD_HEADER.unpack_from(buf, pos)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise RecordError("bad magic", here)
+    if size < 91 or pos + size > limit:
+        raise RecordError("bad total size", here)
+    if commit_log_offset != here:
+        raise RecordError("physical offset mismatch", here)
+    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+        raise RecordError("IPv6 hosts are not supported", here)
+    view = memoryview(buf)
+    at = pos + RECORD_HEADER.size
+    (body_len,) = BODY_LEN.unpack_from(buf, at)
+    at += BODY_LEN.size
+    if body_len < 0 or at + body_len > pos + size:
+        raise RecordError("bad body length", here)
+    body = view[at:at + body_len]
+    at += body_len
+    topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
+    if at + topic_len_struct.size > pos + size:
+        raise RecordError("bad topic length", here)
+    (topic_len,) = topic_len_struct.unpack_from(buf, at)
+    at += topic_len_struct.size
+    topic_raw = bytes(view[at:at + topic_len])
+    at += topic_len
+    if at + PROPERTIES_LEN.size > pos + size:
+        raise RecordError("bad topic length", here)
+    (props_len,) = PROPERTIES_LEN.unpack_from(buf, at)
+    at += PROPERTIES_LEN.size
+    if at + props_len != pos + size:
+        raise RecordError("length fields disagree with total size", here)
+    props_raw = view[at:at + props_len]
+    if check_crc:
+        if crc32_masked(body) != body_crc:
+            raise RecordError("body CRC mismatch", here)
+        _check_record_crc(view, pos, size, props_raw, here)
+    try:
+        topic = topic_raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordError("topic is not UTF-8", here) from None
+    return Record(size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
+                  HostAddress(born_ip, born_port), store_ts, HostAddress(store_ip, store_port), reconsume, prepared,
+                  body, topic, decode_properties(props_raw), props_raw)
+
+
+def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryview, here: int) -> None:
+    """Verify the ``__CRC32#`` property when the record carries one at its end."""
+    if len(props_raw) < CRC32_RESERVED_BYTES:
+        return
+    tail = bytes(props_raw[len(props_raw) - CRC32_RESERVED_BYTES:])
+    if not tail.startswith(CRC32_PROPERTY_PREFIX):
+        return
+    expected = crc32_from_digits(tail[len(CRC32_PROPERTY_PREFIX):-1])
+    if expected is None or tail[-1:] != PROPERTY_SEPARATOR.encode():
+        raise RecordError("record CRC property malformed", here)
+    if crc32_masked(view[pos:pos + size - CRC32_RESERVED_BYTES]) != expected:
+        raise RecordError("record CRC mismatch", here)
+
+
+def peek_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """TOTALSIZE and MAGICCODE at ``pos`` without any check."""
+    return TOTAL_SIZE_AND_MAGIC.unpack_from(buf, pos)
+
+
+# --------------------------------------------------------------------------
+# Message id: offsetMsgId (MessageDecoder#createMessageId)
+#
+#   +----------------+------------+---------------------------+
+#   | store ip (4)   | port i32   | commit log offset i64     |   16 bytes,
+#   +----------------+------------+---------------------------+   32 hex chars
+# --------------------------------------------------------------------------
+
+MSG_ID = struct.Struct(">4siq")
+assert MSG_ID.size == 16
+
+
+def encode_msg_id(store_host: HostAddress, commit_log_offset: int) -> str:
+    return MSG_ID.pack(store_host.ip, store_host.port, commit_log_offset).hex().upper()
+
+
+def decode_msg_id(msg_id: str) -> tuple[HostAddress, int]:
+    """Split an offsetMsgId into its store host and commit log offset; ValueError if malformed."""
+    if len(msg_id) != 2 * MSG_ID.size:
+        raise ValueError(f"a message id has {2 * MSG_ID.size} hex characters, got {len(msg_id)}")
+    ip, port, offset = MSG_ID.unpack(bytes.fromhex(msg_id))
+    return HostAddress(ip, port), offset
+
+
+# --------------------------------------------------------------------------
+# ConsumeQueue unit (S/ConsumeQueue.java, CQ_STORE_UNIT_SIZE = 20)
+#
+#   +-------------------------------+---------------+-------------------------------+
+#   | commit log offset i64         | size i32      | tags code i64                 |
+#   +-------------------------------+---------------+-------------------------------+
+#   8 + 4 + 8 = 20 bytes; queue offset n lives at byte n * 20.
+# --------------------------------------------------------------------------
+
+CQ_UNIT = struct.Struct(">qiq")
+CQ_UNIT_BYTES = CQ_UNIT.size
+assert CQ_UNIT_BYTES == 20
+
+
+# --------------------------------------------------------------------------
+# IndexFile (S/index/IndexFile.java, IndexHeader.java)
+#
+#   header, 40 bytes:
+#   +-----------------------+-----------------------+-----------------------+
+#   | begin timestamp i64   | end timestamp i64     | begin phy offset i64  |
+#   +-----------------------+-----------+-----------+-----------------------+
+#   | end phy offset i64    | slots i32 | count i32 |   count starts at 1
+#   +-----------------------+-----------+-----------+
+#   then hash_slot_count x i32 (newest item number in the bucket, 0 = empty),
+#   then index_count x item, 20 bytes each:
+#   +-----------+-----------------------+-----------+-----------+
+#   | hash i32  | commit log offset i64 | tdiff i32 | prev i32  |   tdiff in seconds
+#   +-----------+-----------------------+-----------+-----------+
+# --------------------------------------------------------------------------
+
+INDEX_HEADER = struct.Struct(">qqqqii")
+INDEX_SLOT = struct.Struct(">i")
+INDEX_ITEM = struct.Struct(">iqii")
+assert INDEX_HEADER.size == 40
+assert INDEX_SLOT.size == 4
+assert INDEX_ITEM.size == 20
+
+
+def index_file_bytes(*, hash_slot_count: int, index_count: int) -> int:
+    return INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size + index_count * INDEX_ITEM.size
+
+
+def java_string_hash(text: str) -> int:
+    """Java ``String.hashCode`` (over UTF-16 code units) as a signed 32-bit int."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def index_key_hash(key: str) -> int:
+    """IndexFile#indexKeyHashMethod: abs(hashCode), with Integer.MIN_VALUE mapped to 0."""
+    h = java_string_hash(key)
+    return 0 if h == -0x80000000 else abs(h)
+
+
+def tags_code(tags: str | None) -> int:
+    """The ConsumeQueue tags code: Java String.hashCode of the tag, 0 without one."""
+    return java_string_hash(tags) if tags else 0
+
+
+# --------------------------------------------------------------------------
+# Checkpoint (S/StoreCheckpoint.java): a 4 KiB file.
+#
+#   0                       8                       16                      24
+#   +-----------------------+-----------------------+-----------------------+
+#   | physicMsgTimestamp    | logicsMsgTimestamp    | indexMsgTimestamp     |
+#   +-----------------------+-----------------------+-----------------------+
+#   | masterFlushedOffset   | confirmPhyOffset      |   40 bytes: RocketMQ's
+#   +-----------------------+-----------------------+
+#   ... zeros ...
+#   4064: our extension, which RocketMQ's reader ignores:
+#   +-----------+-----------+-----------------------+-----------------------+
+#   | magic u32 | version   | flushed offset i64    | dispatched offset i64 |
+#   +-----------+-----------+-----------------------+-----------------------+
+#   | reserved (4)          | crc32 u32 over bytes 0..40 and 4064..4092     |
+#   +-----------------------+-----------+
+# --------------------------------------------------------------------------
+
+CHECKPOINT_FILE_BYTES = 4096
+CHECKPOINT = struct.Struct(">qqqqq")
+CHECKPOINT_EXT = struct.Struct(">IIqqi")
+CHECKPOINT_CRC = struct.Struct(">I")
+CHECKPOINT_EXT_POSITION = 4064
+CHECKPOINT_CRC_POSITION = CHECKPOINT_EXT_POSITION + CHECKPOINT_EXT.size
+CHECKPOINT_EXT_MAGIC = 0x524D5143  # "RMQC"
+CHECKPOINT_EXT_VERSION = 1
+assert CHECKPOINT.size == 40
+assert CHECKPOINT_EXT.size == 28
+assert CHECKPOINT_CRC_POSITION + CHECKPOINT_CRC.size == CHECKPOINT_FILE_BYTES
+
+
+# --------------------------------------------------------------------------
+# File names: 20-digit zero-padded start offsets (UtilAll#offset2FileName).
+# --------------------------------------------------------------------------
+
+def offset_to_file_name(offset: int) -> str:
+    assert offset >= 0
+    return f"{offset:020d}"
+
+
+def file_name_to_offset(name: str) -> int | None:
+    if len(name) != 20 or not name.isdigit():
+        return None
+    return int(name)

@@ -1,0 +1,180 @@
+"""Fixed-size files named by their 20-digit start offset, mapped into memory.
+
+Invariants:
+
+* A file is created whole: written as ``<name>.tmp``, preallocated with
+  ``posix_fallocate`` (a write into a sparse mapping on a full disk is a
+  SIGBUS; fallocate fails cleanly with ENOSPC), then renamed, and the
+  directory fsynced. A visible segment therefore always has its full size.
+* A file that another process may have mapped is never shrunk; recovery moves
+  the logical end and zeroes what lies past it.
+* Readers map ``ACCESS_READ``; only the owning actor maps ``ACCESS_WRITE``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from engine.layout import file_name_to_offset, offset_to_file_name
+
+PAGE_BYTES = 4096
+_ZERO_CHUNK_BYTES = 1 << 20
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_preallocated(path: Path, size_bytes: int, *, warm: bool = False) -> None:
+    """Create ``path`` with ``size_bytes`` of real blocks; OSError (ENOSPC) if the disk is full."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+        if warm:
+            # Pre-writing zeros makes later fdatasyncs overwrite, not allocate:
+            # about 1.6x the sync rate on this machine kind (RocketMQ warmMappedFile).
+            zeros = bytes(_ZERO_CHUNK_BYTES)
+            for at in range(0, size_bytes, _ZERO_CHUNK_BYTES):
+                os.pwrite(fd, zeros[: min(_ZERO_CHUNK_BYTES, size_bytes - at)], at)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+
+
+def list_files(directory: Path) -> list[tuple[int, Path]]:
+    """(start offset, path) of every well-named file in ``directory``, ascending."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in os.scandir(directory):
+        offset = file_name_to_offset(entry.name)
+        if offset is not None and entry.is_file():
+            found.append((offset, Path(entry.path)))
+    found.sort()
+    return found
+
+
+class MappedFile:
+    """One mapped segment. ``mm`` covers the whole file."""
+
+    __slots__ = ("fd", "mm", "path", "size_bytes", "start_offset", "writable")
+
+    def __init__(self, path: Path, start_offset: int, size_bytes: int, *, writable: bool) -> None:
+        self.path = path
+        self.start_offset = start_offset
+        self.size_bytes = size_bytes
+        self.writable = writable
+        self.fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        actual = os.fstat(self.fd).st_size
+        if actual != size_bytes:
+            os.close(self.fd)
+            raise OSError(f"{path} is {actual} bytes, expected {size_bytes}")
+        self.mm = mmap.mmap(self.fd, size_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.size_bytes
+
+    def flush(self, start: int = 0, end: int | None = None) -> None:
+        """msync the byte range [start, end) of this file (page aligned here)."""
+        end = self.size_bytes if end is None else end
+        aligned = start - start % PAGE_BYTES
+        if end > aligned:
+            self.mm.flush(aligned, end - aligned)
+
+    def zero(self, start: int, end: int) -> None:
+        """Zero [start, end) through the mapping (never shrink a mapped file)."""
+        assert self.writable
+        for at in range(start, end, _ZERO_CHUNK_BYTES):
+            stop = min(end, at + _ZERO_CHUNK_BYTES)
+            self.mm[at:stop] = bytes(stop - at)
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:
+            # A memoryview still references the mapping; the kernel unmaps at exit.
+            pass
+        os.close(self.fd)
+
+
+class MappedFileQueue:
+    """Ordered fixed-size files in one directory, mapped on demand."""
+
+    def __init__(self, directory: Path, file_size_bytes: int, *, writable: bool) -> None:
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.writable = writable
+        self.files: dict[int, MappedFile] = {}
+        self.known: list[int] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Re-list the directory: pick up new files, forget deleted ones."""
+        present = [offset for offset, _ in list_files(self.directory)]
+        for offset in set(self.files) - set(present):
+            self.files.pop(offset).close()
+        self.known = present
+
+    def first_offset(self) -> int | None:
+        return self.known[0] if self.known else None
+
+    def last_offset(self) -> int | None:
+        return self.known[-1] if self.known else None
+
+    def file_start(self, offset: int) -> int:
+        return offset - offset % self.file_size_bytes
+
+    def get(self, start_offset: int) -> MappedFile | None:
+        """The mapped file starting at ``start_offset``, or None if it does not exist."""
+        mapped = self.files.get(start_offset)
+        if mapped is not None:
+            return mapped
+        path = self.directory / offset_to_file_name(start_offset)
+        if start_offset not in self.known:
+            self.refresh()
+            if start_offset not in self.known:
+                return None
+        mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable)
+        self.files[start_offset] = mapped
+        return mapped
+
+    def find(self, offset: int) -> MappedFile | None:
+        return self.get(self.file_start(offset))
+
+    def create(self, start_offset: int, *, warm: bool = False) -> MappedFile:
+        assert self.writable
+        assert start_offset % self.file_size_bytes == 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / offset_to_file_name(start_offset)
+        if not path.exists():
+            create_preallocated(path, self.file_size_bytes, warm=warm)
+        self.refresh()
+        mapped = self.get(start_offset)
+        assert mapped is not None
+        return mapped
+
+    def delete(self, start_offset: int) -> None:
+        mapped = self.files.pop(start_offset, None)
+        if mapped is not None:
+            mapped.close()
+        (self.directory / offset_to_file_name(start_offset)).unlink(missing_ok=True)
+        fsync_dir(self.directory)
+        self.refresh()
+
+    def close(self) -> None:
+        for mapped in self.files.values():
+            mapped.close()
+        self.files.clear()

@@ -1,0 +1,86 @@
+"""Serving a pull from one ConsumeQueue, with RocketMQ's statuses (DefaultMessageStore#getMessage).
+
+| condition                     | status                 | next offset              |
+|-------------------------------|------------------------|--------------------------|
+| no queue                      | NO_MATCHED_LOGIC_QUEUE | 0                        |
+| queue empty (max == 0)        | NO_MESSAGE_IN_QUEUE    | 0                        |
+| offset < min                  | OFFSET_TOO_SMALL       | min                      |
+| offset == max                 | OFFSET_OVERFLOW_ONE    | offset                   |
+| offset > max                  | OFFSET_OVERFLOW_BADLY  | max                      |
+| units read, none kept         | NO_MATCHED_MESSAGE /   | past the scanned units   |
+|                               | MESSAGE_WAS_REMOVING   |                          |
+| at least one kept             | FOUND                  | last kept offset + 1     |
+
+A record that fails its CRC check is never served: the pull stops before
+it, and a pull that starts on it is refused with MESSAGE_CORRUPT, naming
+the next offset so a consumer can decide to skip it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.commit_log import CommitLogReader
+from engine.consume_queue import ConsumeQueue
+from engine.errors import GetStatus
+from engine.ipc.protocol import MessageView
+from engine.layout import RecordError
+from engine.records import message_view
+
+
+@dataclass
+class PullResult:
+    status: GetStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[MessageView] = field(default_factory=list)
+    corrupt_offset: int = -1  # queue offset of a damaged record met first
+
+
+def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
+         visible_end: int) -> PullResult:
+    """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``."""
+    if cq is None:
+        return PullResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+    lo, hi = cq.min_offset, cq.max_offset
+    if hi == 0:
+        return PullResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+    if offset < lo:
+        return PullResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+    if offset == hi:
+        return PullResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+    if offset > hi:
+        return PullResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+    result = PullResult(GetStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
+    log_min = reader.min_offset()
+    taken_bytes = 0
+    removed = 0
+    for i, unit in enumerate(cq.read(offset, max_messages)):
+        queue_offset = offset + i
+        if unit.is_blank:
+            result.next_offset = queue_offset + 1
+            continue
+        if unit.commit_log_offset + unit.size > visible_end:
+            break
+        if unit.commit_log_offset < log_min:
+            removed += 1
+            result.next_offset = queue_offset + 1
+            continue
+        if result.messages and taken_bytes + unit.size > max_bytes:
+            break
+        try:
+            record = reader.read(unit.commit_log_offset, limit=visible_end, check_crc=True)
+        except RecordError:
+            if not result.messages:
+                result.corrupt_offset = queue_offset
+                result.next_offset = queue_offset + 1
+            break
+        result.messages.append(message_view(record))
+        taken_bytes += unit.size
+        result.next_offset = queue_offset + 1
+    if result.messages:
+        result.status = GetStatus.FOUND
+    elif removed:
+        result.status = GetStatus.MESSAGE_WAS_REMOVING
+    return result

@@ -1,0 +1,60 @@
+"""A small mmap'd file of offsets that actors publish for each other to read.
+
+One int64 slot per name; each slot has exactly one writing process, so an
+aligned 8-byte store needs no lock. It lives in the run directory (not the
+store): it describes the running engine, not the data.
+
+    slot 0 written_offset     writer
+    slot 1 confirmed_offset   writer
+    slot 2 flushed_offset     flusher
+    slot 3 dispatched_offset  reput dispatcher
+    slot 4 index_applied      index builder
+    slot 5 min_offset         writer (start of the oldest segment)
+    slot 8+k owner k applied  consume queue owner k
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+
+OFFSETS_FILE = "offsets"
+SLOT = struct.Struct("=q")
+SLOT_COUNT = 8 + 256
+WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET = range(6)
+NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
+         DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset"}
+
+
+def owner_slot(instance: int) -> int:
+    assert 0 <= instance < SLOT_COUNT - 8
+    return 8 + instance
+
+
+class SharedOffsets:
+    def __init__(self, run_dir: Path) -> None:
+        path = run_dir / OFFSETS_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < SLOT_COUNT * SLOT.size:
+                os.posix_fallocate(fd, 0, SLOT_COUNT * SLOT.size)
+            self.mm = mmap.mmap(fd, SLOT_COUNT * SLOT.size)
+        finally:
+            os.close(fd)
+
+    def get(self, slot: int) -> int:
+        return SLOT.unpack_from(self.mm, slot * SLOT.size)[0]
+
+    def set(self, slot: int, value: int) -> None:
+        SLOT.pack_into(self.mm, slot * SLOT.size, value)
+
+    def snapshot(self, owner_count: int) -> dict[str, int]:
+        values = {name: self.get(slot) for slot, name in NAMES.items()}
+        for k in range(owner_count):
+            values[f"owner_{k}_applied_offset"] = self.get(owner_slot(k))
+        return values
+
+    def close(self) -> None:
+        self.mm.close()

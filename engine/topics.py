@@ -1,0 +1,85 @@
+"""The topic table: which topics exist and how many queues each has.
+
+Persisted in RocketMQ's ``config/topics.json`` shape::
+
+    {"topicConfigTable": {"orders": {"topicName": "orders", "readQueueNums": 4,
+                                      "writeQueueNums": 4, "perm": 6}}}
+
+Topic names follow RocketMQ's TopicValidator: ``^[%|a-zA-Z0-9_-]+$``, at most
+127 characters, and not one of the reserved system names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+
+from engine.atomic_file import read_with_backup, write_atomically
+from engine.errors import ErrorCode, RequestError
+
+TOPICS_FILE = Path("config") / "topics.json"
+TOPIC_NAME_BYTES_MAX = 127
+_TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest_SYS", "OFFSET_MOVED_EVENT",
+                             "SELF_TEST_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+                             "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"})
+PERM_READ_WRITE = 6
+
+
+def validate_topic(name: str) -> str:
+    """Return ``name`` if it is a valid user topic; RequestError(INVALID_TOPIC) otherwise."""
+    if not name:
+        raise RequestError(ErrorCode.INVALID_TOPIC, "the topic name is empty")
+    if len(name) > TOPIC_NAME_BYTES_MAX:
+        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name is longer than {TOPIC_NAME_BYTES_MAX} characters")
+    if not _TOPIC_PATTERN.match(name):
+        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name {name!r} does not match ^[%|a-zA-Z0-9_-]+$")
+    if name in RESERVED_TOPICS or name.startswith(("rmq_sys_", "%RETRY%", "%DLQ%")):
+        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name {name!r} is reserved for the system")
+    return name
+
+
+class TopicConfig(msgspec.Struct, rename="camel"):
+    topic_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_READ_WRITE
+
+
+class TopicTable:
+    """The in-memory table, saved atomically on every change."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.path = store_dir / TOPICS_FILE
+        self.topics: dict[str, TopicConfig] = read_with_backup(self.path, _parse) or {}
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self.topics.get(name)
+
+    def create(self, name: str, queue_count: int) -> TopicConfig:
+        validate_topic(name)
+        existing = self.topics.get(name)
+        if existing is not None:
+            if queue_count < existing.write_queue_nums:
+                raise RequestError(ErrorCode.INVALID_FIELD, "a topic's queue count can only grow")
+            existing.read_queue_nums = existing.write_queue_nums = queue_count
+        else:
+            self.topics[name] = TopicConfig(name, queue_count, queue_count)
+        self._save()
+        return self.topics[name]
+
+    def _save(self) -> None:
+        table = {name: msgspec.to_builtins(cfg) for name, cfg in sorted(self.topics.items())}
+        write_atomically(self.path, json.dumps({"topicConfigTable": table}, indent=2).encode())
+
+
+def _parse(data: bytes) -> dict[str, TopicConfig]:
+    try:
+        raw = json.loads(data)
+        table = msgspec.convert(raw.get("topicConfigTable", {}), dict[str, TopicConfig])
+    except (json.JSONDecodeError, msgspec.ValidationError, AttributeError) as exc:
+        raise ValueError(str(exc)) from exc
+    return table

@@ -1,0 +1,1 @@
+"""Starts, watches and stops the engine's actor processes."""

@@ -1,0 +1,154 @@
+"""``python -m supervisor start|stop|status``: run and manage the engine.
+
+    python -m supervisor start [--store-dir DIR] [--endpoint URL] [--config FILE] [--detach]
+    python -m supervisor stop [--store-dir DIR]
+    python -m supervisor status [--store-dir DIR] [--json]
+
+``start`` runs in the foreground and prints ``ready <endpoint>`` once every
+actor serves; Ctrl-C (SIGINT) or SIGTERM stops it cleanly, in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.config import ConfigError, StoreConfig
+from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
+from supervisor.supervisor import EngineError, Supervisor
+
+DEFAULT_STORE_DIR = Path("store")
+
+
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store-dir", type=Path, default=DEFAULT_STORE_DIR,
+                        help="the store directory (default: ./store)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m supervisor", description="run the message store engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="start the engine (foreground unless --detach)")
+    _add_store(start)
+    start.add_argument("--endpoint", help="client endpoint (default tcp://127.0.0.1:10911)")
+    start.add_argument("--config", type=Path, help="TOML file of settings (see docs/configuration.md)")
+    start.add_argument("--detach", action="store_true", help="run in the background; return once ready")
+    stop = commands.add_parser("stop", help="stop the engine running on a store directory")
+    _add_store(stop)
+    status = commands.add_parser("status", help="actors, pids, states and offsets")
+    _add_store(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _store_port(endpoint: str | None) -> int | None:
+    if endpoint and endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1].isdigit():
+        return int(endpoint.rsplit(":", 1)[-1])
+    return None
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    config = StoreConfig.load(args.config, endpoint=args.endpoint, store_port=_store_port(args.endpoint))
+    if args.detach:
+        return _start_detached(args, config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
+    supervisor = Supervisor(args.store_dir, config)
+    signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
+    supervisor.start()
+    print(f"ready {config.endpoint} store={supervisor.store_dir}", flush=True)
+    try:
+        supervisor.run()
+    finally:
+        clean = supervisor.shutdown()
+    print("stopped" if clean else "stopped (not cleanly; the next start recovers)", flush=True)
+    return 0
+
+
+def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
+    store_dir = args.store_dir.resolve()
+    store_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(store_dir)]
+    if args.endpoint:
+        command += ["--endpoint", args.endpoint]
+    if args.config:
+        command += ["--config", str(args.config.resolve())]
+    log_path = store_dir / "supervisor.log"
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                 start_new_session=True)
+    deadline = time.monotonic() + config.actor_start_timeout_ms / 1000 * 2
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            print(f"the engine failed to start; see {log_path}", file=sys.stderr)
+            return 1
+        try:
+            reply = control(store_dir, "status", timeout_ms=500)
+        except (NotRunning, ControlTimeout):
+            time.sleep(0.05)  # waiting on another process to appear; no event to wait on yet
+            continue
+        if reply.state == "RUNNING":
+            print(f"ready {config.endpoint} store={store_dir} pid={child.pid}", flush=True)
+            return 0
+    print(f"the engine did not become ready; see {log_path}", file=sys.stderr)
+    return 1
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        pid = int(supervisor_state(args.store_dir)["pid"])  # type: ignore[arg-type]
+        control(args.store_dir, "stop")
+    except NotRunning as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print("stopped")
+            return 0
+        time.sleep(0.05)  # polling another process's exit: there is no event for it
+    print(f"the supervisor (pid {pid}) did not exit within 60 s", file=sys.stderr)
+    return 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        reply = control(args.store_dir, "status")
+    except NotRunning as exc:
+        print(json.dumps({"state": "STOPPED"}) if args.json else exc)
+        return 3
+    offsets = json.loads(reply.message or "{}")
+    if args.json:
+        print(json.dumps({"state": reply.state, "endpoint": reply.endpoint, "offsets": offsets,
+                          "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,
+                                      **a.detail} for a in reply.actors]}, indent=2))
+        return 0
+    print(f"engine {reply.state} on {reply.endpoint}")
+    print(f"{'actor':<10} {'pid':>8} {'state':<10} {'restarts':>8}  detail")
+    for a in reply.actors:
+        detail = " ".join(f"{k}={v}" for k, v in a.detail.items())
+        print(f"{a.name:<10} {a.pid:>8} {a.lifecycle:<10} {a.restarts:>8}  {detail}")
+    print("offsets: " + " ".join(f"{k}={v}" for k, v in offsets.items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[args.command](args)
+    except (ConfigError, EngineError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

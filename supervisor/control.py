@@ -1,0 +1,74 @@
+"""Talking to a running supervisor: control requests and its event stream.
+
+Used by ``python -m supervisor stop|status``, by ``scripts/`` and by tests.
+Every call has an absolute deadline; a supervisor that does not answer in
+time raises ``ControlTimeout`` (a silent peer and a dead one look alike).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import zmq
+
+from engine.ipc import endpoints
+from engine.ipc.messages import ControlReply, ControlRequest, Event, control_reply_decoder, encoder, event_decoder
+from supervisor.supervisor import STATE_FILE
+
+
+class ControlTimeout(TimeoutError):
+    """The supervisor did not answer before the deadline."""
+
+
+class NotRunning(RuntimeError):
+    """No supervisor runs on this store directory."""
+
+
+def supervisor_state(store_dir: Path) -> dict[str, object]:
+    """pid and endpoint of the supervisor running on ``store_dir``; NotRunning if none."""
+    path = endpoints.run_dir_for(store_dir) / STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        raise NotRunning(f"no engine is running on {store_dir}") from None
+
+
+def control(store_dir: Path, command: str, *, name: str = "", timeout_ms: int = 5000) -> ControlReply:
+    supervisor_state(store_dir)
+    ctx = zmq.Context.instance()
+    sock = endpoints.configure(ctx.socket(zmq.DEALER), hwm=16)
+    try:
+        sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_CONTROL))
+        sock.send(encoder.encode(ControlRequest(command, name)))
+        if not sock.poll(timeout_ms):
+            raise ControlTimeout(f"the supervisor did not answer {command!r} within {timeout_ms} ms")
+        return control_reply_decoder.decode(sock.recv())
+    finally:
+        sock.close()
+
+
+class EventStream:
+    """A subscription to the supervisor's events; ``wait_for`` blocks until one matches or the deadline."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.sock = endpoints.configure(zmq.Context.instance().socket(zmq.SUB), hwm=100_000)
+        self.sock.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_EVENT)
+        self.sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_EVENTS))
+        self.seen: list[Event] = []
+
+    def wait_for(self, kind: str, *, name: str | None = None, timeout_ms: int = 30_000) -> Event:
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not self.sock.poll(remaining_ms):
+                raise ControlTimeout(f"no {kind!r} event for {name or 'any actor'} within {timeout_ms} ms; "
+                                     f"saw {[(e.kind, e.name) for e in self.seen[-10:]]}")
+            event = event_decoder.decode(self.sock.recv_multipart()[1])
+            self.seen.append(event)
+            if event.kind == kind and (name is None or event.name == name):
+                return event
+
+    def close(self) -> None:
+        self.sock.close()

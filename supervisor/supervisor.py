@@ -1,0 +1,311 @@
+"""The supervisor: starts every actor, watches them, restarts the ones that die.
+
+It is a reconcile loop: each turn it reads heartbeats and control requests,
+reaps exited actors, restarts them with backoff (their own ``recover()``
+repairs what the crash left), kills actors whose heartbeats stopped, and
+publishes what happened as events (PUB ``events.sock``) that tests and tools
+wait on.
+
+Store-level duties (RocketMQ's DefaultMessageStore start/shutdown):
+
+* ``lock``: an exclusive ``flock`` for the engine's lifetime; the actors
+  inherit the descriptor, so the store stays locked until the last one exits;
+* ``abort``: created at start, removed only after a clean stop in which every
+  actor exited normally and the reput dispatcher had caught up with the log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from engine.config import StoreConfig, encode_config
+from engine.ipc import endpoints
+from engine.ipc.messages import (
+    ActorStatus,
+    ControlReply,
+    ControlRequest,
+    Event,
+    control_request_decoder,
+    encoder,
+    heartbeat_decoder,
+)
+from engine.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
+from supervisor.spec import ActorSpec, actor_specs
+
+log = logging.getLogger("supervisor")
+
+LOCK_FILE = "lock"
+ABORT_FILE = "abort"
+LOG_DIR = "logs"
+STATE_FILE = "supervisor.json"
+
+
+class EngineError(RuntimeError):
+    """The engine cannot start or keep running; the message says why."""
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+@dataclass
+class ActorProcess:
+    spec: ActorSpec
+    process: subprocess.Popen[bytes] | None = None
+    lifecycle: str = "DOWN"
+    last_heartbeat_ms: int = 0
+    detail: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+    restart_times: deque[int] = field(default_factory=deque)
+    restart_at_ms: int | None = None
+    gave_up: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+
+class Supervisor:
+    def __init__(self, store_dir: Path, config: StoreConfig) -> None:
+        self.store_dir = store_dir.resolve()
+        self.config = config
+        self.actors = {spec.name: ActorProcess(spec) for spec in actor_specs(config)}
+        self.stopping = False
+        self.crash_start = False
+        self.zctx = zmq.Context()
+
+    # -- start -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
+        self._lock()
+        self.crash_start = (self.store_dir / ABORT_FILE).exists()
+        if self.crash_start:
+            log.warning("the previous run did not stop cleanly (abort marker present); recovering")
+        (self.store_dir / ABORT_FILE).write_text(str(os.getpid()))
+        self.run_dir = endpoints.ensure_run_dir(self.store_dir)
+        for stale in self.run_dir.iterdir():
+            stale.unlink()
+        self.offsets = SharedOffsets(self.run_dir)
+        self.config_path = self.run_dir / "config.json"
+        self.config_path.write_bytes(encode_config(self.config))
+        self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)
+        self.events = self._bind(zmq.PUB, endpoints.SUPERVISOR_EVENTS)
+        self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
+        (self.run_dir / STATE_FILE).write_text(json.dumps({"pid": os.getpid(), "endpoint": self.config.endpoint,
+                                                           "store_dir": str(self.store_dir)}))
+        for actor in self.actors.values():
+            self._spawn(actor)
+            self._await_running(actor)
+        self.publish("engine.ready")
+
+    def _lock(self) -> None:
+        self.lock_fd = os.open(self.store_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.lock_fd, 32, 0).decode(errors="replace").strip()
+            os.close(self.lock_fd)
+            raise EngineError(f"another engine is running on {self.store_dir} (lock held by pid {holder or '?'})") \
+                from None
+        os.ftruncate(self.lock_fd, 0)
+        os.pwrite(self.lock_fd, str(os.getpid()).encode(), 0)
+
+    def _bind(self, kind: int, name: str) -> zmq.Socket:
+        sock = endpoints.configure(self.zctx.socket(kind), hwm=self.config.socket_hwm_messages)
+        sock.bind(endpoints.ipc(self.run_dir, name))
+        return sock
+
+    def _spawn(self, actor: ActorProcess) -> None:
+        spec = actor.spec
+        log_file = open(self.store_dir / LOG_DIR / f"{spec.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        command = [sys.executable, "-m", spec.module, "--name", spec.name, "--instance", str(spec.instance),
+                   "--store-dir", str(self.store_dir), "--run-dir", str(self.run_dir),
+                   "--config", str(self.config_path)]
+        actor.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                                         pass_fds=(self.lock_fd,), start_new_session=False)
+        log_file.close()
+        actor.lifecycle = "STARTING"
+        actor.last_heartbeat_ms = monotonic_ms()
+        actor.restart_at_ms = None
+        self.publish("actor.started", actor)
+
+    def _await_running(self, actor: ActorProcess) -> None:
+        deadline = monotonic_ms() + self.config.actor_start_timeout_ms
+        while actor.lifecycle != "RUNNING":
+            if actor.process is not None and actor.process.poll() is not None:
+                self.shutdown()
+                raise EngineError(f"actor {actor.spec.name} exited with code {actor.process.returncode} while "
+                                  f"starting; see {self.store_dir / LOG_DIR / (actor.spec.name + '.log')}")
+            if monotonic_ms() > deadline:
+                self.shutdown()
+                raise EngineError(f"actor {actor.spec.name} did not start within "
+                                  f"{self.config.actor_start_timeout_ms} ms")
+            if self.heartbeats.poll(100):
+                self._drain_heartbeats()
+
+    # -- run ---------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self.stopping = True
+
+    def run(self) -> None:
+        """The reconcile loop, until a stop is requested."""
+        poller = zmq.Poller()
+        poller.register(self.control, zmq.POLLIN)
+        poller.register(self.heartbeats, zmq.POLLIN)
+        while not self.stopping:
+            ready = dict(poller.poll(100))
+            if self.heartbeats in ready:
+                self._drain_heartbeats()
+            if self.control in ready:
+                self._drain_control()
+            self._reconcile(monotonic_ms())
+
+    def _drain_heartbeats(self) -> None:
+        for _ in range(1000):
+            try:
+                beat = heartbeat_decoder.decode(self.heartbeats.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            actor = self.actors.get(beat.name)
+            if actor is None or beat.pid != actor.pid:
+                continue
+            if actor.lifecycle != "RUNNING" and beat.lifecycle == "RUNNING":
+                self.publish("actor.running", actor)
+            actor.lifecycle = beat.lifecycle
+            actor.detail = beat.detail
+            actor.last_heartbeat_ms = monotonic_ms()
+
+    def _drain_control(self) -> None:
+        for _ in range(100):
+            try:
+                identity, raw = self.control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue
+            try:
+                request = control_request_decoder.decode(raw)
+            except Exception as exc:  # noqa: BLE001 - any undecodable control frame gets an error reply
+                reply = ControlReply(ok=False, message=f"bad control request: {exc}")
+            else:
+                reply = self.control_command(request)
+            self.control.send_multipart([identity, encoder.encode(reply)])
+
+    def control_command(self, request: ControlRequest) -> ControlReply:
+        if request.command == "status":
+            return self.status()
+        if request.command == "stop":
+            self.request_stop()
+            return ControlReply(ok=True, message="stopping")
+        if request.command == "kill":
+            actor = self.actors.get(request.name)
+            if actor is None or actor.process is None:
+                return ControlReply(ok=False, message=f"no actor named {request.name!r}")
+            actor.process.kill()
+            return ControlReply(ok=True, message=f"killed {request.name} (pid {actor.pid})")
+        return ControlReply(ok=False, message=f"unknown command {request.command!r}")
+
+    def status(self) -> ControlReply:
+        actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts, a.detail)
+                  for a in self.actors.values()]
+        degraded = any(a.lifecycle != "RUNNING" for a in self.actors.values())
+        return ControlReply(ok=True, state="DEGRADED" if degraded else "RUNNING", endpoint=self.config.endpoint,
+                            actors=actors, message=json.dumps(self.offsets.snapshot(
+                                self.config.consume_queue_owner_count)))
+
+    def _reconcile(self, now: int) -> None:
+        for actor in self.actors.values():
+            process = actor.process
+            if process is not None and process.poll() is not None:
+                self._on_exit(actor, process.returncode, now)
+            elif process is not None and actor.lifecycle == "RUNNING" \
+                    and now - actor.last_heartbeat_ms > self.config.heartbeat_timeout_ms:
+                log.error("actor %s (pid %d) sent no heartbeat for %d ms; killing it", actor.spec.name,
+                          actor.pid, now - actor.last_heartbeat_ms)
+                os.kill(actor.pid, signal.SIGUSR1)
+                process.kill()
+            elif process is None and actor.restart_at_ms is not None and now >= actor.restart_at_ms:
+                actor.restarts += 1
+                self._spawn(actor)
+                self.publish("actor.restarted", actor)
+
+    def _on_exit(self, actor: ActorProcess, code: int, now: int) -> None:
+        log.warning("actor %s (pid %d) exited with code %d", actor.spec.name, actor.pid, code)
+        self.publish("actor.exited", actor, exit_code=code)
+        actor.process = None
+        actor.lifecycle = "DOWN"
+        window = self.config.restart_window_ms
+        while actor.restart_times and now - actor.restart_times[0] > window:
+            actor.restart_times.popleft()
+        if len(actor.restart_times) >= self.config.restart_count_max:
+            actor.gave_up = True
+            log.error("actor %s restarted %d times within %d ms; leaving it down", actor.spec.name,
+                      len(actor.restart_times), window)
+            self.publish("actor.gave_up", actor)
+            return
+        backoff = self.config.restart_backoff_ms * (2 ** len(actor.restart_times))
+        actor.restart_times.append(now)
+        actor.restart_at_ms = now + min(backoff, 10_000)
+
+    def publish(self, kind: str, actor: ActorProcess | None = None, *, exit_code: int = 0) -> None:
+        event = Event(kind, actor.spec.name if actor else "", actor.pid if actor else 0, exit_code,
+                      time.time_ns() // 1_000_000)
+        self.events.send_multipart([endpoints.TOPIC_EVENT, encoder.encode(event)])
+
+    # -- stop --------------------------------------------------------------
+
+    def shutdown(self) -> bool:
+        """Stop every actor in reverse start order; True if the stop was clean."""
+        self.publish("engine.stopping")
+        clean = True
+        for actor in reversed(list(self.actors.values())):
+            clean &= self._stop_actor(actor)
+        caught_up = self.offsets.get(DISPATCHED) >= self.offsets.get(CONFIRMED)
+        if clean and caught_up:
+            (self.store_dir / ABORT_FILE).unlink(missing_ok=True)
+        else:
+            log.warning("stopped abnormally (clean=%s, dispatcher caught up=%s); keeping the abort marker",
+                        clean, caught_up)
+        self.publish("engine.stopped")
+        for sock in (self.control, self.events, self.heartbeats):
+            sock.close()
+        self.zctx.term()
+        self.offsets.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.close(self.lock_fd)
+        return clean and caught_up
+
+    def _stop_actor(self, actor: ActorProcess) -> bool:
+        process = actor.process
+        if process is None:
+            return actor.restart_at_ms is None and not actor.gave_up
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(self.config.actor_stop_timeout_ms / 1000)
+        except subprocess.TimeoutExpired:
+            log.error("actor %s did not stop within %d ms; killing it", actor.spec.name,
+                      self.config.actor_stop_timeout_ms)
+            process.kill()
+            code = process.wait()
+        self._drain_heartbeats()
+        self.publish("actor.exited", actor, exit_code=code)
+        actor.process = None
+        actor.lifecycle = "STOPPED"
+        return code == 0
