@@ -7,7 +7,6 @@ time raises ``ControlTimeout`` (a silent peer and a dead one look alike).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -15,24 +14,18 @@ import zmq
 
 from engine.ipc import endpoints
 from engine.ipc.messages import ControlReply, ControlRequest, Event, control_reply_decoder, encoder, event_decoder
-from supervisor.supervisor import STATE_FILE
+from engine.ipc.endpoints import NotRunning, read_engine_state
+
+__all__ = ["ControlTimeout", "EventStream", "NotRunning", "control", "supervisor_state"]
 
 
 class ControlTimeout(TimeoutError):
     """The supervisor did not answer before the deadline."""
 
 
-class NotRunning(RuntimeError):
-    """No supervisor runs on this store directory."""
-
-
 def supervisor_state(store_dir: Path) -> dict[str, object]:
     """pid and endpoint of the supervisor running on ``store_dir``; NotRunning if none."""
-    path = endpoints.run_dir_for(store_dir) / STATE_FILE
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        raise NotRunning(f"no engine is running on {store_dir}") from None
+    return read_engine_state(store_dir)
 
 
 def control(store_dir: Path, command: str, *, name: str = "", timeout_ms: int = 5000) -> ControlReply:

@@ -50,7 +50,6 @@ log = logging.getLogger("supervisor")
 LOCK_FILE = "lock"
 ABORT_FILE = "abort"
 LOG_DIR = "logs"
-STATE_FILE = "supervisor.json"
 
 
 class EngineError(RuntimeError):
@@ -106,7 +105,7 @@ class Supervisor:
         self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)
         self.events = self._bind(zmq.PUB, endpoints.SUPERVISOR_EVENTS)
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
-        (self.run_dir / STATE_FILE).write_text(json.dumps({"pid": os.getpid(), "endpoint": self.config.endpoint,
+        (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps({"pid": os.getpid(), "endpoint": self.config.endpoint,
                                                            "store_dir": str(self.store_dir)}))
         for actor in self.actors.values():
             self._spawn(actor)

@@ -8,6 +8,7 @@ and a path stays short enough for a Unix socket (108 bytes).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -23,6 +24,8 @@ INDEX = "index.sock"
 SUPERVISOR_CONTROL = "supervisor.sock"
 SUPERVISOR_EVENTS = "events.sock"
 SUPERVISOR_HEARTBEATS = "heartbeats.sock"
+
+ENGINE_STATE_FILE = "supervisor.json"
 
 TOPIC_CONFIRMED = b"confirmed"
 TOPIC_FLUSHED = b"flushed"
@@ -62,3 +65,15 @@ def configure(sock: zmq.Socket, *, hwm: int, max_message_bytes: int = -1) -> zmq
     if max_message_bytes > 0:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     return sock
+
+
+class NotRunning(RuntimeError):
+    """No engine runs on this store directory."""
+
+
+def read_engine_state(store_dir: Path) -> dict[str, object]:
+    """pid, endpoint and store of the engine running on ``store_dir``; NotRunning if none."""
+    try:
+        return json.loads((run_dir_for(store_dir) / ENGINE_STATE_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        raise NotRunning(f"no engine is running on {store_dir}") from None

@@ -1,0 +1,211 @@
+"""``python -m engine``: produce, consume, query and inspect from the command line.
+
+    python -m engine produce --topic T --count 10000 --body-size 256 --batch-size 100 --keys --tags TagA
+    python -m engine consume --topic T [--queue-id 0] [--offset 0] [--count 100]
+    python -m engine query --topic T --key K        |  python -m engine query --id MSGID
+    python -m engine topics [--create T --queues 8]
+    python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
+
+Online commands reach the engine at ``--endpoint``, or at the endpoint of the
+engine running on ``--store-dir``. ``--json`` prints machine-readable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClient
+from engine.ipc.endpoints import NotRunning, read_engine_state
+
+
+def _endpoint(args: argparse.Namespace) -> str:
+    if args.endpoint:
+        return args.endpoint
+    if args.store_dir:
+        return str(read_engine_state(args.store_dir)["endpoint"])
+    return DEFAULT_ENDPOINT
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) for v in value]
+    return value
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(_printable(data), indent=2) if args.json else text)
+
+
+def _message_line(m: dict[str, Any]) -> str:
+    body = _printable(m["body"])
+    shown = body if len(body) <= 60 else body[:57] + "..."
+    return (f"{m['topic']}/{m['queue_id']}@{m['queue_offset']} id={m['msg_id']} tags={m['tags']} "
+            f"keys={','.join(m['keys'])} body={shown!r}")
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    body = args.body.encode() if args.body is not None else b"x" * args.body_size
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+        sent = 0
+        results: list[dict[str, Any]] = []
+        started = time.perf_counter()
+        while sent < args.count:
+            n = min(args.batch_size, args.count - sent)
+            batch = []
+            for i in range(sent, sent + n):
+                message: dict[str, Any] = {"body": body}
+                if args.keys:
+                    message["keys"] = [f"{args.key_prefix}{i}"]
+                if args.tags:
+                    message["tags"] = args.tags
+                batch.append(message)
+            batch_results = client.send(args.topic, batch, queue_id=args.queue_id)
+            if args.json or args.count <= 20:
+                results.extend(batch_results)
+            sent += n
+        elapsed = time.perf_counter() - started
+    rate = sent / elapsed if elapsed > 0 else float("inf")
+    summary = {"sent": sent, "seconds": round(elapsed, 3), "messages_per_second": round(rate),
+               "megabytes_per_second": round(rate * len(body) / 1e6, 2), "results": results}
+    lines = [f"{r['status']} id={r['msg_id']} queue={r['queue_id']} offset={r['queue_offset']}" for r in results]
+    lines.append(f"sent {sent} messages in {elapsed:.3f} s: {rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
+    _emit(args, summary, "\n".join(lines))
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+        topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
+        if args.topic not in topics:
+            print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
+            return 1
+        queues = [args.queue_id] if args.queue_id is not None else list(range(topics[args.topic]))
+        messages: list[dict[str, Any]] = []
+        for queue_id in queues:
+            offset = args.offset
+            while len(messages) < args.count:
+                reply = client.pull(args.topic, queue_id, offset, max_messages=min(256, args.count - len(messages)))
+                messages.extend(reply["messages"])
+                if reply["status"] != "FOUND" or reply["next_offset"] == offset:
+                    break
+                offset = reply["next_offset"]
+    _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+        if args.id:
+            messages = [client.get_by_id(args.id)]
+        else:
+            if not (args.topic and args.key):
+                print("error: give --id, or --topic and --key", file=sys.stderr)
+                return 2
+            messages = client.query_by_key(args.topic, args.key, begin_timestamp=args.begin, end_timestamp=args.end,
+                                           max_results=args.max_results)
+    _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+        if args.create:
+            created = client.create_topic(args.create, queue_count=args.queues)
+            _emit(args, created, f"topic {created['topic']} has {created['queue_count']} queues")
+            return 0
+        topics = client.list_topics()
+    _emit(args, topics, "\n".join(f"{t['topic']}\t{t['queue_count']} queues" for t in topics) or "no topics")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from engine.inspect_store import inspect_store, render
+
+    if not args.store_dir:
+        print("error: inspect reads a store directory offline; give --store-dir", file=sys.stderr)
+        return 2
+    report = inspect_store(args.store_dir, segment_size_bytes=args.segment_size_bytes, records_max=args.records,
+                           config_path=args.config)
+    _emit(args, report, render(report))
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", help=f"engine endpoint (default {DEFAULT_ENDPOINT})")
+    parser.add_argument("--store-dir", type=Path, help="use the engine running on this store directory")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--timeout-ms", type=int, default=10_000, help="deadline of each request")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    produce = commands.add_parser("produce", help="send messages")
+    _common(produce)
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--count", type=int, default=1)
+    produce.add_argument("--body", help="the body text (default: --body-size bytes of 'x')")
+    produce.add_argument("--body-size", type=int, default=256)
+    produce.add_argument("--batch-size", type=int, default=1)
+    produce.add_argument("--queue-id", type=int)
+    produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
+    produce.add_argument("--key-prefix", default="key-")
+    produce.add_argument("--tags")
+    produce.set_defaults(handler=cmd_produce)
+    consume = commands.add_parser("consume", help="pull messages")
+    _common(consume)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--queue-id", type=int, help="one queue (default: all queues of the topic)")
+    consume.add_argument("--offset", type=int, default=0)
+    consume.add_argument("--count", type=int, default=100)
+    consume.set_defaults(handler=cmd_consume)
+    query = commands.add_parser("query", help="look messages up by key or by id")
+    _common(query)
+    query.add_argument("--topic")
+    query.add_argument("--key")
+    query.add_argument("--id", help="a message id (offsetMsgId)")
+    query.add_argument("--begin", type=int, default=0, help="earliest store time, ms")
+    query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, help="latest store time, ms")
+    query.add_argument("--max-results", type=int, default=64)
+    query.set_defaults(handler=cmd_query)
+    topics = commands.add_parser("topics", help="list or create topics")
+    _common(topics)
+    topics.add_argument("--create", metavar="TOPIC")
+    topics.add_argument("--queues", type=int)
+    topics.set_defaults(handler=cmd_topics)
+    inspect = commands.add_parser("inspect", help="dump a store directory offline")
+    inspect.add_argument("--store-dir", type=Path)
+    inspect.add_argument("--config", type=Path, help="the TOML the store was written with")
+    inspect.add_argument("--segment-size-bytes", type=int, help="override the segment size")
+    inspect.add_argument("--records", type=int, default=20, help="how many records to list")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(handler=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except NotRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

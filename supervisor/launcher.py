@@ -1,0 +1,166 @@
+"""Run ``python -m supervisor start`` as a child process: for tests, scripts and benchmarks.
+
+    with EngineProcess(store_dir, config=StoreConfig.test_min(), port=free_port()) as engine:
+        client = engine.client()
+        ...
+
+``start()`` returns once the engine printed its ready line (or raises with the
+supervisor's output); ``stop()`` sends SIGINT, the same path as Ctrl-C, and
+waits for the whole process tree to exit.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from engine.client import StoreClient
+from engine.config import StoreConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, config: StoreConfig) -> Path:
+    """Write ``config`` as TOML (only scalar settings exist)."""
+    lines = []
+    for name, value in config.to_toml_dict().items():
+        if isinstance(value, bool):
+            lines.append(f"{name} = {'true' if value else 'false'}")
+        elif isinstance(value, int):
+            lines.append(f"{name} = {value}")
+        else:
+            lines.append(f'{name} = "{value}"')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class EngineFailed(RuntimeError):
+    """The engine did not start or stop as expected; carries its output."""
+
+
+class EngineProcess:
+    def __init__(self, store_dir: Path, *, config: StoreConfig | None = None, port: int | None = None,
+                 start_timeout_s: float = 60.0) -> None:
+        self.store_dir = Path(store_dir).resolve()
+        self.port = port or free_port()
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        base = config or StoreConfig.test_min()
+        self.config = base.replace(endpoint=self.endpoint, store_port=self.port)
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+        self.output = b""
+        self.descendants: list[psutil.Process] = []
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        config_path = write_config(self.store_dir.parent / f"{self.store_dir.name}.toml", self.config)
+        command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(self.store_dir),
+                   "--config", str(config_path)]
+        self.output = b""
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL)
+        if not self._read_until(b"ready ", self.start_timeout_s):
+            self.kill()
+            raise EngineFailed(f"engine did not become ready:\n{self.output.decode(errors='replace')}")
+        self.descendants = psutil.Process(self.process.pid).children(recursive=True)
+
+    def _read_until(self, marker: bytes, timeout_s: float) -> bool:
+        assert self.process is not None and self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.process.stdout, selectors.EVENT_READ)
+            while marker not in self.output:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return False
+                chunk = os.read(self.process.stdout.fileno(), 65536)
+                if not chunk:
+                    return False
+                self.output += chunk
+        return True
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def actor_pids(self) -> dict[str, int]:
+        """Actor name -> pid, from the processes' command lines."""
+        found = {}
+        for child in psutil.Process(self.pid).children():
+            try:
+                cmd = child.cmdline()
+            except psutil.Error:
+                continue
+            if "--name" in cmd:
+                found[cmd[cmd.index("--name") + 1]] = child.pid
+        return found
+
+    def client(self, *, timeout_ms: int = 10_000) -> StoreClient:
+        return StoreClient(self.endpoint, timeout_ms=timeout_ms)
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """Ctrl-C the supervisor and wait for it and every actor to exit; returns its exit code."""
+        if self.process is None:
+            return 0
+        tree = self._tree()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            self._read_until(b"stopped", timeout_s)
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise EngineFailed(f"engine did not stop:\n{self.output.decode(errors='replace')}") from None
+        _gone, alive = psutil.wait_procs(tree, timeout=timeout_s)
+        for proc in alive:
+            proc.kill()
+        self.process.stdout.close()  # type: ignore[union-attr]
+        self.process = None
+        if alive:
+            raise EngineFailed(f"actors outlived the supervisor: {[p.pid for p in alive]}")
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor and every actor (a power cut of the processes, not of the disk)."""
+        if self.process is None:
+            return
+        tree = self._tree()
+        for proc in [psutil.Process(self.process.pid), *tree]:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=30)
+        self.process.wait(30)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        self.process = None
+
+    def _tree(self) -> list[psutil.Process]:
+        assert self.process is not None
+        try:
+            current = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            current = []
+        known = {p.pid: p for p in [*self.descendants, *current]}
+        return [p for p in known.values() if p.is_running()]

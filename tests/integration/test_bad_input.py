@@ -1,0 +1,179 @@
+"""Bad input against a live engine: a clear error with a stable code, nothing stored, no actor hurt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from engine.client import EngineError, RequestTimeout, StoreClient
+from engine.config import MiB, StoreConfig
+from engine.errors import ErrorCode
+from engine.ipc.protocol import PROTOCOL_VERSION
+from supervisor.launcher import EngineProcess
+from tests.conftest import processes_mentioning
+from tests.helpers import wait_dispatched
+
+pytestmark = pytest.mark.timeout(120)
+
+GOOD = {"body": b"fine", "keys": ["k"], "tags": "t"}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """One engine for the whole module: bad input must not disturb it, so tests can share it."""
+    store = tmp_path_factory.mktemp("bad-input") / "store"
+    process = EngineProcess(store, config=StoreConfig.test_min())
+    process.start()
+    with process.client() as c:
+        c.create_topic("good", queue_count=2)
+        c.send("good", [GOOD])
+    try:
+        yield process
+    finally:
+        process.stop()
+    assert not processes_mentioning(str(store))
+
+
+@pytest.fixture
+def client(engine: EngineProcess) -> Iterator[StoreClient]:
+    with engine.client(timeout_ms=10_000) as c:
+        yield c
+
+
+def raw_request(client: StoreClient, frame: bytes) -> dict[str, Any]:
+    client.send_raw(frame)
+    return client.receive_raw()
+
+
+def expect_error(call, code: ErrorCode) -> EngineError:
+    with pytest.raises(EngineError) as info:
+        call()
+    assert info.value.code == int(code), info.value
+    assert info.value.name == code.name
+    assert info.value.message
+    return info.value
+
+
+def encode(**fields: Any) -> bytes:
+    return msgspec.msgpack.encode({"v": PROTOCOL_VERSION, "id": 5, **fields})
+
+
+@pytest.mark.parametrize(("frame", "code"), [
+    (b"\xc1not msgpack", ErrorCode.MALFORMED_REQUEST),
+    (msgspec.msgpack.encode([1, 2, 3]), ErrorCode.MALFORMED_REQUEST),
+    (msgspec.msgpack.encode("just a string"), ErrorCode.MALFORMED_REQUEST),
+    (b"\xde\xff\xff", ErrorCode.MALFORMED_REQUEST),  # map16 claiming 65535 entries, truncated
+    (b"\x91" * 100_000 + b"\x00", ErrorCode.MALFORMED_REQUEST),  # deep nesting
+    (encode(op="fly"), ErrorCode.UNKNOWN_OP),
+    (encode(op=7), ErrorCode.INVALID_FIELD),
+    (msgspec.msgpack.encode({"v": 99, "op": "ping", "id": 5}), ErrorCode.UNSUPPORTED_VERSION),
+    (encode(op="send", topic="good"), ErrorCode.INVALID_FIELD),  # no messages
+    (encode(op="send", topic="good", messages=[]), ErrorCode.INVALID_FIELD),
+    (encode(op="send", topic="good", messages=[{"body": "text, not bin"}]), ErrorCode.INVALID_FIELD),
+    (encode(op="send", topic="good", messages=[{"body": b"x", "colour": "red"}]), ErrorCode.INVALID_FIELD),
+    (encode(op="send", topic="good", queue_id="zero", messages=[GOOD]), ErrorCode.INVALID_FIELD),
+    (encode(op="pull", topic="good", queue_id=0, offset=-1), ErrorCode.INVALID_FIELD),
+    (encode(op="pull", topic="good", queue_id=0), ErrorCode.INVALID_FIELD),
+    (encode(op="ping", extra=1), ErrorCode.INVALID_FIELD),
+    (b"\x83\xa1v\x01\xa2op\xa4ping\xa2id\xa3\xff\xfe\xfd", ErrorCode.INVALID_FIELD),  # id is a str, bad UTF-8
+    (b"\x83\xa1v\x01\xa2op\xa4pi\xffg\xa2id\x05", ErrorCode.MALFORMED_REQUEST),  # invalid UTF-8 in op
+    (b"\x83\xc4\x01v\x01\xc4\x02op\xa4ping\xc4\x02id\x05", ErrorCode.MALFORMED_REQUEST),  # bin keys, not str
+], ids=["not-msgpack", "array", "string", "truncated-map", "deep-nesting", "unknown-op", "op-not-str",
+        "version", "missing-messages", "empty-batch", "body-not-bin", "unknown-message-field", "queue-not-int",
+        "negative-offset", "missing-offset", "unknown-field", "id-bad-type", "bad-utf8", "bin-keys"])
+def test_malformed_requests_get_stable_codes(client: StoreClient, frame: bytes, code: ErrorCode) -> None:
+    reply = raw_request(client, frame)
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == int(code), reply
+    assert reply["error"]["name"] == code.name
+
+
+@pytest.mark.parametrize("topic", ["", "a/b", "x" * 128, "тема", "TBW102", "rmq_sys_x", "a b", "../etc"])
+def test_invalid_topic_names_are_refused(client: StoreClient, topic: str) -> None:
+    expect_error(lambda: client.send(topic, [GOOD]), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.create_topic(topic), ErrorCode.INVALID_TOPIC)
+
+
+def test_longest_valid_topic_name_is_accepted(client: StoreClient) -> None:
+    name = "T" * 127
+    assert client.send(name, [GOOD])[0]["status"] == "PUT_OK"
+
+
+def test_body_limit_is_exact(client: StoreClient) -> None:
+    assert client.send("good", [{"body": b"b" * (4 * MiB)}])[0]["status"] == "PUT_OK"
+    expect_error(lambda: client.send("good", [{"body": b"b" * (4 * MiB + 1)}]), ErrorCode.MESSAGE_ILLEGAL)
+    expect_error(lambda: client.send("good", [{"body": b""}]), ErrorCode.MESSAGE_ILLEGAL)
+
+
+def test_batch_over_the_limit_is_refused_whole(client: StoreClient) -> None:
+    before = client.pull("good", 0, 0)["max_offset"]
+    batch = [{"body": b"b" * (1 * MiB)} for _ in range(4)] + [{"body": b"c"}]
+    expect_error(lambda: client.send("good", batch, queue_id=0), ErrorCode.MESSAGE_ILLEGAL)
+    batch = [GOOD, {"body": b"x", "keys": ["has space"]}]
+    expect_error(lambda: client.send("good", batch, queue_id=0), ErrorCode.INVALID_PROPERTY)
+    assert client.pull("good", 0, 0)["max_offset"] == before
+
+
+def test_properties_limit_and_separators(client: StoreClient) -> None:
+    big = {"p": "v" * 32_767}
+    expect_error(lambda: client.send("good", [{"body": b"x", "properties": big}]), ErrorCode.PROPERTIES_SIZE_EXCEEDED)
+    fits = {"p": "v" * (32_767 - 20 - len("p\x01\x02") - 60)}
+    assert client.send("good", [{"body": b"x", "properties": fits}])[0]["status"] == "PUT_OK"
+    for bad in ({"a\x01": "v"}, {"a": "v\x02"}, {"KEYS": "k"}, {"": "v"}):
+        expect_error(lambda bad=bad: client.send("good", [{"body": b"x", "properties": bad}]),
+                     ErrorCode.INVALID_PROPERTY)
+    expect_error(lambda: client.send("good", [{"body": b"x", "tags": "a\x01b"}]), ErrorCode.INVALID_PROPERTY)
+
+
+def test_unknown_topics_queues_and_ids(client: StoreClient) -> None:
+    expect_error(lambda: client.send("good", [GOOD], queue_id=2), ErrorCode.QUEUE_NOT_FOUND)
+    expect_error(lambda: client.pull("good", 7, 0), ErrorCode.QUEUE_NOT_FOUND)
+    expect_error(lambda: client.pull("nothing-here", 0, 0), ErrorCode.TOPIC_NOT_FOUND)
+    expect_error(lambda: client.query_by_key("nothing-here", "k"), ErrorCode.TOPIC_NOT_FOUND)
+    expect_error(lambda: client.get_by_id("ZZ"), ErrorCode.INVALID_MSG_ID)
+    expect_error(lambda: client.get_by_id("G" * 32), ErrorCode.INVALID_MSG_ID)
+    expect_error(lambda: client.get_by_id("7F00000100002A9F00000000FFFFFFFF"), ErrorCode.MESSAGE_NOT_FOUND)
+    expect_error(lambda: client.get_by_id("7F00000100002A9F0000000000000001"), ErrorCode.MESSAGE_NOT_FOUND)
+    expect_error(lambda: client.create_topic("good", queue_count=1), ErrorCode.INVALID_FIELD)  # cannot shrink
+    expect_error(lambda: client.create_topic("huge", queue_count=100_000), ErrorCode.INVALID_FIELD)
+
+
+def test_oversized_frame_is_dropped_and_the_engine_serves_on(engine: EngineProcess, client: StoreClient) -> None:
+    client.send_raw(b"\x00" * (engine.config.client_frame_bytes_max + 1))
+    with pytest.raises(RequestTimeout):
+        client.receive_raw(timeout_ms=500)
+    with engine.client() as fresh:
+        assert fresh.ping()
+
+
+def test_req_socket_framing_works(engine: EngineProcess) -> None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(engine.endpoint)
+        sock.send(encode(op="ping"))
+        assert sock.poll(10_000)
+        reply = msgspec.msgpack.decode(sock.recv())
+        assert reply == {"v": PROTOCOL_VERSION, "id": 5, "ok": True, "pong": True}
+    finally:
+        sock.close()
+
+
+def test_bad_input_leaves_actors_and_data_untouched(engine: EngineProcess, client: StoreClient) -> None:
+    pids = engine.actor_pids()
+    before = wait_dispatched(client)
+    stored = client.pull("good", 0, 0)["messages"] + client.pull("good", 1, 0)["messages"]
+    for frame in (b"\xc1", encode(op="send", topic="good", messages=[{"body": b"x" * (4 * MiB + 1)}]),
+                  encode(op="send", topic="a/b", messages=[GOOD]), encode(op="nope"),
+                  encode(op="send", topic="good", queue_id=9, messages=[GOOD])):
+        assert raw_request(client, frame)["ok"] is False
+    assert client.ping()
+    after = client.status()["offsets"]
+    assert after["confirmed_offset"] == before["confirmed_offset"], "a refused request stored something"
+    assert client.pull("good", 0, 0)["messages"] + client.pull("good", 1, 0)["messages"] == stored
+    assert engine.actor_pids() == pids, "an actor was restarted"
