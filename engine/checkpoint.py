@@ -74,6 +74,8 @@ def decode_checkpoint(data: bytes) -> Checkpoint:
     fields = CHECKPOINT.unpack_from(data, 0)
     magic, version, flushed, dispatched, _reserved = CHECKPOINT_EXT.unpack_from(data, CHECKPOINT_EXT_POSITION)
     if magic != CHECKPOINT_EXT_MAGIC:
+        if any(data[CHECKPOINT_EXT_POSITION:]):
+            raise CheckpointError("checkpoint extension damaged (bad magic)")
         # A RocketMQ broker's checkpoint: its 40 bytes, none of our extension.
         return Checkpoint(*fields)
     if version != CHECKPOINT_EXT_VERSION:

@@ -45,7 +45,7 @@ from engine.mapped_file import MappedFile, MappedFileQueue
 log = logging.getLogger(__name__)
 
 COMMIT_LOG_DIR = "commitlog"
-_MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"))
+_MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"), MAGIC_BLANK.to_bytes(4, "big"))
 
 
 class CommitLogReader:
@@ -137,6 +137,10 @@ def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bo
 
 
 def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool) -> bool:
+    if pos + END_FILE_MIN_BLANK_BYTES <= segment.size_bytes:
+        size, magic = peek_size_and_magic(segment.mm, pos)
+        if magic == MAGIC_BLANK:
+            return size == segment.size_bytes - pos
     if pos + PHYSICAL_OFFSET_POSITION + 8 > limit:
         return False
     try:

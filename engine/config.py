@@ -90,8 +90,14 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         checks = [
             (self.segment_size_bytes >= 4 * KiB, "segment_size_bytes must be at least 4096"),
             (self.segment_size_bytes % 4096 == 0, "segment_size_bytes must be a multiple of 4096"),
-            (self.message_body_bytes_max + 64 * KiB <= self.segment_size_bytes,
-             "segment_size_bytes must hold the largest message (message_body_bytes_max + 64 KiB)"),
+            (self.message_body_bytes_max + self.properties_bytes_max + 1 * KiB <= self.segment_size_bytes,
+             "segment_size_bytes must hold the largest record (message_body_bytes_max + properties_bytes_max "
+             "+ 1 KiB of header and topic)"),
+            (self.message_body_bytes_max >= 1, "message_body_bytes_max must be positive"),
+            (self.send_batch_bytes_max >= 1, "send_batch_bytes_max must be positive"),
+            (min(self.flush_interval_ms, self.flush_consume_queue_interval_ms, self.checkpoint_interval_ms,
+                 self.heartbeat_interval_ms, self.dispatch_tick_interval_ms) >= 1, "intervals must be positive"),
+            (self.pull_message_count_max >= 1 and self.pull_bytes_max >= 1, "pull limits must be positive"),
             (self.consume_queue_file_units >= 1, "consume_queue_file_units must be positive"),
             (self.index_hash_slot_count >= 1, "index_hash_slot_count must be positive"),
             (self.index_item_count_max >= 2, "index_item_count_max must be at least 2"),

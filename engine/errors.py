@@ -61,6 +61,8 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 15
     TOPIC_EXISTS = 16
     INTERNAL_ERROR = 17
+    DISK_FULL = 18  # the store's disk has no room for a new file; nothing was stored
+    FLUSH_FAILED = 19  # the disk refused a flush; the writer restarts and recovers
 
 
 class RequestError(Exception):

@@ -357,6 +357,7 @@ def peek_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[
 # --------------------------------------------------------------------------
 
 MSG_ID = struct.Struct(">4siq")
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 assert MSG_ID.size == 16
 
 
@@ -366,8 +367,8 @@ def encode_msg_id(store_host: HostAddress, commit_log_offset: int) -> str:
 
 def decode_msg_id(msg_id: str) -> tuple[HostAddress, int]:
     """Split an offsetMsgId into its store host and commit log offset; ValueError if malformed."""
-    if len(msg_id) != 2 * MSG_ID.size:
-        raise ValueError(f"a message id has {2 * MSG_ID.size} hex characters, got {len(msg_id)}")
+    if len(msg_id) != 2 * MSG_ID.size or not all(c in _HEX_DIGITS for c in msg_id):
+        raise ValueError(f"a message id is {2 * MSG_ID.size} hex digits, got {msg_id!r}")
     ip, port, offset = MSG_ID.unpack(bytes.fromhex(msg_id))
     return HostAddress(ip, port), offset
 

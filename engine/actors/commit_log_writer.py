@@ -14,7 +14,9 @@ FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms``.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections import deque
 from dataclasses import dataclass
 
@@ -24,7 +26,7 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, w
 from engine.commit_log import CommitLogWriter
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, Flushed, encoder, offsets_decoder, route_decoder
+from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder, route_decoder
 from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id
 from engine.recovery import plan_commit_log_recovery
@@ -135,7 +137,8 @@ class CommitLogWriterActor(Actor):
             appended = self.log.append(fields, first_queue_offset=first, store_timestamp_ms=store_ts)
         except OSError as exc:
             log.error("cannot create a segment: %s", exc)
-            raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, f"cannot create a segment: {exc}") from None
+            code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
+            raise RequestError(code, f"cannot create a segment: {exc}") from None
         self.next_queue_offset[key] = first + len(fields)
         self.last_store_timestamp_ms = store_ts
         results = [SendResult(status=PutStatus.PUT_OK.name, status_code=int(PutStatus.PUT_OK),
@@ -149,6 +152,18 @@ class CommitLogWriterActor(Actor):
         if isinstance(message, Flushed):
             self.flushed_offset = max(self.flushed_offset, message.flushed_offset)
             self.release_pending(monotonic_ms())
+        elif isinstance(message, FlushFailed):
+            self.fail_stop(message)
+
+    def fail_stop(self, failure: FlushFailed) -> None:
+        """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
+        log.critical("the flusher could not flush the log past %d (%s); refusing acks and exiting",
+                     self.flushed_offset, failure.reason)
+        for ack in self.pending:
+            self.requests.send_multipart([*ack.reply_to, encode_error(
+                ack.request_id, ErrorCode.FLUSH_FAILED, f"the disk refused a flush: {failure.reason}")])
+        self.pending.clear()
+        os._exit(70)  # no clean shutdown: nothing more may be written or flushed by this process
 
     def release_pending(self, now_ms: int) -> None:
         while self.pending and (self.pending[0].end_offset <= self.flushed_offset

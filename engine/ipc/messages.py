@@ -40,6 +40,12 @@ class Flushed(msgspec.Struct, array_like=True, tag="flushed"):
     flushed_offset: int
 
 
+class FlushFailed(msgspec.Struct, array_like=True, tag="flush_failed"):
+    """flusher -> writer (PUB ``flushed``): a flush failed; the flusher exits after sending this."""
+
+    reason: str
+
+
 class DispatchEntry(msgspec.Struct, array_like=True):
     """One record as the reput dispatcher found it in the log."""
 
@@ -118,7 +124,7 @@ class Event(msgspec.Struct, tag="event"):
 
 encoder = msgspec.msgpack.Encoder()
 route_decoder = msgspec.msgpack.Decoder(Route)
-offsets_decoder = msgspec.msgpack.Decoder(Confirmed | Flushed)
+offsets_decoder = msgspec.msgpack.Decoder(Confirmed | Flushed | FlushFailed)
 dispatch_decoder = msgspec.msgpack.Decoder(DispatchBatch)
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 control_request_decoder = msgspec.msgpack.Decoder(ControlRequest)
