@@ -5,6 +5,7 @@
     python -m engine query --topic T --key K        |  python -m engine query --id MSGID
     python -m engine topics [--create T --queues 8]
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
+    python -m engine check --store-dir DIR           (offline: verify every structure against the log)
 
 Online commands reach the engine at ``--endpoint``, or at the endpoint of the
 engine running on ``--store-dir``. ``--json`` prints machine-readable output.
@@ -143,6 +144,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from engine.check import check_store
+    from engine.config import StoreConfig
+
+    if not args.store_dir:
+        print("error: check reads a store directory offline; give --store-dir", file=sys.stderr)
+        return 2
+    findings = check_store(args.store_dir, StoreConfig.load(args.config))
+    _emit(args, [f.__dict__ for f in findings],
+          "\n".join(str(f) for f in findings) or f"{args.store_dir}: no problems found")
+    return 1 if findings else 0
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help=f"engine endpoint (default {DEFAULT_ENDPOINT})")
     parser.add_argument("--store-dir", type=Path, help="use the engine running on this store directory")
@@ -193,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--records", type=int, default=20, help="how many records to list")
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(handler=cmd_inspect)
+    check = commands.add_parser("check", help="verify a store offline (CRCs, queues, index, checkpoint)")
+    check.add_argument("--store-dir", type=Path)
+    check.add_argument("--config", type=Path, help="the TOML the store was written with")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(handler=cmd_check)
     return parser
 
 

@@ -42,11 +42,12 @@ class RequestTimeout(ClientError, TimeoutError):
 class EngineError(ClientError):
     """The engine refused the request; ``code`` and ``name`` are from ``engine.errors.ErrorCode``."""
 
-    def __init__(self, code: int, name: str, message: str) -> None:
+    def __init__(self, code: int, name: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(f"{name} ({code}): {message}")
         self.code = code
         self.name = name
         self.message = message
+        self.details = details or {}
 
 
 class StoreClient:
@@ -102,7 +103,8 @@ class StoreClient:
                 break
         if not reply.get("ok"):
             error = reply.get("error") or {}
-            raise EngineError(error.get("code", 0), error.get("name", "UNKNOWN"), error.get("message", ""))
+            details = {k: v for k, v in reply.items() if k not in ("v", "id", "ok", "error")}
+            raise EngineError(error.get("code", 0), error.get("name", "UNKNOWN"), error.get("message", ""), details)
         return reply
 
     # -- operations --------------------------------------------------------

@@ -154,12 +154,16 @@ _GARBAGE_CHUNK_BYTES = 1 << 20
 
 
 def _zero_garbage(segment: MappedFile, pos: int) -> None:
-    """Zero from ``pos`` until a whole chunk is already zero (writes are sequential)."""
+    """Zero every non-zero byte from ``pos`` to the end of the segment.
+
+    After a power cut, stale pages can survive beyond a zeroed one; a stale
+    record there would look valid to a later scan, so the whole rest goes.
+    Reading is cheap next to the writes it avoids: only dirty chunks are written.
+    """
     for at in range(pos, segment.size_bytes, _GARBAGE_CHUNK_BYTES):
         stop = min(segment.size_bytes, at + _GARBAGE_CHUNK_BYTES)
-        if not segment.mm[at:stop].strip(b"\x00"):
-            return
-        segment.zero(at, stop)
+        if segment.mm[at:stop].strip(b"\x00"):
+            segment.zero(at, stop)
 
 
 @dataclass(slots=True)

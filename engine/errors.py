@@ -68,7 +68,8 @@ class ErrorCode(enum.IntEnum):
 class RequestError(Exception):
     """A request the engine refuses: carries the stable code and a message."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, **details: int) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
+        self.details = details

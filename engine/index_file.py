@@ -184,9 +184,12 @@ class IndexService:
         return created
 
     def build(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> int:
-        """Index one record's keys (already including its UNIQ_KEY); returns items added."""
-        if self.files and commit_log_offset < self.files[-1].end_phy_offset:
-            return 0
+        """Index one record's keys (already including its UNIQ_KEY); returns items added.
+
+        The caller decides what is new (by its applied offset): after a power cut
+        the newest file may describe records the log lost, and their offsets are
+        reused by new records, which must be indexed again.
+        """
         added = 0
         for key in keys:
             index = self._writable_file(int(time.time() * 1000))

@@ -2,8 +2,7 @@
 
 | condition                     | status                 | next offset              |
 |-------------------------------|------------------------|--------------------------|
-| no queue                      | NO_MATCHED_LOGIC_QUEUE | 0                        |
-| queue empty (max == 0)        | NO_MESSAGE_IN_QUEUE    | 0                        |
+| no queue file yet, or empty   | NO_MESSAGE_IN_QUEUE    | 0                        |
 | offset < min                  | OFFSET_TOO_SMALL       | min                      |
 | offset == max                 | OFFSET_OVERFLOW_ONE    | offset                   |
 | offset > max                  | OFFSET_OVERFLOW_BADLY  | max                      |
@@ -11,9 +10,14 @@
 |                               | MESSAGE_WAS_REMOVING   |                          |
 | at least one kept             | FOUND                  | last kept offset + 1     |
 
-A record that fails its CRC check is never served: the pull stops before
-it, and a pull that starts on it is refused with MESSAGE_CORRUPT, naming
-the next offset so a consumer can decide to skip it.
+(Unknown topics and queue ids never reach this module: the front refuses
+them with TOPIC_NOT_FOUND / QUEUE_NOT_FOUND, as RocketMQ's broker does before
+asking its store.)
+
+A record that fails its CRC check, or a hole a damaged record left in the
+queue, is never served nor silently skipped: the pull stops before it, and a
+pull that starts on it is refused with MESSAGE_CORRUPT, naming the next
+offset so a consumer can decide to skip it.
 """
 
 from __future__ import annotations
@@ -59,8 +63,11 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
     for i, unit in enumerate(cq.read(offset, max_messages)):
         queue_offset = offset + i
         if unit.is_blank:
-            result.next_offset = queue_offset + 1
-            continue
+            # A hole left by a damaged record: never skipped silently.
+            if not result.messages:
+                result.corrupt_offset = queue_offset
+                result.next_offset = queue_offset + 1
+            break
         if unit.commit_log_offset + unit.size > visible_end:
             break
         if unit.commit_log_offset < log_min:

@@ -63,6 +63,9 @@ def build_fields(message: SendMessage, *, topic: bytes, queue_id: int, config: S
         _check_text("a property value", value)
         if not name or name in _RESERVED_PROPERTIES:
             raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property name {name!r} is reserved or empty")
+        if not value:
+            # RocketMQ's properties parser drops empty values; refuse rather than lose them.
+            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property {name!r} has an empty value")
         properties[name] = value
     if message.tags:
         _check_text("a tag", message.tags)

@@ -7,10 +7,15 @@ never shrinking a file).
 
 Where the scan starts: every queue is complete up to the end of its last
 unit (units are written in log order), and every queue is complete up to the
-checkpoint's ``dispatched_offset``; so the scan starts at the smallest
-``max(dispatched_offset, queue's last unit end)`` over all queues. Each valid
-record after that raises its queue's next offset. Damage followed by valid
-records is reported loudly and skipped, never cut (``commit_log.scan``).
+checkpoint's ``dispatched_offset``; so the queues need the scan to start no
+later than the smallest ``max(dispatched_offset, queue's last unit end)``.
+The log itself is durable up to the checkpoint's ``flushed_offset`` (a record
+boundary), so the scan starts at the smaller of the two: it never starts past
+what a power cut could have lost. Each valid record after that raises its
+queue's next offset; a queue whose units point past the recovered end (they
+outlived the log in a power cut) counts only the units below it. Damage
+followed by valid records is reported loudly and skipped, never cut
+(``commit_log.scan``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
 from engine.consume_queue import ConsumeQueue, list_queues
+from engine.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, peek_size_and_magic
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +40,7 @@ class CommitLogRecoveryPlan:
     min_offset: int
     next_queue_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     damage: list[Damage] = field(default_factory=list)
+    torn_tail: Damage | None = None
     records_scanned: int = 0
     bytes_scanned: int = 0
     last_store_timestamp_ms: int = 0
@@ -47,6 +54,31 @@ def queue_state(store_dir: Path, config: StoreConfig) -> dict[tuple[str, int], t
         state[(topic, queue_id)] = (cq.max_offset, cq.max_physical_end)
         cq.close()
     return state
+
+
+def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int, end_offset: int) -> int:
+    """How many leading units of a queue point at records that end at or before ``end_offset``."""
+    cq = ConsumeQueue(store_dir, topic, queue_id, file_units=config.consume_queue_file_units, writable=False)
+
+    def record_end(queue_offset: int) -> int | None:
+        for probe in range(queue_offset, cq.max_offset):  # blank units carry no offset: look past them
+            unit = cq.get(probe)
+            if unit is not None and not unit.is_blank:
+                return unit.commit_log_offset + unit.size
+        return None
+
+    try:
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            end = record_end(mid)
+            if end is None or end > end_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+    finally:
+        cq.close()
 
 
 def plan_commit_log_recovery(store_dir: Path, config: StoreConfig) -> CommitLogRecoveryPlan:
@@ -69,48 +101,77 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
         log.error("checkpoint unusable (%s); scanning the whole log", exc)
         checkpoint = None
     dispatched = checkpoint.dispatched_offset if checkpoint else 0
-    start = min((max(dispatched, end) for _nxt, end in queues.values()), default=dispatched)
-    start = max(first, start)
-    log_end = last + config.segment_size_bytes
-    plan = _scan(reader, start, log_end)
-    if start > first and plan.records_scanned == 0 and plan.damage and plan.damage[0].start == start:
-        log.warning("no valid record at the scan start %d; scanning the whole log", start)
-        plan = _scan(reader, first, log_end)
+    durable = checkpoint.flushed_offset if checkpoint else 0
+    needed = min((max(dispatched, end) for _nxt, end in queues.values()), default=dispatched)
+    start = max(first, min(needed, durable))
+    plan = _scan(reader, start, last + config.segment_size_bytes, durable)
     plan.min_offset = first
-    for key, (nxt, _end) in queues.items():
+    for (topic, queue_id), (nxt, end) in queues.items():
+        if end > plan.end_offset:
+            log.warning("queue %s/%d points past the recovered log end %d; counting only the units below it",
+                        topic, queue_id, plan.end_offset)
+            nxt = units_below(reader.segments.directory.parent, config, topic, queue_id, plan.end_offset)
+        key = (topic, queue_id)
         plan.next_queue_offsets[key] = max(nxt, plan.next_queue_offsets.get(key, 0))
     return plan
 
 
-def _scan(reader: CommitLogReader, start: int, log_end: int) -> CommitLogRecoveryPlan:
+def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int) -> CommitLogRecoveryPlan:
+    """Walk the log from ``start``; damage followed by valid records is skipped and reported.
+
+    Damage with nothing valid after it is a torn tail when it starts at or past
+    ``durable`` (cut: those bytes were never flushed); below ``durable`` it was
+    durable data, so the log keeps its length up to ``durable`` and the damage
+    stays visible (NATS lost acknowledged data by cutting here).
+    """
     plan = CommitLogRecoveryPlan(scan_start=start, end_offset=start, min_offset=0)
     pending: list[Damage] = []
     for item in reader.scan(start, log_end, check_crc=True):
         if isinstance(item, Damage):
             pending.append(item)
             continue
-        if pending:
-            plan.damage.extend(pending)
-            for damage in pending:
-                log.error("DAMAGED COMMIT LOG: bytes [%d, %d) hold no valid record (%s); later records are kept",
-                          damage.start, damage.end, damage.reason)
-            pending = []
+        _report(plan, pending)
+        pending = []
         key = (item.topic, item.queue_id)
         plan.next_queue_offsets[key] = max(plan.next_queue_offsets.get(key, 0), item.queue_offset + 1)
         plan.end_offset = item.commit_log_offset + item.total_size
         plan.records_scanned += 1
         plan.last_store_timestamp_ms = item.store_timestamp_ms
-    # A blank marker right after the last record moves the end to the next segment.
-    segment = reader.segments.find(plan.end_offset)
-    if segment is not None and plan.end_offset != segment.start_offset:
-        from engine.layout import MAGIC_BLANK, peek_size_and_magic
-
-        pos = plan.end_offset - segment.start_offset
-        if segment.size_bytes - pos >= 8:
-            size, magic = peek_size_and_magic(segment.mm, pos)
-            if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
-                plan.end_offset = segment.end_offset
+    if pending and pending[0].start < durable:
+        _report(plan, pending)
+        plan.end_offset = max(plan.end_offset, durable)
+    elif pending:
+        plan.torn_tail = pending[0]
+    _skip_blank_marker(reader, plan)
     plan.bytes_scanned = plan.end_offset - start
-    if pending and pending[0].reason != "bad magic":
-        log.warning("torn tail cut at commit log offset %d (%s)", pending[0].start, pending[0].reason)
+    torn = plan.torn_tail
+    if torn is not None and _holds_bytes(reader, torn):
+        log.warning("torn tail cut at commit log offset %d (%s)", torn.start, torn.reason)
     return plan
+
+
+def _report(plan: CommitLogRecoveryPlan, damages: list[Damage]) -> None:
+    plan.damage.extend(damages)
+    for damage in damages:
+        log.error("DAMAGED COMMIT LOG: bytes [%d, %d) hold no valid record (%s); later records are kept",
+                  damage.start, damage.end, damage.reason)
+
+
+def _holds_bytes(reader: CommitLogReader, damage: Damage) -> bool:
+    segment = reader.segment_at(damage.start)
+    if segment is None:
+        return False
+    pos = damage.start - segment.start_offset
+    return bool(segment.mm[pos:min(segment.size_bytes, pos + 4096)].strip(b"\x00"))
+
+
+def _skip_blank_marker(reader: CommitLogReader, plan: CommitLogRecoveryPlan) -> None:
+    """A blank marker right after the last record moves the end to the next segment."""
+    segment = reader.segments.find(plan.end_offset)
+    if segment is None or plan.end_offset == segment.start_offset:
+        return
+    pos = plan.end_offset - segment.start_offset
+    if segment.size_bytes - pos >= END_FILE_MIN_BLANK_BYTES:
+        size, magic = peek_size_and_magic(segment.mm, pos)
+        if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
+            plan.end_offset = segment.end_offset

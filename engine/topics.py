@@ -59,9 +59,13 @@ class TopicTable:
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
-    def create(self, name: str, queue_count: int) -> TopicConfig:
+    def create(self, name: str, queue_count: int | None, *, default_queue_count: int = 4) -> TopicConfig:
+        """Create a topic, or grow an existing one to ``queue_count`` queues (never shrink)."""
         validate_topic(name)
         existing = self.topics.get(name)
+        if existing is not None and queue_count is None:
+            return existing
+        queue_count = queue_count or default_queue_count
         if existing is not None:
             if queue_count < existing.write_queue_nums:
                 raise RequestError(ErrorCode.INVALID_FIELD, "a topic's queue count can only grow")

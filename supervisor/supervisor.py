@@ -185,6 +185,7 @@ class Supervisor:
             if actor is None or beat.pid != actor.pid:
                 continue
             if actor.lifecycle != "RUNNING" and beat.lifecycle == "RUNNING":
+                self.publish("recovery.done", actor)
                 self.publish("actor.running", actor)
             actor.lifecycle = beat.lifecycle
             actor.detail = beat.detail

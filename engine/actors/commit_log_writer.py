@@ -78,11 +78,10 @@ class CommitLogWriterActor(Actor):
         self.announce = self.ctx.socket(zmq.PUB)
         self.announce.bind(self.ctx.ipc(endpoints.WRITER_PUB))
         self.on_readable(self.requests, lambda: drain(self.requests, self.handle_send))
-        if self.sync_flush:
-            self.flushes = self.ctx.socket(zmq.SUB)
-            self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
-            self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
-            self.on_readable(self.flushes, lambda: drain(self.flushes, self.handle_flushed))
+        self.flushes = self.ctx.socket(zmq.SUB)
+        self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
+        self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
+        self.on_readable(self.flushes, lambda: drain(self.flushes, self.handle_flushed))
         self.publish_offsets()
 
     @property

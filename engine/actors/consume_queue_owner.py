@@ -48,6 +48,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.applied_offset = 0
+        self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     def is_mine(self, topic: str, queue_id: int) -> bool:
@@ -118,11 +119,28 @@ class ConsumeQueueOwnerActor(Actor):
         for item in self.reader.scan(self.applied_offset, end, check_crc=False):
             if isinstance(item, Damage):
                 continue
-            if self.is_mine(item.topic, item.queue_id):
-                cq = self.queue(item.topic, item.queue_id, create=True)
-                assert cq is not None
-                cq.put(item.queue_offset, item.commit_log_offset, item.total_size, tags_code(item.tags))
+            if self.is_mine(item.topic, item.queue_id) and not self.apply(
+                    item.topic, item.queue_id, item.queue_offset, item.commit_log_offset, item.total_size,
+                    tags_code(item.tags)):
+                return
         self.applied_offset = end
+
+    def apply(self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int,
+              code: int) -> bool:
+        """Write one unit; on a full disk stop at this record (False) and retry from it later."""
+        try:
+            cq = self.queue(topic, queue_id, create=True)
+            assert cq is not None
+            cq.put(queue_offset, commit_log_offset, size, code)
+        except OSError as exc:
+            if not self.stalled:
+                log.error("cannot extend queue %s/%d: %s; retrying from offset %d", topic, queue_id, exc,
+                          commit_log_offset)
+            self.stalled = True
+            self.applied_offset = commit_log_offset
+            return False
+        self.stalled = False
+        return True
 
     def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
         batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
@@ -132,12 +150,14 @@ class ConsumeQueueOwnerActor(Actor):
             log.info("owner %d missed [%d, %d); reading it from the log", self.instance, self.applied_offset,
                      batch.start)
             self.catch_up(batch.start)
+        if self.stalled:
+            return  # the tick retries from the record that could not be applied
         for entry in batch.entries:
             if entry.commit_log_offset < self.applied_offset:
                 continue
-            cq = self.queue(entry.topic, entry.queue_id, create=True)
-            assert cq is not None
-            cq.put(entry.queue_offset, entry.commit_log_offset, entry.size, entry.tags_code)
+            if not self.apply(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
+                              entry.size, entry.tags_code):
+                return
         self.applied_offset = batch.end
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
 
@@ -148,7 +168,7 @@ class ConsumeQueueOwnerActor(Actor):
         try:
             reply = self.get_by_id(raw) if envelope_op == "get_by_id" else self.pull(raw)
         except RequestError as exc:
-            reply = encode_error(safe_request_id(raw), exc.code, exc.message)
+            reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
         self.requests.send_multipart([*reply_to, reply])
 
     def pull(self, raw: memoryview) -> bytes:
@@ -160,8 +180,10 @@ class ConsumeQueueOwnerActor(Actor):
                       max_bytes=min(request.max_bytes, self.config.pull_bytes_max), visible_end=self.visible_end)
         if result.corrupt_offset >= 0:
             raise RequestError(ErrorCode.MESSAGE_CORRUPT,
-                               f"the message at queue offset {result.corrupt_offset} failed its CRC check and is "
-                               f"not served; the next offset is {result.next_offset}")
+                               f"the message at queue offset {result.corrupt_offset} is damaged (it failed its "
+                               f"checks, or the log lost it) and is not served; the next offset is "
+                               f"{result.next_offset}", next_offset=result.next_offset,
+                               min_offset=result.min_offset, max_offset=result.max_offset)
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
                             max_offset=result.max_offset, messages=result.messages)
@@ -184,6 +206,8 @@ class ConsumeQueueOwnerActor(Actor):
         return encode_reply(request.id, message=message_view(record))
 
     def tick(self, now_ms: int) -> None:
+        if self.stalled:
+            self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
 
     def detail(self) -> dict[str, int]:

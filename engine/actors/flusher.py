@@ -31,7 +31,7 @@ from engine.commit_log import COMMIT_LOG_DIR
 from engine.consume_queue import CONSUME_QUEUE_DIR
 from engine.index_file import INDEX_DIR
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, Flushed, encoder, offsets_decoder
+from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder
 from engine.layout import offset_to_file_name
 from engine.mapped_file import PAGE_BYTES, list_files
 from engine.shared_offsets import FLUSHED, INDEX_APPLIED, owner_slot
@@ -99,13 +99,24 @@ class FlusherActor(Actor):
         start = self.flushed_offset - self.flushed_offset % size
         for segment in range(start, target, size):
             fd = self._segment_fd(segment)
-            if fd is not None:
-                os.fdatasync(fd)  # an OSError here ends the process: never retry a failed flush
+            if fd is None:
+                continue
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                self.fail_stop(f"fdatasync of segment {segment}: {exc}")
         for segment in [s for s in self.segment_fds if s + size <= target - target % size and s < start]:
             os.close(self.segment_fds.pop(segment))
         self.flushed_offset = target
         self.ctx.offsets.set(FLUSHED, target)
         self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(Flushed(target))])
+
+    def fail_stop(self, reason: str) -> None:
+        """Never retry a failed flush (fsyncgate): tell the writer, then exit so recovery runs."""
+        log.critical("flush failed: %s; the writer stops acknowledging and both restart", reason)
+        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(FlushFailed(reason))])
+        self.ctx.zmq_context.destroy(linger=1000)
+        os._exit(71)
 
     def _timestamp_at(self, offset: int) -> int:
         best = 0
@@ -117,13 +128,18 @@ class FlusherActor(Actor):
     def flush_queues_and_index(self) -> int:
         owners = [self.ctx.offsets.get(owner_slot(k)) for k in range(self.config.consume_queue_owner_count)]
         applied = min([*owners, self.ctx.offsets.get(INDEX_APPLIED)])
-        for directory in _queue_dirs(self.ctx.store_dir):
-            for _offset, path in list_files(directory)[-2:]:
-                _fdatasync_path(path)
-        index_dir = self.ctx.store_dir / INDEX_DIR
-        if index_dir.is_dir():
-            for name in sorted(n for n in os.listdir(index_dir) if n.isdigit())[-2:]:
-                _fdatasync_path(index_dir / name)
+        try:
+            for directory in _queue_dirs(self.ctx.store_dir):
+                for _offset, path in list_files(directory)[-2:]:
+                    _fdatasync_path(path)
+            index_dir = self.ctx.store_dir / INDEX_DIR
+            if index_dir.is_dir():
+                for name in sorted(n for n in os.listdir(index_dir) if n.isdigit())[-2:]:
+                    _fdatasync_path(index_dir / name)
+        except OSError as exc:
+            # Queues and index are derived: keep the old dispatched offset, recovery rebuilds from it.
+            log.error("flushing queues or index failed (%s); the checkpoint keeps its dispatched offset", exc)
+            return self.checkpoint.dispatched_offset
         return applied
 
     def tick(self, now_ms: int) -> None:
@@ -152,8 +168,13 @@ class FlusherActor(Actor):
                            physic_msg_timestamp_ms=self._timestamp_at(flushed) or
                            self.checkpoint.physic_msg_timestamp_ms)
         if updated != self.checkpoint:
+            try:
+                store_checkpoint(self.ctx.store_dir, updated)
+            except OSError as exc:
+                # The checkpoint only shortens recovery; without it recovery scans further.
+                log.error("cannot write the checkpoint: %s", exc)
+                return
             self.checkpoint = updated
-            store_checkpoint(self.ctx.store_dir, updated)
 
     def detail(self) -> dict[str, int]:
         return {"flushed_offset": self.flushed_offset, "confirmed_offset": self.confirmed_offset,

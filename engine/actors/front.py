@@ -163,11 +163,12 @@ class FrontActor(Actor):
         request = decode_request(op, raw.buffer)
         if op == "create_topic":
             assert isinstance(request, CreateTopicRequest)
-            count = request.queue_count or self.config.topic_queue_count_default
-            if count > self.config.topic_queue_count_max:
+            count = request.queue_count
+            if count is not None and count > self.config.topic_queue_count_max:
                 raise RequestError(ErrorCode.INVALID_FIELD,
                                    f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
-            created = self.topics.create(request.topic, count)
+            created = self.topics.create(request.topic, count,
+                                         default_queue_count=self.config.topic_queue_count_default)
             return encode_reply(envelope.id, topic=created.topic_name, queue_count=created.write_queue_nums)
         if op == "list_topics":
             topics = [{"topic": name, "queue_count": cfg.write_queue_nums}

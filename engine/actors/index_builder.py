@@ -43,6 +43,7 @@ class IndexBuilderActor(Actor):
         self.index = IndexService(ctx.store_dir, hash_slot_count=cfg.index_hash_slot_count,
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
+        self.stalled = False
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     @property
@@ -77,10 +78,23 @@ class IndexBuilderActor(Actor):
                 continue
             keys = item.keys
             uniq = item.uniq_key
-            if keys or uniq:
-                self.index.build(item.topic, [uniq, *keys] if uniq else keys, item.commit_log_offset,
-                                 item.store_timestamp_ms)
+            if (keys or uniq) and not self.apply(item.topic, [uniq, *keys] if uniq else keys,
+                                                  item.commit_log_offset, item.store_timestamp_ms):
+                return
         self.applied_offset = end
+
+    def apply(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> bool:
+        """Index one record; on a full disk stop at this record (False) and retry from it later."""
+        try:
+            self.index.build(topic, keys, commit_log_offset, store_timestamp_ms)
+        except OSError as exc:
+            if not self.stalled:
+                log.error("cannot create an index file: %s; retrying from offset %d", exc, commit_log_offset)
+            self.stalled = True
+            self.applied_offset = commit_log_offset
+            return False
+        self.stalled = False
+        return True
 
     def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
         batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
@@ -88,9 +102,12 @@ class IndexBuilderActor(Actor):
             return
         if batch.start > self.applied_offset:
             self.catch_up(batch.start)
+        if self.stalled:
+            return  # the tick retries from the record that could not be indexed
         for entry in batch.entries:
-            if entry.commit_log_offset >= self.applied_offset:
-                self.index.build(entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp)
+            if entry.commit_log_offset >= self.applied_offset and not self.apply(
+                    entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp):
+                return
         self.applied_offset = batch.end
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
 
@@ -112,7 +129,8 @@ class IndexBuilderActor(Actor):
         end = self.visible_end
         log_min = self.reader.min_offset()
         messages = []
-        for offset in sorted(candidates):
+        reply_bytes = 0
+        for offset in candidates:  # newest first: a capped answer keeps the newest matches
             if not log_min <= offset < end:
                 continue
             try:
@@ -121,12 +139,18 @@ class IndexBuilderActor(Actor):
                 continue
             if record.topic != request.topic or (request.key not in record.keys and record.uniq_key != request.key):
                 continue  # a hash collision
+            reply_bytes += record.total_size
+            if messages and reply_bytes > self.config.pull_bytes_max:
+                break
             messages.append(message_view(record))
             if len(messages) >= count_max:
                 break
+        messages.sort(key=lambda m: m.commit_log_offset)
         return encode_reply(request.id, messages=messages)
 
     def tick(self, now_ms: int) -> None:
+        if self.stalled:
+            self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
 
     def detail(self) -> dict[str, int]:

@@ -110,9 +110,10 @@ class ControlReply(msgspec.Struct, tag="control_reply"):
 class Event(msgspec.Struct, tag="event"):
     """supervisor -> anyone (PUB ``event``): lifecycle news that tests and tools wait on.
 
-    ``kind``: ``actor.started``, ``actor.running``, ``actor.exited``,
-    ``actor.restarted``, ``actor.gave_up``, ``engine.ready``, ``engine.stopping``,
-    ``engine.stopped``.
+    ``kind``: ``actor.started`` (spawned), ``recovery.done`` then ``actor.running``
+    (its recovery finished and it serves), ``actor.exited`` (with ``exit_code``,
+    negative for a signal), ``actor.restarted``, ``actor.gave_up`` (flapping:
+    left down), ``engine.ready``, ``engine.stopping``, ``engine.stopped``.
     """
 
     kind: str

@@ -183,18 +183,33 @@ def encode_reply(request_id: int, **fields: object) -> bytes:
     return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "ok": True, **fields})
 
 
-def encode_error(request_id: int, code: ErrorCode, message: str) -> bytes:
+def encode_error(request_id: int, code: ErrorCode, message: str, **details: object) -> bytes:
+    """An error reply; ``details`` (such as ``next_offset``) go beside ``error``."""
     return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "ok": False,
-                            "error": ErrorInfo(int(code), code.name, message)})
+                            "error": ErrorInfo(int(code), code.name, message), **details})
 
 
 def encode_request(op: str, request_id: int, **fields: object) -> bytes:
     return _encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
 
 
+class _IdOnly(msgspec.Struct):
+    id: int = 0
+
+
+_id_decoder = msgspec.msgpack.Decoder(_IdOnly)
+_untyped_decoder = msgspec.msgpack.Decoder()
+
+
 def safe_request_id(frame: bytes | memoryview) -> int:
-    """The request id if the frame has a readable one, else 0 (for error replies)."""
+    """The request id if the frame has a readable integer one, else 0 (for error replies)."""
     try:
-        return _envelope_decoder.decode(frame).id
+        return _id_decoder.decode(frame).id
+    except (*_DECODE_ERRORS, msgspec.ValidationError):
+        pass
+    try:  # other fields are broken: look at the id alone
+        request = _untyped_decoder.decode(frame)
     except (*_DECODE_ERRORS, msgspec.ValidationError):
         return 0
+    request_id = request.get("id") if isinstance(request, dict) else None
+    return request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else 0

@@ -177,3 +177,18 @@ def test_bad_input_leaves_actors_and_data_untouched(engine: EngineProcess, clien
     assert after["confirmed_offset"] == before["confirmed_offset"], "a refused request stored something"
     assert client.pull("good", 0, 0)["messages"] + client.pull("good", 1, 0)["messages"] == stored
     assert engine.actor_pids() == pids, "an actor was restarted"
+
+
+def test_error_replies_echo_the_request_id_even_when_other_fields_are_broken(client: StoreClient) -> None:
+    reply = raw_request(client, msgspec.msgpack.encode({"v": 1, "op": "send", "id": 4242, "topic": 5}))
+    assert (reply["id"], reply["ok"], reply["error"]["name"]) == (4242, False, "INVALID_FIELD")
+
+
+def test_create_topic_is_idempotent_and_never_shrinks(client: StoreClient) -> None:
+    assert client.create_topic("two", queue_count=2)["queue_count"] == 2
+    assert client.create_topic("two")["queue_count"] == 2
+    assert client.create_topic("two", queue_count=3)["queue_count"] == 3
+
+
+def test_empty_property_values_are_refused(client: StoreClient) -> None:
+    expect_error(lambda: client.send("good", [{"body": b"x", "properties": {"a": ""}}]), ErrorCode.INVALID_PROPERTY)
