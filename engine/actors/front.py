@@ -68,6 +68,7 @@ class FrontActor(Actor):
     def _backend(self, name: str) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # refuse, rather than queue for, an actor that is down
+        sock.setsockopt(zmq.RECONNECT_IVL, 10)  # find a restarted actor within ~10 ms
         sock.connect(self.ctx.ipc(name))
         return sock
 
