@@ -139,48 +139,80 @@ class IndexFile:
 
 
 class IndexService:
-    """The index directory: query across files, write to the newest."""
+    """The index directory: query across files, write to the newest.
 
-    def __init__(self, store_dir: Path, *, hash_slot_count: int, index_count_max: int, writable: bool) -> None:
+    Only the newest file and a few recently queried ones are mapped
+    (``mapped_files_max``); the others are known by their headers alone.
+    """
+
+    def __init__(self, store_dir: Path, *, hash_slot_count: int, index_count_max: int, writable: bool,
+                 mapped_files_max: int = 4) -> None:
         self.directory = store_dir / INDEX_DIR
         self.hash_slot_count = hash_slot_count
         self.index_count_max = index_count_max
         self.writable = writable
-        self.files: list[IndexFile] = []
+        self.mapped_files_max = mapped_files_max
+        self.names: list[str] = []
+        self.headers: dict[str, tuple[int, int, int, int]] = {}  # begin ts, end ts, begin phy, end phy
+        self.mapped: dict[str, IndexFile] = {}  # least recently used first
         self.refresh()
-        if writable and self.files:
-            self.files[-1].repair_after_kill()
+        if writable and self.names:
+            self.newest().repair_after_kill()
 
     def refresh(self) -> None:
         names = sorted(e.name for e in os.scandir(self.directory) if e.name.isdigit()) \
             if self.directory.is_dir() else []
-        opened = {f.path.name: f for f in self.files}
-        for name in set(opened) - set(names):
-            opened[name].close()
-        self.files = [opened.get(name) or IndexFile(self.directory / name, hash_slot_count=self.hash_slot_count,
-                                                    index_count_max=self.index_count_max, writable=self.writable)
-                      for name in names]
+        for name in set(self.mapped) - set(names):
+            self.mapped.pop(name).close()
+        self.names = names
+        for name in names:
+            if name not in self.headers:
+                with open(self.directory / name, "rb") as f:
+                    begin_ts, end_ts, begin_phy, end_phy, _slots, _count = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
+                self.headers[name] = (begin_ts, end_ts, begin_phy, end_phy)
+
+    def open(self, name: str) -> IndexFile:
+        index = self.mapped.pop(name, None)
+        if index is None:
+            index = IndexFile(self.directory / name, hash_slot_count=self.hash_slot_count,
+                              index_count_max=self.index_count_max, writable=self.writable)
+        self.mapped[name] = index
+        for old in list(self.mapped)[: max(0, len(self.mapped) - self.mapped_files_max)]:
+            if old != self.names[-1]:
+                self.mapped.pop(old).close()
+        return index
+
+    def newest(self) -> IndexFile:
+        return self.open(self.names[-1])
+
+    @property
+    def file_count(self) -> int:
+        return len(self.names)
 
     @property
     def end_phy_offset(self) -> int:
-        return self.files[-1].end_phy_offset if self.files else 0
+        return self.newest().end_phy_offset if self.names else 0
 
     def _writable_file(self, now_ms: int) -> IndexFile:
-        if self.files and not self.files[-1].is_full:
-            return self.files[-1]
+        if self.names and not self.newest().is_full:
+            return self.newest()
         self.directory.mkdir(parents=True, exist_ok=True)
         name = index_file_name(now_ms)
-        while (self.directory / name).exists() or (self.files and name <= self.files[-1].path.name):
+        while (self.directory / name).exists() or (self.names and name <= self.names[-1]):
             now_ms += 1
             name = index_file_name(now_ms)
-        previous = self.files[-1] if self.files else None
+        previous = self.newest() if self.names else None
         if previous is not None:
             previous.flush()
+            self.headers[self.names[-1]] = (previous.begin_timestamp_ms, previous.end_timestamp_ms,
+                                            previous.begin_phy_offset, previous.end_phy_offset)
         created = IndexFile.create(self.directory / name, hash_slot_count=self.hash_slot_count,
                                    index_count_max=self.index_count_max,
                                    end_phy_offset=previous.end_phy_offset if previous else 0,
                                    end_timestamp_ms=previous.end_timestamp_ms if previous else 0)
-        self.files.append(created)
+        self.names.append(name)
+        self.headers[name] = (0, 0, 0, 0)
+        self.mapped[name] = created
         return created
 
     def build(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> int:
@@ -197,26 +229,34 @@ class IndexService:
                 added += 1
         return added
 
+    def _time_range(self, name: str) -> tuple[int, int]:
+        index = self.mapped.get(name)
+        if index is not None:
+            return index.begin_timestamp_ms, index.end_timestamp_ms
+        begin, end, _bp, _ep = self.headers[name]
+        return begin, end
+
     def query(self, topic: str, key: str, *, count_max: int, begin_ms: int, end_ms: int) -> list[int]:
         """Offsets of candidate records, newest file first, without duplicates."""
         full_key = f"{topic}#{key}"
         seen: dict[int, None] = {}
-        for index in reversed(self.files):
+        for name in reversed(self.names):
             if len(seen) >= count_max:
                 break
-            if not index.time_matches(begin_ms, end_ms):
+            file_begin, file_end = self._time_range(name)
+            if end_ms < file_begin or begin_ms > file_end:
                 continue
-            for offset in index.select(full_key, count_max=count_max, begin_ms=begin_ms, end_ms=end_ms):
+            for offset in self.open(name).select(full_key, count_max=count_max, begin_ms=begin_ms, end_ms=end_ms):
                 seen.setdefault(offset, None)
-            if index.begin_timestamp_ms < begin_ms:
+            if file_begin < begin_ms:
                 break
         return list(seen)[:count_max]
 
     def flush(self) -> None:
-        for index in self.files[-2:]:
-            index.flush()
+        if self.names:
+            self.newest().flush()
 
     def close(self) -> None:
-        for index in self.files:
+        for index in self.mapped.values():
             index.close()
-        self.files = []
+        self.mapped = {}

@@ -69,19 +69,21 @@ def list_files(directory: Path) -> list[tuple[int, Path]]:
 class MappedFile:
     """One mapped segment. ``mm`` covers the whole file."""
 
-    __slots__ = ("fd", "mm", "path", "size_bytes", "start_offset", "writable")
+    __slots__ = ("mm", "path", "size_bytes", "start_offset", "writable")
 
     def __init__(self, path: Path, start_offset: int, size_bytes: int, *, writable: bool) -> None:
         self.path = path
         self.start_offset = start_offset
         self.size_bytes = size_bytes
         self.writable = writable
-        self.fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
-        actual = os.fstat(self.fd).st_size
-        if actual != size_bytes:
-            os.close(self.fd)
-            raise OSError(f"{path} is {actual} bytes, expected {size_bytes}")
-        self.mm = mmap.mmap(self.fd, size_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size_bytes:
+                raise OSError(f"{path} is {actual} bytes, expected {size_bytes}")
+            self.mm = mmap.mmap(fd, size_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        finally:
+            os.close(fd)  # the mapping keeps the file alive (and holds its own descriptor)
 
     @property
     def end_offset(self) -> int:
@@ -101,23 +103,24 @@ class MappedFile:
             stop = min(end, at + _ZERO_CHUNK_BYTES)
             self.mm[at:stop] = bytes(stop - at)
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Unmap; False if a memoryview still references the mapping (it stays mapped)."""
         try:
             self.mm.close()
         except BufferError:
-            # A memoryview still references the mapping; the kernel unmaps at exit.
-            pass
-        os.close(self.fd)
+            return False
+        return True
 
 
 class MappedFileQueue:
     """Ordered fixed-size files in one directory, mapped on demand."""
 
-    def __init__(self, directory: Path, file_size_bytes: int, *, writable: bool) -> None:
+    def __init__(self, directory: Path, file_size_bytes: int, *, writable: bool, mapped_files_max: int = 8) -> None:
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.writable = writable
-        self.files: dict[int, MappedFile] = {}
+        self.mapped_files_max = mapped_files_max
+        self.files: dict[int, MappedFile] = {}  # mapped files, least recently used first
         self.known: list[int] = []
         self.refresh()
 
@@ -139,8 +142,9 @@ class MappedFileQueue:
 
     def get(self, start_offset: int) -> MappedFile | None:
         """The mapped file starting at ``start_offset``, or None if it does not exist."""
-        mapped = self.files.get(start_offset)
+        mapped = self.files.pop(start_offset, None)
         if mapped is not None:
+            self.files[start_offset] = mapped  # most recently used
             return mapped
         path = self.directory / offset_to_file_name(start_offset)
         if start_offset not in self.known:
@@ -149,7 +153,15 @@ class MappedFileQueue:
                 return None
         mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable)
         self.files[start_offset] = mapped
+        self._evict()
         return mapped
+
+    def _evict(self) -> None:
+        """Unmap the least recently used files beyond ``mapped_files_max`` (bounded fds and maps)."""
+        for start in list(self.files)[: max(0, len(self.files) - self.mapped_files_max)]:
+            mapped = self.files[start]
+            if mapped.close():  # dirty pages stay in the page cache; unmapping loses nothing
+                del self.files[start]
 
     def find(self, offset: int) -> MappedFile | None:
         return self.get(self.file_start(offset))

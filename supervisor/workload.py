@@ -236,3 +236,22 @@ class ProducerThread:
         self._thread.join(60)
         if self.failure is not None:
             raise RuntimeError("the producer failed") from self.failure
+
+
+def wait_dispatched(client: StoreClient, timeout_ms: int = 10_000) -> dict[str, int]:
+    """Block until every owner and the index applied all the writer confirmed (deadline, no sleep)."""
+    import time
+
+    deadline = time.monotonic() + timeout_ms / 1000
+    offsets: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        try:
+            offsets = client.status()["offsets"]
+        except EngineError as exc:
+            if exc.name != "SERVICE_NOT_AVAILABLE":
+                raise
+            continue
+        confirmed = offsets["confirmed_offset"]
+        if all(v >= confirmed for k, v in offsets.items() if k.endswith("applied_offset")):
+            return offsets
+    raise TimeoutError(f"dispatch did not catch up within {timeout_ms} ms: {offsets}")

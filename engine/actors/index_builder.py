@@ -61,7 +61,7 @@ class IndexBuilderActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
-        log.info("index recovered: %d files, applied up to %d", len(self.index.files), self.applied_offset)
+        log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
         self.requests = self.ctx.socket(zmq.ROUTER)
         self.requests.bind(self.ctx.ipc(endpoints.INDEX))
         self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
@@ -154,7 +154,7 @@ class IndexBuilderActor(Actor):
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
 
     def detail(self) -> dict[str, int]:
-        return {"applied_offset": self.applied_offset, "index_files": len(self.index.files)}
+        return {"applied_offset": self.applied_offset, "index_files": self.index.file_count}
 
     def shutdown(self) -> None:
         drain(self.dispatches, self.handle_dispatch)

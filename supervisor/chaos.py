@@ -1,0 +1,152 @@
+"""A seeded, bounded chaos run: produce and consume while random actors are killed.
+
+``run_chaos`` starts an engine, runs a producer and a consumer thread, and for
+each cycle waits for a seeded number of acknowledgements, SIGKILLs a seeded
+random actor (or the supervisor itself: once per phase at a seeded cycle,
+and one time in ten otherwise; the engine is then started again), and waits for the supervisor's ``recovery.done``.
+The first half of the cycles run under ASYNC_FLUSH, the second under
+SYNC_FLUSH (a clean stop and start in between). At the end every queue is
+read back and checked (``workload.verify``), the engine is stopped, and
+``check_store`` must find nothing. The seed replays the same schedule.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from engine.check import Finding, check_store
+from engine.client import ClientError
+from engine.config import StoreConfig
+from supervisor.control import EventStream
+from supervisor.faults import actor_pids, kill_actor
+from supervisor.launcher import EngineProcess
+from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
+
+TOPICS = {"chaos-a": 4, "chaos-b": 3}
+SUPERVISOR_KILL_RATIO = 0.1
+
+
+@dataclass
+class ChaosReport:
+    seed: int
+    schedule: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
+    findings: list[Finding] = field(default_factory=list)
+    consumed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok() and not self.findings
+
+    def summary(self) -> str:
+        verdict = self.verdict.summary() if self.verdict else "not verified"
+        return (f"seed={self.seed} cycles={len(self.schedule)} consumed_live={self.consumed} {verdict} "
+                f"check_findings={len(self.findings)}")
+
+
+class Consumer(threading.Thread):
+    """Tails every queue while faults happen; errors and timeouts are expected and ignored."""
+
+    def __init__(self, engine: EngineProcess) -> None:
+        super().__init__(name="consumer", daemon=True)
+        self.engine = engine
+        self.stop_event = threading.Event()
+        self.offsets = {(t, q): 0 for t, n in TOPICS.items() for q in range(n)}
+        self.consumed = 0
+
+    def run(self) -> None:
+        client = self.engine.client(timeout_ms=2_000)
+        try:
+            while not self.stop_event.is_set():
+                for (topic, queue_id), offset in self.offsets.items():
+                    try:
+                        reply = client.pull(topic, queue_id, offset, max_messages=64)
+                    except ClientError:
+                        continue
+                    if reply["status"] == "FOUND":
+                        self.consumed += len(reply["messages"])
+                        self.offsets[(topic, queue_id)] = reply["next_offset"]
+        finally:
+            client.close()
+
+
+def chaos_config(flush_mode: str) -> StoreConfig:
+    return StoreConfig.test_min().replace(flush_mode=flush_mode, segment_size_bytes=1 << 20,
+                                          message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024)
+
+
+def _kill_supervisor(engine: EngineProcess) -> None:
+    actors = [psutil.Process(pid) for pid in engine.actor_pids().values()]
+    psutil.Process(engine.pid).kill()
+    _gone, orphans = psutil.wait_procs(actors, timeout=15)
+    if orphans:
+        raise AssertionError(f"actors outlived the supervisor: {[p.pid for p in orphans]}")
+    assert engine.process is not None
+    engine.process.wait(10)
+    engine.process = None
+    engine.start()
+
+
+def _cycle(engine: EngineProcess, producer: ProducerThread, rng: random.Random, report: ChaosReport, *,
+           force_supervisor: bool) -> None:
+    producer.wait_acked(producer.acked + rng.randrange(40, 160))
+    if force_supervisor or rng.random() < SUPERVISOR_KILL_RATIO:
+        report.schedule.append("supervisor")
+        _kill_supervisor(engine)
+        return
+    name = rng.choice(sorted(n for n in actor_pids(engine.store_dir) if n != "supervisor"))
+    events = EventStream(engine.store_dir)
+    try:
+        kill_actor(engine.store_dir, name)
+        report.schedule.append(name)
+        events.wait_for("actor.exited", name=name)
+        events.wait_for("recovery.done", name=name)
+    finally:
+        events.close()
+
+
+def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False) -> ChaosReport:
+    rng = random.Random(seed)
+    report = ChaosReport(seed)
+    client = None
+    producers: list[Producer] = []
+    engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH"))
+    try:
+        for phase, flush_mode in enumerate(("ASYNC_FLUSH", "SYNC_FLUSH")):
+            engine.config = chaos_config(flush_mode).replace(endpoint=engine.endpoint, store_port=engine.port)
+            engine.start()
+            producer = Producer(f"p{phase}", engine.client(timeout_ms=3_000), TOPICS, random.Random(rng.random()),
+                                body_sizes=(40, 300, 2000), batch_size=8)
+            producers.append(producer)
+            thread = ProducerThread(producer).start()
+            consumer = Consumer(engine)
+            consumer.start()
+            phase_cycles = cycles // 2 if phase == 0 else cycles - cycles // 2
+            supervisor_cycle = rng.randrange(phase_cycles) if phase_cycles else -1  # at least one per phase
+            for cycle in range(phase_cycles):
+                _cycle(engine, thread, rng, report, force_supervisor=cycle == supervisor_cycle)
+                if log:
+                    print(f"cycle {len(report.schedule)}: killed {report.schedule[-1]} "
+                          f"(acked so far {thread.acked})", flush=True)
+            thread.wait_acked(thread.acked + 50)
+            thread.stop()
+            consumer.stop_event.set()
+            consumer.join(30)
+            report.consumed += consumer.consumed
+            producer.client.close()
+            if phase == 0:
+                engine.stop()
+        client = engine.client(timeout_ms=10_000)
+        wait_dispatched(client, timeout_ms=30_000)
+        report.verdict = verify(producers, read_everything(client, TOPICS))
+    finally:
+        if client is not None:
+            client.close()
+        engine.stop()
+    report.findings = check_store(store_dir, engine.config)
+    return report
