@@ -104,9 +104,16 @@ def _check_queues(reader: CommitLogReader, queues: dict[tuple[str, int], Consume
                     (topic, queue_id, queue_offset, unit.size):
                 findings.append(Finding("consumequeue", where, f"points at a record of {record.topic}/"
                                         f"{record.queue_id}@{record.queue_offset} (size {record.total_size})"))
+    missing: set[tuple[str, int]] = set()
     for topic, queue_id, queue_offset, offset in records:
         cq = queues.get((topic, queue_id))
-        if cq is None or not cq.min_offset <= queue_offset < cq.max_offset:
+        if cq is None:
+            if (topic, queue_id) not in missing:
+                missing.add((topic, queue_id))
+                findings.append(Finding("consumequeue", f"{topic}/{queue_id}",
+                                        f"missing, but the log holds its records (first at {offset})"))
+            continue
+        if not cq.min_offset <= queue_offset < cq.max_offset:
             continue  # not dispatched yet (or retention moved the queue's min)
         unit = cq.get(queue_offset)
         if unit is not None and not unit.is_blank and unit.commit_log_offset != offset:

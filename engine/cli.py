@@ -151,7 +151,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not args.store_dir:
         print("error: check reads a store directory offline; give --store-dir", file=sys.stderr)
         return 2
-    findings = check_store(args.store_dir, StoreConfig.load(args.config))
+    config = StoreConfig.load(args.config)
+    if args.repair:
+        from engine.repair import StoreBusy, rebuild_derived
+
+        try:
+            report = rebuild_derived(args.store_dir, config)
+        except StoreBusy as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"rebuilt queues and index from {report.records} records (log end {report.log_end}, "
+              f"{report.damaged_ranges} damaged ranges); the old files are in {report.evidence_dir}",
+              file=sys.stderr)
+    findings = check_store(args.store_dir, config)
     _emit(args, [f.__dict__ for f in findings],
           "\n".join(str(f) for f in findings) or f"{args.store_dir}: no problems found")
     return 1 if findings else 0
@@ -211,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--store-dir", type=Path)
     check.add_argument("--config", type=Path, help="the TOML the store was written with")
     check.add_argument("--json", action="store_true")
+    check.add_argument("--repair", action="store_true",
+                       help="first rebuild queues and index from the log (the store must be stopped)")
     check.set_defaults(handler=cmd_check)
     return parser
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.layout import (
+    CRC32_PROPERTY_PREFIX,
+    CRC32_RESERVED_BYTES,
     END_FILE_MIN_BLANK_BYTES,
     MAGIC_BLANK,
     MAGIC_V1,
@@ -51,9 +53,27 @@ _MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"), MAG
 class CommitLogReader:
     """Read-only access to the CommitLog through this process's own mappings."""
 
-    def __init__(self, store_dir: Path, segment_size_bytes: int) -> None:
+    def __init__(self, store_dir: Path, segment_size_bytes: int, *, require_record_crc: bool | None = None) -> None:
+        """``require_record_crc``: None decides from the log's first record (a store written by a
+        RocketMQ broker has no record CRCs; one written here has them on every record)."""
         self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=False)
         self.segment_size_bytes = segment_size_bytes
+        self._require_record_crc = require_record_crc
+
+    @property
+    def require_record_crc(self) -> bool:
+        if self._require_record_crc is None:
+            first = self.segments.first_offset()
+            segment = self.segments.get(first) if first is not None else None
+            if segment is None:
+                return False  # nothing written yet: decide when there is
+            try:
+                record = decode_record(segment.mm, 0, limit=segment.size_bytes, base_offset=first, check_crc=False)
+            except RecordError:
+                return False
+            tail = bytes(record.properties_raw[-CRC32_RESERVED_BYTES:])
+            self._require_record_crc = tail.startswith(CRC32_PROPERTY_PREFIX)
+        return self._require_record_crc
 
     def min_offset(self) -> int:
         first = self.segments.first_offset()
@@ -69,7 +89,8 @@ class CommitLogReader:
             raise RecordError("no segment holds this offset", offset)
         end = min(segment.size_bytes, limit - segment.start_offset)
         return decode_record(segment.mm, offset - segment.start_offset, limit=end,
-                             base_offset=segment.start_offset, check_crc=check_crc)
+                             base_offset=segment.start_offset, check_crc=check_crc,
+                             require_record_crc=check_crc and self.require_record_crc)
 
     def scan(self, start: int, end: int, *, check_crc: bool = False) -> Iterator[ScanItem]:
         """Walk [start, end) record by record, yielding records and damaged ranges.
@@ -93,11 +114,12 @@ class CommitLogReader:
             if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
                 offset = segment.end_offset
                 continue
+            require = check_crc and self.require_record_crc
             try:
                 record = decode_record(segment.mm, pos, limit=limit, base_offset=segment.start_offset,
-                                       check_crc=check_crc)
+                                       check_crc=check_crc, require_record_crc=require)
             except RecordError as exc:
-                resume = find_next_record(segment, pos + 1, limit, check_crc=check_crc)
+                resume = find_next_record(segment, pos + 1, limit, check_crc=check_crc, require_record_crc=require)
                 stop = segment.start_offset + (resume if resume is not None else limit)
                 yield Damage(offset, stop, exc.reason)
                 offset = stop
@@ -118,7 +140,8 @@ class Damage:
 ScanItem = Record | Damage
 
 
-def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bool) -> int | None:
+def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bool,
+                     require_record_crc: bool = False) -> int | None:
     """Position of the next valid record (or blank marker) in ``segment`` at or after ``pos``."""
     mm = segment.mm
     best: int | None = None
@@ -129,14 +152,15 @@ def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bo
             if hit < 0 or (best is not None and hit - 4 >= best):
                 break
             candidate = hit - 4
-            if candidate >= pos and _is_record_at(segment, candidate, limit, check_crc=check_crc):
+            if candidate >= pos and _is_record_at(segment, candidate, limit, check_crc=check_crc,
+                                                  require_record_crc=require_record_crc):
                 best = candidate
                 break
             at = hit + 1
     return best
 
 
-def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool) -> bool:
+def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool, require_record_crc: bool) -> bool:
     if pos + END_FILE_MIN_BLANK_BYTES <= segment.size_bytes:
         size, magic = peek_size_and_magic(segment.mm, pos)
         if magic == MAGIC_BLANK:
@@ -144,7 +168,8 @@ def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool)
     if pos + PHYSICAL_OFFSET_POSITION + 8 > limit:
         return False
     try:
-        decode_record(segment.mm, pos, limit=limit, base_offset=segment.start_offset, check_crc=check_crc)
+        decode_record(segment.mm, pos, limit=limit, base_offset=segment.start_offset, check_crc=check_crc,
+                      require_record_crc=require_record_crc)
     except RecordError:
         return False
     return True

@@ -41,6 +41,11 @@ class Unit(NamedTuple):
     def is_blank(self) -> bool:
         return self.size == BLANK_UNIT_SIZE
 
+    @property
+    def is_plausible(self) -> bool:
+        """Not blank and shaped like a pointer to a record (a damaged unit may still pass)."""
+        return 0 < self.size < BLANK_UNIT_SIZE and self.commit_log_offset >= 0
+
 
 def queue_dir(store_dir: Path, topic: str, queue_id: int) -> Path:
     return store_dir / CONSUME_QUEUE_DIR / topic / str(queue_id)
@@ -84,20 +89,16 @@ class ConsumeQueue:
         self.min_offset = first // CQ_UNIT_BYTES
         mapped = self.files.get(last)
         assert mapped is not None
-        lo, hi = 0, self.file_units  # first empty unit in the last file, by bisection
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
-                hi = mid
-            else:
-                lo = mid + 1
-        self.max_offset = last // CQ_UNIT_BYTES + lo
+        # The end is after the last non-zero byte, not at the first zero unit: a unit zeroed
+        # by damage must not hide the units after it (they are checked when read).
+        used = len(mapped.mm[:].rstrip(b"\x00"))
+        self.max_offset = last // CQ_UNIT_BYTES + -(-used // CQ_UNIT_BYTES)
         self.max_physical_end = self._last_physical_end()
 
     def _last_physical_end(self) -> int:
         for queue_offset in range(self.max_offset - 1, max(self.min_offset, self.max_offset - 64) - 1, -1):
             unit = self.get(queue_offset)
-            if unit is not None and not unit.is_blank:
+            if unit is not None and unit.is_plausible:
                 return unit.commit_log_offset + unit.size
         return 0
 
@@ -140,6 +141,14 @@ class ConsumeQueue:
         mapped = self.files.get(start) or self.files.create(start)
         CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
         self.max_offset = queue_offset + 1
+
+    def overwrite(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> None:
+        """Replace a damaged unit below ``max_offset`` with the one rebuilt from the log."""
+        assert self.min_offset <= queue_offset < self.max_offset
+        byte_offset = queue_offset * CQ_UNIT_BYTES
+        mapped = self.files.find(byte_offset)
+        assert mapped is not None
+        CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, commit_log_offset, size, tags_code)
 
     def truncate_from(self, queue_offset: int) -> None:
         """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole)."""

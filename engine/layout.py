@@ -274,11 +274,13 @@ class RecordError(ValueError):
 
 
 def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
-                  base_offset: int = 0, check_crc: bool = True) -> Record:
+                  base_offset: int = 0, check_crc: bool = True, require_record_crc: bool = False) -> Record:
     """Decode and verify the record at ``buf[pos:]``; ``limit`` bounds what may be read.
 
     ``base_offset`` is the commit log offset of ``buf[0]``, so the record's
-    PHYSICALOFFSET can be checked against where it really is. Raises
+    PHYSICALOFFSET can be checked against where it really is. With
+    ``require_record_crc`` a record without the ``__CRC32#`` property fails
+    (a torn write that zeroed it must not pass as a record without one). Raises
     ``RecordError`` on any inconsistency: a damaged record is never returned.
     """
     here = base_offset + pos
@@ -319,7 +321,8 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
     if check_crc:
         if crc32_masked(body) != body_crc:
             raise RecordError("body CRC mismatch", here)
-        _check_record_crc(view, pos, size, props_raw, here)
+        if not _check_record_crc(view, pos, size, props_raw, here) and require_record_crc:
+            raise RecordError("record CRC property missing", here)
     try:
         topic = topic_raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -329,18 +332,23 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
                   body, topic, decode_properties(props_raw), props_raw)
 
 
-def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryview, here: int) -> None:
-    """Verify the ``__CRC32#`` property when the record carries one at its end."""
+def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryview, here: int) -> bool:
+    """Verify the ``__CRC32#`` property if the record ends with one; False if it has none."""
     if len(props_raw) < CRC32_RESERVED_BYTES:
-        return
+        return False
     tail = bytes(props_raw[len(props_raw) - CRC32_RESERVED_BYTES:])
     if not tail.startswith(CRC32_PROPERTY_PREFIX):
-        return
+        # No CRC property, unless a damaged one: its shape (\x01, ten digits, \x02) is still there.
+        name_damage = sum(a != b for a, b in zip(tail[:8], CRC32_PROPERTY_PREFIX, strict=False))
+        if tail[-1:] == b"\x02" and tail[9:19].isdigit() and name_damage <= 2:
+            raise RecordError("record CRC property name damaged", here)
+        return False
     expected = crc32_from_digits(tail[len(CRC32_PROPERTY_PREFIX):-1])
     if expected is None or tail[-1:] != PROPERTY_SEPARATOR.encode():
         raise RecordError("record CRC property malformed", here)
     if crc32_masked(view[pos:pos + size - CRC32_RESERVED_BYTES]) != expected:
         raise RecordError("record CRC mismatch", here)
+    return True
 
 
 def peek_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:

@@ -14,6 +14,10 @@
 them with TOPIC_NOT_FOUND / QUEUE_NOT_FOUND, as RocketMQ's broker does before
 asking its store.)
 
+Every record read is checked against its unit (topic, queue, queue offset,
+size): a unit that leads elsewhere is reported as ``suspect_offset`` so the
+owner can rebuild it from the log and try again.
+
 A record that fails its CRC check, or a hole a damaged record left in the
 queue, is never served nor silently skipped: the pull stops before it, and a
 pull that starts on it is refused with MESSAGE_CORRUPT, naming the next
@@ -40,6 +44,7 @@ class PullResult:
     max_offset: int
     messages: list[MessageView] = field(default_factory=list)
     corrupt_offset: int = -1  # queue offset of a damaged record met first
+    suspect_offset: int = -1  # queue offset of the first unit that did not lead to its own record
 
 
 def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
@@ -68,7 +73,12 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
                 result.corrupt_offset = queue_offset
                 result.next_offset = queue_offset + 1
             break
+        if not unit.is_plausible:
+            result.suspect_offset = queue_offset
+            break
         if unit.commit_log_offset + unit.size > visible_end:
+            # Units are written only for dispatched records, which lie below the visible end.
+            result.suspect_offset = queue_offset
             break
         if unit.commit_log_offset < log_min:
             removed += 1
@@ -79,9 +89,11 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         try:
             record = reader.read(unit.commit_log_offset, limit=visible_end, check_crc=True)
         except RecordError:
-            if not result.messages:
-                result.corrupt_offset = queue_offset
-                result.next_offset = queue_offset + 1
+            result.suspect_offset = queue_offset
+            break
+        if (record.topic, record.queue_id, record.queue_offset, record.total_size) != \
+                (cq.topic, cq.queue_id, queue_offset, unit.size):
+            result.suspect_offset = queue_offset  # a damaged unit: it points at another record
             break
         result.messages.append(message_view(record))
         taken_bytes += unit.size

@@ -141,11 +141,15 @@ class EngineProcess:
         return code
 
     def kill(self) -> None:
-        """SIGKILL the supervisor and every actor (a power cut of the processes, not of the disk)."""
+        """SIGKILL every actor, then the supervisor: all stop at once, as in a power cut.
+
+        Actors go first: killed after the supervisor, they would get its death
+        signal and stop cleanly, flushing what a power cut would not have.
+        """
         if self.process is None:
             return
         tree = self._tree()
-        for proc in [psutil.Process(self.process.pid), *tree]:
+        for proc in [*tree, psutil.Process(self.process.pid)]:
             try:
                 proc.kill()
             except psutil.NoSuchProcess:

@@ -51,6 +51,7 @@ class Producer:
     batch_size: int = 10
     next_seq: int = 0
     acked: dict[MessageId, tuple[str, int, int]] = field(default_factory=dict)
+    acked_log_offsets: dict[MessageId, int] = field(default_factory=dict)
     unknown: set[MessageId] = field(default_factory=set)
     errors: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -77,6 +78,7 @@ class Producer:
         for message_id, result in zip(ids, results, strict=True):
             if result["status"] == "PUT_OK":
                 self.acked[message_id] = (topic, queue_id, result["queue_offset"])
+                self.acked_log_offsets[message_id] = result["commit_log_offset"]
                 acked += 1
             else:
                 self.errors[result["status"]] += 1

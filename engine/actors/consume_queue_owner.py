@@ -37,6 +37,7 @@ from engine.records import message_view, owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, owner_slot
 
 log = logging.getLogger(__name__)
+_HEAL_LOOKBACK_UNITS = 1000
 
 
 class ConsumeQueueOwnerActor(Actor):
@@ -74,15 +75,17 @@ class ConsumeQueueOwnerActor(Actor):
                 self.queue(topic, queue_id, create=True)
         confirmed = self.ctx.offsets.get(CONFIRMED)
         newest_end = 0
+        rewind = confirmed
         for cq in self.queues.values():
-            self.repair_tail(cq, confirmed)
+            if self.repair_tail(cq, confirmed):
+                rewind = min(rewind, cq.max_physical_end)  # re-apply what the dropped units described
             newest_end = max(newest_end, cq.max_physical_end)
         try:
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
             checkpoint = None
         floor = checkpoint.dispatched_offset if checkpoint else 0
-        self.applied_offset = max(self.reader.min_offset(), min(max(floor, newest_end), confirmed))
+        self.applied_offset = max(self.reader.min_offset(), min(max(floor, newest_end), confirmed, rewind))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
@@ -95,22 +98,25 @@ class ConsumeQueueOwnerActor(Actor):
         self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
         self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
 
-    def repair_tail(self, cq: ConsumeQueue, confirmed: int) -> None:
-        """Drop trailing units that do not point at their own record below ``confirmed``."""
+    def repair_tail(self, cq: ConsumeQueue, confirmed: int) -> bool:
+        """Drop trailing units that do not point at their own record below ``confirmed``; True if any."""
+        dropped = False
         for _ in range(cq.max_offset - cq.min_offset):
             queue_offset = cq.max_offset - 1
             unit = cq.get(queue_offset)
             if unit is None or unit.is_blank:
-                return
+                return dropped
             try:
                 record = self.reader.read(unit.commit_log_offset, limit=confirmed, check_crc=False)
                 if (record.topic, record.queue_id, record.queue_offset, record.total_size) == \
                         (cq.topic, cq.queue_id, queue_offset, unit.size):
-                    return
+                    return dropped
             except RecordError:
                 pass
             log.warning("queue %s/%d: unit %d does not match the log; dropped", cq.topic, cq.queue_id, queue_offset)
             cq.truncate_from(queue_offset)
+            dropped = True
+        return dropped
 
     def catch_up(self, end: int) -> None:
         """Apply every record of our queues in [applied_offset, end) straight from the log."""
@@ -141,6 +147,40 @@ class ConsumeQueueOwnerActor(Actor):
             return False
         self.stalled = False
         return True
+
+    def heal(self, cq: ConsumeQueue, queue_offset: int) -> bool:
+        """Rebuild units from ``queue_offset`` on from the log; True if any unit changed.
+
+        Starts after the nearest earlier unit that still leads to its own record
+        (or at the start of the log), and rewrites every unit of this queue
+        that differs from what the log says.
+        """
+        start = self.reader.min_offset()
+        for earlier in range(queue_offset - 1, max(cq.min_offset, queue_offset - _HEAL_LOOKBACK_UNITS) - 1, -1):
+            unit = cq.get(earlier)
+            if unit is not None and unit.is_plausible and self._unit_matches(cq, earlier, unit):
+                start = unit.commit_log_offset + unit.size
+                break
+        changed = 0
+        for item in self.reader.scan(start, self.applied_offset, check_crc=False):
+            if isinstance(item, Damage) or (item.topic, item.queue_id) != (cq.topic, cq.queue_id):
+                continue
+            if queue_offset <= item.queue_offset < cq.max_offset:
+                rebuilt = (item.commit_log_offset, item.total_size, tags_code(item.tags))
+                if tuple(cq.get(item.queue_offset) or ()) != rebuilt:
+                    cq.overwrite(item.queue_offset, *rebuilt)
+                    changed += 1
+        log.error("queue %s/%d: damaged unit at %d; rebuilt %d units from the log from offset %d", cq.topic,
+                  cq.queue_id, queue_offset, changed, start)
+        return changed > 0
+
+    def _unit_matches(self, cq: ConsumeQueue, queue_offset: int, unit) -> bool:
+        try:
+            record = self.reader.read(unit.commit_log_offset, limit=self.visible_end, check_crc=False)
+        except RecordError:
+            return False
+        return (record.topic, record.queue_id, record.queue_offset, record.total_size) == \
+            (cq.topic, cq.queue_id, queue_offset, unit.size)
 
     def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
         batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
@@ -175,9 +215,15 @@ class ConsumeQueueOwnerActor(Actor):
         request = decode_request("pull", raw)
         assert isinstance(request, PullRequest)
         cq = self.queue(request.topic, request.queue_id, create=False)
-        result = pull(cq, self.reader, offset=request.offset,
-                      max_messages=min(request.max_messages, self.config.pull_message_count_max),
-                      max_bytes=min(request.max_bytes, self.config.pull_bytes_max), visible_end=self.visible_end)
+        limits = {"offset": request.offset, "visible_end": self.visible_end,
+                  "max_messages": min(request.max_messages, self.config.pull_message_count_max),
+                  "max_bytes": min(request.max_bytes, self.config.pull_bytes_max)}
+        result = pull(cq, self.reader, **limits)
+        if result.suspect_offset >= 0 and cq is not None and self.heal(cq, result.suspect_offset):
+            result = pull(cq, self.reader, **limits)
+        if result.suspect_offset >= 0 and not result.messages:
+            result.corrupt_offset = result.suspect_offset
+            result.next_offset = result.suspect_offset + 1
         if result.corrupt_offset >= 0:
             raise RequestError(ErrorCode.MESSAGE_CORRUPT,
                                f"the message at queue offset {result.corrupt_offset} is damaged (it failed its "

@@ -86,5 +86,5 @@ def test_ctrl_c_stops_cleanly(store_dir: Path) -> None:
     with engine.client() as client:
         client.send("t", [{"body": b"x"}])
     assert engine.stop() == 0  # SIGINT, as Ctrl-C sends
-    assert b"stopped\n" in engine.output and b"not cleanly" not in engine.output
+    assert b"stopped\n" in engine.output and b"not cleanly" not in engine.output, engine.output.decode()
     assert not (store_dir / "abort").exists()

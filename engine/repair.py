@@ -1,0 +1,93 @@
+"""Rebuild the derived files (ConsumeQueues and IndexFiles) of a stopped store from its CommitLog.
+
+The old ``consumequeue/`` and ``index/`` are kept as evidence in
+``broken-<time>/`` (as etcd's WAL repair keeps ``.broken`` files); the new
+ones are written from every intact record of the log, and the checkpoint's
+dispatched offset is set to the end of the log. The store's lock is taken
+first: a running engine's files are never touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
+from engine.commit_log import CommitLogReader, Damage
+from engine.config import StoreConfig
+from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
+from engine.index_file import INDEX_DIR, IndexService
+from engine.inspect_store import detect_config
+from engine.layout import tags_code
+
+
+class StoreBusy(RuntimeError):
+    """An engine is running on the store."""
+
+
+@dataclass
+class RepairReport:
+    records: int
+    damaged_ranges: int
+    log_end: int
+    evidence_dir: Path
+
+
+def rebuild_derived(store_dir: Path, config: StoreConfig | None = None) -> RepairReport:
+    config = detect_config(store_dir, config or StoreConfig())
+    lock_fd = os.open(store_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreBusy(f"an engine is running on {store_dir}; stop it first") from None
+        return _rebuild(store_dir, config)
+    finally:
+        os.close(lock_fd)
+
+
+def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
+    evidence = store_dir / f"broken-{time.strftime('%Y%m%d-%H%M%S')}"
+    evidence.mkdir()
+    for name in (CONSUME_QUEUE_DIR, INDEX_DIR):
+        if (store_dir / name).exists():
+            os.rename(store_dir / name, evidence / name)
+    reader = CommitLogReader(store_dir, config.segment_size_bytes)
+    index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
+                         index_count_max=config.index_item_count_max, writable=True)
+    queues: dict[tuple[str, int], ConsumeQueue] = {}
+    records = damaged = pending = 0
+    log_end = reader.min_offset()
+    last = reader.segments.last_offset()
+    if last is not None:
+        for item in reader.scan(reader.min_offset(), last + config.segment_size_bytes, check_crc=True):
+            if isinstance(item, Damage):
+                pending += 1  # damage counts once a valid record follows (else it is the unwritten end)
+                continue
+            damaged, pending = damaged + pending, 0
+            key = (item.topic, item.queue_id)
+            cq = queues.get(key) or queues.setdefault(key, ConsumeQueue(
+                store_dir, *key, file_units=config.consume_queue_file_units, writable=True))
+            cq.put(item.queue_offset, item.commit_log_offset, item.total_size, tags_code(item.tags))
+            keys = [*([item.uniq_key] if item.uniq_key else []), *item.keys]
+            if keys:
+                index.build(item.topic, keys, item.commit_log_offset, item.store_timestamp_ms)
+            records += 1
+            log_end = item.commit_log_offset + item.total_size
+    for cq in queues.values():
+        cq.flush()
+        cq.close()
+    index.flush()
+    index.close()
+    reader.segments.close()
+    try:
+        checkpoint = load_checkpoint(store_dir) or Checkpoint()
+    except CheckpointError:
+        checkpoint = Checkpoint()
+    store_checkpoint(store_dir, dataclasses.replace(checkpoint, dispatched_offset=log_end,
+                                                    flushed_offset=min(checkpoint.flushed_offset, log_end)))
+    return RepairReport(records, damaged, log_end, evidence)
