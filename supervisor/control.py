@@ -43,15 +43,23 @@ def control(store_dir: Path, command: str, *, name: str = "", timeout_ms: int = 
 
 
 class EventStream:
-    """A subscription to the supervisor's events; ``wait_for`` blocks until one matches or the deadline."""
+    """A subscription to the supervisor's events; ``wait_for`` blocks until one matches or the deadline.
+
+    Events that arrive while waiting for another one are kept, so waiting for
+    B then A finds A even if it came first.
+    """
 
     def __init__(self, store_dir: Path) -> None:
         self.sock = endpoints.configure(zmq.Context.instance().socket(zmq.SUB), hwm=100_000)
         self.sock.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_EVENT)
         self.sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_EVENTS))
         self.seen: list[Event] = []
+        self.backlog: list[Event] = []
 
     def wait_for(self, kind: str, *, name: str | None = None, timeout_ms: int = 30_000) -> Event:
+        for i, event in enumerate(self.backlog):
+            if event.kind == kind and (name is None or event.name == name):
+                return self.backlog.pop(i)
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -62,6 +70,7 @@ class EventStream:
             self.seen.append(event)
             if event.kind == kind and (name is None or event.name == name):
                 return event
+            self.backlog.append(event)
 
     def close(self) -> None:
         self.sock.close()

@@ -1,0 +1,79 @@
+"""A failed fsync is never retried: no acknowledgement past it, writer and flusher restart, nothing lost.
+
+strace attaches to the running flusher and makes its fdatasync calls fail
+with EIO (the fault-injection tool of shared/reference/reliability.md).
+"""
+
+from __future__ import annotations
+
+import random
+import selectors
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.check import check_store
+from engine.config import StoreConfig
+from supervisor.control import EventStream
+from supervisor.faults import actor_pids
+from supervisor.launcher import EngineProcess
+from supervisor.workload import Producer, read_everything, verify, wait_dispatched
+
+pytestmark = pytest.mark.timeout(180)
+
+TOPICS = {"fsync": 2}
+
+
+def attach_failing_fdatasync(pid: int) -> subprocess.Popen[bytes]:
+    tracer = subprocess.Popen(["strace", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
+                               "-e", "inject=fdatasync:error=EIO"], stderr=subprocess.PIPE)
+    assert tracer.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + 20
+    with selectors.DefaultSelector() as selector:
+        selector.register(tracer.stderr, selectors.EVENT_READ)
+        while b"attached" not in seen:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and selector.select(remaining), f"strace did not attach: {seen!r}"
+            chunk = tracer.stderr.read1(4096)  # type: ignore[attr-defined]
+            assert chunk, f"strace exited: {seen!r}"
+            seen += chunk
+    return tracer
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path) -> None:
+    config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH")
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    tracer = None
+    try:
+        client = engine.client(timeout_ms=10_000)
+        producer = Producer("p", client, TOPICS, random.Random(2), batch_size=4)
+        for _ in range(20):
+            assert producer.send_batch() == 4
+        events = EventStream(store_dir)
+        tracer = attach_failing_fdatasync(actor_pids(store_dir)["flusher"])
+        assert producer.send_batch() == 0, "a batch whose flush failed was acknowledged"
+        assert producer.errors.get("FLUSH_FAILED", 0) + producer.errors.get("TIMEOUT", 0) >= 1
+        assert events.wait_for("actor.exited", name="flusher").exit_code == 71
+        assert events.wait_for("actor.exited", name="writer").exit_code == 70
+        events.wait_for("recovery.done", name="writer")
+        events.wait_for("recovery.done", name="flusher")
+        events.close()
+        deadline = time.monotonic() + 30
+        while producer.send_batch() == 0:
+            assert time.monotonic() < deadline, dict(producer.errors)
+        wait_dispatched(client)
+        verdict = verify([producer], read_everything(client, TOPICS))
+        assert verdict.ok(), verdict.summary()
+        client.close()
+    finally:
+        if tracer is not None:
+            tracer.kill()
+            tracer.wait()
+        assert engine.stop() == 0
+    assert check_store(store_dir, config) == []
