@@ -83,12 +83,13 @@ class EngineProcess:
             raise EngineFailed(f"engine did not become ready:\n{self.output.decode(errors='replace')}")
         self.descendants = psutil.Process(self.process.pid).children(recursive=True)
 
-    def _read_until(self, marker: bytes, timeout_s: float) -> bool:
+    def _read_until(self, marker: bytes | None, timeout_s: float) -> bool:
+        """Read the supervisor's output until ``marker`` (None: until it closes); False on timeout or EOF."""
         assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
-            while marker not in self.output:
+            while marker is None or marker not in self.output:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not selector.select(remaining):
                     return False
@@ -126,7 +127,7 @@ class EngineProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
         try:
-            self._read_until(b"stopped", timeout_s)
+            self._read_until(None, timeout_s)  # everything it prints, up to its exit
             code = self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()

@@ -1,0 +1,70 @@
+"""Supervision policy: flapping actors are left down with a clear status; hung actors are replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine.client import EngineError
+from engine.config import StoreConfig
+from supervisor.control import EventStream, control
+from supervisor.faults import kill_actor
+from supervisor.launcher import EngineProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_flapping_actor_is_left_down_and_requests_get_service_not_available(store_dir: Path) -> None:
+    config = StoreConfig.test_min().replace(restart_count_max=2, restart_window_ms=60_000, restart_backoff_ms=10)
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    try:
+        with engine.client(timeout_ms=5_000) as client:
+            client.send("flap", [{"body": b"x", "keys": ["k"]}])
+            events = EventStream(store_dir)
+            for _ in range(2):
+                kill_actor(store_dir, "index")
+                events.wait_for("recovery.done", name="index")
+            kill_actor(store_dir, "index")
+            events.wait_for("actor.gave_up", name="index")
+            status = control(store_dir, "status")
+            assert status.state == "DEGRADED"
+            assert {a.name: a.lifecycle for a in status.actors}["index"] == "GAVE_UP"
+            with pytest.raises(EngineError) as info:
+                client.query_by_key("flap", "k")
+            assert info.value.name == "SERVICE_NOT_AVAILABLE"
+            assert client.send("flap", [{"body": b"still writable"}])[0]["status"] == "PUT_OK"
+            for _ in range(2):
+                kill_actor(store_dir, "writer")
+                events.wait_for("recovery.done", name="writer")
+            kill_actor(store_dir, "writer")
+            events.wait_for("actor.gave_up", name="writer")
+            with pytest.raises(EngineError) as info:
+                client.send("flap", [{"body": b"x"}])
+            assert info.value.name == "SERVICE_NOT_AVAILABLE"
+            events.close()
+    finally:
+        engine.stop()
+    assert b"not cleanly" in engine.output, "a degraded engine cannot stop cleanly"
+    assert (store_dir / "abort").exists(), "so the abort marker stays and the next start recovers"
+
+
+def test_a_hung_actor_is_killed_and_replaced(store_dir: Path) -> None:
+    config = StoreConfig.test_min().replace(heartbeat_timeout_ms=1_500)
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    try:
+        events = EventStream(store_dir)
+        pid = engine.actor_pids()["reput"]
+        psutil.Process(pid).suspend()
+        exited = events.wait_for("actor.exited", name="reput", timeout_ms=15_000)
+        assert exited.pid == pid and exited.exit_code == -9
+        events.wait_for("recovery.done", name="reput")
+        events.close()
+        with engine.client() as client:
+            client.send("hung", [{"body": b"after"}], queue_id=0)
+            assert client.pull("hung", 0, 0)["status"] in ("FOUND", "NO_MESSAGE_IN_QUEUE")
+    finally:
+        assert engine.stop() == 0
