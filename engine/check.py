@@ -39,7 +39,7 @@ class Finding:
 
 def check_store(store_dir: Path, config: StoreConfig | None = None) -> list[Finding]:
     config = detect_config(store_dir, config or StoreConfig())
-    reader = CommitLogReader(store_dir, config.segment_size_bytes)
+    reader = CommitLogReader.for_config(store_dir, config)
     try:
         findings, log_end, records = _check_log(reader, config)
         queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)

@@ -42,6 +42,7 @@ from engine.layout import (
     encoded_size,
     peek_size_and_magic,
 )
+from engine.config import StoreConfig
 from engine.mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,12 @@ class CommitLogReader:
         self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=False)
         self.segment_size_bytes = segment_size_bytes
         self._require_record_crc = require_record_crc
+
+    @classmethod
+    def for_config(cls, store_dir: Path, config: StoreConfig) -> CommitLogReader:
+        """A reader for an engine's store: with record CRCs off, never demand them."""
+        return cls(store_dir, config.segment_size_bytes,
+                   require_record_crc=None if config.record_crc_enabled else False)
 
     @property
     def require_record_crc(self) -> bool:

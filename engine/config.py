@@ -81,7 +81,6 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     restart_count_max: int = 5
     restart_window_ms: int = 60_000
     restart_backoff_ms: int = 100
-    rpc_timeout_ms: int = 10_000
     socket_hwm_messages: int = 10_000
     client_frame_bytes_max: int = 4 * MiB + 64 * KiB
 
@@ -102,7 +101,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.index_hash_slot_count >= 1, "index_hash_slot_count must be positive"),
             (self.index_item_count_max >= 2, "index_item_count_max must be at least 2"),
             (0 < self.properties_bytes_max <= PROPERTIES_MAX_BYTES, "properties_bytes_max is at most 32767"),
-            (self.consume_queue_owner_count >= 1, "consume_queue_owner_count must be positive"),
+            (1 <= self.consume_queue_owner_count <= 256, "consume_queue_owner_count must be between 1 and 256"),
+            (_is_ipv4(self.store_host), "store_host must be an IPv4 address (it is written into records)"),
             (1 <= self.topic_queue_count_default <= self.topic_queue_count_max,
              "topic_queue_count_default must be between 1 and topic_queue_count_max"),
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
@@ -153,6 +153,16 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     def to_toml_dict(self) -> dict[str, object]:
         return msgspec.structs.asdict(self)
+
+
+def _is_ipv4(host: str) -> bool:
+    import socket
+
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return host.count(".") == 3
 
 
 def encode_config(config: StoreConfig) -> bytes:

@@ -424,11 +424,20 @@ def index_file_bytes(*, hash_slot_count: int, index_count: int) -> int:
 
 
 def java_string_hash(text: str) -> int:
-    """Java ``String.hashCode`` (over UTF-16 code units) as a signed 32-bit int."""
+    """Java ``String.hashCode`` (over UTF-16 code units) as a signed 32-bit int.
+
+    The sum is reduced mod 2**32 once at the end: Python's integers do not
+    overflow, and one mask is cheaper than one per character.
+    """
     h = 0
-    data = text.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    if text.isascii():
+        for unit in text.encode("ascii"):
+            h = 31 * h + unit
+    else:
+        data = text.encode("utf-16-be")
+        for i in range(0, len(data), 2):
+            h = 31 * h + ((data[i] << 8) | data[i + 1])
+    h &= 0xFFFFFFFF
     return h - 0x100000000 if h & 0x80000000 else h
 
 

@@ -48,8 +48,14 @@ class PullResult:
 
 
 def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
-         visible_end: int) -> PullResult:
-    """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``."""
+         visible_end: int, written_end: int | None = None) -> PullResult:
+    """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``.
+
+    A unit past ``written_end`` (the writer's confirmed offset) cannot be real:
+    it is reported as suspect. One between the two is not visible yet (SYNC_FLUSH
+    waits for the flush): the pull stops there.
+    """
+    written_end = visible_end if written_end is None else written_end
     if cq is None:
         return PullResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
     lo, hi = cq.min_offset, cq.max_offset
@@ -77,8 +83,8 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             result.suspect_offset = queue_offset
             break
         if unit.commit_log_offset + unit.size > visible_end:
-            # Units are written only for dispatched records, which lie below the visible end.
-            result.suspect_offset = queue_offset
+            if unit.commit_log_offset + unit.size > written_end:
+                result.suspect_offset = queue_offset  # units exist only for dispatched records
             break
         if unit.commit_log_offset < log_min:
             removed += 1

@@ -82,7 +82,7 @@ def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int,
 
 
 def plan_commit_log_recovery(store_dir: Path, config: StoreConfig) -> CommitLogRecoveryPlan:
-    reader = CommitLogReader(store_dir, config.segment_size_bytes)
+    reader = CommitLogReader.for_config(store_dir, config)
     try:
         return _plan(store_dir, config, reader)
     finally:

@@ -56,7 +56,7 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
     for name in (CONSUME_QUEUE_DIR, INDEX_DIR):
         if (store_dir / name).exists():
             os.rename(store_dir / name, evidence / name)
-    reader = CommitLogReader(store_dir, config.segment_size_bytes)
+    reader = CommitLogReader.for_config(store_dir, config)
     index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
                          index_count_max=config.index_item_count_max, writable=True)
     queues: dict[tuple[str, int], ConsumeQueue] = {}

@@ -10,6 +10,7 @@ store): it describes the running engine, not the data.
     slot 3 dispatched_offset  reput dispatcher
     slot 4 index_applied      index builder
     slot 5 min_offset         writer (start of the oldest segment)
+    slot 6 last store time    writer (store timestamp of the last confirmed record, ms)
     slot 8+k owner k applied  consume queue owner k
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 SLOT_COUNT = 8 + 256
-WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET = range(6)
+WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP = range(7)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset"}
 

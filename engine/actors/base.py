@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -139,6 +140,8 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(message)s")
     parent = os.getppid()
     _die_with_parent()
+    # The supervisor sends SIGUSR1 before killing a hung actor: its stacks land in the actor's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
     zctx = zmq.Context()

@@ -31,7 +31,7 @@ from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id
 from engine.recovery import plan_commit_log_recovery
 from engine.records import build_fields
-from engine.shared_offsets import CONFIRMED, MIN_OFFSET, WRITTEN
+from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, WRITTEN
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class CommitLogWriterActor(Actor):
 
     def publish_offsets(self) -> None:
         offsets = self.ctx.offsets
+        offsets.set(LAST_STORE_TIMESTAMP, self.last_store_timestamp_ms)
         offsets.set(WRITTEN, self.log.written_offset)
         offsets.set(CONFIRMED, self.confirmed_offset)
         offsets.set(MIN_OFFSET, self.min_offset)
@@ -162,6 +163,7 @@ class CommitLogWriterActor(Actor):
             self.requests.send_multipart([*ack.reply_to, encode_error(
                 ack.request_id, ErrorCode.FLUSH_FAILED, f"the disk refused a flush: {failure.reason}")])
         self.pending.clear()
+        self.ctx.zmq_context.destroy(linger=1000)  # let the refusals reach the clients
         os._exit(70)  # no clean shutdown: nothing more may be written or flushed by this process
 
     def release_pending(self, now_ms: int) -> None:

@@ -46,10 +46,11 @@ class ConsumeQueueOwnerActor(Actor):
         cfg = ctx.config
         self.instance = ctx.instance
         self.owner_count = cfg.consume_queue_owner_count
-        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
+        self.unhealable: set[tuple[str, int, int]] = set()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     def is_mine(self, topic: str, queue_id: int) -> bool:
@@ -74,18 +75,17 @@ class ConsumeQueueOwnerActor(Actor):
             if self.is_mine(topic, queue_id):
                 self.queue(topic, queue_id, create=True)
         confirmed = self.ctx.offsets.get(CONFIRMED)
-        newest_end = 0
-        rewind = confirmed
         for cq in self.queues.values():
-            if self.repair_tail(cq, confirmed):
-                rewind = min(rewind, cq.max_physical_end)  # re-apply what the dropped units described
-            newest_end = max(newest_end, cq.max_physical_end)
+            self.repair_tail(cq, confirmed)
         try:
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
             checkpoint = None
         floor = checkpoint.dispatched_offset if checkpoint else 0
-        self.applied_offset = max(self.reader.min_offset(), min(max(floor, newest_end), confirmed, rewind))
+        # Every queue holds everything below the checkpoint's dispatched offset and below the
+        # end of its own last unit; re-apply from the smallest of those (as the writer scans).
+        start = min((max(floor, cq.max_physical_end) for cq in self.queues.values()), default=floor)
+        self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
@@ -216,11 +216,16 @@ class ConsumeQueueOwnerActor(Actor):
         assert isinstance(request, PullRequest)
         cq = self.queue(request.topic, request.queue_id, create=False)
         limits = {"offset": request.offset, "visible_end": self.visible_end,
+                  "written_end": self.ctx.offsets.get(CONFIRMED),
                   "max_messages": min(request.max_messages, self.config.pull_message_count_max),
                   "max_bytes": min(request.max_bytes, self.config.pull_bytes_max)}
         result = pull(cq, self.reader, **limits)
-        if result.suspect_offset >= 0 and cq is not None and self.heal(cq, result.suspect_offset):
-            result = pull(cq, self.reader, **limits)
+        suspect = (request.topic, request.queue_id, result.suspect_offset)
+        if result.suspect_offset >= 0 and cq is not None and suspect not in self.unhealable:
+            if self.heal(cq, result.suspect_offset):
+                result = pull(cq, self.reader, **limits)
+            else:
+                self.unhealable.add(suspect)  # a damaged record, not a unit: do not rescan on every pull
         if result.suspect_offset >= 0 and not result.messages:
             result.corrupt_offset = result.suspect_offset
             result.next_offset = result.suspect_offset + 1

@@ -18,6 +18,7 @@ restarts it, and nothing past the last good flush was acknowledged as durable.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from collections import deque
@@ -28,13 +29,11 @@ import zmq
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.commit_log import COMMIT_LOG_DIR
-from engine.consume_queue import CONSUME_QUEUE_DIR
-from engine.index_file import INDEX_DIR
 from engine.ipc import endpoints
 from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder
 from engine.layout import offset_to_file_name
-from engine.mapped_file import PAGE_BYTES, list_files
-from engine.shared_offsets import FLUSHED, INDEX_APPLIED, owner_slot
+from engine.mapped_file import PAGE_BYTES
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, LAST_STORE_TIMESTAMP, owner_slot
 
 log = logging.getLogger(__name__)
 _TIMESTAMPS_KEPT = 4096
@@ -59,13 +58,20 @@ class FlusherActor(Actor):
             self.checkpoint = load_checkpoint(self.ctx.store_dir) or Checkpoint()
         except CheckpointError as exc:
             log.error("checkpoint unusable (%s); starting a new one", exc)
-        self.flushed_offset = self.checkpoint.flushed_offset
+        self.confirmed_offset = self.ctx.offsets.get(CONFIRMED)  # the writer recovered first
+        self.flushed_offset = min(self.checkpoint.flushed_offset, self.confirmed_offset)
         self.confirmed = self.ctx.socket(zmq.SUB)
-        self.confirmed.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
         self.confirmed.connect(self.ctx.ipc(endpoints.WRITER_PUB))
+        if self.sync_flush:
+            # Group commit flushes as soon as bytes are confirmed. Under ASYNC_FLUSH the
+            # interval decides, and the ticks read the writer's offsets from the shared file.
+            self.confirmed.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
         self.announce = self.ctx.socket(zmq.PUB)
         self.announce.bind(self.ctx.ipc(endpoints.FLUSHER_PUB))
         self.on_readable(self.confirmed, self.on_confirmed)
+        # What the writer recovered may never have been flushed (a killed engine): flush it now,
+        # and publish the flushed offset, which readers under SYNC_FLUSH wait for.
+        self.flush_commit_log(self.confirmed_offset)
 
     def on_confirmed(self) -> None:
         drain(self.confirmed, self.handle_confirmed)
@@ -95,6 +101,10 @@ class FlusherActor(Actor):
 
     def flush_commit_log(self, target: int) -> None:
         """fdatasync every segment between the flushed offset and ``target``; exit on failure."""
+        if target <= self.flushed_offset:
+            self.ctx.offsets.set(FLUSHED, self.flushed_offset)
+            self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(Flushed(self.flushed_offset))])
+            return
         size = self.config.segment_size_bytes
         start = self.flushed_offset - self.flushed_offset % size
         for segment in range(start, target, size):
@@ -129,13 +139,9 @@ class FlusherActor(Actor):
         owners = [self.ctx.offsets.get(owner_slot(k)) for k in range(self.config.consume_queue_owner_count)]
         applied = min([*owners, self.ctx.offsets.get(INDEX_APPLIED)])
         try:
-            for directory in _queue_dirs(self.ctx.store_dir):
-                for _offset, path in list_files(directory)[-2:]:
-                    _fdatasync_path(path)
-            index_dir = self.ctx.store_dir / INDEX_DIR
-            if index_dir.is_dir():
-                for name in sorted(n for n in os.listdir(index_dir) if n.isdigit())[-2:]:
-                    _fdatasync_path(index_dir / name)
+            # One syncfs covers every queue and index file, however many were written since
+            # the last round (a queue may roll several files in one interval).
+            _syncfs(self.ctx.store_dir)
         except OSError as exc:
             # Queues and index are derived: keep the old dispatched offset, recovery rebuilds from it.
             log.error("flushing queues or index failed (%s); the checkpoint keeps its dispatched offset", exc)
@@ -144,6 +150,11 @@ class FlusherActor(Actor):
 
     def tick(self, now_ms: int) -> None:
         cfg = self.config
+        if not self.sync_flush:
+            confirmed = self.ctx.offsets.get(CONFIRMED)
+            if confirmed != self.confirmed_offset:
+                self.confirmed_offset = confirmed
+                self.timestamps.append((confirmed, self.ctx.offsets.get(LAST_STORE_TIMESTAMP)))
         if not self.sync_flush and self.confirmed_offset > self.flushed_offset:
             thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
             dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
@@ -199,20 +210,16 @@ def _replace(checkpoint: Checkpoint, **changes: int) -> Checkpoint:
     return replace(checkpoint, **changes)
 
 
-def _queue_dirs(store_dir: Path) -> list[Path]:
-    root = store_dir / CONSUME_QUEUE_DIR
-    if not root.is_dir():
-        return []
-    return [Path(q.path) for t in os.scandir(root) if t.is_dir() for q in os.scandir(t.path) if q.is_dir()]
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _fdatasync_path(path: Path) -> None:
+def _syncfs(path: Path) -> None:
+    """syncfs(2) on the filesystem holding ``path``: every dirty page of it reaches the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fdatasync(fd)
+        if _libc.syncfs(fd) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
     finally:
         os.close(fd)
 

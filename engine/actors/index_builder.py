@@ -39,7 +39,7 @@ class IndexBuilderActor(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         cfg = ctx.config
-        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
         self.index = IndexService(ctx.store_dir, hash_slot_count=cfg.index_hash_slot_count,
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0

@@ -36,7 +36,7 @@ class ReputDispatcherActor(Actor):
         cfg = ctx.config
         self.tick_interval_ms = cfg.dispatch_tick_interval_ms
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
-        self.reader = CommitLogReader(ctx.store_dir, cfg.segment_size_bytes)
+        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
         self.owner_count = cfg.consume_queue_owner_count
         self.owner_topics = [endpoints.owner_topic(k) for k in range(self.owner_count)]
         self.reput_offset = 0
@@ -64,6 +64,7 @@ class ReputDispatcherActor(Actor):
             self.announcements.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
             self.announcements.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
         self.on_readable(self.announcements, self.on_announcement)
+        self.sent_end = [self.reput_offset] * (self.owner_count + 1)  # per owner, then the index
         log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
 
     def on_announcement(self) -> None:
@@ -108,7 +109,7 @@ class ReputDispatcherActor(Actor):
                     break
             else:
                 position = end
-            self.publish(start, position, per_owner, for_index)
+            self.publish(position, per_owner, for_index)
             self.reput_offset = position
 
     def route(self, record, per_owner: list[list[DispatchEntry]], for_index: list[DispatchEntry]) -> None:
@@ -122,11 +123,16 @@ class ReputDispatcherActor(Actor):
             for_index.append(DispatchEntry(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
                                            entry.size, entry.tags_code, entry.store_timestamp, index_keys))
 
-    def publish(self, start: int, end: int, per_owner: list[list[DispatchEntry]],
-                for_index: list[DispatchEntry]) -> None:
-        for topic, entries in zip(self.owner_topics, per_owner, strict=True):
-            self.publisher.send_multipart([topic, encoder.encode(DispatchBatch(start, end, entries))])
-        self.publisher.send_multipart([endpoints.TOPIC_INDEX, encoder.encode(DispatchBatch(start, end, for_index))])
+    def publish(self, end: int, per_owner: list[list[DispatchEntry]], for_index: list[DispatchEntry], *,
+                tick: bool = False) -> None:
+        """Send each receiver what it has in the log up to ``end``; a receiver with nothing new
+        hears nothing until the next tick (its batch then starts where its last one ended)."""
+        receivers = [*zip(self.owner_topics, per_owner, strict=True), (endpoints.TOPIC_INDEX, for_index)]
+        for k, (topic, entries) in enumerate(receivers):
+            if entries or tick:
+                batch = DispatchBatch(self.sent_end[k], end, entries)
+                self.publisher.send_multipart([topic, encoder.encode(batch)])
+                self.sent_end[k] = end
         self.ctx.offsets.set(DISPATCHED, end)
 
     def report_damage(self, damage: Damage) -> None:
@@ -139,7 +145,7 @@ class ReputDispatcherActor(Actor):
         self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
         self.dispatch()
         empty: list[list[DispatchEntry]] = [[] for _ in range(self.owner_count)]
-        self.publish(self.reput_offset, self.reput_offset, empty, [])
+        self.publish(self.reput_offset, empty, [], tick=True)
 
     def detail(self) -> dict[str, int]:
         return {"reput_offset": self.reput_offset, "confirmed_offset": self.confirmed_offset,
@@ -150,6 +156,7 @@ class ReputDispatcherActor(Actor):
         drain(self.announcements, self.handle_announcement)
         self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
         self.dispatch()
+        self.publish(self.reput_offset, [[] for _ in range(self.owner_count)], [], tick=True)
         self.stopping = True
 
 
