@@ -125,10 +125,19 @@ class StoreClient:
         return self.send(topic, [message], queue_id=queue_id)[0]
 
     def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32,
-             max_bytes: int = 4 * 1024 * 1024) -> dict[str, Any]:
-        """One pull: status, next_offset, min_offset, max_offset, messages."""
-        return self.request("pull", topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
-                            max_bytes=max_bytes)
+             max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 0) -> dict[str, Any]:
+        """One pull: status, next_offset, min_offset, max_offset, messages.
+
+        With ``max_wait_ms`` the engine holds a pull that finds nothing new until a
+        message arrives or the time is up (long polling); the deadline grows to match.
+        """
+        fields: dict[str, Any] = {"topic": topic, "queue_id": queue_id, "offset": offset,
+                                  "max_messages": max_messages, "max_bytes": max_bytes}
+        timeout_ms = None
+        if max_wait_ms:
+            fields["max_wait_ms"] = max_wait_ms
+            timeout_ms = self.timeout_ms + max_wait_ms
+        return self.request("pull", timeout_ms=timeout_ms, **fields)
 
     def query_by_key(self, topic: str, key: str, *, begin_timestamp: int = 0,
                      end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64) -> list[dict[str, Any]]:

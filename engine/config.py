@@ -60,6 +60,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     pull_message_count_max: int = 1024
     pull_bytes_max: int = 4 * MiB
     query_result_count_max: int = 64
+    long_poll_wait_ms_max: int = 30_000
+    long_poll_parked_max: int = 100_000
 
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"

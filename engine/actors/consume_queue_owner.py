@@ -23,7 +23,7 @@ import logging
 
 import zmq
 
-from engine.actors.base import Actor, ActorContext, drain, main
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.consume_queue import ConsumeQueue, list_queues
@@ -32,12 +32,15 @@ from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import GetByIdRequest, PullRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError, decode_msg_id, tags_code
+from engine.errors import GetStatus
+from engine.long_poll import LongPolls
 from engine.pull import pull
 from engine.records import message_view, owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
+_NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 
 
 class ConsumeQueueOwnerActor(Actor):
@@ -51,6 +54,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
+        self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     def is_mine(self, topic: str, queue_id: int) -> bool:
@@ -75,8 +79,6 @@ class ConsumeQueueOwnerActor(Actor):
             if self.is_mine(topic, queue_id):
                 self.queue(topic, queue_id, create=True)
         confirmed = self.ctx.offsets.get(CONFIRMED)
-        for cq in self.queues.values():
-            self.repair_tail(cq, confirmed)
         try:
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
@@ -84,7 +86,13 @@ class ConsumeQueueOwnerActor(Actor):
         floor = checkpoint.dispatched_offset if checkpoint else 0
         # Every queue holds everything below the checkpoint's dispatched offset and below the
         # end of its own last unit; re-apply from the smallest of those (as the writer scans).
-        start = min((max(floor, cq.max_physical_end) for cq in self.queues.values()), default=floor)
+        # A queue whose tail had to be dropped no longer holds what the checkpoint promised:
+        # it is complete only up to its own (new) last unit.
+        safe_points = []
+        for cq in self.queues.values():
+            dropped = self.repair_tail(cq, confirmed)
+            safe_points.append(cq.max_physical_end if dropped else max(floor, cq.max_physical_end))
+        start = min(safe_points, default=floor)
         self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
@@ -192,28 +200,38 @@ class ConsumeQueueOwnerActor(Actor):
             self.catch_up(batch.start)
         if self.stalled:
             return  # the tick retries from the record that could not be applied
+        touched: set[tuple[str, int]] = set()
         for entry in batch.entries:
             if entry.commit_log_offset < self.applied_offset:
                 continue
             if not self.apply(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
                               entry.size, entry.tags_code):
                 return
+            touched.add((entry.topic, entry.queue_id))
         self.applied_offset = batch.end
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        if touched and self.long_polls:
+            self.wake(touched, monotonic_ms())
 
     def handle_request(self, frames: list[zmq.Frame]) -> None:
         reply_to = [f.bytes for f in frames[:3]]
         raw = frames[3].buffer
         envelope_op = frames[5].bytes.decode() if len(frames) > 5 else "pull"
         try:
-            reply = self.get_by_id(raw) if envelope_op == "get_by_id" else self.pull(raw)
+            if envelope_op == "get_by_id":
+                reply = self.get_by_id(raw)
+            else:
+                request = decode_request("pull", raw)
+                assert isinstance(request, PullRequest)
+                reply = self.pull(request, reply_to=reply_to)
         except RequestError as exc:
             reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
-        self.requests.send_multipart([*reply_to, reply])
+        if reply is not None:
+            self.requests.send_multipart([*reply_to, reply])
 
-    def pull(self, raw: memoryview) -> bytes:
-        request = decode_request("pull", raw)
-        assert isinstance(request, PullRequest)
+    def pull(self, request: PullRequest, *, reply_to: list[bytes] | None = None, final: bool = False,
+             deadline_ms: int | None = None) -> bytes | None:
+        """Serve a pull; None when it was parked to wait for a new message (long polling)."""
         cq = self.queue(request.topic, request.queue_id, create=False)
         limits = {"offset": request.offset, "visible_end": self.visible_end,
                   "written_end": self.ctx.offsets.get(CONFIRMED),
@@ -235,9 +253,24 @@ class ConsumeQueueOwnerActor(Actor):
                                f"checks, or the log lost it) and is not served; the next offset is "
                                f"{result.next_offset}", next_offset=result.next_offset,
                                min_offset=result.min_offset, max_offset=result.max_offset)
+        if not final and result.status in _NOTHING_YET and request.max_wait_ms > 0 and reply_to is not None \
+                and self.long_polls.park(reply_to, request, now_ms=monotonic_ms(), deadline_ms=deadline_ms):
+            return None
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
                             max_offset=result.max_offset, messages=result.messages)
+
+    def wake(self, queues: set[tuple[str, int]], now_ms: int) -> None:
+        """Answer parked pulls of ``queues`` that now find a message, and every expired one."""
+        for parked in self.long_polls.ready(queues, now_ms):
+            try:
+                reply = self.pull(parked.request, reply_to=parked.reply_to, final=parked.deadline_ms <= now_ms,
+                                  deadline_ms=parked.deadline_ms)
+            except RequestError as exc:
+                reply = encode_error(parked.request.id, exc.code, exc.message, **exc.details)
+            if reply is None:
+                continue  # still nothing: parked again, with its original deadline
+            self.requests.send_multipart([*parked.reply_to, reply])
 
     def get_by_id(self, raw: memoryview) -> bytes:
         request = decode_request("get_by_id", raw)
@@ -259,10 +292,13 @@ class ConsumeQueueOwnerActor(Actor):
     def tick(self, now_ms: int) -> None:
         if self.stalled:
             self.catch_up(self.visible_end)
+        if self.long_polls:
+            self.wake(set(), now_ms)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
 
     def detail(self) -> dict[str, int]:
-        return {"applied_offset": self.applied_offset, "queues": len(self.queues)}
+        return {"applied_offset": self.applied_offset, "queues": len(self.queues),
+                "parked_pulls": len(self.long_polls)}
 
     def shutdown(self) -> None:
         drain(self.dispatches, self.handle_dispatch)

@@ -67,6 +67,7 @@ class PullRequest(_Request, kw_only=True):
     offset: Int64
     max_messages: Annotated[int, Meta(ge=1)] = 32
     max_bytes: Annotated[int, Meta(ge=1)] = 4 * 1024 * 1024
+    max_wait_ms: Annotated[int, Meta(ge=0)] = 0  # long polling: wait this long for a new message
 
 
 class QueryByKeyRequest(_Request, kw_only=True):

@@ -1,0 +1,452 @@
+"""The benchmark suite: the engine side by side with the references, in one run.
+
+    python scripts/bench.py                 # everything, 3 repetitions (about 5-10 minutes)
+    python scripts/bench.py --quick         # fewer messages, 3 repetitions
+    python scripts/bench.py --only send,pull --json bench.json
+
+It starts real engines (``python -m supervisor start`` through
+``supervisor.launcher``) and talks to them only through the public protocol
+over ZeroMQ. Every message carries a key and a tag. Each figure is the median
+of the repetitions, with min and max. References measured in the same run:
+
+* raw append: 1 MiB writes to a fresh file, fdatasync after each (the disk);
+* ZeroMQ echo: DEALER/ROUTER, the same frames echoed (the transport);
+* SQLite in WAL mode, synchronous=FULL, an index on the key (what a Python
+  user would embed instead), doing the same sends, reads and key lookups.
+
+Results: a table on stdout, JSON with ``--json``; BENCHMARKS.md keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.config import MiB, StoreConfig  # noqa: E402
+from engine.ipc.protocol import PROTOCOL_VERSION  # noqa: E402
+from supervisor.faults import actor_pids  # noqa: E402
+from supervisor.launcher import EngineProcess  # noqa: E402
+
+encode = msgspec.msgpack.encode
+decode = msgspec.msgpack.decode
+RESULTS: dict[str, dict[str, float]] = {}
+
+
+def record(name: str, values: list[float], unit: str) -> None:
+    RESULTS[name] = {"median": statistics.median(values), "min": min(values), "max": max(values), "unit": unit,
+                     "runs": len(values)}
+    r = RESULTS[name]
+    print(f"{name:<58} {r['median']:>14,.1f} {unit:<8} (min {r['min']:,.1f}, max {r['max']:,.1f})", flush=True)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def body_of(size: int, i: int) -> bytes:
+    return (b"%08d" % i + b"x" * size)[:size]
+
+
+def message(size: int, i: int) -> dict[str, Any]:
+    return {"body": body_of(size, i), "keys": [f"key-{i}"], "tags": f"tag{i % 4}"}
+
+
+# -- pipelined requests over one DEALER --------------------------------------------------------
+
+def pipelined(endpoint: str, frames: list[bytes], *, inflight: int, timeout_s: float = 120) -> tuple[float, list]:
+    """Send pre-encoded requests keeping ``inflight`` outstanding; (seconds, replies in order of arrival)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    replies = []
+    sent = 0
+    started = time.perf_counter()
+    deadline = started + timeout_s
+    try:
+        while len(replies) < len(frames):
+            while sent < len(frames) and sent - len(replies) < inflight:
+                sock.send(frames[sent], copy=False)
+                sent += 1
+            if not sock.poll(int(max(1, (deadline - time.perf_counter()) * 1000))):
+                raise TimeoutError(f"{len(replies)} of {len(frames)} replies")
+            replies.append(decode(sock.recv()))
+        return time.perf_counter() - started, replies
+    finally:
+        sock.close()
+
+
+def request_frame(op: str, request_id: int, **fields: Any) -> bytes:
+    return encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
+
+
+# -- engine measurements -------------------------------------------------------------------------
+
+def bench_send(engine: EngineProcess, label: str, *, body: int, batch: int, total: int, reps: int,
+               inflight: int) -> str:
+    rates, topic = [], ""
+    for rep in range(reps):
+        topic = f"send-{label}-{body}-{batch}-{rep}"
+        frames = [request_frame("send", n, topic=topic, messages=[message(body, n * batch + i) for i in range(batch)])
+                  for n in range(total // batch)]
+        seconds, replies = pipelined(engine.endpoint, frames, inflight=inflight)
+        assert all(r["ok"] and r["results"][0]["status"] == "PUT_OK" for r in replies), replies[:1]
+        rates.append(len(frames) * batch / seconds)
+    record(f"engine send {label} body={body}B batch={batch}", rates, "msg/s")
+    return topic
+
+
+def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
+    from supervisor.workload import wait_dispatched
+
+    with engine.client() as client:
+        wait_dispatched(client, timeout_ms=120_000)
+        queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}[topic]
+    rates = []
+    for _ in range(reps):
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(engine.endpoint)
+        offsets = dict.fromkeys(range(queues), 0)
+        count = 0
+        started = time.perf_counter()
+        for q in offsets:
+            sock.send(request_frame("pull", q, topic=topic, queue_id=q, offset=0, max_messages=1024))
+        open_queues = len(offsets)
+        while open_queues:
+            reply = decode(sock.recv())
+            q = reply["id"]
+            if reply["status"] != "FOUND":
+                open_queues -= 1
+                continue
+            count += len(reply["messages"])
+            sock.send(request_frame("pull", q, topic=topic, queue_id=q, offset=reply["next_offset"],
+                                    max_messages=1024))
+        rates.append(count / (time.perf_counter() - started))
+        sock.close()
+    record(f"engine pull whole topic ({count} msgs, {queues} queues)", rates, "msg/s")
+
+
+def bench_key_lookups(engine: EngineProcess, topic: str, keys: int, *, reps: int) -> None:
+    rng = random.Random(1)
+    rates, p50s, p99s = [], [], []
+    for _ in range(reps):
+        frames = [request_frame("query_by_key", n, topic=topic, key=f"key-{rng.randrange(keys)}", max_results=8)
+                  for n in range(4000)]
+        seconds, replies = pipelined(engine.endpoint, frames, inflight=8)
+        assert all(r["ok"] and len(r["messages"]) == 1 for r in replies[:50]), replies[:1]
+        rates.append(len(frames) / seconds)
+        latencies = []
+        with engine.client() as client:
+            for n in range(500):
+                t0 = time.perf_counter()
+                client.query_by_key(topic, f"key-{rng.randrange(keys)}")
+                latencies.append((time.perf_counter() - t0) * 1000)
+        p50s.append(percentile(latencies, 0.5))
+        p99s.append(percentile(latencies, 0.99))
+    record("engine key lookups (8 in flight)", rates, "lookups/s")
+    record("engine key lookup latency p50 (one at a time)", p50s, "ms")
+    record("engine key lookup latency p99 (one at a time)", p99s, "ms")
+
+
+def bench_durable_send_latency(engine: EngineProcess, *, reps: int) -> None:
+    p50s, p99s = [], []
+    with engine.client() as client:
+        for rep in range(reps):
+            latencies = []
+            for i in range(1000):
+                t0 = time.perf_counter()
+                result = client.send(f"durable-{rep}", [message(256, i)], queue_id=0)[0]
+                latencies.append((time.perf_counter() - t0) * 1000)
+                assert result["status"] == "PUT_OK"
+            p50s.append(percentile(latencies, 0.5))
+            p99s.append(percentile(latencies, 0.99))
+    record("engine single SYNC_FLUSH send latency p50", p50s, "ms")
+    record("engine single SYNC_FLUSH send latency p99", p99s, "ms")
+
+
+def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: int = 3000) -> None:
+    """Send single messages at ``rate``; a long-polling consumer measures send -> delivered."""
+    p50s, p99s, p999s = [], [], []
+    for rep in range(reps):
+        topic = f"e2e-{rep}"
+        with engine.client() as client:
+            client.create_topic(topic, queue_count=1)
+        latencies: list[float] = []
+        done = threading.Event()
+
+        def consume(topic: str = topic, latencies: list[float] = latencies) -> None:
+            with engine.client(timeout_ms=30_000) as consumer:
+                offset = 0
+                while len(latencies) < count:
+                    reply = consumer.pull(topic, 0, offset, max_messages=256, max_wait_ms=2000)
+                    now = time.perf_counter_ns()
+                    for m in reply["messages"]:
+                        latencies.append((now - int(m["properties"]["sent_ns"])) / 1e6)
+                    offset = reply["next_offset"]
+            done.set()
+
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        interval = 1.0 / rate
+        with engine.client() as producer:
+            next_at = time.perf_counter()
+            for i in range(count):
+                next_at += interval
+                pause = next_at - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)  # pacing the offered load
+                producer.send(topic, [{"body": body_of(256, i), "keys": [f"e2e-{i}"], "tags": "e2e",
+                                       "properties": {"sent_ns": str(time.perf_counter_ns())}}], queue_id=0)
+        done.wait(60)
+        p50s.append(percentile(latencies, 0.5))
+        p99s.append(percentile(latencies, 0.99))
+        p999s.append(percentile(latencies, 0.999))
+    record(f"engine end-to-end p50 at {rate:,.0f} msg/s (long poll)", p50s, "ms")
+    record(f"engine end-to-end p99 at {rate:,.0f} msg/s (long poll)", p99s, "ms")
+    record(f"engine end-to-end p99.9 at {rate:,.0f} msg/s (long poll)", p999s, "ms")
+
+
+def bench_restart(engine: EngineProcess, *, reps: int) -> None:
+    """SIGKILL each actor kind and time until a request that needs it succeeds again."""
+    with engine.client() as client:
+        client.create_topic("restart", queue_count=2)
+        sent = client.send("restart", [message(256, i) for i in range(10)], queue_id=0)
+    probes: dict[str, Callable[[Any], Any]] = {
+        "writer": lambda c: c.send("restart", [message(256, 0)], queue_id=0),
+        "owner-0": lambda c: [c.pull("restart", q, 0) for q in range(2)],
+        "index": lambda c: c.query_by_key("restart", "key-1"),
+        "reput": lambda c: c.get_by_id(sent[0]["msg_id"]),
+        "flusher": lambda c: c.send("restart", [message(256, 0)], queue_id=1),
+        "front": lambda c: c.ping(),
+    }
+    from engine.client import ClientError
+    from supervisor.control import EventStream
+
+    for name, probe in probes.items():
+        times = []
+        for _ in range(reps):
+            events = EventStream(engine.store_dir)
+            with engine.client(timeout_ms=2000) as client:
+                pid = actor_pids(engine.store_dir)[name]
+                t0 = time.perf_counter()
+                os.kill(pid, 9)
+                events.wait_for("actor.exited", name=name)
+                while True:
+                    try:
+                        probe(client)
+                        break
+                    except ClientError:
+                        continue
+                events.wait_for("recovery.done", name=name)
+                times.append((time.perf_counter() - t0) * 1000)
+            events.close()
+        record(f"engine SIGKILL {name} -> serving again", times, "ms")
+
+
+def actor_memory(engine: EngineProcess) -> None:
+    for name, pid in sorted(engine.actor_pids().items()):
+        memory = psutil.Process(pid).memory_info()
+        RESULTS[f"memory {name}"] = {"median": (memory.rss - memory.shared) / MiB, "min": memory.rss / MiB,
+                                     "max": memory.rss / MiB, "unit": "MiB private (rss in min/max)", "runs": 1}
+        print(f"memory {name:<12} private {(memory.rss - memory.shared) / MiB:6.1f} MiB, rss {memory.rss / MiB:6.1f} MiB")
+
+
+# -- recovery scan -------------------------------------------------------------------------------
+
+def bench_recovery_scan(workdir: Path, *, size_bytes: int, reps: int) -> None:
+    from engine.commit_log import CommitLogWriter
+    from engine.layout import HostAddress, RecordFields, encode_properties
+    from engine.recovery import plan_commit_log_recovery
+
+    store = workdir / "recovery-store"
+    config = StoreConfig().replace(segment_size_bytes=256 * MiB)
+    writer = CommitLogWriter(store, config.segment_size_bytes, store_host=HostAddress.parse("127.0.0.1", 10911),
+                             with_record_crc=True)
+    host = HostAddress.parse("127.0.0.1", 1)
+    i = 0
+    while writer.written_offset < size_bytes:
+        batch = [RecordFields(b"recover", i % 8, body_of(4096, i + k), encode_properties(
+            {"KEYS": f"k{i + k}", "TAGS": "t", "UNIQ_KEY": f"{i + k:032X}"}), 0, 1, host) for k in range(256)]
+        writer.append(batch, first_queue_offset=i, store_timestamp_ms=1)
+        i += 256
+    end = writer.written_offset
+    writer.close()
+    rates = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        plan = plan_commit_log_recovery(store, config)  # no checkpoint: a crash start scans everything
+        rates.append(end / MiB / (time.perf_counter() - t0))
+        assert plan.end_offset == end
+    record(f"engine recovery scan, crash start ({end / MiB:,.0f} MiB log, CRCs checked)", rates, "MiB/s")
+    shutil.rmtree(store)
+
+
+# -- references ----------------------------------------------------------------------------------
+
+def ref_raw_append(workdir: Path, *, reps: int, size_bytes: int = 256 * MiB) -> None:
+    chunk = os.urandom(MiB)
+    rates = []
+    for rep in range(reps):
+        path = workdir / f"raw-{rep}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        t0 = time.perf_counter()
+        for _ in range(size_bytes // MiB):
+            os.write(fd, chunk)
+            os.fdatasync(fd)
+        rates.append(size_bytes / MiB / (time.perf_counter() - t0))
+        os.close(fd)
+        path.unlink()
+    record("reference raw append, fdatasync every 1 MiB", rates, "MiB/s")
+
+
+def ref_zmq_echo(*, body: int, batch: int, total: int, reps: int, inflight: int) -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            if router.poll(100):
+                router.send_multipart(router.recv_multipart(copy=False), copy=False)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    rates = []
+    frame = request_frame("send", 1, topic="t", messages=[message(body, i) for i in range(batch)])
+    for _ in range(reps):
+        seconds, _ = pipelined(f"tcp://127.0.0.1:{port}", [frame] * (total // batch), inflight=inflight)
+        rates.append(total / seconds)
+    stop.set()
+    thread.join()
+    router.close()
+    record(f"reference zmq DEALER/ROUTER echo body={body}B batch={batch}", rates, "msg/s")
+
+
+def ref_sqlite(workdir: Path, *, body: int, batch: int, total: int, reps: int) -> None:
+    send_rates, read_rates, lookup_rates = [], [], []
+    rng = random.Random(2)
+    for rep in range(reps):
+        path = workdir / f"sqlite-{rep}.db"
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE m (id INTEGER PRIMARY KEY, topic TEXT, queue INTEGER, key TEXT, tags TEXT, "
+                   "born INTEGER, body BLOB)")
+        db.execute("CREATE INDEX m_key ON m (topic, key)")
+        t0 = time.perf_counter()
+        for n in range(total // batch):
+            rows = [("t", n % 4, f"key-{n * batch + i}", "tag", 0, body_of(body, n * batch + i)) for i in range(batch)]
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO m (topic, queue, key, tags, born, body) VALUES (?, ?, ?, ?, ?, ?)", rows)
+            db.execute("COMMIT")
+        send_rates.append(total / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        count = sum(1 for _ in db.execute("SELECT * FROM m ORDER BY queue, id"))
+        read_rates.append(count / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        for _ in range(4000):
+            db.execute("SELECT * FROM m WHERE topic = ? AND key = ?", ("t", f"key-{rng.randrange(total)}")).fetchall()
+        lookup_rates.append(4000 / (time.perf_counter() - t0))
+        db.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+    record(f"reference SQLite WAL FULL insert body={body}B batch={batch}", send_rates, "msg/s")
+    record(f"reference SQLite read all body={body}B", read_rates, "msg/s")
+    record("reference SQLite key lookups (indexed)", lookup_rates, "lookups/s")
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def engine_config(flush_mode: str) -> StoreConfig:
+    return StoreConfig().replace(flush_mode=flush_mode, segment_size_bytes=256 * MiB, send_batch_bytes_max=8 * MiB,
+                                 client_frame_bytes_max=9 * MiB, warm_segments=flush_mode == "SYNC_FLUSH",
+                                 heartbeat_timeout_ms=30_000)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer messages per figure")
+    parser.add_argument("--only", default="", help="comma list: refs,send,pull,lookup,latency,e2e,restart,recovery")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--workdir", type=Path, help="where stores go (default: a temporary directory)")
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    want = (lambda part: not only or part in only)
+    scale = 0.25 if args.quick else 1.0
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    reps = args.reps
+    print(f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}")
+    grid = [(256, 1, int(5_000 * scale)), (256, 32, int(64_000 * scale)), (256, 1000, int(300_000 * scale)),
+            (4096, 1, int(3_000 * scale)), (4096, 32, int(32_000 * scale)), (4096, 1000, int(60_000 * scale))]
+    try:
+        if want("refs"):
+            ref_raw_append(workdir, reps=reps)
+            for body, batch, total in grid:
+                ref_zmq_echo(body=body, batch=batch, total=total, reps=reps, inflight=4)
+            ref_sqlite(workdir, body=256, batch=1000, total=int(300_000 * scale), reps=reps)
+            ref_sqlite(workdir, body=4096, batch=1000, total=int(60_000 * scale), reps=reps)
+            ref_sqlite(workdir, body=256, batch=1, total=int(2_000 * scale), reps=reps)
+        for flush_mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            if not (want("send") or want("pull") or want("lookup") or want("latency") or want("e2e")
+                    or want("restart")):
+                break
+            store = workdir / f"store-{flush_mode}"
+            with EngineProcess(store, config=engine_config(flush_mode), start_timeout_s=120) as engine:
+                topic = ""
+                if want("send") or want("pull") or want("lookup"):
+                    for body, batch, total in grid:
+                        t = bench_send(engine, flush_mode, body=body, batch=batch, total=total, reps=reps,
+                                       inflight=4)
+                        if body == 256 and batch == 1000:
+                            topic = t
+                if flush_mode == "ASYNC_FLUSH" and topic and want("pull"):
+                    bench_pull(engine, topic, reps=reps)
+                if flush_mode == "ASYNC_FLUSH" and topic and want("lookup"):
+                    bench_key_lookups(engine, topic, int(300_000 * scale), reps=reps)
+                if flush_mode == "SYNC_FLUSH" and want("latency"):
+                    bench_durable_send_latency(engine, reps=reps)
+                if flush_mode == "ASYNC_FLUSH" and want("e2e"):
+                    single = RESULTS.get("engine send ASYNC_FLUSH body=256B batch=1", {}).get("median", 2000)
+                    bench_end_to_end(engine, single / 2, reps=reps)
+                if flush_mode == "ASYNC_FLUSH" and want("restart"):
+                    bench_restart(engine, reps=reps)
+                actor_memory(engine) if flush_mode == "ASYNC_FLUSH" else None
+        if want("recovery"):
+            bench_recovery_scan(workdir, size_bytes=int(1024 * MiB * scale), reps=reps)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": platform.node(),
+                                         "cpus": os.cpu_count(), "results": RESULTS}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
