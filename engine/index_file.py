@@ -138,6 +138,14 @@ class IndexFile:
         self.mapped.close()
 
 
+def _fdatasync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 class IndexService:
     """The index directory: query across files, write to the newest.
 
@@ -155,6 +163,7 @@ class IndexService:
         self.names: list[str] = []
         self.headers: dict[str, tuple[int, int, int, int]] = {}  # begin ts, end ts, begin phy, end phy
         self.mapped: dict[str, IndexFile] = {}  # least recently used first
+        self.dirty: set[str] = set()  # files written since the last flush_dirty
         self.refresh()
         if writable and self.names:
             self.newest().repair_after_kill()
@@ -210,6 +219,8 @@ class IndexService:
                                    index_count_max=self.index_count_max,
                                    end_phy_offset=previous.end_phy_offset if previous else 0,
                                    end_timestamp_ms=previous.end_timestamp_ms if previous else 0)
+        if previous is not None:
+            self.dirty.add(self.names[-1])
         self.names.append(name)
         self.headers[name] = (0, 0, 0, 0)
         self.mapped[name] = created
@@ -227,6 +238,8 @@ class IndexService:
             index = self._writable_file(int(time.time() * 1000))
             if index.put_key(f"{topic}#{key}", commit_log_offset, store_timestamp_ms):
                 added += 1
+        if added:
+            self.dirty.add(self.names[-1])
         return added
 
     def _time_range(self, name: str) -> tuple[int, int]:
@@ -255,6 +268,16 @@ class IndexService:
     def flush(self) -> None:
         if self.names:
             self.newest().flush()
+
+    def flush_dirty(self) -> None:
+        """Flush every file written since the last call (a roll can fill more than one)."""
+        for name in self.dirty:
+            index = self.mapped.get(name)
+            if index is not None:
+                index.flush()
+            else:
+                _fdatasync(self.directory / name)
+        self.dirty.clear()
 
     def close(self) -> None:
         for index in self.mapped.values():

@@ -160,7 +160,11 @@ class MappedFileQueue:
         """Unmap the least recently used files beyond ``mapped_files_max`` (bounded fds and maps)."""
         for start in list(self.files)[: max(0, len(self.files) - self.mapped_files_max)]:
             mapped = self.files[start]
-            if mapped.close():  # dirty pages stay in the page cache; unmapping loses nothing
+            if self.writable:
+                # Unmapping loses nothing (the pages stay in the page cache), but the owner's
+                # periodic flush only reaches mapped files: make this one durable on its way out.
+                mapped.flush()
+            if mapped.close():
                 del self.files[start]
 
     def find(self, offset: int) -> MappedFile | None:

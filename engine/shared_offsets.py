@@ -11,7 +11,9 @@ store): it describes the running engine, not the data.
     slot 4 index_applied      index builder
     slot 5 min_offset         writer (start of the oldest segment)
     slot 6 last store time    writer (store timestamp of the last confirmed record, ms)
+    slot 7 index durable      index builder (applied and flushed to disk)
     slot 8+k owner k applied  consume queue owner k
+    slot 264+k owner k durable  consume queue owner k (applied and flushed to disk)
 """
 
 from __future__ import annotations
@@ -23,15 +25,21 @@ from pathlib import Path
 
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
-SLOT_COUNT = 8 + 256
-WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP = range(7)
+OWNERS_MAX = 256
+SLOT_COUNT = 8 + 2 * OWNERS_MAX
+WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset"}
 
 
 def owner_slot(instance: int) -> int:
-    assert 0 <= instance < SLOT_COUNT - 8
+    assert 0 <= instance < OWNERS_MAX
     return 8 + instance
+
+
+def owner_durable_slot(instance: int) -> int:
+    assert 0 <= instance < OWNERS_MAX
+    return 8 + OWNERS_MAX + instance
 
 
 class SharedOffsets:

@@ -36,7 +36,7 @@ from engine.errors import GetStatus
 from engine.long_poll import LongPolls
 from engine.pull import pull
 from engine.records import message_view, owner_of
-from engine.shared_offsets import CONFIRMED, FLUSHED, owner_slot
+from engine.shared_offsets import CONFIRMED, FLUSHED, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
@@ -54,6 +54,8 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
+        self.dirty: set[ConsumeQueue] = set()  # queues written since the last flush
+        self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
@@ -96,6 +98,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.flush_queues()
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
                  self.applied_offset)
         self.requests = self.ctx.socket(zmq.ROUTER)
@@ -146,6 +149,7 @@ class ConsumeQueueOwnerActor(Actor):
             cq = self.queue(topic, queue_id, create=True)
             assert cq is not None
             cq.put(queue_offset, commit_log_offset, size, code)
+            self.dirty.add(cq)
         except OSError as exc:
             if not self.stalled:
                 log.error("cannot extend queue %s/%d: %s; retrying from offset %d", topic, queue_id, exc,
@@ -289,7 +293,20 @@ class ConsumeQueueOwnerActor(Actor):
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
         return encode_reply(request.id, message=message_view(record))
 
+    def flush_queues(self) -> None:
+        """Make every unit below the applied offset durable, then say so (the checkpoint uses it).
+
+        Each owner flushes its own files, so a flush stalls only this owner, never the log."""
+        applied = self.applied_offset
+        for cq in self.dirty:
+            cq.flush()
+        self.dirty.clear()
+        self.ctx.offsets.set(owner_durable_slot(self.instance), applied)
+
     def tick(self, now_ms: int) -> None:
+        if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
+            self.last_flush_ms = now_ms
+            self.flush_queues()
         if self.stalled:
             self.catch_up(self.visible_end)
         if self.long_polls:
@@ -304,8 +321,9 @@ class ConsumeQueueOwnerActor(Actor):
         drain(self.dispatches, self.handle_dispatch)
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.dirty.update(self.queues.values())
+        self.flush_queues()
         for cq in self.queues.values():
-            cq.flush()
             cq.close()
 
 

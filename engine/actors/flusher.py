@@ -5,9 +5,9 @@
   ``flush_thorough_interval_ms``. SYNC_FLUSH flushes as soon as the writer
   confirms new bytes; confirmations that arrive during a flush are covered
   by the next one (group commit). Each flush is announced (PUB ``flushed``).
-* Queues and index: every ``flush_consume_queue_interval_ms``, read how far
-  every owner and the index builder applied the log, fdatasync their files,
-  and from then on that offset is the checkpoint's ``dispatched_offset``.
+* Queues and index: their owners flush their own files every
+  ``flush_consume_queue_interval_ms`` and publish how far that made them
+  durable; the smallest of those becomes the checkpoint's ``dispatched_offset``.
 * The checkpoint is rewritten every ``checkpoint_interval_ms``.
 
 The flusher writes through no mapping: ``fdatasync`` on its own descriptor
@@ -18,7 +18,6 @@ restarts it, and nothing past the last good flush was acknowledged as durable.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from collections import deque
@@ -33,7 +32,7 @@ from engine.ipc import endpoints
 from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder
 from engine.layout import offset_to_file_name
 from engine.mapped_file import PAGE_BYTES
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, LAST_STORE_TIMESTAMP, owner_slot
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
 
 log = logging.getLogger(__name__)
 _TIMESTAMPS_KEPT = 4096
@@ -135,18 +134,14 @@ class FlusherActor(Actor):
                 best = ts
         return best
 
-    def flush_queues_and_index(self) -> int:
-        owners = [self.ctx.offsets.get(owner_slot(k)) for k in range(self.config.consume_queue_owner_count)]
-        applied = min([*owners, self.ctx.offsets.get(INDEX_APPLIED)])
-        try:
-            # One syncfs covers every queue and index file, however many were written since
-            # the last round (a queue may roll several files in one interval).
-            _syncfs(self.ctx.store_dir)
-        except OSError as exc:
-            # Queues and index are derived: keep the old dispatched offset, recovery rebuilds from it.
-            log.error("flushing queues or index failed (%s); the checkpoint keeps its dispatched offset", exc)
-            return self.checkpoint.dispatched_offset
-        return applied
+    def durable_dispatched_offset(self) -> int:
+        """How far every owner and the index builder applied the log *and* flushed their files.
+
+        Each of them flushes its own files and publishes this in the shared offsets, so
+        the checkpoint's dispatched offset never promises units that are not on disk.
+        """
+        owners = [self.ctx.offsets.get(owner_durable_slot(k)) for k in range(self.config.consume_queue_owner_count)]
+        return min([*owners, self.ctx.offsets.get(INDEX_DURABLE)])
 
     def tick(self, now_ms: int) -> None:
         cfg = self.config
@@ -164,7 +159,7 @@ class FlusherActor(Actor):
                     self.last_thorough_ms = now_ms
         if now_ms - self.last_queue_flush_ms >= cfg.flush_consume_queue_interval_ms:
             self.last_queue_flush_ms = now_ms
-            applied = self.flush_queues_and_index()
+            applied = self.durable_dispatched_offset()
             if applied > self.checkpoint.dispatched_offset:
                 self.checkpoint = _replace(self.checkpoint, dispatched_offset=applied,
                                            logics_msg_timestamp_ms=self._timestamp_at(applied),
@@ -195,7 +190,7 @@ class FlusherActor(Actor):
         drain(self.confirmed, self.handle_confirmed)
         if self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
-        applied = self.flush_queues_and_index()
+        applied = self.durable_dispatched_offset()
         self.checkpoint = _replace(self.checkpoint, dispatched_offset=max(applied, self.checkpoint.dispatched_offset),
                                    logics_msg_timestamp_ms=self._timestamp_at(applied) or
                                    self.checkpoint.logics_msg_timestamp_ms)
@@ -208,20 +203,6 @@ def _replace(checkpoint: Checkpoint, **changes: int) -> Checkpoint:
     from dataclasses import replace
 
     return replace(checkpoint, **changes)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _syncfs(path: Path) -> None:
-    """syncfs(2) on the filesystem holding ``path``: every dirty page of it reaches the disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.syncfs(fd) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
-    finally:
-        os.close(fd)
 
 
 if __name__ == "__main__":

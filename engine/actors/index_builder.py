@@ -20,7 +20,7 @@ import logging
 
 import zmq
 
-from engine.actors.base import Actor, ActorContext, drain, main
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.errors import RequestError
@@ -30,7 +30,7 @@ from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError
 from engine.records import message_view
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class IndexBuilderActor(Actor):
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
         self.stalled = False
+        self.last_flush_ms = monotonic_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     @property
@@ -61,6 +62,7 @@ class IndexBuilderActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.flush_index()
         log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
         self.requests = self.ctx.socket(zmq.ROUTER)
         self.requests.bind(self.ctx.ipc(endpoints.INDEX))
@@ -148,7 +150,16 @@ class IndexBuilderActor(Actor):
         messages.sort(key=lambda m: m.commit_log_offset)
         return encode_reply(request.id, messages=messages)
 
+    def flush_index(self) -> None:
+        """Flush the index files written since the last flush; then their items are durable."""
+        applied = self.applied_offset
+        self.index.flush_dirty()
+        self.ctx.offsets.set(INDEX_DURABLE, applied)
+
     def tick(self, now_ms: int) -> None:
+        if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
+            self.last_flush_ms = now_ms
+            self.flush_index()
         if self.stalled:
             self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
@@ -160,7 +171,7 @@ class IndexBuilderActor(Actor):
         drain(self.dispatches, self.handle_dispatch)
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
-        self.index.flush()
+        self.flush_index()
         self.index.close()
 
 
