@@ -36,11 +36,13 @@ from engine.layout import (
     Record,
     RecordError,
     RecordFields,
+    RecordHead,
     decode_record,
     encode_blank,
     encode_record_into,
     encoded_size,
     peek_size_and_magic,
+    verify_record,
 )
 from engine.config import StoreConfig
 from engine.mapped_file import MappedFile, MappedFileQueue
@@ -98,6 +100,34 @@ class CommitLogReader:
         return decode_record(segment.mm, offset - segment.start_offset, limit=end,
                              base_offset=segment.start_offset, check_crc=check_crc,
                              require_record_crc=check_crc and self.require_record_crc)
+
+    def scan_heads(self, start: int, end: int) -> Iterator[RecordHead | Damage]:
+        """``scan`` with every check (CRCs included) yielding only record heads: the recovery pass."""
+        offset = start
+        require = self.require_record_crc
+        while offset < end:
+            segment = self.segments.find(offset)
+            if segment is None:
+                yield Damage(offset, end, "missing segment")
+                return
+            mm, base = segment.mm, segment.start_offset
+            limit = min(segment.size_bytes, end - base)
+            pos = offset - base
+            while limit - pos >= END_FILE_MIN_BLANK_BYTES:
+                size, magic = peek_size_and_magic(mm, pos)
+                if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
+                    break
+                try:
+                    head = verify_record(mm, pos, limit=limit, base_offset=base, require_record_crc=require)
+                except RecordError as exc:
+                    resume = find_next_record(segment, pos + 1, limit, check_crc=True, require_record_crc=require)
+                    stop = resume if resume is not None else limit
+                    yield Damage(base + pos, base + stop, exc.reason)
+                    pos = stop
+                    continue
+                yield head
+                pos += head.total_size
+            offset = segment.end_offset
 
     def scan(self, start: int, end: int, *, check_crc: bool = False) -> Iterator[ScanItem]:
         """Walk [start, end) record by record, yielding records and damaged ranges.
@@ -185,17 +215,19 @@ def _is_record_at(segment: MappedFile, pos: int, limit: int, *, check_crc: bool,
 _GARBAGE_CHUNK_BYTES = 1 << 20
 
 
-def _zero_garbage(segment: MappedFile, pos: int) -> None:
-    """Zero every non-zero byte from ``pos`` to the end of the segment.
+def _zero_garbage(segment: MappedFile, pos: int, *, sweep: bool) -> None:
+    """Zero the non-zero bytes from ``pos``: up to the first clean chunk, or (``sweep``) to the end.
 
     After a power cut, stale pages can survive beyond a zeroed one; a stale
-    record there would look valid to a later scan, so the whole rest goes.
-    Reading is cheap next to the writes it avoids: only dirty chunks are written.
+    record there would look valid to a later scan, so then the whole rest is
+    read and every dirty chunk zeroed.
     """
     for at in range(pos, segment.size_bytes, _GARBAGE_CHUNK_BYTES):
         stop = min(segment.size_bytes, at + _GARBAGE_CHUNK_BYTES)
         if segment.mm[at:stop].strip(b"\x00"):
             segment.zero(at, stop)
+        elif not sweep:
+            return
 
 
 @dataclass(slots=True)
@@ -218,8 +250,12 @@ class CommitLogWriter:
         self.warm_segments = warm_segments
         self.written_offset = 0
 
-    def open_at(self, offset: int) -> None:
-        """Set the append position after recovery and clear any torn bytes past it."""
+    def open_at(self, offset: int, *, after_power_loss: bool = False) -> None:
+        """Set the append position after recovery and clear any torn bytes past it.
+
+        A killed writer leaves at most a torn batch right after the end. A power cut
+        can leave stale pages anywhere after it, so then everything after it is swept.
+        """
         self.written_offset = offset
         first = offset - offset % self.segment_size_bytes
         for start in self.segments.known:
@@ -227,7 +263,7 @@ class CommitLogWriter:
                 continue
             segment = self.segments.get(start)
             assert segment is not None
-            _zero_garbage(segment, offset - start if start == first else 0)
+            _zero_garbage(segment, offset - start if start == first else 0, sweep=after_power_loss)
 
     def batch_size(self, records: list[RecordFields]) -> int:
         return sum(encoded_size(r, with_record_crc=self.with_record_crc) for r in records)

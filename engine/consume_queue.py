@@ -29,6 +29,7 @@ from engine.mapped_file import MappedFileQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"
 BLANK_UNIT_SIZE = 0x7FFFFFFF
+_TAIL_CHECK_BYTES = 64 * 1024
 TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 
 
@@ -90,9 +91,21 @@ class ConsumeQueue:
         mapped = self.files.get(last)
         assert mapped is not None
         # The end is after the last non-zero byte, not at the first zero unit: a unit zeroed
-        # by damage must not hide the units after it (they are checked when read).
-        used = len(mapped.mm[:].rstrip(b"\x00"))
-        self.max_offset = last // CQ_UNIT_BYTES + -(-used // CQ_UNIT_BYTES)
+        # by damage must not hide the units after it (they are checked when read). Bisection
+        # finds the first zero unit; only if bytes follow it is the whole file searched.
+        lo, hi = 0, self.file_units
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        after = lo * CQ_UNIT_BYTES
+        if mapped.mm[after:after + _TAIL_CHECK_BYTES].strip(b"\x00") or \
+                mapped.mm[-_TAIL_CHECK_BYTES:].strip(b"\x00"):
+            used = len(mapped.mm[:].rstrip(b"\x00"))
+            lo = -(-used // CQ_UNIT_BYTES)
+        self.max_offset = last // CQ_UNIT_BYTES + lo
         self.max_physical_end = self._last_physical_end()
 
     def _last_physical_end(self) -> int:

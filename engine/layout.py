@@ -332,6 +332,75 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
                   body, topic, decode_properties(props_raw), props_raw)
 
 
+class RecordHead(NamedTuple):
+    """What recovery needs of a verified record, without decoding its properties."""
+
+    total_size: int
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    store_timestamp_ms: int
+    topic: str
+
+
+_CRC_TAIL_SEPARATOR = PROPERTY_SEPARATOR.encode()
+
+
+def verify_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int, base_offset: int = 0,
+                  require_record_crc: bool = False) -> RecordHead:
+    """Check one record as ``decode_record(check_crc=True)`` does, but return only its head.
+
+    With a record CRC present one CRC pass covers everything (the body and its
+    BODYCRC field included), so the body CRC is not computed again.
+    """
+    here = base_offset + pos
+    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
+        raise RecordError("truncated header", here)
+    (size, magic, body_crc, queue_id, _flag, queue_offset, commit_log_offset, sys_flag, _born_ts,
+     _bip, _bport, store_ts, _sip, _sport, _reconsume, _prepared) = RECORD_HEADER.unpack_from(buf, pos)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise RecordError("bad magic", here)
+    if size < 91 or pos + size > limit:
+        raise RecordError("bad total size", here)
+    if commit_log_offset != here:
+        raise RecordError("physical offset mismatch", here)
+    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+        raise RecordError("IPv6 hosts are not supported", here)
+    at = pos + RECORD_HEADER.size
+    (body_len,) = BODY_LEN.unpack_from(buf, at)
+    body_at = at + BODY_LEN.size
+    at = body_at + body_len
+    topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
+    if body_len < 0 or at + topic_len_struct.size > pos + size:
+        raise RecordError("bad body length", here)
+    (topic_len,) = topic_len_struct.unpack_from(buf, at)
+    at += topic_len_struct.size
+    topic_at = at
+    at += topic_len
+    if at + PROPERTIES_LEN.size > pos + size:
+        raise RecordError("bad topic length", here)
+    (props_len,) = PROPERTIES_LEN.unpack_from(buf, at)
+    if at + PROPERTIES_LEN.size + props_len != pos + size:
+        raise RecordError("length fields disagree with total size", here)
+    view = memoryview(buf)
+    tail = bytes(view[pos + size - CRC32_RESERVED_BYTES:pos + size]) if props_len >= CRC32_RESERVED_BYTES else b""
+    if tail.startswith(CRC32_PROPERTY_PREFIX) and tail.endswith(_CRC_TAIL_SEPARATOR):
+        expected = crc32_from_digits(tail[len(CRC32_PROPERTY_PREFIX):-1])
+        if expected is None or crc32_masked(view[pos:pos + size - CRC32_RESERVED_BYTES]) != expected:
+            raise RecordError("record CRC mismatch", here)
+    else:
+        props_raw = view[at + PROPERTIES_LEN.size:pos + size]
+        if _check_record_crc(view, pos, size, props_raw, here) or require_record_crc:
+            raise RecordError("record CRC property missing", here)
+        if crc32_masked(view[body_at:body_at + body_len]) != body_crc:
+            raise RecordError("body CRC mismatch", here)
+    try:
+        topic = bytes(view[topic_at:topic_at + topic_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordError("topic is not UTF-8", here) from None
+    return RecordHead(size, queue_id, queue_offset, commit_log_offset, store_ts, topic)
+
+
 def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryview, here: int) -> bool:
     """Verify the ``__CRC32#`` property if the record ends with one; False if it has none."""
     if len(props_raw) < CRC32_RESERVED_BYTES:

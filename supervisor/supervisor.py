@@ -100,6 +100,8 @@ class Supervisor:
         for stale in self.run_dir.iterdir():
             stale.unlink()
         self.offsets = SharedOffsets(self.run_dir)
+        if self.crash_start:
+            (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
         self.config_path = self.run_dir / "config.json"
         self.config_path.write_bytes(encode_config(self.config))
         self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)

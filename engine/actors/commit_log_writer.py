@@ -26,6 +26,7 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, w
 from engine.commit_log import CommitLogWriter
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
+from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder, route_decoder
 from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id
@@ -65,7 +66,9 @@ class CommitLogWriterActor(Actor):
 
     def recover(self) -> None:
         plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
-        self.log.open_at(plan.end_offset)
+        crash_mark = self.ctx.run_dir / CRASH_START_FILE
+        self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists())
+        crash_mark.unlink(missing_ok=True)  # swept once; a later restart in this run follows a kill
         self.next_queue_offset = dict(plan.next_queue_offsets)
         self.last_store_timestamp_ms = plan.last_store_timestamp_ms
         self.min_offset = plan.min_offset
