@@ -50,7 +50,8 @@ from engine.mapped_file import MappedFile, MappedFileQueue
 log = logging.getLogger(__name__)
 
 COMMIT_LOG_DIR = "commitlog"
-_MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"), MAGIC_BLANK.to_bytes(4, "big"))
+# V1 and V2 magics share their first three bytes: one search finds both.
+_MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big")[:3], MAGIC_BLANK.to_bytes(4, "big"))
 
 
 class CommitLogReader:
@@ -101,8 +102,14 @@ class CommitLogReader:
                              base_offset=segment.start_offset, check_crc=check_crc,
                              require_record_crc=check_crc and self.require_record_crc)
 
-    def scan_heads(self, start: int, end: int) -> Iterator[RecordHead | Damage]:
-        """``scan`` with every check (CRCs included) yielding only record heads: the recovery pass."""
+    def scan_heads(self, start: int, end: int, *, tail_from: int | None = None,
+                   tail_resync_bytes: int = 64 << 20) -> Iterator[RecordHead | Damage]:
+        """``scan`` with every check (CRCs included) yielding only record heads: the recovery pass.
+
+        Past ``tail_from`` (the last durable point) the search for a valid record after
+        damage covers only ``tail_resync_bytes``: beyond the tail the log is mostly
+        preallocated zeros, and searching a whole 1 GiB segment costs a second.
+        """
         offset = start
         require = self.require_record_crc
         while offset < end:
@@ -120,7 +127,11 @@ class CommitLogReader:
                 try:
                     head = verify_record(mm, pos, limit=limit, base_offset=base, require_record_crc=require)
                 except RecordError as exc:
-                    resume = find_next_record(segment, pos + 1, limit, check_crc=True, require_record_crc=require)
+                    window = limit
+                    if tail_from is not None and base + pos >= tail_from:
+                        window = min(limit, pos + tail_resync_bytes)
+                    resume = find_next_record(segment, pos + 1, limit, check_crc=True, require_record_crc=require,
+                                              search_end=window)
                     stop = resume if resume is not None else limit
                     yield Damage(base + pos, base + stop, exc.reason)
                     pos = stop
@@ -178,14 +189,18 @@ ScanItem = Record | Damage
 
 
 def find_next_record(segment: MappedFile, pos: int, limit: int, *, check_crc: bool,
-                     require_record_crc: bool = False) -> int | None:
-    """Position of the next valid record (or blank marker) in ``segment`` at or after ``pos``."""
+                     require_record_crc: bool = False, search_end: int | None = None) -> int | None:
+    """Position of the next valid record (or blank marker) in ``segment`` at or after ``pos``.
+
+    Records must end before ``limit``; they may start before ``search_end`` (default ``limit``).
+    """
     mm = segment.mm
     best: int | None = None
+    search_end = limit if search_end is None else min(search_end + 4, limit)
     for pattern in _MAGIC_PATTERNS:
         at = pos + 4
         while True:
-            hit = mm.find(pattern, at, limit)
+            hit = mm.find(pattern, at, search_end)
             if hit < 0 or (best is not None and hit - 4 >= best):
                 break
             candidate = hit - 4

@@ -126,7 +126,7 @@ def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int) -> Co
     """
     plan = CommitLogRecoveryPlan(scan_start=start, end_offset=start, min_offset=0)
     pending: list[Damage] = []
-    for item in reader.scan_heads(start, log_end):
+    for item in reader.scan_heads(start, log_end, tail_from=durable):
         if isinstance(item, Damage):
             pending.append(item)
             continue

@@ -190,7 +190,7 @@ def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: in
     """Send single messages at ``rate``; a long-polling consumer measures send -> delivered."""
     p50s, p99s, p999s = [], [], []
     for rep in range(reps):
-        topic = f"e2e-{rep}"
+        topic = f"e2e-{int(rate)}-{rep}"
         with engine.client() as client:
             client.create_topic(topic, queue_count=1)
         latencies: list[float] = []
