@@ -103,12 +103,13 @@ class CommitLogReader:
                              require_record_crc=check_crc and self.require_record_crc)
 
     def scan_heads(self, start: int, end: int, *, tail_from: int | None = None,
-                   tail_resync_bytes: int = 64 << 20) -> Iterator[RecordHead | Damage]:
+                   tail_resync_bytes: int = 8 << 20) -> Iterator[RecordHead | Damage]:
         """``scan`` with every check (CRCs included) yielding only record heads: the recovery pass.
 
         Past ``tail_from`` (the last durable point) the search for a valid record after
         damage covers only ``tail_resync_bytes``: beyond the tail the log is mostly
-        preallocated zeros, and searching a whole 1 GiB segment costs a second.
+        preallocated zeros, and searching a whole 1 GiB segment costs a second. Records
+        further out were never flushed, which the flush mode allows a power cut to lose.
         """
         offset = start
         require = self.require_record_crc

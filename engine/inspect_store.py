@@ -49,7 +49,7 @@ def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, rec
                               "abort_marker": (store_dir / "abort").exists(),
                               "segments": [{"name": p.name, "start_offset": o, "bytes": p.stat().st_size}
                                            for o, p in segments]}
-    report["records"], report["damage"] = _records(store_dir, size, records_max, segments)
+    report["records"], report["damage"] = _records(store_dir, config, records_max, segments)
     report["queues"] = _queues(store_dir, config)
     report["index_files"] = _index_files(store_dir)
     try:
@@ -64,11 +64,12 @@ def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, rec
     return report
 
 
-def _records(store_dir: Path, size: int, records_max: int,
+def _records(store_dir: Path, config: StoreConfig, records_max: int,
              segments: list[tuple[int, Path]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if not segments:
         return [], []
-    reader = CommitLogReader(store_dir, size)
+    size = config.segment_size_bytes
+    reader = CommitLogReader.for_config(store_dir, config)
     records, damage = [], []
     end = segments[-1][0] + size
     for item in reader.scan(segments[0][0], end, check_crc=True):

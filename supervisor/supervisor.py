@@ -47,6 +47,7 @@ from supervisor.spec import ActorSpec, actor_specs
 
 log = logging.getLogger("supervisor")
 
+_STACK_DUMP_GRACE_MS = 300
 LOCK_FILE = "lock"
 ABORT_FILE = "abort"
 LOG_DIR = "logs"
@@ -70,6 +71,7 @@ class ActorProcess:
     restarts: int = 0
     restart_times: deque[int] = field(default_factory=deque)
     restart_at_ms: int | None = None
+    kill_at_ms: int | None = None  # a hung actor dumps its stacks, then is killed at this time
     gave_up: bool = False
 
     @property
@@ -236,12 +238,17 @@ class Supervisor:
             process = actor.process
             if process is not None and process.poll() is not None:
                 self._on_exit(actor, process.returncode, now)
+            elif process is not None and actor.kill_at_ms is not None:
+                if now >= actor.kill_at_ms:
+                    process.kill()
+                    actor.kill_at_ms = None
             elif process is not None and actor.lifecycle == "RUNNING" \
                     and now - actor.last_heartbeat_ms > self.config.heartbeat_timeout_ms:
-                log.error("actor %s (pid %d) sent no heartbeat for %d ms; killing it", actor.spec.name,
-                          actor.pid, now - actor.last_heartbeat_ms)
-                os.kill(actor.pid, signal.SIGUSR1)
-                process.kill()
+                log.error("actor %s (pid %d) sent no heartbeat for %d ms; dumping its stacks, then killing it",
+                          actor.spec.name, actor.pid, now - actor.last_heartbeat_ms)
+                os.kill(actor.pid, signal.SIGUSR1)  # a stopped process dumps when killed: nothing lost
+                os.kill(actor.pid, signal.SIGCONT)
+                actor.kill_at_ms = now + _STACK_DUMP_GRACE_MS
             elif process is None and actor.restart_at_ms is not None and now >= actor.restart_at_ms:
                 actor.restarts += 1
                 self._spawn(actor)
@@ -252,6 +259,7 @@ class Supervisor:
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
         actor.lifecycle = "DOWN"
+        actor.kill_at_ms = None
         window = self.config.restart_window_ms
         while actor.restart_times and now - actor.restart_times[0] > window:
             actor.restart_times.popleft()
@@ -261,7 +269,10 @@ class Supervisor:
                       len(actor.restart_times), window)
             self.publish("actor.gave_up", actor)
             return
-        backoff = self.config.restart_backoff_ms * (2 ** len(actor.restart_times))
+        # The first restart in a window is immediate (serving again fast matters most);
+        # later ones back off exponentially, so a crash loop does not spin.
+        recent = len(actor.restart_times)
+        backoff = 0 if recent == 0 else self.config.restart_backoff_ms * (2 ** (recent - 1))
         actor.restart_times.append(now)
         actor.restart_at_ms = now + min(backoff, 10_000)
 

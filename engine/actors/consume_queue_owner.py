@@ -11,10 +11,12 @@ its queues is in a unit. A batch starting above it means a batch was missed;
 the owner reads the gap from the log itself before applying the batch.
 
 Recovery: the last unit of every queue is checked against the record it
-points at (a kill can tear a unit); then everything from
-``max(checkpoint dispatched offset, end of the newest unit)`` up to the
+points at (a kill can tear a unit); then everything from the smallest, over
+its queues, of ``max(checkpoint dispatched offset, end of the queue's last
+unit)`` (or just the latter for a queue whose tail was dropped) up to the
 confirmed offset is applied again from the log (units already present are
-skipped: ``ConsumeQueue.put`` is idempotent).
+skipped: ``ConsumeQueue.put`` is idempotent). Every queue is then flushed,
+since a killed predecessor may have left units only in the page cache.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.dirty.update(self.queues.values())
         self.flush_queues()
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
                  self.applied_offset)
@@ -133,14 +136,18 @@ class ConsumeQueueOwnerActor(Actor):
         """Apply every record of our queues in [applied_offset, end) straight from the log."""
         if end <= self.applied_offset:
             return
+        touched: set[tuple[str, int]] = set()
         for item in self.reader.scan(self.applied_offset, end, check_crc=False):
-            if isinstance(item, Damage):
+            if isinstance(item, Damage) or not self.is_mine(item.topic, item.queue_id):
                 continue
-            if self.is_mine(item.topic, item.queue_id) and not self.apply(
-                    item.topic, item.queue_id, item.queue_offset, item.commit_log_offset, item.total_size,
-                    tags_code(item.tags)):
-                return
-        self.applied_offset = end
+            if not self.apply(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset,
+                              item.total_size, tags_code(item.tags)):
+                break
+            touched.add((item.topic, item.queue_id))
+        else:
+            self.applied_offset = end
+        if touched and self.long_polls:
+            self.wake(touched, monotonic_ms())
 
     def apply(self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int,
               code: int) -> bool:
@@ -320,6 +327,8 @@ class ConsumeQueueOwnerActor(Actor):
     def shutdown(self) -> None:
         drain(self.dispatches, self.handle_dispatch)
         self.catch_up(self.visible_end)
+        far_future = monotonic_ms() + 10 * self.config.long_poll_wait_ms_max
+        self.wake(set(), far_future)  # answer every parked pull with what there is now
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
         self.dirty.update(self.queues.values())
         self.flush_queues()

@@ -188,6 +188,7 @@ class FlusherActor(Actor):
 
     def shutdown(self) -> None:
         drain(self.confirmed, self.handle_confirmed)
+        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
         if self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
         applied = self.durable_dispatched_offset()
