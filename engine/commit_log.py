@@ -63,6 +63,7 @@ class CommitLogReader:
         self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=False)
         self.segment_size_bytes = segment_size_bytes
         self._require_record_crc = require_record_crc
+        self._last: MappedFile | None = None  # the segment read last: pulls read runs of records
 
     @classmethod
     def for_config(cls, store_dir: Path, config: StoreConfig) -> CommitLogReader:
@@ -94,7 +95,9 @@ class CommitLogReader:
 
     def read(self, offset: int, *, limit: int, check_crc: bool = True) -> Record:
         """The record at ``offset``; RecordError if it is damaged or reaches past ``limit``."""
-        segment = self.segments.find(offset)
+        segment = self._last
+        if segment is None or not segment.start_offset <= offset < segment.end_offset or segment.mm.closed:
+            segment = self._last = self.segments.find(offset)
         if segment is None:
             raise RecordError("no segment holds this offset", offset)
         end = min(segment.size_bytes, limit - segment.start_offset)

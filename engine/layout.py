@@ -10,6 +10,7 @@ Nothing here does I/O: these are pure encoders and decoders over buffers
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import zlib
@@ -134,6 +135,11 @@ def record_size(*, body_bytes: int, topic_bytes: int, properties_bytes: int) -> 
             + PROPERTIES_LEN.size + properties_bytes)
 
 
+@functools.lru_cache(maxsize=1024)
+def _host_text(ip: bytes, port: int) -> str:
+    return f"{socket.inet_ntoa(ip)}:{port}"
+
+
 class HostAddress(NamedTuple):
     """An IPv4 address and port as RocketMQ stores BORNHOST and STOREHOST."""
 
@@ -145,7 +151,7 @@ class HostAddress(NamedTuple):
         return cls(socket.inet_aton(host), port)
 
     def __str__(self) -> str:
-        return f"{socket.inet_ntoa(self.ip)}:{self.port}"
+        return _host_text(self.ip, self.port)
 
 
 class RecordFields(NamedTuple):
@@ -319,10 +325,12 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
         raise RecordError("length fields disagree with total size", here)
     props_raw = view[at:at + props_len]
     if check_crc:
-        if crc32_masked(body) != body_crc:
-            raise RecordError("body CRC mismatch", here)
-        if not _check_record_crc(view, pos, size, props_raw, here) and require_record_crc:
-            raise RecordError("record CRC property missing", here)
+        # A record CRC covers the body and its BODYCRC field: then one pass is enough.
+        if not _check_record_crc(view, pos, size, props_raw, here):
+            if require_record_crc:
+                raise RecordError("record CRC property missing", here)
+            if crc32_masked(body) != body_crc:
+                raise RecordError("body CRC mismatch", here)
     try:
         topic = topic_raw.decode("utf-8")
     except UnicodeDecodeError:
