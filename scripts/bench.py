@@ -188,6 +188,10 @@ def bench_durable_send_latency(engine: EngineProcess, *, reps: int) -> None:
 
 def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: int = 3000) -> None:
     """Send single messages at ``rate``; a long-polling consumer measures send -> delivered."""
+    from supervisor.workload import wait_dispatched
+
+    with engine.client() as client:
+        wait_dispatched(client, timeout_ms=300_000)  # start from an idle engine, not a backlog
     p50s, p99s, p999s = [], [], []
     for rep in range(reps):
         topic = f"e2e-{int(rate)}-{rep}"

@@ -100,11 +100,11 @@ class CommitLogWriterActor(Actor):
         message = Confirmed(self.confirmed_offset, self.min_offset, self.last_store_timestamp_ms)
         self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, encoder.encode(message)])
 
-    def handle_send(self, frames: list[zmq.Frame]) -> None:
-        reply_to = [f.bytes for f in frames[:3]]
-        raw = frames[3].buffer
+    def handle_send(self, frames: list[bytes]) -> None:
+        reply_to = frames[:3]
+        raw = frames[3]
         try:
-            route = route_decoder.decode(frames[4].buffer)
+            route = route_decoder.decode(frames[4])
             request = decode_request("send", raw)
             assert isinstance(request, SendRequest)
             results, end_offset = self.append(request, route.queue_id)
@@ -150,8 +150,8 @@ class CommitLogWriterActor(Actor):
                    for i, (offset, _size) in enumerate(appended.positions)]
         return results, appended.end_offset
 
-    def handle_flushed(self, frames: list[zmq.Frame]) -> None:
-        message = offsets_decoder.decode(frames[1].buffer)
+    def handle_flushed(self, frames: list[bytes]) -> None:
+        message = offsets_decoder.decode(frames[1])
         if isinstance(message, Flushed):
             self.flushed_offset = max(self.flushed_offset, message.flushed_offset)
             self.release_pending(monotonic_ms())

@@ -201,8 +201,8 @@ class ConsumeQueueOwnerActor(Actor):
         return (record.topic, record.queue_id, record.queue_offset, record.total_size) == \
             (cq.topic, cq.queue_id, queue_offset, unit.size)
 
-    def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
-        batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
+    def handle_dispatch(self, frames: list[bytes]) -> None:
+        batch: DispatchBatch = dispatch_decoder.decode(frames[1])
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:
@@ -224,10 +224,10 @@ class ConsumeQueueOwnerActor(Actor):
         if touched and self.long_polls:
             self.wake(touched, monotonic_ms())
 
-    def handle_request(self, frames: list[zmq.Frame]) -> None:
-        reply_to = [f.bytes for f in frames[:3]]
-        raw = frames[3].buffer
-        envelope_op = frames[5].bytes.decode() if len(frames) > 5 else "pull"
+    def handle_request(self, frames: list[bytes]) -> None:
+        reply_to = frames[:3]
+        raw = frames[3]
+        envelope_op = frames[5].decode() if len(frames) > 5 else "pull"
         try:
             if envelope_op == "get_by_id":
                 reply = self.get_by_id(raw)

@@ -77,8 +77,8 @@ class FlusherActor(Actor):
         if self.sync_flush and self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
 
-    def handle_confirmed(self, frames: list[zmq.Frame]) -> None:
-        message = offsets_decoder.decode(frames[1].buffer)
+    def handle_confirmed(self, frames: list[bytes]) -> None:
+        message = offsets_decoder.decode(frames[1])
         assert isinstance(message, Confirmed)
         if message.confirmed_offset < self.confirmed_offset:
             # A restarted writer cut a torn tail; nothing below it was ever confirmed to us.

@@ -72,12 +72,12 @@ class FrontActor(Actor):
         sock.connect(self.ctx.ipc(name))
         return sock
 
-    def handle_backend_reply(self, frames: list[zmq.Frame]) -> None:
-        client, flag, reply = frames[0], frames[1].bytes, frames[2]
-        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply], copy=False)
+    def handle_backend_reply(self, frames: list[bytes]) -> None:
+        client, flag, reply = frames[0], frames[1], frames[2]
+        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply])
 
-    def handle_client(self, frames: list[zmq.Frame]) -> None:
-        if len(frames) == 3 and not frames[1].bytes:
+    def handle_client(self, frames: list[bytes]) -> None:
+        if len(frames) == 3 and not frames[1]:
             client, flag, raw = frames[0], _REQ, frames[2]
         elif len(frames) == 2:
             client, flag, raw = frames[0], _PLAIN, frames[1]
@@ -87,13 +87,13 @@ class FrontActor(Actor):
         try:
             self.route(client, flag, raw)
         except RequestError as exc:
-            self.answer(client, flag, encode_error(safe_request_id(raw.buffer), exc.code, exc.message))
+            self.answer(client, flag, encode_error(safe_request_id(raw), exc.code, exc.message))
 
-    def answer(self, client: zmq.Frame, flag: bytes, reply: bytes) -> None:
-        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply], copy=False)
+    def answer(self, client: bytes, flag: bytes, reply: bytes) -> None:
+        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply])
 
-    def route(self, client: zmq.Frame, flag: bytes, raw: zmq.Frame) -> None:
-        envelope = decode_envelope(raw.buffer)
+    def route(self, client: bytes, flag: bytes, raw: bytes) -> None:
+        envelope = decode_envelope(raw)
         op = envelope.op
         if op == "send":
             queue_id = self.choose_queue(envelope)
@@ -110,11 +110,11 @@ class FrontActor(Actor):
         else:
             self.answer(client, flag, self.local(op, envelope, raw))
 
-    def forward(self, backend: zmq.Socket, client: zmq.Frame, flag: bytes, raw: zmq.Frame, queue_id: int,
+    def forward(self, backend: zmq.Socket, client: bytes, flag: bytes, raw: bytes, queue_id: int,
                 op: str) -> None:
         frames = [client, flag, raw, encoder.encode(Route(queue_id)), op.encode()]
         try:
-            backend.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            backend.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                f"the actor serving {op!r} is not available; retry later") from None
@@ -122,6 +122,8 @@ class FrontActor(Actor):
     def check_topic(self, envelope: Envelope) -> str:
         if not isinstance(envelope.topic, str):
             raise RequestError(ErrorCode.INVALID_FIELD, "the field 'topic' is required and must be a string")
+        if self.topics.get(envelope.topic) is not None:
+            return envelope.topic  # an existing topic was validated when it was created
         validate_topic(envelope.topic)
         if self.topics.get(envelope.topic) is None:
             raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {envelope.topic!r} does not exist")
@@ -152,16 +154,16 @@ class FrontActor(Actor):
         counter = self.round_robin.setdefault(topic, itertools.count())
         return next(counter) % config.write_queue_nums
 
-    def owner_for_id(self, raw: zmq.Frame) -> int:
-        request = decode_request("get_by_id", raw.buffer)
+    def owner_for_id(self, raw: bytes) -> int:
+        request = decode_request("get_by_id", raw)
         try:
             _host, offset = decode_msg_id(request.msg_id)  # type: ignore[attr-defined]
         except ValueError as exc:
             raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
         return (offset // self.config.segment_size_bytes) % self.owner_count
 
-    def local(self, op: str, envelope: Envelope, raw: zmq.Frame) -> bytes:
-        request = decode_request(op, raw.buffer)
+    def local(self, op: str, envelope: Envelope, raw: bytes) -> bytes:
+        request = decode_request(op, raw)
         if op == "create_topic":
             assert isinstance(request, CreateTopicRequest)
             count = request.queue_count

@@ -98,8 +98,8 @@ class IndexBuilderActor(Actor):
         self.stalled = False
         return True
 
-    def handle_dispatch(self, frames: list[zmq.Frame]) -> None:
-        batch: DispatchBatch = dispatch_decoder.decode(frames[1].buffer)
+    def handle_dispatch(self, frames: list[bytes]) -> None:
+        batch: DispatchBatch = dispatch_decoder.decode(frames[1])
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:
@@ -113,9 +113,9 @@ class IndexBuilderActor(Actor):
         self.applied_offset = batch.end
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
 
-    def handle_request(self, frames: list[zmq.Frame]) -> None:
-        reply_to = [f.bytes for f in frames[:3]]
-        raw = frames[3].buffer
+    def handle_request(self, frames: list[bytes]) -> None:
+        reply_to = frames[:3]
+        raw = frames[3]
         try:
             reply = self.query(raw)
         except RequestError as exc:

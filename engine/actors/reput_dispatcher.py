@@ -71,8 +71,8 @@ class ReputDispatcherActor(Actor):
         drain(self.announcements, self.handle_announcement)
         self.dispatch()
 
-    def handle_announcement(self, frames: list[zmq.Frame]) -> None:
-        message = offsets_decoder.decode(frames[1].buffer)
+    def handle_announcement(self, frames: list[bytes]) -> None:
+        message = offsets_decoder.decode(frames[1])
         if isinstance(message, Confirmed):
             if message.confirmed_offset < self.reput_offset:
                 # A restarted writer cut a torn tail we had not dispatched past; follow it.
