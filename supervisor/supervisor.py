@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import zmq
 
 from engine.config import StoreConfig, encode_config
@@ -77,6 +78,20 @@ class ActorProcess:
     @property
     def pid(self) -> int:
         return self.process.pid if self.process is not None else 0
+
+
+def _resources(pid: int) -> dict[str, int]:
+    """Memory and descriptors of a live actor (psutil), for ``status``; empty if it is gone."""
+    if not pid:
+        return {}
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            memory = process.memory_info()
+            return {"rss_bytes": memory.rss, "private_bytes": memory.rss - memory.shared,
+                    "open_files": process.num_fds()}
+    except psutil.Error:
+        return {}
 
 
 class Supervisor:
@@ -226,7 +241,8 @@ class Supervisor:
         return ControlReply(ok=False, message=f"unknown command {request.command!r}")
 
     def status(self) -> ControlReply:
-        actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts, a.detail)
+        actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts,
+                              {**a.detail, **_resources(a.pid)})
                   for a in self.actors.values()]
         degraded = any(a.lifecycle != "RUNNING" for a in self.actors.values())
         return ControlReply(ok=True, state="DEGRADED" if degraded else "RUNNING", endpoint=self.config.endpoint,

@@ -77,3 +77,45 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
             tracer.wait()
         assert engine.stop() == 0
     assert check_store(store_dir, config) == []
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> None:
+    config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH", sync_flush_timeout_ms=300)
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    tracer = None
+    try:
+        with engine.client(timeout_ms=10_000) as client:
+            client.send("slow", [{"body": b"before"}], queue_id=0)
+            pid = actor_pids(store_dir)["flusher"]
+            tracer = subprocess.Popen(["strace", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
+                                       "-e", "inject=fdatasync:delay_enter=1500ms"], stderr=subprocess.PIPE)
+            _wait_attached(tracer)
+            [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
+            assert result["status"] == "FLUSH_DISK_TIMEOUT"
+            [unwaited] = client.send("slow", [{"body": b"no wait"}], queue_id=0, wait_store=False)
+            assert unwaited["status"] == "PUT_OK"  # wait_store=False does not wait for the flush
+            tracer.kill()
+            tracer.wait()
+            tracer = None
+            deadline = time.monotonic() + 30
+            while client.send("slow", [{"body": b"after"}], queue_id=0)[0]["status"] != "PUT_OK":
+                assert time.monotonic() < deadline
+    finally:
+        if tracer is not None:
+            tracer.kill()
+            tracer.wait()
+        assert engine.stop() == 0
+
+
+def _wait_attached(tracer: subprocess.Popen[bytes]) -> None:
+    assert tracer.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + 20
+    with selectors.DefaultSelector() as selector:
+        selector.register(tracer.stderr, selectors.EVENT_READ)
+        while b"attached" not in seen:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and selector.select(remaining), f"strace did not attach: {seen!r}"
+            seen += tracer.stderr.read1(4096)  # type: ignore[attr-defined]
