@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.layout import CQ_UNIT, CQ_UNIT_BYTES
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, offset_to_file_name
 from engine.mapped_file import MappedFileQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"
@@ -154,6 +154,11 @@ class ConsumeQueue:
         mapped = self.files.get(start) or self.files.create(start)
         CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
         self.max_offset = queue_offset + 1
+
+    def file_path_for(self, queue_offset: int) -> Path:
+        """The file that holds the unit of ``queue_offset``."""
+        byte_offset = queue_offset * CQ_UNIT_BYTES
+        return self.files.directory / offset_to_file_name(byte_offset - byte_offset % self.file_bytes)
 
     def overwrite(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> None:
         """Replace a damaged unit below ``max_offset`` with the one rebuilt from the log."""

@@ -138,14 +138,6 @@ class IndexFile:
         self.mapped.close()
 
 
-def _fdatasync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
-
-
 class IndexService:
     """The index directory: query across files, write to the newest.
 
@@ -269,15 +261,10 @@ class IndexService:
         if self.names:
             self.newest().flush()
 
-    def flush_dirty(self) -> None:
-        """Flush every file written since the last call (a roll can fill more than one)."""
-        for name in self.dirty:
-            index = self.mapped.get(name)
-            if index is not None:
-                index.flush()
-            else:
-                _fdatasync(self.directory / name)
-        self.dirty.clear()
+    def take_dirty(self) -> set[str]:
+        """Names of the files written since the last call (a roll can fill more than one)."""
+        dirty, self.dirty = self.dirty, set()
+        return dirty
 
     def close(self) -> None:
         for index in self.mapped.values():

@@ -35,7 +35,9 @@ from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import GetByIdRequest, PullRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError, decode_msg_id, tags_code
 from engine.errors import GetStatus
+from engine.actors.file_syncer import FileSyncer
 from engine.long_poll import LongPolls
+from engine.mapped_file import list_files
 from engine.pull import pull
 from engine.records import message_view, owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, owner_durable_slot, owner_slot
@@ -56,7 +58,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
-        self.dirty: set[ConsumeQueue] = set()  # queues written since the last flush
+        self.syncer = FileSyncer(ctx.name, self._publish_durable)  # flushes queue files off the loop
         self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
@@ -100,8 +102,10 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
-        self.dirty.update(self.queues.values())
-        self.flush_queues()
+        for cq in self.queues.values():  # a killed predecessor may have left units unflushed
+            for _start, path in list_files(cq.files.directory)[-2:]:
+                self.syncer.mark(path)
+        self.flush_queues(wait=True)
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
                  self.applied_offset)
         self.requests = self.ctx.socket(zmq.ROUTER)
@@ -156,7 +160,7 @@ class ConsumeQueueOwnerActor(Actor):
             cq = self.queue(topic, queue_id, create=True)
             assert cq is not None
             cq.put(queue_offset, commit_log_offset, size, code)
-            self.dirty.add(cq)
+            self.syncer.mark(cq.file_path_for(queue_offset))
         except OSError as exc:
             if not self.stalled:
                 log.error("cannot extend queue %s/%d: %s; retrying from offset %d", topic, queue_id, exc,
@@ -300,15 +304,17 @@ class ConsumeQueueOwnerActor(Actor):
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
         return encode_reply(request.id, message=message_view(record))
 
-    def flush_queues(self) -> None:
+    def flush_queues(self, *, wait: bool = False) -> None:
         """Make every unit below the applied offset durable, then say so (the checkpoint uses it).
 
-        Each owner flushes its own files, so a flush stalls only this owner, never the log."""
-        applied = self.applied_offset
-        for cq in self.dirty:
-            cq.flush()
-        self.dirty.clear()
-        self.ctx.offsets.set(owner_durable_slot(self.instance), applied)
+        The files are flushed by a background thread: the owner keeps serving meanwhile."""
+        if wait:
+            self.syncer.flush_now(self.applied_offset)
+        else:
+            self.syncer.request(self.applied_offset)
+
+    def _publish_durable(self, offset: int) -> None:
+        self.ctx.offsets.set(owner_durable_slot(self.instance), offset)
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
@@ -330,8 +336,8 @@ class ConsumeQueueOwnerActor(Actor):
         far_future = monotonic_ms() + 10 * self.config.long_poll_wait_ms_max
         self.wake(set(), far_future)  # answer every parked pull with what there is now
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
-        self.dirty.update(self.queues.values())
-        self.flush_queues()
+        self.flush_queues(wait=True)
+        self.syncer.close()
         for cq in self.queues.values():
             cq.close()
 

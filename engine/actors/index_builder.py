@@ -21,6 +21,7 @@ import logging
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.actors.file_syncer import FileSyncer
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.errors import RequestError
@@ -44,6 +45,7 @@ class IndexBuilderActor(Actor):
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
         self.stalled = False
+        self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
         self.last_flush_ms = monotonic_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
@@ -62,7 +64,9 @@ class IndexBuilderActor(Actor):
         self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
-        self.flush_index()
+        if self.index.file_count:
+            self.syncer.mark(self.index.directory / self.index.names[-1])  # a predecessor's last writes
+        self.flush_index(wait=True)
         log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
         self.requests = self.ctx.socket(zmq.ROUTER)
         self.requests.bind(self.ctx.ipc(endpoints.INDEX))
@@ -150,11 +154,14 @@ class IndexBuilderActor(Actor):
         messages.sort(key=lambda m: m.commit_log_offset)
         return encode_reply(request.id, messages=messages)
 
-    def flush_index(self) -> None:
-        """Flush the index files written since the last flush; then their items are durable."""
-        applied = self.applied_offset
-        self.index.flush_dirty()
-        self.ctx.offsets.set(INDEX_DURABLE, applied)
+    def flush_index(self, *, wait: bool = False) -> None:
+        """Flush the index files written since the last flush (in the background); then say so."""
+        for name in self.index.take_dirty():
+            self.syncer.mark(self.index.directory / name)
+        if wait:
+            self.syncer.flush_now(self.applied_offset)
+        else:
+            self.syncer.request(self.applied_offset)
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
@@ -171,7 +178,8 @@ class IndexBuilderActor(Actor):
         drain(self.dispatches, self.handle_dispatch)
         self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
-        self.flush_index()
+        self.flush_index(wait=True)
+        self.syncer.close()
         self.index.close()
 
 

@@ -1,0 +1,86 @@
+"""Flushing files from a background thread, so an actor's loop never waits for the disk.
+
+Under heavy writing the kernel's writeback of the log can keep the disk busy
+for seconds; an msync from an actor's loop would then stall its pulls and
+dispatches for as long. The actor marks the files it dirtied; every
+``request`` hands the marked set, with the offset it makes durable, to the
+thread, which ``fdatasync``s each file (the call releases the GIL) and then
+reports the offset through ``on_durable``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+class FileSyncer:
+    def __init__(self, name: str, on_durable: Callable[[int], None]) -> None:
+        self.on_durable = on_durable
+        self.dirty: set[Path] = set()
+        self._pending: tuple[set[Path], int] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-syncer", daemon=True)
+        self._thread.start()
+
+    def mark(self, path: Path) -> None:
+        self.dirty.add(path)
+
+    def request(self, durable_offset: int) -> None:
+        """Make the marked files durable in the background, then report ``durable_offset``."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending[0].update(self.dirty)
+                self._pending = (self._pending[0], durable_offset)
+            else:
+                self._pending = (self.dirty, durable_offset)
+            self.dirty = set()
+            self._idle.clear()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                work, self._pending = self._pending, None
+            if work is not None:
+                paths, offset = work
+                for path in paths:
+                    _fdatasync(path)  # an OSError ends the thread; the actor's next request notices
+                self.on_durable(offset)
+            with self._lock:
+                if self._pending is None:
+                    self._idle.set()
+            if self._stop:
+                return
+
+    def flush_now(self, durable_offset: int, *, timeout_s: float = 60.0) -> None:
+        """Request a flush and wait until it is done (at shutdown and after recovery)."""
+        self.request(durable_offset)
+        self._idle.wait(timeout_s)
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(10)
+
+
+def _fdatasync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return  # deleted meanwhile (retention, repair): nothing to make durable
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
