@@ -279,6 +279,69 @@ class RecordError(ValueError):
         self.offset = offset
 
 
+class _Layout(NamedTuple):
+    """Where the variable parts of a structurally valid record lie."""
+
+    header: tuple
+    body_at: int
+    body_len: int
+    topic_at: int
+    topic_len: int
+    props_at: int
+    props_len: int
+
+
+def _layout(buf: bytes | bytearray | memoryview, pos: int, limit: int, here: int) -> _Layout:
+    """Check every length and fixed field of the record at ``pos``; RecordError if any is wrong."""
+    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
+        raise RecordError("truncated header", here)
+    header = RECORD_HEADER.unpack_from(buf, pos)
+    size, magic, _body_crc, _queue_id, _flag, _queue_offset, commit_log_offset, sys_flag = header[:8]
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise RecordError("bad magic", here)
+    if size < 91 or pos + size > limit:
+        raise RecordError("bad total size", here)
+    if commit_log_offset != here:
+        raise RecordError("physical offset mismatch", here)
+    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+        raise RecordError("IPv6 hosts are not supported", here)
+    end = pos + size
+    body_at = pos + RECORD_HEADER.size + BODY_LEN.size
+    (body_len,) = BODY_LEN.unpack_from(buf, body_at - BODY_LEN.size)
+    topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
+    at = body_at + body_len
+    if body_len < 0 or at + topic_len_struct.size > end:
+        raise RecordError("bad body length", here)
+    (topic_len,) = topic_len_struct.unpack_from(buf, at)
+    topic_at = at + topic_len_struct.size
+    at = topic_at + topic_len
+    if at + PROPERTIES_LEN.size > end:
+        raise RecordError("bad topic length", here)
+    (props_len,) = PROPERTIES_LEN.unpack_from(buf, at)
+    props_at = at + PROPERTIES_LEN.size
+    if props_at + props_len != end:
+        raise RecordError("length fields disagree with total size", here)
+    return _Layout(header, body_at, body_len, topic_at, topic_len, props_at, props_len)
+
+
+def _verify_crcs(view: memoryview, pos: int, parts: _Layout, here: int, *, require_record_crc: bool) -> None:
+    """The record CRC, when present, covers the body and its BODYCRC field: one pass is enough."""
+    size, body_crc = parts.header[0], parts.header[2]
+    props_raw = view[parts.props_at:parts.props_at + parts.props_len]
+    if not _check_record_crc(view, pos, size, props_raw, here):
+        if require_record_crc:
+            raise RecordError("record CRC property missing", here)
+        if crc32_masked(view[parts.body_at:parts.body_at + parts.body_len]) != body_crc:
+            raise RecordError("body CRC mismatch", here)
+
+
+def _topic(view: memoryview, parts: _Layout, here: int) -> str:
+    try:
+        return bytes(view[parts.topic_at:parts.topic_at + parts.topic_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecordError("topic is not UTF-8", here) from None
+
+
 def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
                   base_offset: int = 0, check_crc: bool = True, require_record_crc: bool = False) -> Record:
     """Decode and verify the record at ``buf[pos:]``; ``limit`` bounds what may be read.
@@ -290,54 +353,17 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
     ``RecordError`` on any inconsistency: a damaged record is never returned.
     """
     here = base_offset + pos
-    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
-        raise RecordError("truncated header", here)
-    (size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
-     born_ip, born_port, store_ts, store_ip, store_port, reconsume, prepared) = RECORD_HEADER.unpack_from(buf, pos)
-    if magic not in (MAGIC_V1, MAGIC_V2):
-        raise RecordError("bad magic", here)
-    if size < 91 or pos + size > limit:
-        raise RecordError("bad total size", here)
-    if commit_log_offset != here:
-        raise RecordError("physical offset mismatch", here)
-    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
-        raise RecordError("IPv6 hosts are not supported", here)
+    parts = _layout(buf, pos, limit, here)
     view = memoryview(buf)
-    at = pos + RECORD_HEADER.size
-    (body_len,) = BODY_LEN.unpack_from(buf, at)
-    at += BODY_LEN.size
-    if body_len < 0 or at + body_len > pos + size:
-        raise RecordError("bad body length", here)
-    body = view[at:at + body_len]
-    at += body_len
-    topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
-    if at + topic_len_struct.size > pos + size:
-        raise RecordError("bad topic length", here)
-    (topic_len,) = topic_len_struct.unpack_from(buf, at)
-    at += topic_len_struct.size
-    topic_raw = bytes(view[at:at + topic_len])
-    at += topic_len
-    if at + PROPERTIES_LEN.size > pos + size:
-        raise RecordError("bad topic length", here)
-    (props_len,) = PROPERTIES_LEN.unpack_from(buf, at)
-    at += PROPERTIES_LEN.size
-    if at + props_len != pos + size:
-        raise RecordError("length fields disagree with total size", here)
-    props_raw = view[at:at + props_len]
     if check_crc:
-        # A record CRC covers the body and its BODYCRC field: then one pass is enough.
-        if not _check_record_crc(view, pos, size, props_raw, here):
-            if require_record_crc:
-                raise RecordError("record CRC property missing", here)
-            if crc32_masked(body) != body_crc:
-                raise RecordError("body CRC mismatch", here)
-    try:
-        topic = topic_raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise RecordError("topic is not UTF-8", here) from None
+        _verify_crcs(view, pos, parts, here, require_record_crc=require_record_crc)
+    (size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
+     born_ip, born_port, store_ts, store_ip, store_port, reconsume, prepared) = parts.header
+    props_raw = view[parts.props_at:parts.props_at + parts.props_len]
     return Record(size, magic, body_crc, queue_id, flag, queue_offset, commit_log_offset, sys_flag, born_ts,
                   HostAddress(born_ip, born_port), store_ts, HostAddress(store_ip, store_port), reconsume, prepared,
-                  body, topic, decode_properties(props_raw), props_raw)
+                  view[parts.body_at:parts.body_at + parts.body_len], _topic(view, parts, here),
+                  decode_properties(props_raw), props_raw)
 
 
 class RecordHead(NamedTuple):
@@ -351,62 +377,15 @@ class RecordHead(NamedTuple):
     topic: str
 
 
-_CRC_TAIL_SEPARATOR = PROPERTY_SEPARATOR.encode()
-
-
 def verify_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int, base_offset: int = 0,
                   require_record_crc: bool = False) -> RecordHead:
-    """Check one record as ``decode_record(check_crc=True)`` does, but return only its head.
-
-    With a record CRC present one CRC pass covers everything (the body and its
-    BODYCRC field included), so the body CRC is not computed again.
-    """
+    """Check one record as ``decode_record`` does, but return only its head (no properties)."""
     here = base_offset + pos
-    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
-        raise RecordError("truncated header", here)
-    (size, magic, body_crc, queue_id, _flag, queue_offset, commit_log_offset, sys_flag, _born_ts,
-     _bip, _bport, store_ts, _sip, _sport, _reconsume, _prepared) = RECORD_HEADER.unpack_from(buf, pos)
-    if magic not in (MAGIC_V1, MAGIC_V2):
-        raise RecordError("bad magic", here)
-    if size < 91 or pos + size > limit:
-        raise RecordError("bad total size", here)
-    if commit_log_offset != here:
-        raise RecordError("physical offset mismatch", here)
-    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
-        raise RecordError("IPv6 hosts are not supported", here)
-    at = pos + RECORD_HEADER.size
-    (body_len,) = BODY_LEN.unpack_from(buf, at)
-    body_at = at + BODY_LEN.size
-    at = body_at + body_len
-    topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
-    if body_len < 0 or at + topic_len_struct.size > pos + size:
-        raise RecordError("bad body length", here)
-    (topic_len,) = topic_len_struct.unpack_from(buf, at)
-    at += topic_len_struct.size
-    topic_at = at
-    at += topic_len
-    if at + PROPERTIES_LEN.size > pos + size:
-        raise RecordError("bad topic length", here)
-    (props_len,) = PROPERTIES_LEN.unpack_from(buf, at)
-    if at + PROPERTIES_LEN.size + props_len != pos + size:
-        raise RecordError("length fields disagree with total size", here)
+    parts = _layout(buf, pos, limit, here)
     view = memoryview(buf)
-    tail = bytes(view[pos + size - CRC32_RESERVED_BYTES:pos + size]) if props_len >= CRC32_RESERVED_BYTES else b""
-    if tail.startswith(CRC32_PROPERTY_PREFIX) and tail.endswith(_CRC_TAIL_SEPARATOR):
-        expected = crc32_from_digits(tail[len(CRC32_PROPERTY_PREFIX):-1])
-        if expected is None or crc32_masked(view[pos:pos + size - CRC32_RESERVED_BYTES]) != expected:
-            raise RecordError("record CRC mismatch", here)
-    else:
-        props_raw = view[at + PROPERTIES_LEN.size:pos + size]
-        if _check_record_crc(view, pos, size, props_raw, here) or require_record_crc:
-            raise RecordError("record CRC property missing", here)
-        if crc32_masked(view[body_at:body_at + body_len]) != body_crc:
-            raise RecordError("body CRC mismatch", here)
-    try:
-        topic = bytes(view[topic_at:topic_at + topic_len]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise RecordError("topic is not UTF-8", here) from None
-    return RecordHead(size, queue_id, queue_offset, commit_log_offset, store_ts, topic)
+    _verify_crcs(view, pos, parts, here, require_record_crc=require_record_crc)
+    header = parts.header
+    return RecordHead(header[0], header[3], header[5], header[6], header[11], _topic(view, parts, here))
 
 
 def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryview, here: int) -> bool:

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.timeout(180)
 TOPICS = {"fsync": 2}
 
 
-def attach_failing_fdatasync(pid: int) -> subprocess.Popen[bytes]:
+def inject_into_fdatasync(pid: int, fault: str) -> subprocess.Popen[bytes]:
+    """Attach strace to ``pid`` so that its fdatasync calls get ``fault``; return once attached."""
     tracer = subprocess.Popen(["strace", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
-                               "-e", "inject=fdatasync:error=EIO"], stderr=subprocess.PIPE)
+                               "-e", f"inject=fdatasync:{fault}"], stderr=subprocess.PIPE)
     assert tracer.stderr is not None
     seen = b""
     deadline = time.monotonic() + 20
@@ -56,7 +57,7 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
         for _ in range(20):
             assert producer.send_batch() == 4
         events = EventStream(store_dir)
-        tracer = attach_failing_fdatasync(actor_pids(store_dir)["flusher"])
+        tracer = inject_into_fdatasync(actor_pids(store_dir)["flusher"], "error=EIO")
         assert producer.send_batch() == 0, "a batch whose flush failed was acknowledged"
         assert producer.errors.get("FLUSH_FAILED", 0) + producer.errors.get("TIMEOUT", 0) >= 1
         assert events.wait_for("actor.exited", name="flusher").exit_code == 71
@@ -88,10 +89,7 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
     try:
         with engine.client(timeout_ms=10_000) as client:
             client.send("slow", [{"body": b"before"}], queue_id=0)
-            pid = actor_pids(store_dir)["flusher"]
-            tracer = subprocess.Popen(["strace", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
-                                       "-e", "inject=fdatasync:delay_enter=1500ms"], stderr=subprocess.PIPE)
-            _wait_attached(tracer)
+            tracer = inject_into_fdatasync(actor_pids(store_dir)["flusher"], "delay_enter=1500ms")
             [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
             assert result["status"] == "FLUSH_DISK_TIMEOUT"
             [unwaited] = client.send("slow", [{"body": b"no wait"}], queue_id=0, wait_store=False)
@@ -107,15 +105,3 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
             tracer.kill()
             tracer.wait()
         assert engine.stop() == 0
-
-
-def _wait_attached(tracer: subprocess.Popen[bytes]) -> None:
-    assert tracer.stderr is not None
-    seen = b""
-    deadline = time.monotonic() + 20
-    with selectors.DefaultSelector() as selector:
-        selector.register(tracer.stderr, selectors.EVENT_READ)
-        while b"attached" not in seen:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0 and selector.select(remaining), f"strace did not attach: {seen!r}"
-            seen += tracer.stderr.read1(4096)  # type: ignore[attr-defined]
