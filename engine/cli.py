@@ -2,6 +2,7 @@
 
     python -m engine produce --topic T --count 10000 --body-size 256 --batch-size 100 --keys --tags TagA
     python -m engine consume --topic T [--queue-id 0] [--offset 0] [--count 100]
+                             [--group G] [--subscription "tagA || tagB"] [--wait-ms 5000]
     python -m engine query --topic T --key K        |  python -m engine query --id MSGID
     python -m engine topics [--create T --queues 8]
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
@@ -73,7 +74,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 if args.tags:
                     message["tags"] = args.tags
                 batch.append(message)
-            batch_results = client.send(args.topic, batch, queue_id=args.queue_id)
+            batch_results = client.send(args.topic, batch, queue_id=args.queue_id, sharding_key=args.sharding_key)
             if args.json or args.count <= 20:
                 results.extend(batch_results)
             sent += n
@@ -88,7 +89,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms + args.wait_ms) as client:
         topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
         if args.topic not in topics:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
@@ -97,12 +98,19 @@ def cmd_consume(args: argparse.Namespace) -> int:
         messages: list[dict[str, Any]] = []
         for queue_id in queues:
             offset = args.offset
+            if args.group:
+                committed = client.fetch_offset(args.group, args.topic, queue_id)
+                offset = committed if committed >= 0 else args.offset
             while len(messages) < args.count:
-                reply = client.pull(args.topic, queue_id, offset, max_messages=min(256, args.count - len(messages)))
+                reply = client.pull(args.topic, queue_id, offset, max_messages=min(256, args.count - len(messages)),
+                                    max_wait_ms=args.wait_ms, subscription=args.subscription)
                 messages.extend(reply["messages"])
-                if reply["status"] != "FOUND" or reply["next_offset"] == offset:
-                    break
+                moved = reply["next_offset"] != offset
                 offset = reply["next_offset"]
+                if reply["status"] not in ("FOUND", "NO_MATCHED_MESSAGE") or not moved:
+                    break
+            if args.group:
+                client.commit_offset(args.group, args.topic, queue_id, offset)
     _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
     return 0
 
@@ -187,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--body-size", type=int, default=256)
     produce.add_argument("--batch-size", type=int, default=1)
     produce.add_argument("--queue-id", type=int)
+    produce.add_argument("--sharding-key", help="messages with one key go to one queue (per-key order)")
     produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
     produce.add_argument("--key-prefix", default="key-")
     produce.add_argument("--tags")
@@ -197,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--queue-id", type=int, help="one queue (default: all queues of the topic)")
     consume.add_argument("--offset", type=int, default=0)
     consume.add_argument("--count", type=int, default=100)
+    consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
+    consume.add_argument("--subscription", default="*", help='tags to receive: "*" or "tagA || tagB"')
+    consume.add_argument("--wait-ms", type=int, default=0, help="long polling: wait this long for new messages")
     consume.set_defaults(handler=cmd_consume)
     query = commands.add_parser("query", help="look messages up by key or by id")
     _common(query)

@@ -110,11 +110,17 @@ class StoreClient:
     # -- operations --------------------------------------------------------
 
     def send(self, topic: str, messages: Iterable[Mapping[str, Any]], *, queue_id: int | None = None,
-             wait_store: bool = True) -> list[dict[str, Any]]:
-        """Store a batch in one queue; returns one result per message (status, msg_id, offsets)."""
+             sharding_key: str | None = None, wait_store: bool = True) -> list[dict[str, Any]]:
+        """Store a batch in one queue; returns one result per message (status, msg_id, offsets).
+
+        The queue is ``queue_id``, else the one ``sharding_key`` hashes to (per-key order),
+        else the next one round robin.
+        """
         fields: dict[str, Any] = {"topic": topic, "messages": list(messages), "wait_store": wait_store}
         if queue_id is not None:
             fields["queue_id"] = queue_id
+        if sharding_key is not None:
+            fields["sharding_key"] = sharding_key
         return self.request("send", **fields)["results"]
 
     def send_one(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] = (),
@@ -125,14 +131,14 @@ class StoreClient:
         return self.send(topic, [message], queue_id=queue_id)[0]
 
     def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32,
-             max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 0) -> dict[str, Any]:
+             max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 0, subscription: str = "*") -> dict[str, Any]:
         """One pull: status, next_offset, min_offset, max_offset, messages.
 
         With ``max_wait_ms`` the engine holds a pull that finds nothing new until a
         message arrives or the time is up (long polling); the deadline grows to match.
         """
         fields: dict[str, Any] = {"topic": topic, "queue_id": queue_id, "offset": offset,
-                                  "max_messages": max_messages, "max_bytes": max_bytes}
+                                  "max_messages": max_messages, "max_bytes": max_bytes, "subscription": subscription}
         timeout_ms = None
         if max_wait_ms:
             fields["max_wait_ms"] = max_wait_ms
@@ -155,6 +161,14 @@ class StoreClient:
 
     def list_topics(self) -> list[dict[str, Any]]:
         return self.request("list_topics")["topics"]
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record that ``group`` will next consume ``offset`` of this queue."""
+        self.request("commit_offset", group=group, topic=topic, queue_id=queue_id, offset=offset)
+
+    def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The offset ``group`` committed for this queue, or -1 if none."""
+        return self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id)["offset"]
 
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))

@@ -60,6 +60,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     pull_message_count_max: int = 1024
     pull_bytes_max: int = 4 * MiB
     query_result_count_max: int = 64
+    consumer_offset_persist_interval_ms: int = 5_000
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000
 

@@ -32,7 +32,7 @@ from engine.commit_log import CommitLogReader
 from engine.consume_queue import ConsumeQueue
 from engine.errors import GetStatus
 from engine.ipc.protocol import MessageView
-from engine.layout import RecordError
+from engine.layout import RecordError, tags_code
 from engine.records import message_view
 
 
@@ -47,8 +47,27 @@ class PullResult:
     suspect_offset: int = -1  # queue offset of the first unit that did not lead to its own record
 
 
+class Subscription:
+    """``*`` or ``tagA || tagB``: matched first by the units' tags codes, then by the tag itself."""
+
+    def __init__(self, expression: str) -> None:
+        tags = {t.strip() for t in expression.split("||")} - {""}
+        self.everything = not tags or "*" in tags
+        self.tags = frozenset(tags)
+        self.codes = frozenset(tags_code(t) for t in tags)
+
+    def matches_code(self, code: int) -> bool:
+        return self.everything or code in self.codes
+
+    def matches_tag(self, tag: str | None) -> bool:
+        return self.everything or tag in self.tags
+
+
+EVERYTHING = Subscription("*")
+
+
 def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
-         visible_end: int, written_end: int | None = None) -> PullResult:
+         visible_end: int, written_end: int | None = None, subscription: Subscription = EVERYTHING) -> PullResult:
     """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``.
 
     A unit past ``written_end`` (the writer's confirmed offset) cannot be real:
@@ -90,6 +109,9 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             removed += 1
             result.next_offset = queue_offset + 1
             continue
+        if not subscription.matches_code(unit.tags_code):
+            result.next_offset = queue_offset + 1
+            continue
         if result.messages and taken_bytes + unit.size > max_bytes:
             break
         try:
@@ -101,6 +123,9 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
                 (cq.topic, cq.queue_id, queue_offset, unit.size):
             result.suspect_offset = queue_offset  # a damaged unit: it points at another record
             break
+        if not subscription.matches_tag(record.tags):
+            result.next_offset = queue_offset + 1  # the tags codes collided (Java hashCode): not ours
+            continue
         result.messages.append(message_view(record))
         taken_bytes += unit.size
         result.next_offset = queue_offset + 1

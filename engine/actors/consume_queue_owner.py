@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
@@ -38,12 +39,13 @@ from engine.errors import GetStatus
 from engine.actors.file_syncer import FileSyncer
 from engine.long_poll import LongPolls
 from engine.mapped_file import list_files
-from engine.pull import pull
+from engine.pull import Subscription, pull
 from engine.records import message_view, owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
+_SUBSCRIPTIONS_CACHED_MAX = 1024
 _NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 
 
@@ -58,6 +60,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
+        self.subscriptions: dict[str, Subscription] = {}
         self.syncer = FileSyncer(ctx.name, self._publish_durable)  # flushes queue files off the loop
         self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
@@ -171,6 +174,14 @@ class ConsumeQueueOwnerActor(Actor):
         self.stalled = False
         return True
 
+    def subscription(self, expression: str) -> Subscription:
+        cached = self.subscriptions.get(expression)
+        if cached is None:
+            if len(self.subscriptions) > _SUBSCRIPTIONS_CACHED_MAX:
+                self.subscriptions.clear()
+            cached = self.subscriptions[expression] = Subscription(expression)
+        return cached
+
     def heal(self, cq: ConsumeQueue, queue_offset: int) -> bool:
         """Rebuild units from ``queue_offset`` on from the log; True if any unit changed.
 
@@ -249,6 +260,7 @@ class ConsumeQueueOwnerActor(Actor):
         """Serve a pull; None when it was parked to wait for a new message (long polling)."""
         cq = self.queue(request.topic, request.queue_id, create=False)
         limits = {"offset": request.offset, "visible_end": self.visible_end,
+                  "subscription": self.subscription(request.subscription),
                   "written_end": self.ctx.offsets.get(CONFIRMED),
                   "max_messages": min(request.max_messages, self.config.pull_message_count_max),
                   "max_bytes": min(request.max_bytes, self.config.pull_bytes_max)}
@@ -268,9 +280,12 @@ class ConsumeQueueOwnerActor(Actor):
                                f"checks, or the log lost it) and is not served; the next offset is "
                                f"{result.next_offset}", next_offset=result.next_offset,
                                min_offset=result.min_offset, max_offset=result.max_offset)
-        if not final and result.status in _NOTHING_YET and request.max_wait_ms > 0 and reply_to is not None \
-                and self.long_polls.park(reply_to, request, now_ms=monotonic_ms(), deadline_ms=deadline_ms):
-            return None
+        nothing_yet = result.status in _NOTHING_YET or (
+            result.status == GetStatus.NO_MATCHED_MESSAGE and cq is not None and result.next_offset >= cq.max_offset)
+        if not final and nothing_yet and request.max_wait_ms > 0 and reply_to is not None:
+            waiting = msgspec.structs.replace(request, offset=max(request.offset, result.next_offset))
+            if self.long_polls.park(reply_to, waiting, now_ms=monotonic_ms(), deadline_ms=deadline_ms):
+                return None  # answered when a (matching) message arrives, or at the deadline
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
                             max_offset=result.max_offset, messages=result.messages)

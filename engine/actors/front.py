@@ -7,7 +7,8 @@ queue against the topic table it owns (``config/topics.json``), and then:
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
 * ``query_by_key`` -> the index builder;
-* ``create_topic``, ``list_topics``, ``ping``, ``status``: answered here.
+* ``create_topic``, ``list_topics``, ``ping``, ``status``, and consumer groups'
+  ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``): answered here.
 
 The client frame is forwarded untouched (bodies are not decoded or copied
 here): [client id, REQ flag, request, Route, op]. Replies come back as
@@ -25,8 +26,11 @@ from engine.actors.base import Actor, ActorContext, drain, main
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import Route, encoder
+from engine.consumer_offsets import ConsumerOffsets
 from engine.ipc.protocol import (
+    CommitOffsetRequest,
     CreateTopicRequest,
+    FetchOffsetRequest,
     Envelope,
     decode_envelope,
     decode_request,
@@ -34,7 +38,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.layout import decode_msg_id
+from engine.layout import decode_msg_id, java_string_hash
 from engine.records import owner_of
 from engine.shared_offsets import SharedOffsets
 from engine.topics import TopicTable, validate_topic
@@ -49,6 +53,8 @@ class FrontActor(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self.topics = TopicTable(ctx.store_dir)
+        self.consumer_offsets = ConsumerOffsets(ctx.store_dir)
+        self.last_persist_ms = 0
         self.round_robin: dict[str, itertools.count[int]] = {}
         self.owner_count = ctx.config.consume_queue_owner_count
         self.requests_served = 0
@@ -151,6 +157,9 @@ class FrontActor(Actor):
         topic = self.check_topic(envelope)
         config = self.topics.get(topic)
         assert config is not None
+        if isinstance(envelope.sharding_key, str):
+            # Per-key order: one key always lands in one queue (while the queue count stays).
+            return abs(java_string_hash(envelope.sharding_key)) % config.write_queue_nums
         counter = self.round_robin.setdefault(topic, itertools.count())
         return next(counter) % config.write_queue_nums
 
@@ -179,10 +188,32 @@ class FrontActor(Actor):
             return encode_reply(envelope.id, topics=topics)
         if op == "ping":
             return encode_reply(envelope.id, pong=True)
+        if op in ("commit_offset", "fetch_offset"):
+            assert isinstance(request, CommitOffsetRequest | FetchOffsetRequest)
+            self.check_queue(envelope)
+            if isinstance(request, CommitOffsetRequest):
+                self.consumer_offsets.commit(request.group, request.topic, request.queue_id, request.offset)
+                return encode_reply(envelope.id)
+            return encode_reply(envelope.id, offset=self.consumer_offsets.fetch(request.group, request.topic,
+                                                                                request.queue_id))
         assert op == "status"
         offsets: SharedOffsets = self.ctx.offsets
         return encode_reply(envelope.id, offsets=offsets.snapshot(self.owner_count),
                             topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
+
+    def tick(self, now_ms: int) -> None:
+        if now_ms - self.last_persist_ms >= self.config.consumer_offset_persist_interval_ms:
+            self.last_persist_ms = now_ms
+            self.persist_offsets()
+
+    def persist_offsets(self) -> None:
+        try:
+            self.consumer_offsets.persist()
+        except OSError as exc:
+            log.error("cannot persist consumer offsets: %s; kept in memory, retried", exc)
+
+    def shutdown(self) -> None:
+        self.persist_offsets()
 
     def detail(self) -> dict[str, int]:
         return {"requests": self.requests_served, "topics": len(self.topics.topics)}

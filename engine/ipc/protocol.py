@@ -21,7 +21,8 @@ from msgspec import Meta
 from engine.errors import ErrorCode, RequestError
 
 PROTOCOL_VERSION = 1
-OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status")
+OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
+       "commit_offset", "fetch_offset")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -43,6 +44,7 @@ class Envelope(msgspec.Struct, kw_only=True):
     id: int = 0
     topic: str | None = None
     queue_id: int | None = None
+    sharding_key: str | None = None
 
 
 class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -57,6 +59,7 @@ class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class SendRequest(_Request, kw_only=True):
     topic: TopicName
     queue_id: Int32 | None = None
+    sharding_key: Annotated[str, Meta(max_length=4096)] | None = None  # same key, same queue
     messages: Annotated[list[SendMessage], Meta(min_length=1, max_length=100_000)]
     wait_store: bool = True
 
@@ -68,6 +71,7 @@ class PullRequest(_Request, kw_only=True):
     max_messages: Annotated[int, Meta(ge=1)] = 32
     max_bytes: Annotated[int, Meta(ge=1)] = 4 * 1024 * 1024
     max_wait_ms: Annotated[int, Meta(ge=0)] = 0  # long polling: wait this long for a new message
+    subscription: Annotated[str, Meta(max_length=4096)] = "*"  # "*" or "tagA || tagB"
 
 
 class QueryByKeyRequest(_Request, kw_only=True):
@@ -87,6 +91,22 @@ class CreateTopicRequest(_Request, kw_only=True):
     queue_count: Annotated[int, Meta(ge=1)] | None = None
 
 
+GroupName = Annotated[str, Meta(max_length=255)]
+
+
+class CommitOffsetRequest(_Request, kw_only=True):
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32
+    offset: Int64
+
+
+class FetchOffsetRequest(_Request, kw_only=True):
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32
+
+
 class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
@@ -100,6 +120,8 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "list_topics": PlainRequest,
     "ping": PlainRequest,
     "status": PlainRequest,
+    "commit_offset": CommitOffsetRequest,
+    "fetch_offset": FetchOffsetRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -44,6 +44,11 @@ def test_engine_commands_produce_consume_query_and_inspect(engine: EngineProcess
     assert [m["keys"] for m in found] == [["key-42"]]
     by_id = json.loads(run("-m", "engine", "query", *ep, "--id", found[0]["msg_id"], "--json").stdout)
     assert by_id[0]["queue_offset"] == found[0]["queue_offset"]
+    first = json.loads(run("-m", "engine", "consume", *ep, "--topic", "cli", "--group", "g1", "--count", "1000",
+                           "--subscription", "TagA", "--json").stdout)
+    assert len(first) == 50  # the one message without a tag is not TagA
+    again = json.loads(run("-m", "engine", "consume", *ep, "--topic", "cli", "--group", "g1", "--json").stdout)
+    assert again == [], "the group resumes where it committed"
     text = run("-m", "engine", "consume", *ep, "--topic", "cli", "--queue-id", "2", "--count", "3").stdout
     assert "cli/2@0" in text
     bad = run("-m", "engine", "produce", *ep, "--topic", "bad/name", check=False)
