@@ -5,6 +5,7 @@
                              [--group G] [--subscription "tagA || tagB"] [--wait-ms 5000]
     python -m engine query --topic T --key K        |  python -m engine query --id MSGID
     python -m engine topics [--create T --queues 8]
+    python -m engine stats --topic T [--group G]    (per-queue offsets, store times, a group's lag)
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
     python -m engine check --store-dir DIR           (offline: verify every structure against the log)
 
@@ -119,6 +120,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
         if args.id:
             messages = [client.get_by_id(args.id)]
+        elif args.offset is not None:
+            messages = [client.get_by_offset(args.offset)]
         else:
             if not (args.topic and args.key):
                 print("error: give --id, or --topic and --key", file=sys.stderr)
@@ -126,6 +129,28 @@ def cmd_query(args: argparse.Namespace) -> int:
             messages = client.query_by_key(args.topic, args.key, begin_timestamp=args.begin, end_timestamp=args.end,
                                            max_results=args.max_results)
     _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+        queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}.get(args.topic)
+        if queues is None:
+            print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
+            return 1
+        rows = []
+        lag = client.consumer_lag(args.group, args.topic) if args.group else {}
+        for queue_id in range(queues):
+            row = {"queue_id": queue_id, **{k: v for k, v in client.queue_stats(args.topic, queue_id).items()
+                                            if k not in ("v", "id", "ok")}}
+            if args.group:
+                row["committed_offset"] = client.fetch_offset(args.group, args.topic, queue_id)
+                row["lag"] = lag[queue_id]
+            rows.append(row)
+    lines = [f"{args.topic}/{r['queue_id']}: offsets {r['min_offset']}..{r['max_offset']} "
+             f"({r['message_count']} messages), last stored {r['latest_store_timestamp']}"
+             + (f", {args.group} at {r['committed_offset']}, lag {r['lag']}" if args.group else "") for r in rows]
+    _emit(args, rows, "\n".join(lines))
     return 0
 
 
@@ -215,10 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--topic")
     query.add_argument("--key")
     query.add_argument("--id", help="a message id (offsetMsgId)")
+    query.add_argument("--offset", type=int, help="a commit log offset")
     query.add_argument("--begin", type=int, default=0, help="earliest store time, ms")
     query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, help="latest store time, ms")
     query.add_argument("--max-results", type=int, default=64)
     query.set_defaults(handler=cmd_query)
+    stats = commands.add_parser("stats", help="per-queue offsets, counts, store times, and a group's lag")
+    _common(stats)
+    stats.add_argument("--topic", required=True)
+    stats.add_argument("--group", help="also show this consumer group's committed offsets and lag")
+    stats.set_defaults(handler=cmd_stats)
     topics = commands.add_parser("topics", help="list or create topics")
     _common(topics)
     topics.add_argument("--create", metavar="TOPIC")

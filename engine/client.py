@@ -170,6 +170,29 @@ class StoreClient:
         """The offset ``group`` committed for this queue, or -1 if none."""
         return self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id)["offset"]
 
+    def queue_stats(self, topic: str, queue_id: int) -> dict[str, Any]:
+        """min_offset, max_offset, message_count, earliest/latest_store_timestamp (-1 if empty)."""
+        return self.request("queue_stats", topic=topic, queue_id=queue_id)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, *, boundary: str = "lower") -> int:
+        """The queue offset of the first message stored at or after (``lower``) or the last at or
+        before (``upper``) ``timestamp_ms``."""
+        return self.request("offset_for_time", topic=topic, queue_id=queue_id, timestamp=timestamp_ms,
+                            boundary=boundary)["offset"]
+
+    def get_by_offset(self, commit_log_offset: int) -> dict[str, Any]:
+        return self.request("get_by_offset", commit_log_offset=commit_log_offset)["message"]
+
+    def consumer_lag(self, group: str, topic: str) -> dict[int, int]:
+        """Messages not yet consumed by ``group`` per queue (max offset - committed offset)."""
+        queues = {t["topic"]: t["queue_count"] for t in self.list_topics()}[topic]
+        lag = {}
+        for queue_id in range(queues):
+            committed = self.fetch_offset(group, topic, queue_id)
+            stats = self.queue_stats(topic, queue_id)
+            lag[queue_id] = stats["max_offset"] - max(committed, stats["min_offset"])
+        return lag
+
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))
 

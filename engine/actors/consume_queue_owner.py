@@ -21,25 +21,36 @@ since a killed predecessor may have left units only in the page cache.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import msgspec
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.actors.file_syncer import FileSyncer
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.consume_queue import ConsumeQueue, list_queues
-from engine.errors import ErrorCode, RequestError
+from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
-from engine.ipc.protocol import GetByIdRequest, PullRequest, decode_request, encode_error, encode_reply, safe_request_id
+from engine.ipc.protocol import (
+    GetByIdRequest,
+    GetByOffsetRequest,
+    OffsetForTimeRequest,
+    PullRequest,
+    QueueStatsRequest,
+    decode_request,
+    encode_error,
+    encode_reply,
+    safe_request_id,
+)
 from engine.layout import RecordError, decode_msg_id, tags_code
-from engine.errors import GetStatus
-from engine.actors.file_syncer import FileSyncer
 from engine.long_poll import LongPolls
 from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
+from engine.queue_queries import offset_for_time, queue_stats
 from engine.records import message_view, owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, owner_durable_slot, owner_slot
 
@@ -244,8 +255,10 @@ class ConsumeQueueOwnerActor(Actor):
         raw = frames[3]
         envelope_op = frames[5].decode() if len(frames) > 5 else "pull"
         try:
-            if envelope_op == "get_by_id":
-                reply = self.get_by_id(raw)
+            if envelope_op in ("get_by_id", "get_by_offset"):
+                reply = self.get_by_id(raw, by_offset=envelope_op == "get_by_offset")
+            elif envelope_op in ("queue_stats", "offset_for_time"):
+                reply = self.queue_question(envelope_op, raw)
             else:
                 request = decode_request("pull", raw)
                 assert isinstance(request, PullRequest)
@@ -302,13 +315,30 @@ class ConsumeQueueOwnerActor(Actor):
                 continue  # still nothing: parked again, with its original deadline
             self.requests.send_multipart([*parked.reply_to, reply])
 
-    def get_by_id(self, raw: memoryview) -> bytes:
-        request = decode_request("get_by_id", raw)
-        assert isinstance(request, GetByIdRequest)
-        try:
-            _host, offset = decode_msg_id(request.msg_id)
-        except ValueError as exc:
-            raise RequestError(ErrorCode.INVALID_MSG_ID, f"{request.msg_id!r} is not a message id: {exc}") from None
+    def queue_question(self, op: str, raw: bytes) -> bytes:
+        request = decode_request(op, raw)
+        assert isinstance(request, QueueStatsRequest | OffsetForTimeRequest)
+        cq = self.queue(request.topic, request.queue_id, create=False)
+        if isinstance(request, QueueStatsRequest):
+            stats = queue_stats(cq, self.reader, visible_end=self.visible_end)
+            return encode_reply(request.id, **dataclasses.asdict(stats))
+        offset = offset_for_time(cq, self.reader, timestamp_ms=request.timestamp, upper=request.boundary == "upper",
+                                 visible_end=self.visible_end)
+        return encode_reply(request.id, offset=offset)
+
+    def get_by_id(self, raw: bytes, *, by_offset: bool = False) -> bytes:
+        if by_offset:
+            request = decode_request("get_by_offset", raw)
+            assert isinstance(request, GetByOffsetRequest)
+            offset = request.commit_log_offset
+        else:
+            request = decode_request("get_by_id", raw)
+            assert isinstance(request, GetByIdRequest)
+            try:
+                _host, offset = decode_msg_id(request.msg_id)
+            except ValueError as exc:
+                raise RequestError(ErrorCode.INVALID_MSG_ID,
+                                   f"{request.msg_id!r} is not a message id: {exc}") from None
         end = self.visible_end
         if not self.reader.min_offset() <= offset < end:
             raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {offset}")

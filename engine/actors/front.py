@@ -113,6 +113,12 @@ class FrontActor(Actor):
             self.forward(self.index, client, flag, raw, -1, op)
         elif op == "get_by_id":
             self.forward(self.owners[self.owner_for_id(raw)], client, flag, raw, -1, op)
+        elif op in ("queue_stats", "offset_for_time"):
+            queue_id = self.check_queue(envelope)
+            self.forward(self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)],
+                         client, flag, raw, queue_id, op)
+        elif op == "get_by_offset":
+            self.forward(self.owners[0], client, flag, raw, -1, op)
         else:
             self.answer(client, flag, self.local(op, envelope, raw))
 

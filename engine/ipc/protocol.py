@@ -13,7 +13,7 @@ numeric ``code`` (``engine.errors.ErrorCode``), its ``name`` and a message.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta
@@ -22,7 +22,7 @@ from engine.errors import ErrorCode, RequestError
 
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
-       "commit_offset", "fetch_offset")
+       "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -107,6 +107,22 @@ class FetchOffsetRequest(_Request, kw_only=True):
     queue_id: Int32
 
 
+class QueueStatsRequest(_Request, kw_only=True):
+    topic: TopicName
+    queue_id: Int32
+
+
+class OffsetForTimeRequest(_Request, kw_only=True):
+    topic: TopicName
+    queue_id: Int32
+    timestamp: Int64  # store time, ms
+    boundary: Literal["lower", "upper"] = "lower"
+
+
+class GetByOffsetRequest(_Request, kw_only=True):
+    commit_log_offset: Int64
+
+
 class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
@@ -122,6 +138,9 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "status": PlainRequest,
     "commit_offset": CommitOffsetRequest,
     "fetch_offset": FetchOffsetRequest,
+    "queue_stats": QueueStatsRequest,
+    "offset_for_time": OffsetForTimeRequest,
+    "get_by_offset": GetByOffsetRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -49,6 +49,8 @@ def test_engine_commands_produce_consume_query_and_inspect(engine: EngineProcess
     assert len(first) == 50  # the one message without a tag is not TagA
     again = json.loads(run("-m", "engine", "consume", *ep, "--topic", "cli", "--group", "g1", "--json").stdout)
     assert again == [], "the group resumes where it committed"
+    stats = json.loads(run("-m", "engine", "stats", *ep, "--topic", "cli", "--group", "g1", "--json").stdout)
+    assert sum(r["message_count"] for r in stats) == 51 and all(r["lag"] == 0 for r in stats)
     text = run("-m", "engine", "consume", *ep, "--topic", "cli", "--queue-id", "2", "--count", "3").stdout
     assert "cli/2@0" in text
     bad = run("-m", "engine", "produce", *ep, "--topic", "bad/name", check=False)

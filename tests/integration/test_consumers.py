@@ -135,3 +135,33 @@ def test_a_sharding_key_keeps_one_key_in_one_queue(engine: EngineProcess) -> Non
         assert len({q for queues in by_key.values() for q in queues}) > 1
         for key, (queue,) in by_key.items():
             assert queue == abs(java_string_hash(key)) % 8
+
+
+def test_queue_stats_time_queries_get_by_offset_and_lag(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("timed", queue_count=2)
+        empty = client.queue_stats("timed", 1)
+        assert (empty["max_offset"], empty["message_count"], empty["latest_store_timestamp"]) == (0, 0, -1)
+        results = []
+        for i in range(20):  # store times only grow; sends in separate requests spread them a little
+            results += client.send("timed", [{"body": b"t%d" % i}], queue_id=0)
+        wait_dispatched(client)
+        stats = client.queue_stats("timed", 0)
+        assert (stats["min_offset"], stats["max_offset"], stats["message_count"]) == (0, 20, 20)
+        assert stats["earliest_store_timestamp"] == results[0]["store_timestamp"]
+        assert stats["latest_store_timestamp"] == results[-1]["store_timestamp"]
+        times = [r["store_timestamp"] for r in results]
+        for i in (0, 7, 19):
+            lower = client.offset_for_time("timed", 0, times[i], boundary="lower")
+            upper = client.offset_for_time("timed", 0, times[i], boundary="upper")
+            assert lower == times.index(times[i]) and times[upper] == times[i]
+            assert upper == len(times) - 1 - times[::-1].index(times[i])
+        assert client.offset_for_time("timed", 0, 0) == 0
+        assert client.offset_for_time("timed", 0, times[-1] + 60_000) == 20
+        message = client.get_by_offset(results[5]["commit_log_offset"])
+        assert (message["body"], message["queue_offset"]) == (b"t5", 5)
+        with pytest.raises(EngineError) as info:
+            client.get_by_offset(results[5]["commit_log_offset"] + 1)
+        assert info.value.name == "MESSAGE_NOT_FOUND"
+        client.commit_offset("readers", "timed", 0, 15)
+        assert client.consumer_lag("readers", "timed") == {0: 5, 1: 0}
