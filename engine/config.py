@@ -73,6 +73,15 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     checkpoint_interval_ms: int = 1_000
     sync_flush_timeout_ms: int = 5_000
 
+    # Retention (RocketMQ: 72 h, "04", 75 % / 85 % / 90 %, every 10 s).
+    file_reserved_time_hours: float = 72.0
+    delete_when_hours: str = "04"
+    disk_max_used_space_ratio: float = 0.75
+    disk_space_clean_forcibly_ratio: float = 0.85
+    disk_space_warning_level_ratio: float = 0.90
+    clean_resource_interval_ms: int = 10_000
+    delete_segment_count_max: int = 10
+
     # Actors.
     consume_queue_owner_count: int = 2
     dispatch_batch_records_max: int = 1_000
@@ -111,6 +120,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
              "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
             (self.restart_count_max >= 0, "restart_count_max must not be negative"),
+            (0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio
+             <= self.disk_space_warning_level_ratio <= 1,
+             "disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning_level <= 1"),
+            (self.file_reserved_time_hours >= 0, "file_reserved_time_hours must not be negative"),
         ]
         for ok, message in checks:
             if not ok:

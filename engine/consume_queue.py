@@ -168,6 +168,31 @@ class ConsumeQueue:
         assert mapped is not None
         CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, commit_log_offset, size, tags_code)
 
+    def drop_before(self, log_min_offset: int) -> int:
+        """Retention: delete files (never the last) whose units all point below ``log_min_offset``,
+        then move ``min_offset`` to the first unit at or above it (ConsumeQueue#correctMinOffset).
+        Returns how many files were deleted."""
+        deleted = 0
+        self.files.refresh()
+        for start in self.files.known[:-1]:
+            last_unit = self.get(min(self.max_offset, (start + self.file_bytes) // CQ_UNIT_BYTES) - 1)
+            if last_unit is None or last_unit.commit_log_offset + last_unit.size > log_min_offset:
+                break
+            self.files.delete(start)
+            deleted += 1
+        first = self.files.first_offset()
+        lo = max(self.min_offset, (first or 0) // CQ_UNIT_BYTES)
+        hi = self.max_offset
+        while lo < hi:  # first unit whose record is still in the log
+            mid = (lo + hi) // 2
+            unit = self.get(mid)
+            if unit is not None and unit.is_plausible and unit.commit_log_offset < log_min_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.min_offset = lo
+        return deleted
+
     def truncate_from(self, queue_offset: int) -> None:
         """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole)."""
         queue_offset = max(queue_offset, self.min_offset)

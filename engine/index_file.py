@@ -261,6 +261,23 @@ class IndexService:
         if self.names:
             self.newest().flush()
 
+    def delete_before(self, log_min_offset: int) -> int:
+        """Retention: delete files (never the newest) whose items all point below ``log_min_offset``."""
+        deleted = 0
+        for name in list(self.names[:-1]):
+            index = self.mapped.get(name)
+            end_phy = index.end_phy_offset if index is not None else self.headers[name][3]
+            if end_phy >= log_min_offset:
+                break
+            if index is not None:
+                self.mapped.pop(name).close()
+            (self.directory / name).unlink(missing_ok=True)
+            self.names.remove(name)
+            self.headers.pop(name, None)
+            self.dirty.discard(name)
+            deleted += 1
+        return deleted
+
     def take_dirty(self) -> set[str]:
         """Names of the files written since the last call (a roll can fill more than one)."""
         dirty, self.dirty = self.dirty, set()

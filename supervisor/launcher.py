@@ -38,8 +38,8 @@ def write_config(path: Path, config: StoreConfig) -> Path:
     for name, value in config.to_toml_dict().items():
         if isinstance(value, bool):
             lines.append(f"{name} = {'true' if value else 'false'}")
-        elif isinstance(value, int):
-            lines.append(f"{name} = {value}")
+        elif isinstance(value, int | float):
+            lines.append(f"{name} = {value!r}")
         else:
             lines.append(f'{name} = "{value}"')
     path.write_text("\n".join(lines) + "\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,7 +30,8 @@ from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder, route_decoder
 from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_error, encode_reply, safe_request_id
-from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id
+from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
+from engine.retention import SegmentFact, disk_used_ratio, plan_deletions
 from engine.recovery import plan_commit_log_recovery
 from engine.records import build_fields
 from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, WRITTEN
@@ -63,6 +65,8 @@ class CommitLogWriterActor(Actor):
         self.flushed_offset = 0
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.pending: deque[PendingAck] = deque()
+        self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
+        self.last_clean_ms = monotonic_ms()
 
     def recover(self) -> None:
         plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
@@ -122,6 +126,10 @@ class CommitLogWriterActor(Actor):
         """Validate and append a whole batch (all or nothing); RequestError if refused."""
         if queue_id < 0:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
+        if self.refuse_sends:
+            raise RequestError(ErrorCode.DISK_FULL, f"the disk is more than "
+                                                    f"{self.config.disk_space_warning_level_ratio:.0%} full; "
+                                                    f"sends are refused until retention frees space")
         now_ms = wall_ms()
         topic = request.topic.encode()
         fields = [build_fields(m, topic=topic, queue_id=queue_id, config=self.config, born_host=self.store_host,
@@ -179,7 +187,34 @@ class CommitLogWriterActor(Actor):
                     result.status_code = int(PutStatus.FLUSH_DISK_TIMEOUT)
             self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=ack.results)])
 
+    def clean_expired_segments(self) -> None:
+        """Retention: delete expired (or, when the disk is too full, the oldest) segments."""
+        segments = self.log.segments
+        segments.refresh()
+        facts = []
+        for start in segments.known:
+            try:
+                facts.append(SegmentFact(start, os.stat(segments.directory / offset_to_file_name(start)).st_mtime))
+            except FileNotFoundError:
+                continue
+        active = self.log.written_offset - self.log.written_offset % self.config.segment_size_bytes
+        decision = plan_deletions(self.config, facts, active_start=active, now_s=time.time(),
+                                  used_ratio=disk_used_ratio(self.ctx.store_dir))
+        if decision.refuse_sends != self.refuse_sends:
+            log.warning("disk %.0f %% used: sends are %s", decision.disk_used_ratio * 100,
+                        "refused" if decision.refuse_sends else "accepted again")
+        self.refuse_sends = decision.refuse_sends
+        for start in decision.delete:
+            segments.delete(start)
+            log.info("retention: deleted segment %s", offset_to_file_name(start))
+        if decision.delete:
+            self.min_offset = segments.first_offset() or self.log.written_offset
+            self.publish_offsets()
+
     def tick(self, now_ms: int) -> None:
+        if now_ms - self.last_clean_ms >= self.config.clean_resource_interval_ms:
+            self.last_clean_ms = now_ms
+            self.clean_expired_segments()
         self.publish_offsets()
         if self.pending:
             self.release_pending(now_ms)

@@ -52,7 +52,7 @@ from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
 from engine.records import message_view, owner_of
-from engine.shared_offsets import CONFIRMED, FLUSHED, owner_durable_slot, owner_slot
+from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
@@ -72,6 +72,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
         self.subscriptions: dict[str, Subscription] = {}
+        self.log_min_offset = 0
         self.syncer = FileSyncer(ctx.name, self._publish_durable)  # flushes queue files off the loop
         self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
@@ -99,6 +100,9 @@ class ConsumeQueueOwnerActor(Actor):
             if self.is_mine(topic, queue_id):
                 self.queue(topic, queue_id, create=True)
         confirmed = self.ctx.offsets.get(CONFIRMED)
+        self.log_min_offset = self.reader.min_offset()
+        for cq in self.queues.values():  # retention may have removed segments since the queue was written
+            cq.drop_before(self.log_min_offset)
         try:
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
@@ -361,7 +365,18 @@ class ConsumeQueueOwnerActor(Actor):
     def _publish_durable(self, offset: int) -> None:
         self.ctx.offsets.set(owner_durable_slot(self.instance), offset)
 
+    def apply_retention(self) -> None:
+        """The writer deleted old segments: forget their mappings, drop units that point only there."""
+        log_min = self.ctx.offsets.get(MIN_OFFSET)
+        if log_min <= self.log_min_offset:
+            return
+        self.log_min_offset = log_min
+        self.reader.segments.refresh()
+        deleted = sum(cq.drop_before(log_min) for cq in self.queues.values())
+        log.info("retention: log starts at %d; %d queue files deleted", log_min, deleted)
+
     def tick(self, now_ms: int) -> None:
+        self.apply_retention()
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
             self.last_flush_ms = now_ms
             self.flush_queues()

@@ -31,7 +31,7 @@ from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError
 from engine.records import message_view
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class IndexBuilderActor(Actor):
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
         self.stalled = False
+        self.log_min_offset = 0
         self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
         self.last_flush_ms = monotonic_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
@@ -164,6 +165,12 @@ class IndexBuilderActor(Actor):
             self.syncer.request(self.applied_offset)
 
     def tick(self, now_ms: int) -> None:
+        log_min = self.ctx.offsets.get(MIN_OFFSET)
+        if log_min > self.log_min_offset:
+            self.log_min_offset = log_min
+            self.reader.segments.refresh()
+            if self.index.delete_before(log_min):
+                log.info("retention: index files below %d deleted", log_min)
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
             self.last_flush_ms = now_ms
             self.flush_index()
