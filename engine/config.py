@@ -82,6 +82,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     clean_resource_interval_ms: int = 10_000
     delete_segment_count_max: int = 10
 
+    # Flow control (RocketMQ: waitTimeMillsInSendQueue = 200 ms).
+    send_queue_wait_ms_max: int = 200
+    writer_queue_requests_max: int = 256
+
     # Actors.
     consume_queue_owner_count: int = 2
     dispatch_batch_records_max: int = 1_000

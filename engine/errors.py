@@ -63,6 +63,7 @@ class ErrorCode(enum.IntEnum):
     INTERNAL_ERROR = 17
     DISK_FULL = 18  # the store's disk has no room for a new file; nothing was stored
     FLUSH_FAILED = 19  # the disk refused a flush; the writer restarts and recovers
+    BUSY = 20  # the writer is overloaded: the send waited too long in its queue and was not stored
 
 
 class RequestError(Exception):

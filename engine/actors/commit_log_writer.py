@@ -66,6 +66,7 @@ class CommitLogWriterActor(Actor):
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.pending: deque[PendingAck] = deque()
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
+        self.busy_refusals = 0
         self.last_clean_ms = monotonic_ms()
 
     def recover(self) -> None:
@@ -109,6 +110,12 @@ class CommitLogWriterActor(Actor):
         raw = frames[3]
         try:
             route = route_decoder.decode(frames[4])
+            waited_ms = monotonic_ms() - route.received_ms
+            if route.received_ms and waited_ms > self.config.send_queue_wait_ms_max:
+                self.busy_refusals += 1
+                raise RequestError(ErrorCode.BUSY, f"the send waited {waited_ms} ms for the writer (limit "
+                                                   f"{self.config.send_queue_wait_ms_max} ms) and was not stored; "
+                                                   f"retry later")
             request = decode_request("send", raw)
             assert isinstance(request, SendRequest)
             results, end_offset = self.append(request, route.queue_id)
@@ -227,7 +234,8 @@ class CommitLogWriterActor(Actor):
 
     def detail(self) -> dict[str, int]:
         return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
-                "queues": len(self.next_queue_offset), "pending_sync_acks": len(self.pending)}
+                "queues": len(self.next_queue_offset), "pending_sync_acks": len(self.pending),
+                "busy_refusals": self.busy_refusals}
 
     def shutdown(self) -> None:
         self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)

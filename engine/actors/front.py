@@ -21,8 +21,9 @@ import itertools
 import logging
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
-from engine.actors.base import Actor, ActorContext, drain, main
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import Route, encoder
@@ -64,15 +65,18 @@ class FrontActor(Actor):
         self.clients = self.ctx.socket(zmq.ROUTER, max_message_bytes=cfg.client_frame_bytes_max)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.clients.bind(cfg.endpoint)
-        self.writer = self._backend(endpoints.WRITER)
+        self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max)
+        self.writer_up = False
+        self.writer_monitor = self.writer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.on_readable(self.writer_monitor, self.on_writer_event)
         self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
         self.index = self._backend(endpoints.INDEX)
         self.on_readable(self.clients, lambda: drain(self.clients, self.handle_client))
         for backend in (self.writer, *self.owners, self.index):
             self.on_readable(backend, lambda b=backend: drain(b, self.handle_backend_reply))
 
-    def _backend(self, name: str) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER)
+    def _backend(self, name: str, *, hwm: int | None = None) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER, hwm=hwm)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # refuse, rather than queue for, an actor that is down
         sock.setsockopt(zmq.RECONNECT_IVL, 10)  # find a restarted actor within ~10 ms
         sock.connect(self.ctx.ipc(name))
@@ -124,12 +128,27 @@ class FrontActor(Actor):
 
     def forward(self, backend: zmq.Socket, client: bytes, flag: bytes, raw: bytes, queue_id: int,
                 op: str) -> None:
-        frames = [client, flag, raw, encoder.encode(Route(queue_id)), op.encode()]
+        frames = [client, flag, raw, encoder.encode(Route(queue_id, monotonic_ms())), op.encode()]
         try:
             backend.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
+            if backend is self.writer and self.writer_up:
+                raise RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
+                                                   f"waiting for the writer; retry later") from None
             raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                f"the actor serving {op!r} is not available; retry later") from None
+
+    def on_writer_event(self) -> None:
+        """Connection events of the writer's socket: a full queue to a connected writer is BUSY."""
+        for _ in range(64):
+            try:
+                event = recv_monitor_message(self.writer_monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.writer_up = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.writer_up = False
 
     def check_topic(self, envelope: Envelope) -> str:
         if not isinstance(envelope.topic, str):

@@ -20,6 +20,7 @@ class Route(msgspec.Struct, array_like=True):
     """
 
     queue_id: int = -1
+    received_ms: int = 0  # when the front received the request (monotonic ms): sends that waited too long are refused
 
 
 class Confirmed(msgspec.Struct, array_like=True, tag="confirmed"):

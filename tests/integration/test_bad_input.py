@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -192,3 +193,29 @@ def test_create_topic_is_idempotent_and_never_shrinks(client: StoreClient) -> No
 
 def test_empty_property_values_are_refused(client: StoreClient) -> None:
     expect_error(lambda: client.send("good", [{"body": b"x", "properties": {"a": ""}}]), ErrorCode.INVALID_PROPERTY)
+
+
+def test_an_overloaded_writer_answers_busy_and_stores_nothing_it_refused(tmp_path: Path) -> None:
+    config = StoreConfig.test_min().replace(send_queue_wait_ms_max=20)
+    with EngineProcess(tmp_path / "busy", config=config) as busy_engine:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(busy_engine.endpoint)
+        batch = [{"body": b"b" * 1000, "keys": [f"k{i}"]} for i in range(200)]
+        try:
+            for n in range(100):  # all at once: the later ones wait in the writer's queue
+                sock.send(encode(op="send", topic="busy", queue_id=0, messages=batch))
+            replies = []
+            while len(replies) < 100:
+                assert sock.poll(30_000)
+                replies.append(msgspec.msgpack.decode(sock.recv()))
+        finally:
+            sock.close()
+        stored = sum(len(r["results"]) for r in replies if r["ok"])
+        busy = [r for r in replies if not r["ok"]]
+        assert busy and all(r["error"]["name"] == "BUSY" for r in busy)
+        assert stored > 0
+        with busy_engine.client() as client:
+            wait_dispatched(client)
+            assert client.queue_stats("busy", 0)["max_offset"] == stored
