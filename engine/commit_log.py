@@ -30,7 +30,6 @@ from engine.layout import (
     END_FILE_MIN_BLANK_BYTES,
     MAGIC_BLANK,
     MAGIC_V1,
-    MAGIC_V2,
     PHYSICAL_OFFSET_POSITION,
     HostAddress,
     Record,

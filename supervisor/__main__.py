@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from engine.config import ConfigError, StoreConfig
 from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
@@ -108,16 +109,15 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except NotRunning as exc:
         print(exc, file=sys.stderr)
         return 1
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            print("stopped")
-            return 0
-        time.sleep(0.05)  # polling another process's exit: there is no event for it
-    print(f"the supervisor (pid {pid}) did not exit within 60 s", file=sys.stderr)
-    return 1
+    try:
+        psutil.Process(pid).wait(timeout=60)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        print(f"the supervisor (pid {pid}) did not exit within 60 s", file=sys.stderr)
+        return 1
+    print("stopped")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

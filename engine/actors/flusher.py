@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from pathlib import Path
 
 import zmq
 
