@@ -151,7 +151,11 @@ class MappedFileQueue:
             self.refresh()
             if start_offset not in self.known:
                 return None
-        mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable)
+        try:
+            mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable)
+        except FileNotFoundError:
+            self.refresh()  # deleted since we last listed the directory (retention)
+            return None
         self.files[start_offset] = mapped
         self._evict()
         return mapped

@@ -117,6 +117,10 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         try:
             record = reader.read(unit.commit_log_offset, limit=visible_end, check_crc=True)
         except RecordError:
+            if unit.commit_log_offset < reader.min_offset():  # its segment was deleted just now
+                removed += 1
+                result.next_offset = queue_offset + 1
+                continue
             result.suspect_offset = queue_offset
             break
         if (record.topic, record.queue_id, record.queue_offset, record.total_size) != \

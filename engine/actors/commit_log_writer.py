@@ -90,6 +90,7 @@ class CommitLogWriterActor(Actor):
         self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
         self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
         self.on_readable(self.flushes, lambda: drain(self.flushes, self.handle_flushed))
+        self.clean_expired_segments()  # also decides at once whether the disk is too full for sends
         self.publish_offsets()
 
     @property

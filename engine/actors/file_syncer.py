@@ -33,7 +33,8 @@ class FileSyncer:
         self._thread.start()
 
     def mark(self, path: Path) -> None:
-        self.dirty.add(path)
+        with self._lock:
+            self.dirty.add(path)
 
     def request(self, durable_offset: int) -> None:
         """Make the marked files durable in the background, then report ``durable_offset``."""
@@ -55,16 +56,21 @@ class FileSyncer:
                 work, self._pending = self._pending, None
             if work is not None:
                 paths, offset = work
-                for path in paths:
-                    _fdatasync(path)  # an OSError ends the thread; the actor's next request notices
-                self.on_durable(offset)
+                failed = [path for path in paths if not _fdatasync(path)]
+                if failed:
+                    # Not durable: the offset is not reported, so the checkpoint keeps its older
+                    # dispatched offset and recovery re-applies the log from there.
+                    with self._lock:
+                        self.dirty.update(failed)
+                else:
+                    self.on_durable(offset)
             with self._lock:
                 if self._pending is None:
                     self._idle.set()
             if self._stop:
                 return
 
-    def flush_now(self, durable_offset: int, *, timeout_s: float = 60.0) -> None:
+    def flush_now(self, durable_offset: int, *, timeout_s: float = 5.0) -> None:
         """Request a flush and wait until it is done (at shutdown and after recovery)."""
         self.request(durable_offset)
         self._idle.wait(timeout_s)
@@ -75,12 +81,17 @@ class FileSyncer:
         self._thread.join(10)
 
 
-def _fdatasync(path: Path) -> None:
+def _fdatasync(path: Path) -> bool:
+    """True when the file is on disk (or gone: deleted meanwhile by retention or repair)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return  # deleted meanwhile (retention, repair): nothing to make durable
+        return True
     try:
         os.fdatasync(fd)
+    except OSError as exc:
+        log.error("cannot flush %s: %s; its units stay above the durable offset", path, exc)
+        return False
     finally:
         os.close(fd)
+    return True

@@ -65,20 +65,21 @@ class FrontActor(Actor):
         self.clients = self.ctx.socket(zmq.ROUTER, max_message_bytes=cfg.client_frame_bytes_max)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.clients.bind(cfg.endpoint)
-        self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max)
-        self.writer_up = False
-        self.writer_monitor = self.writer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self.on_readable(self.writer_monitor, self.on_writer_event)
+        self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitored=True)
         self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
         self.index = self._backend(endpoints.INDEX)
         self.on_readable(self.clients, lambda: drain(self.clients, self.handle_client))
         for backend in (self.writer, *self.owners, self.index):
             self.on_readable(backend, lambda b=backend: drain(b, self.handle_backend_reply))
 
-    def _backend(self, name: str, *, hwm: int | None = None) -> zmq.Socket:
+    def _backend(self, name: str, *, hwm: int | None = None, monitored: bool = False) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER, hwm=hwm)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # refuse, rather than queue for, an actor that is down
         sock.setsockopt(zmq.RECONNECT_IVL, 10)  # find a restarted actor within ~10 ms
+        if monitored:  # watch before connecting, so the first connection is not missed
+            self.writer_up = False
+            self.writer_monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self.on_readable(self.writer_monitor, self.on_writer_event)
         sock.connect(self.ctx.ipc(name))
         return sock
 

@@ -25,7 +25,7 @@ from engine.ipc import endpoints
 from engine.ipc.messages import Confirmed, DispatchBatch, DispatchEntry, Flushed, encoder, offsets_decoder
 from engine.layout import tags_code
 from engine.records import owner_of
-from engine.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, owner_slot
+from engine.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class ReputDispatcherActor(Actor):
         self.confirmed_offset = 0
         self.flushed_offset = 0
         self.damaged_ranges = 0
+        self.log_min_offset = 0
 
     def recover(self) -> None:
         offsets = self.ctx.offsets
@@ -141,6 +142,10 @@ class ReputDispatcherActor(Actor):
                   damage.start, damage.end, damage.reason)
 
     def tick(self, now_ms: int) -> None:
+        log_min = self.ctx.offsets.get(MIN_OFFSET)
+        if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
+            self.log_min_offset = log_min
+            self.reader.segments.refresh()
         self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
         self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
         self.dispatch()
