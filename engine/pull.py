@@ -88,6 +88,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         return PullResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
     result = PullResult(GetStatus.NO_MATCHED_MESSAGE, offset, lo, hi)
     log_min = reader.min_offset()
+    filtered = not subscription.everything
     taken_bytes = 0
     removed = 0
     for i, unit in enumerate(cq.read(offset, max_messages)):
@@ -109,7 +110,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             removed += 1
             result.next_offset = queue_offset + 1
             continue
-        if not subscription.matches_code(unit.tags_code):
+        if filtered and not subscription.matches_code(unit.tags_code):
             result.next_offset = queue_offset + 1
             continue
         if result.messages and taken_bytes + unit.size > max_bytes:
@@ -127,7 +128,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
                 (cq.topic, cq.queue_id, queue_offset, unit.size):
             result.suspect_offset = queue_offset  # a damaged unit: it points at another record
             break
-        if not subscription.matches_tag(record.tags):
+        if filtered and not subscription.matches_tag(record.tags):
             result.next_offset = queue_offset + 1  # the tags codes collided (Java hashCode): not ours
             continue
         result.messages.append(message_view(record))
