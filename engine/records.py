@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import zlib
 
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
@@ -100,6 +101,4 @@ def message_view(record: Record) -> MessageView:
 
 def owner_of(topic: str, queue_id: int, owner_count: int) -> int:
     """Which ConsumeQueue owner holds (topic, queue_id): a stable hash, not Python's."""
-    import zlib
-
     return zlib.crc32(f"{topic}/{queue_id}".encode()) % owner_count

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from collections import deque
 
 import zmq
@@ -160,7 +161,7 @@ class FlusherActor(Actor):
             self.last_queue_flush_ms = now_ms
             applied = self.durable_dispatched_offset()
             if applied > self.checkpoint.dispatched_offset:
-                self.checkpoint = _replace(self.checkpoint, dispatched_offset=applied,
+                self.checkpoint = replace(self.checkpoint, dispatched_offset=applied,
                                            logics_msg_timestamp_ms=self._timestamp_at(applied),
                                            index_msg_timestamp_ms=self._timestamp_at(applied))
         if now_ms - self.last_checkpoint_ms >= cfg.checkpoint_interval_ms:
@@ -169,7 +170,7 @@ class FlusherActor(Actor):
 
     def write_checkpoint(self) -> None:
         flushed = min(self.flushed_offset, self.confirmed_offset) if self.confirmed_offset else self.flushed_offset
-        updated = _replace(self.checkpoint, flushed_offset=flushed, confirm_phy_offset=flushed,
+        updated = replace(self.checkpoint, flushed_offset=flushed, confirm_phy_offset=flushed,
                            physic_msg_timestamp_ms=self._timestamp_at(flushed) or
                            self.checkpoint.physic_msg_timestamp_ms)
         if updated != self.checkpoint:
@@ -191,18 +192,12 @@ class FlusherActor(Actor):
         if self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
         applied = self.durable_dispatched_offset()
-        self.checkpoint = _replace(self.checkpoint, dispatched_offset=max(applied, self.checkpoint.dispatched_offset),
+        self.checkpoint = replace(self.checkpoint, dispatched_offset=max(applied, self.checkpoint.dispatched_offset),
                                    logics_msg_timestamp_ms=self._timestamp_at(applied) or
                                    self.checkpoint.logics_msg_timestamp_ms)
         self.write_checkpoint()
         for fd in self.segment_fds.values():
             os.close(fd)
-
-
-def _replace(checkpoint: Checkpoint, **changes: int) -> Checkpoint:
-    from dataclasses import replace
-
-    return replace(checkpoint, **changes)
 
 
 if __name__ == "__main__":

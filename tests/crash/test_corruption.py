@@ -229,19 +229,25 @@ def test_index_damage_is_found_by_check_queries_stay_correct_and_repair_rebuilds
         assert engine.stop() == 0
 
 
-@pytest.mark.parametrize("where", [0, 17, 33, 4064, 4080])
-def test_a_damaged_checkpoint_means_a_full_scan_not_a_loss(store_dir: Path, where: int) -> None:
-    producer = populate(store_dir, batches=20)
-    flip_bit(store_dir / "checkpoint", where, 3)
+def assert_served_intact(store_dir: Path, producer: Producer, *, send_more: bool = False) -> None:
+    """Start the engine on the store, read every queue back and check every message, stop it."""
     engine = EngineProcess(store_dir, config=small_config())
     engine.start()
     try:
         with engine.client() as client:
             wait_dispatched(client)
             assert verify([producer], read_everything(client, TOPICS)).ok()
-            client.send("c", [{"body": b"more"}])
+            if send_more:
+                client.send("c", [{"body": b"more"}])
     finally:
         assert engine.stop() == 0
+
+
+@pytest.mark.parametrize("where", [0, 17, 33, 4064, 4080])
+def test_a_damaged_checkpoint_means_a_full_scan_not_a_loss(store_dir: Path, where: int) -> None:
+    producer = populate(store_dir, batches=20)
+    flip_bit(store_dir / "checkpoint", where, 3)
+    assert_served_intact(store_dir, producer, send_more=True)
     assert check_store(store_dir, small_config()) == []
 
 
@@ -252,11 +258,4 @@ def test_a_deleted_queue_directory_is_reported_by_check_and_rebuilt_by_repair(st
     assert [(f.area, f.where) for f in findings] == [("consumequeue", "c/1")]
     rebuild_derived(store_dir, small_config())
     assert check_store(store_dir, small_config()) == []
-    engine = EngineProcess(store_dir, config=small_config())
-    engine.start()
-    try:
-        with engine.client() as client:
-            wait_dispatched(client)
-            assert verify([producer], read_everything(client, TOPICS)).ok()
-    finally:
-        assert engine.stop() == 0
+    assert_served_intact(store_dir, producer)
