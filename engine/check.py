@@ -8,6 +8,10 @@
 * every IndexFile item points at a record that carries a key with its hash;
 * the checkpoint's offsets are not ahead of the log.
 
+Records of a deleted topic below its deletion offset (``deleted_topics.py``)
+belong to no queue, and a queue left from before its topic's deletion is
+not checked (its owner removes it when it starts).
+
 Run it on a stopped engine's directory (``python -m engine check``); every
 crash test ends with it. It never writes.
 """
@@ -22,9 +26,11 @@ from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
 from engine.consume_queue import ConsumeQueue, list_queues
+from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR
 from engine.inspect_store import detect_config
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
+from engine.recovery import is_deleted_queue
 
 
 @dataclass(frozen=True)
@@ -42,8 +48,14 @@ def check_store(store_dir: Path, config: StoreConfig | None = None) -> list[Find
     reader = CommitLogReader.for_config(store_dir, config)
     try:
         findings, log_end, records = _check_log(reader, config)
+        deleted = DeletedTopics(store_dir)
+        records = [r for r in records if not deleted.hides(r[0], r[3])]
         queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)
                   for key in list_queues(store_dir)}
+        for key, cq in list(queues.items()):
+            if is_deleted_queue(cq, deleted):
+                cq.close()
+                del queues[key]
         try:
             findings += _check_queues(reader, queues, records, log_end)
         finally:

@@ -4,7 +4,7 @@
     python -m engine consume --topic T [--queue-id 0] [--offset 0] [--count 100]
                              [--group G] [--subscription "tagA || tagB"] [--wait-ms 5000]
     python -m engine query --topic T --key K        |  python -m engine query --id MSGID
-    python -m engine topics [--create T --queues 8]
+    python -m engine topics [--create T --queues 8 | --delete T]
     python -m engine stats --topic T [--group G]    (per-queue offsets, store times, a group's lag)
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
     python -m engine check --store-dir DIR           (offline: verify every structure against the log)
@@ -160,6 +160,10 @@ def cmd_topics(args: argparse.Namespace) -> int:
             created = client.create_topic(args.create, queue_count=args.queues)
             _emit(args, created, f"topic {created['topic']} has {created['queue_count']} queues")
             return 0
+        if args.delete:
+            deleted = client.delete_topic(args.delete)
+            _emit(args, deleted, f"topic {deleted['topic']} deleted; its records stay in the log until retention")
+            return 0
         topics = client.list_topics()
     _emit(args, topics, "\n".join(f"{t['topic']}\t{t['queue_count']} queues" for t in topics) or "no topics")
     return 0
@@ -250,9 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--topic", required=True)
     stats.add_argument("--group", help="also show this consumer group's committed offsets and lag")
     stats.set_defaults(handler=cmd_stats)
-    topics = commands.add_parser("topics", help="list or create topics")
+    topics = commands.add_parser("topics", help="list, create, grow or delete topics")
     _common(topics)
-    topics.add_argument("--create", metavar="TOPIC")
+    action = topics.add_mutually_exclusive_group()
+    action.add_argument("--create", metavar="TOPIC", help="create TOPIC, or grow it to --queues queues")
+    action.add_argument("--delete", metavar="TOPIC", help="delete TOPIC: its queues and consumer offsets")
     topics.add_argument("--queues", type=int)
     topics.set_defaults(handler=cmd_topics)
     inspect = commands.add_parser("inspect", help="dump a store directory offline")

@@ -159,6 +159,11 @@ class StoreClient:
             fields["queue_count"] = queue_count
         return self.request("create_topic", **fields)
 
+    def delete_topic(self, topic: str) -> dict[str, Any]:
+        """Delete a topic: its queues and every group's offsets go; the log keeps the bytes until
+        retention. Returns ``topic`` and ``deletion_offset``."""
+        return self.request("delete_topic", topic=topic)
+
     def list_topics(self) -> list[dict[str, Any]]:
         return self.request("list_topics")["topics"]
 

@@ -212,5 +212,12 @@ class ConsumeQueue:
         self.files.close()
 
 
-def delete_queue_files(store_dir: Path, topic: str) -> None:
-    shutil.rmtree(store_dir / CONSUME_QUEUE_DIR / topic, ignore_errors=True)
+    def destroy(self) -> None:
+        """Topic deletion: close the queue and remove its files (and its topic's directory once
+        empty; another owner may still be removing its own queues there)."""
+        self.close()
+        shutil.rmtree(self.files.directory, ignore_errors=True)
+        try:
+            self.files.directory.parent.rmdir()
+        except OSError:
+            pass

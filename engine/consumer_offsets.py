@@ -44,6 +44,16 @@ class ConsumerOffsets:
     def fetch(self, group: str, topic: str, queue_id: int) -> int:
         return self.table.get(f"{topic}@{validate_group(group)}", {}).get(str(queue_id), -1)
 
+    def forget_topic(self, topic: str) -> int:
+        """Topic deletion: drop every group's offsets of ``topic``, persisted at once; how many groups."""
+        gone = [key for key in self.table if key.partition("@")[0] == topic]
+        for key in gone:
+            del self.table[key]
+        if gone:
+            self.dirty = True
+            self.persist()
+        return len(gone)
+
     def persist(self) -> None:
         if self.dirty:
             write_atomically(self.path, json.dumps({"offsetTable": self.table}, indent=2, sort_keys=True).encode())

@@ -28,6 +28,7 @@ from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
 from engine.consume_queue import ConsumeQueue, list_queues
+from engine.deleted_topics import DeletedTopics
 from engine.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, peek_size_and_magic
 
 log = logging.getLogger(__name__)
@@ -46,14 +47,27 @@ class CommitLogRecoveryPlan:
     last_store_timestamp_ms: int = 0
 
 
-def queue_state(store_dir: Path, config: StoreConfig) -> dict[tuple[str, int], tuple[int, int]]:
-    """(topic, queue_id) -> (next queue offset, end of the last unit's record), read-only."""
+def queue_state(store_dir: Path, config: StoreConfig,
+                deleted: DeletedTopics | None = None) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, queue_id) -> (next queue offset, end of the last unit's record), read-only.
+
+    A queue of a deleted topic whose units point below the deletion is left out: its owner
+    had not removed it yet when the engine stopped, and will."""
     state = {}
     for topic, queue_id in list_queues(store_dir):
         cq = ConsumeQueue(store_dir, topic, queue_id, file_units=config.consume_queue_file_units, writable=False)
-        state[(topic, queue_id)] = (cq.max_offset, cq.max_physical_end)
+        if not (deleted and is_deleted_queue(cq, deleted)):
+            state[(topic, queue_id)] = (cq.max_offset, cq.max_physical_end)
         cq.close()
     return state
+
+
+def is_deleted_queue(cq: ConsumeQueue, deleted: DeletedTopics) -> bool:
+    """True for a queue left from before its topic's deletion (units only point one side of it)."""
+    if cq.topic not in deleted.deletion_offsets:
+        return False
+    first = cq.get(cq.min_offset) if cq.max_offset > cq.min_offset else None
+    return first is None or first.is_blank or deleted.hides(cq.topic, first.commit_log_offset)
 
 
 def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int, end_offset: int) -> int:
@@ -92,7 +106,8 @@ def plan_commit_log_recovery(store_dir: Path, config: StoreConfig) -> CommitLogR
 def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> CommitLogRecoveryPlan:
     first = reader.segments.first_offset()
     last = reader.segments.last_offset()
-    queues = queue_state(store_dir, config)
+    deleted = DeletedTopics(store_dir)
+    queues = queue_state(store_dir, config, deleted)
     if first is None or last is None:
         return CommitLogRecoveryPlan(0, 0, 0, {key: nxt for key, (nxt, _end) in queues.items()})
     try:
@@ -104,7 +119,7 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
     durable = checkpoint.flushed_offset if checkpoint else 0
     needed = min((max(dispatched, end) for _nxt, end in queues.values()), default=dispatched)
     start = max(first, min(needed, durable))
-    plan = _scan(reader, start, last + config.segment_size_bytes, durable)
+    plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted)
     plan.min_offset = first
     for (topic, queue_id), (nxt, end) in queues.items():
         if end > plan.end_offset:
@@ -116,7 +131,8 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
     return plan
 
 
-def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int) -> CommitLogRecoveryPlan:
+def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int,
+          deleted: DeletedTopics) -> CommitLogRecoveryPlan:
     """Walk the log from ``start``; damage followed by valid records is skipped and reported.
 
     Damage with nothing valid after it is a torn tail when it starts at or past
@@ -132,8 +148,9 @@ def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int) -> Co
             continue
         _report(plan, pending)
         pending = []
-        key = (item.topic, item.queue_id)
-        plan.next_queue_offsets[key] = max(plan.next_queue_offsets.get(key, 0), item.queue_offset + 1)
+        if not (deleted and deleted.hides(item.topic, item.commit_log_offset)):
+            key = (item.topic, item.queue_id)
+            plan.next_queue_offsets[key] = max(plan.next_queue_offsets.get(key, 0), item.queue_offset + 1)
         plan.end_offset = item.commit_log_offset + item.total_size
         plan.records_scanned += 1
         plan.last_store_timestamp_ms = item.store_timestamp_ms

@@ -2,7 +2,8 @@
 
 The old ``consumequeue/`` and ``index/`` are kept as evidence in
 ``broken-<time>/`` (as etcd's WAL repair keeps ``.broken`` files); the new
-ones are written from every intact record of the log, and the checkpoint's
+ones are written from every intact record of the log (except the records
+of deleted topics written before their deletion), and the checkpoint's
 dispatched offset is set to the end of the log. The store's lock is taken
 first: a running engine's files are never touched.
 """
@@ -20,6 +21,7 @@ from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, stor
 from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
 from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
+from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR, IndexService
 from engine.inspect_store import detect_config
 from engine.layout import tags_code
@@ -60,6 +62,7 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
     index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
                          index_count_max=config.index_item_count_max, writable=True)
     queues: dict[tuple[str, int], ConsumeQueue] = {}
+    deleted = DeletedTopics(store_dir)
     records = damaged = pending = 0
     log_end = reader.min_offset()
     last = reader.segments.last_offset()
@@ -69,6 +72,9 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
                 pending += 1  # damage counts once a valid record follows (else it is the unwritten end)
                 continue
             damaged, pending = damaged + pending, 0
+            log_end = item.commit_log_offset + item.total_size
+            if deleted.hides(item.topic, item.commit_log_offset):
+                continue  # its topic was deleted after it was written
             key = (item.topic, item.queue_id)
             cq = queues.get(key) or queues.setdefault(key, ConsumeQueue(
                 store_dir, *key, file_units=config.consume_queue_file_units, writable=True))
@@ -77,7 +83,6 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
             if keys:
                 index.build(item.topic, keys, item.commit_log_offset, item.store_timestamp_ms)
             records += 1
-            log_end = item.commit_log_offset + item.total_size
     for cq in queues.values():
         cq.flush()
         cq.close()

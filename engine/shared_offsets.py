@@ -14,6 +14,7 @@ store): it describes the running engine, not the data.
     slot 7 index durable      index builder (applied and flushed to disk)
     slot 8+k owner k applied  consume queue owner k
     slot 264+k owner k durable  consume queue owner k (applied and flushed to disk)
+    slot 520 topic deletions   writer (bumped after each change of config/deletedTopics.json)
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 1
+TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset"}

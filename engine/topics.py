@@ -75,6 +75,13 @@ class TopicTable:
         self._save()
         return self.topics[name]
 
+    def delete(self, name: str) -> bool:
+        """Remove a topic from the table (saved at once); False if it was not there."""
+        if self.topics.pop(name, None) is None:
+            return False
+        self._save()
+        return True
+
     def _save(self) -> None:
         table = {name: msgspec.to_builtins(cfg) for name, cfg in sorted(self.topics.items())}
         write_atomically(self.path, json.dumps({"topicConfigTable": table}, indent=2).encode())

@@ -6,6 +6,10 @@ log at start) and commit log offsets, appends the batch into the mapped
 segment, then announces the new confirmed offset (PUB ``writer-pub.sock``)
 and answers.
 
+It also decides where a topic deletion falls in the log (``delete_topic``,
+see ``engine/deleted_topics.py``): the front forwards the request here so
+that every send routed before it lies below the deletion offset.
+
 Under ASYNC_FLUSH a send is answered once its records are in the mapping.
 Under SYNC_FLUSH the answer waits until the flusher reports the log flushed
 past the batch (group commit: one flush covers every waiting batch), or
@@ -25,16 +29,25 @@ import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
 from engine.commit_log import CommitLogWriter
+from engine.deleted_topics import DeletedTopics
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder, route_decoder
-from engine.ipc.protocol import SendRequest, SendResult, decode_request, encode_error, encode_reply, safe_request_id
+from engine.ipc.protocol import (
+    DeleteTopicRequest,
+    SendRequest,
+    SendResult,
+    decode_request,
+    encode_error,
+    encode_reply,
+    safe_request_id,
+)
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
 from engine.retention import SegmentFact, disk_used_ratio, plan_deletions
 from engine.recovery import plan_commit_log_recovery
 from engine.records import build_fields
-from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, WRITTEN
+from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +73,7 @@ class CommitLogWriterActor(Actor):
         self.log = CommitLogWriter(ctx.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
                                    with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments)
         self.next_queue_offset: dict[tuple[str, int], int] = {}
+        self.deleted_topics = DeletedTopics(ctx.store_dir)
         self.last_store_timestamp_ms = 0
         self.min_offset = 0
         self.flushed_offset = 0
@@ -109,6 +123,9 @@ class CommitLogWriterActor(Actor):
     def handle_send(self, frames: list[bytes]) -> None:
         reply_to = frames[:3]
         raw = frames[3]
+        if frames[5:6] == [b"delete_topic"]:
+            self.delete_topic(reply_to, raw)
+            return
         try:
             route = route_decoder.decode(frames[4])
             waited_ms = monotonic_ms() - route.received_ms
@@ -166,6 +183,30 @@ class CommitLogWriterActor(Actor):
                    for i, (offset, _size) in enumerate(appended.positions)]
         return results, appended.end_offset
 
+    def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
+        """Hide the topic's records below the written offset, forget its queue counters, answer.
+
+        The reply carries an extra frame, ``deleted:<topic>`` or ``kept:<topic>``: the front
+        drops the topic from its table (and its consumer offsets) only once the deletion is on
+        disk here."""
+        request = decode_request("delete_topic", raw)  # the front decoded it before forwarding
+        assert isinstance(request, DeleteTopicRequest)
+        deletion_offset = self.log.written_offset
+        try:
+            self.deleted_topics.record(request.topic, deletion_offset)
+        except OSError as exc:
+            log.error("cannot record the deletion of topic %r: %s", request.topic, exc)
+            reply = encode_error(request.id, ErrorCode.SERVICE_NOT_AVAILABLE, f"cannot record the deletion: {exc}")
+            self.requests.send_multipart([*reply_to, reply, b"kept:" + request.topic.encode()])
+            return
+        queues = [key for key in self.next_queue_offset if key[0] == request.topic]
+        for key in queues:
+            del self.next_queue_offset[key]
+        self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
+        log.info("topic %r deleted at log offset %d (%d queues)", request.topic, deletion_offset, len(queues))
+        reply = encode_reply(request.id, topic=request.topic, deletion_offset=deletion_offset)
+        self.requests.send_multipart([*reply_to, reply, b"deleted:" + request.topic.encode()])
+
     def handle_flushed(self, frames: list[bytes]) -> None:
         message = offsets_decoder.decode(frames[1])
         if isinstance(message, Flushed):
@@ -218,6 +259,11 @@ class CommitLogWriterActor(Actor):
         if decision.delete:
             self.min_offset = segments.first_offset() or self.log.written_offset
             self.publish_offsets()
+            try:
+                if self.deleted_topics.forget_below(self.min_offset):
+                    self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
+            except OSError as exc:  # harmless: the entries hide records that are gone; retried next time
+                log.error("cannot rewrite the deleted-topic table: %s", exc)
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.last_clean_ms >= self.config.clean_resource_interval_ms:

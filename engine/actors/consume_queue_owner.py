@@ -32,6 +32,7 @@ from engine.actors.file_syncer import FileSyncer
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.consume_queue import ConsumeQueue, list_queues
+from engine.deleted_topics import DeletedTopics
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
@@ -52,7 +53,8 @@ from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
 from engine.records import message_view, owner_of
-from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, owner_durable_slot, owner_slot
+from engine.recovery import is_deleted_queue
+from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
@@ -77,6 +79,7 @@ class ConsumeQueueOwnerActor(Actor):
         self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.deleted_topics = DeletedTopics(ctx.store_dir)
 
     def is_mine(self, topic: str, queue_id: int) -> bool:
         return owner_of(topic, queue_id, self.owner_count) == self.instance
@@ -96,9 +99,13 @@ class ConsumeQueueOwnerActor(Actor):
         return min(confirmed, self.ctx.offsets.get(FLUSHED)) if self.sync_flush else confirmed
 
     def recover(self) -> None:
+        self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
         for topic, queue_id in list_queues(self.ctx.store_dir):
             if self.is_mine(topic, queue_id):
-                self.queue(topic, queue_id, create=True)
+                cq = self.queue(topic, queue_id, create=True)
+                assert cq is not None
+                if is_deleted_queue(cq, self.deleted_topics):  # the topic was deleted before we removed it
+                    self.drop_queue(cq)
         confirmed = self.ctx.offsets.get(CONFIRMED)
         self.log_min_offset = self.reader.min_offset()
         for cq in self.queues.values():  # retention may have removed segments since the queue was written
@@ -133,6 +140,20 @@ class ConsumeQueueOwnerActor(Actor):
         self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
         self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
         self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
+
+    def drop_queue(self, cq: ConsumeQueue) -> None:
+        del self.queues[(cq.topic, cq.queue_id)]
+        cq.destroy()
+        log.info("queue %s/%d removed: its topic was deleted", cq.topic, cq.queue_id)
+
+    def follow_deletions(self) -> None:
+        """The writer recorded a topic deletion: drop that topic's queues before applying anything more.
+
+        Every unit they hold points below the deletion offset: units at or past it are dispatched
+        only after the writer bumped ``TOPIC_DELETIONS``, and this runs before each dispatch."""
+        changed = self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
+        for cq in [cq for (topic, _queue_id), cq in self.queues.items() if topic in changed]:
+            self.drop_queue(cq)
 
     def repair_tail(self, cq: ConsumeQueue, confirmed: int) -> bool:
         """Drop trailing units that do not point at their own record below ``confirmed``; True if any."""
@@ -174,6 +195,8 @@ class ConsumeQueueOwnerActor(Actor):
     def apply(self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int,
               code: int) -> bool:
         """Write one unit; on a full disk stop at this record (False) and retry from it later."""
+        if self.deleted_topics and self.deleted_topics.hides(topic, commit_log_offset):
+            return True
         try:
             cq = self.queue(topic, queue_id, create=True)
             assert cq is not None
@@ -212,7 +235,8 @@ class ConsumeQueueOwnerActor(Actor):
                 break
         changed = 0
         for item in self.reader.scan(start, self.applied_offset, check_crc=False):
-            if isinstance(item, Damage) or (item.topic, item.queue_id) != (cq.topic, cq.queue_id):
+            if isinstance(item, Damage) or (item.topic, item.queue_id) != (cq.topic, cq.queue_id) \
+                    or self.deleted_topics.hides(item.topic, item.commit_log_offset):
                 continue
             if queue_offset <= item.queue_offset < cq.max_offset:
                 rebuilt = (item.commit_log_offset, item.total_size, tags_code(item.tags))
@@ -233,6 +257,7 @@ class ConsumeQueueOwnerActor(Actor):
 
     def handle_dispatch(self, frames: list[bytes]) -> None:
         batch: DispatchBatch = dispatch_decoder.decode(frames[1])
+        self.follow_deletions()
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:
@@ -258,6 +283,7 @@ class ConsumeQueueOwnerActor(Actor):
         reply_to = frames[:3]
         raw = frames[3]
         envelope_op = frames[5].decode() if len(frames) > 5 else "pull"
+        self.follow_deletions()
         try:
             if envelope_op in ("get_by_id", "get_by_offset"):
                 reply = self.get_by_id(raw, by_offset=envelope_op == "get_by_offset")
@@ -376,6 +402,7 @@ class ConsumeQueueOwnerActor(Actor):
         log.info("retention: log starts at %d; %d queue files deleted", log_min, deleted)
 
     def tick(self, now_ms: int) -> None:
+        self.follow_deletions()
         self.apply_retention()
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
             self.last_flush_ms = now_ms

@@ -7,6 +7,8 @@ queue against the topic table it owns (``config/topics.json``), and then:
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
 * ``query_by_key`` -> the index builder;
+* ``delete_topic`` -> the writer, which records where the deletion falls in the
+  log; on its answer the topic leaves the table and its consumer offsets go;
 * ``create_topic``, ``list_topics``, ``ping``, ``status``, and consumer groups'
   ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``): answered here.
 
@@ -59,6 +61,7 @@ class FrontActor(Actor):
         self.round_robin: dict[str, itertools.count[int]] = {}
         self.owner_count = ctx.config.consume_queue_owner_count
         self.requests_served = 0
+        self.deleting: set[str] = set()  # deletions forwarded to the writer, not yet answered
 
     def recover(self) -> None:
         cfg = self.config
@@ -85,6 +88,11 @@ class FrontActor(Actor):
 
     def handle_backend_reply(self, frames: list[bytes]) -> None:
         client, flag, reply = frames[0], frames[1], frames[2]
+        if len(frames) > 3:  # the writer's word on a topic deletion
+            outcome, _, topic = frames[3].decode().partition(":")
+            self.deleting.discard(topic)
+            if outcome == "deleted":
+                self.finish_deletion(topic)
         self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply])
 
     def handle_client(self, frames: list[bytes]) -> None:
@@ -124,6 +132,11 @@ class FrontActor(Actor):
                          client, flag, raw, queue_id, op)
         elif op == "get_by_offset":
             self.forward(self.owners[0], client, flag, raw, -1, op)
+        elif op == "delete_topic":
+            topic = self.check_topic(envelope, deleting_ok=True)
+            decode_request(op, raw)
+            self.forward(self.writer, client, flag, raw, -1, op)
+            self.deleting.add(topic)
         else:
             self.answer(client, flag, self.local(op, envelope, raw))
 
@@ -151,9 +164,18 @@ class FrontActor(Actor):
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.writer_up = False
 
-    def check_topic(self, envelope: Envelope) -> str:
+    def finish_deletion(self, topic: str) -> None:
+        """The writer recorded the deletion: the topic and its groups' offsets go."""
+        self.topics.delete(topic)
+        self.round_robin.pop(topic, None)
+        groups = self.consumer_offsets.forget_topic(topic)
+        log.info("topic %r deleted (%d consumer groups' offsets dropped)", topic, groups)
+
+    def check_topic(self, envelope: Envelope, *, deleting_ok: bool = False) -> str:
         if not isinstance(envelope.topic, str):
             raise RequestError(ErrorCode.INVALID_FIELD, "the field 'topic' is required and must be a string")
+        if envelope.topic in self.deleting and not deleting_ok:
+            raise RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {envelope.topic!r} is being deleted")
         if self.topics.get(envelope.topic) is not None:
             return envelope.topic  # an existing topic was validated when it was created
         validate_topic(envelope.topic)
@@ -202,6 +224,8 @@ class FrontActor(Actor):
         if op == "create_topic":
             assert isinstance(request, CreateTopicRequest)
             count = request.queue_count
+            if request.topic in self.deleting:
+                raise RequestError(ErrorCode.BUSY, f"topic {request.topic!r} is being deleted; retry later")
             if count is not None and count > self.config.topic_queue_count_max:
                 raise RequestError(ErrorCode.INVALID_FIELD,
                                    f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
@@ -210,7 +234,7 @@ class FrontActor(Actor):
             return encode_reply(envelope.id, topic=created.topic_name, queue_count=created.write_queue_nums)
         if op == "list_topics":
             topics = [{"topic": name, "queue_count": cfg.write_queue_nums}
-                      for name, cfg in sorted(self.topics.topics.items())]
+                      for name, cfg in sorted(self.topics.topics.items()) if name not in self.deleting]
             return encode_reply(envelope.id, topics=topics)
         if op == "ping":
             return encode_reply(envelope.id, pong=True)

@@ -5,7 +5,9 @@ record's UNIQ_KEY and KEYS become items ``topic#key``. Answers
 ``query_by_key`` forwarded by the front (ROUTER ``index.sock``): the index
 gives candidate offsets, and each candidate record is read from the log and
 kept only if it really carries that key in that topic (hash collisions never
-reach the client) and passes its CRC check.
+reach the client) and passes its CRC check. Records of a deleted topic
+written before its deletion stay in the IndexFiles (RocketMQ never drops
+items) but are never returned.
 
 Recovery: the newest file's half-added item (if a kill left one) is unlinked;
 then records from ``max(checkpoint dispatched offset, end_phy_offset)`` are
@@ -24,6 +26,7 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
+from engine.deleted_topics import DeletedTopics
 from engine.errors import RequestError
 from engine.index_file import IndexService
 from engine.ipc import endpoints
@@ -31,7 +34,7 @@ from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError
 from engine.records import message_view
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET, TOPIC_DELETIONS
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class IndexBuilderActor(Actor):
         self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
         self.last_flush_ms = monotonic_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.deleted_topics = DeletedTopics(ctx.store_dir)  # their old records are never answered
 
     @property
     def visible_end(self) -> int:
@@ -131,6 +135,7 @@ class IndexBuilderActor(Actor):
         request = decode_request("query_by_key", raw)
         assert isinstance(request, QueryByKeyRequest)
         count_max = min(request.max_results, self.config.query_result_count_max)
+        self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
         candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
                                       begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
         end = self.visible_end
@@ -138,7 +143,7 @@ class IndexBuilderActor(Actor):
         messages = []
         reply_bytes = 0
         for offset in candidates:  # newest first: a capped answer keeps the newest matches
-            if not log_min <= offset < end:
+            if not log_min <= offset < end or self.deleted_topics.hides(request.topic, offset):
                 continue
             try:
                 record = self.reader.read(offset, limit=end, check_crc=True)

@@ -22,7 +22,7 @@ from engine.errors import ErrorCode, RequestError
 
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
-       "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset")
+       "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -91,6 +91,10 @@ class CreateTopicRequest(_Request, kw_only=True):
     queue_count: Annotated[int, Meta(ge=1)] | None = None
 
 
+class DeleteTopicRequest(_Request, kw_only=True):
+    topic: TopicName
+
+
 GroupName = Annotated[str, Meta(max_length=255)]
 
 
@@ -141,6 +145,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "queue_stats": QueueStatsRequest,
     "offset_for_time": OffsetForTimeRequest,
     "get_by_offset": GetByOffsetRequest,
+    "delete_topic": DeleteTopicRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -1,0 +1,91 @@
+"""Deleted topics: which records of the CommitLog belong to no queue any more.
+
+Deleting a topic removes its queues, its consumer offsets and its entry in
+``config/topics.json``, but the CommitLog keeps the records' bytes until
+retention deletes their segments. This table says, for each deleted topic,
+the log's written offset at the moment of deletion (its *deletion offset*):
+
+* every record of that topic **below** the deletion offset is hidden: no
+  queue unit is made for it (dispatch, catch-up, recovery, repair), no key
+  lookup returns it, and recovery does not count it into a queue counter;
+* records **at or past** it belong to a topic of the same name created
+  later, whose queues start again at offset 0.
+
+Invariants: a deletion offset only grows for a topic (a topic deleted twice
+keeps the later offset); an entry is forgotten once the log's min offset
+has passed it, since nothing it hides is left.
+
+Written only by the CommitLog writer (the single appender decides where the
+deletion falls in the log), atomically, before it answers the delete::
+
+    {"deletedTopicTable": {"orders": 1048576}}
+
+Other actors reload it when the ``TOPIC_DELETIONS`` slot of the shared
+offsets changes; the writer bumps that slot after each write.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from engine.atomic_file import read_with_backup, write_atomically
+
+DELETED_TOPICS_FILE = Path("config") / "deletedTopics.json"
+
+
+class DeletedTopics:
+    def __init__(self, store_dir: Path) -> None:
+        self.path = store_dir / DELETED_TOPICS_FILE
+        self.deletion_offsets: dict[str, int] = read_with_backup(self.path, _parse) or {}
+        self.generation = -1
+
+    def follow(self, generation: int) -> dict[str, int]:
+        """Reload when the writer's ``TOPIC_DELETIONS`` count moved; the entries that are new."""
+        if generation == self.generation:
+            return {}
+        self.generation = generation
+        return self.reload()
+
+    def reload(self) -> dict[str, int]:
+        """Read the file again; return the entries that are new or moved forward."""
+        fresh = read_with_backup(self.path, _parse) or {}
+        changed = {topic: offset for topic, offset in fresh.items() if self.deletion_offsets.get(topic) != offset}
+        self.deletion_offsets = fresh
+        return changed
+
+    def hides(self, topic: str, commit_log_offset: int) -> bool:
+        """True for a record of a deleted topic that was written before the deletion."""
+        deletion_offset = self.deletion_offsets.get(topic)
+        return deletion_offset is not None and commit_log_offset < deletion_offset
+
+    def __bool__(self) -> bool:
+        return bool(self.deletion_offsets)
+
+    def record(self, topic: str, deletion_offset: int) -> None:
+        assert deletion_offset >= self.deletion_offsets.get(topic, 0), "a deletion offset never moves back"
+        self.deletion_offsets[topic] = deletion_offset
+        self._save()
+
+    def forget_below(self, log_min_offset: int) -> int:
+        """Retention: drop the entries that hide nothing left in the log; how many went."""
+        gone = [topic for topic, offset in self.deletion_offsets.items() if offset <= log_min_offset]
+        for topic in gone:
+            del self.deletion_offsets[topic]
+        if gone:
+            self._save()
+        return len(gone)
+
+    def _save(self) -> None:
+        table = dict(sorted(self.deletion_offsets.items()))
+        write_atomically(self.path, json.dumps({"deletedTopicTable": table}, indent=2).encode())
+
+
+def _parse(data: bytes) -> dict[str, int]:
+    try:
+        raw = json.loads(data)
+        return msgspec.convert(raw.get("deletedTopicTable", {}), dict[str, int])
+    except (json.JSONDecodeError, msgspec.ValidationError, AttributeError) as exc:
+        raise ValueError(str(exc)) from exc
