@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: start test setup system-tools bench clean
+.PHONY: start test setup system-tools clients bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,17 @@ system-tools:
 	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && (apt-get update -qq && apt-get install -y -qq strace >/dev/null) || echo "note: strace missing; its tests skip"; }
 
-test: $(STAMP) system-tools
+# The C and Node clients and their conformance drivers (tests/conformance).
+C_PACKAGES := gcc libc6-dev make pkg-config libzmq3-dev libmsgpuck-dev
+clients:
+	@pkg-config --exists libzmq && [ -f /usr/include/msgpuck.h ] && command -v cc >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "install: apt-get install $(C_PACKAGES)"; exit 1; }; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $(C_PACKAGES) >/dev/null; }
+	$(MAKE) -s -C clients/c
+	@command -v npm >/dev/null || { echo "the Node client needs node and npm (Node 18 or later)"; exit 1; }
+	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+
+test: $(STAMP) system-tools clients
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

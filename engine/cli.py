@@ -8,6 +8,7 @@
     python -m engine stats --topic T [--group G]    (per-queue offsets, store times, a group's lag)
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
     python -m engine check --store-dir DIR           (offline: verify every structure against the log)
+    python -m engine keygen --dir keys --name server (a CURVE key pair; --server-key/--client-key use them)
 
 Online commands reach the engine at ``--endpoint``, or at the endpoint of the
 engine running on ``--store-dir``. ``--json`` prints machine-readable output.
@@ -25,6 +26,7 @@ from typing import Any
 
 from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClient
 from engine.ipc.endpoints import NotRunning, read_engine_state
+from engine.ipc.curve import CurveKeys, keygen
 
 
 def _endpoint(args: argparse.Namespace) -> str:
@@ -33,6 +35,15 @@ def _endpoint(args: argparse.Namespace) -> str:
     if args.store_dir:
         return str(read_engine_state(args.store_dir)["endpoint"])
     return DEFAULT_ENDPOINT
+
+
+def _client(args: argparse.Namespace, *, timeout_ms: int) -> StoreClient:
+    curve = None
+    if args.server_key or args.client_key:
+        if not (args.server_key and args.client_key):
+            raise SystemExit("error: CURVE needs both --server-key and --client-key")
+        curve = CurveKeys.from_files(args.server_key, args.client_key)
+    return StoreClient(_endpoint(args), timeout_ms=timeout_ms, curve=curve)
 
 
 def _printable(value: Any) -> Any:
@@ -61,7 +72,7 @@ def _message_line(m: dict[str, Any]) -> str:
 
 def cmd_produce(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else b"x" * args.body_size
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms) as client:
         sent = 0
         results: list[dict[str, Any]] = []
         started = time.perf_counter()
@@ -90,7 +101,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms + args.wait_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms + args.wait_ms) as client:
         topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
         if args.topic not in topics:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
@@ -117,7 +128,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms) as client:
         if args.id:
             messages = [client.get_by_id(args.id)]
         elif args.offset is not None:
@@ -133,7 +144,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms) as client:
         queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}.get(args.topic)
         if queues is None:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
@@ -155,7 +166,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    with StoreClient(_endpoint(args), timeout_ms=args.timeout_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms) as client:
         if args.create:
             created = client.create_topic(args.create, queue_count=args.queues)
             _emit(args, created, f"topic {created['topic']} has {created['queue_count']} queues")
@@ -166,6 +177,20 @@ def cmd_topics(args: argparse.Namespace) -> int:
             return 0
         topics = client.list_topics()
     _emit(args, topics, "\n".join(f"{t['topic']}\t{t['queue_count']} queues" for t in topics) or "no topics")
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    try:
+        public_file, secret_file = keygen(args.dir, args.name)
+    except FileExistsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    keys = CurveKeys.from_files(public_file, secret_file)
+    facts = {"public_key_file": str(public_file), "secret_key_file": str(secret_file),
+             "public_key": keys.public_key, "secret_key": keys.secret_key}
+    _emit(args, facts, f"public key  {keys.public_key}  ({public_file}: give it to the other side)\n"
+                       f"secret key  {keys.secret_key}  ({secret_file}: keep it private)")
     return 0
 
 
@@ -211,6 +236,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-dir", type=Path, help="use the engine running on this store directory")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--timeout-ms", type=int, default=10_000, help="deadline of each request")
+    parser.add_argument("--server-key", type=Path, help="CURVE: the engine's public key file (NAME.key)")
+    parser.add_argument("--client-key", type=Path, help="CURVE: this client's secret key file (NAME.key_secret)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -275,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--repair", action="store_true",
                        help="first rebuild queues and index from the log (the store must be stopped)")
     check.set_defaults(handler=cmd_check)
+    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("--dir", type=Path, required=True, help="where to write the two files")
+    keygen.add_argument("--name", required=True, help="file name stem, e.g. server or billing-service")
+    keygen.add_argument("--json", action="store_true")
+    keygen.set_defaults(handler=cmd_keygen)
     return parser
 
 

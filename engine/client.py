@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from engine.ipc.curve import CurveKeys
 from engine.ipc.protocol import PROTOCOL_VERSION
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
@@ -52,9 +53,12 @@ class EngineError(ClientError):
 
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+        """``curve``: the engine's public key and this client's key pair, for an engine with
+        ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout."""
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
+        self.curve = curve
         self._context = context or zmq.Context.instance()
         self._ids = itertools.count(1)
         self._socket = self._connect()
@@ -62,6 +66,8 @@ class StoreClient:
     def _connect(self) -> zmq.Socket:
         sock = self._context.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            self.curve.apply(sock)
         sock.connect(self.endpoint)
         return sock
 

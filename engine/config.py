@@ -34,8 +34,14 @@ class ConfigError(ValueError):
 class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The engine's settings. Field names carry their unit; see docs/configuration.md."""
 
-    # Where clients connect. Loopback only unless set otherwise.
+    # Where clients connect. Loopback only unless bind_non_loopback is set.
     endpoint: str = "tcp://127.0.0.1:10911"
+    bind_non_loopback: bool = False
+    # CURVE encryption and client authentication on the client endpoint (docs/protocol.md 1.6).
+    # Paths are absolute, or relative to the config file's directory.
+    curve_enabled: bool = False
+    curve_server_secret_key_file: str = ""  # a secret certificate made by `python -m engine keygen`
+    curve_authorized_keys_dir: str = ""  # the public certificates (*.key) of the clients allowed in
     # Host and port written into STOREHOST and message ids.
     store_host: str = "127.0.0.1"
     store_port: int = 10911
@@ -128,6 +134,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              <= self.disk_space_warning_level_ratio <= 1,
              "disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning_level <= 1"),
             (self.file_reserved_time_hours >= 0, "file_reserved_time_hours must not be negative"),
+            (self.bind_non_loopback or is_loopback_endpoint(self.endpoint),
+             f"endpoint {self.endpoint} is not a loopback address; set bind_non_loopback = true to serve other "
+             f"machines (and consider curve_enabled)"),
+            (not self.curve_enabled or (self.curve_server_secret_key_file and self.curve_authorized_keys_dir),
+             "curve_enabled needs curve_server_secret_key_file and curve_authorized_keys_dir"),
         ]
         for ok, message in checks:
             if not ok:
@@ -166,6 +177,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             except (OSError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"cannot read config {path}: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
+        base = Path(path).resolve().parent if path is not None else Path.cwd()
+        for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir"):
+            if isinstance(values.get(key), str) and values[key]:
+                values[key] = str(base / Path(values[key]).expanduser())  # an absolute path stays as it is
         try:
             return msgspec.convert(values, cls).validate()
         except msgspec.ValidationError as exc:
@@ -173,6 +188,21 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     def to_toml_dict(self) -> dict[str, object]:
         return msgspec.structs.asdict(self)
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """True for ``ipc://``/``inproc://`` endpoints and ``tcp://`` ones bound to a loopback address."""
+    import ipaddress
+
+    if not endpoint.startswith("tcp://"):
+        return endpoint.startswith(("ipc://", "inproc://"))
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", an interface name or a host name: not known to be loopback
 
 
 def _is_ipv4(host: str) -> bool:

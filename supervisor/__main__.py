@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from engine.config import ConfigError, StoreConfig
+from engine.ipc.curve import check_authorized_keys_dir, load_server_keys
 from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
 from supervisor.supervisor import EngineError, Supervisor
 
@@ -57,6 +58,15 @@ def _store_port(endpoint: str | None) -> int | None:
 
 def cmd_start(args: argparse.Namespace) -> int:
     config = StoreConfig.load(args.config, endpoint=args.endpoint, store_port=_store_port(args.endpoint))
+    if config.curve_enabled:  # fail here, with the reason, rather than in the front's restarts
+        try:
+            load_server_keys(config.curve_server_secret_key_file)
+            allowed = check_authorized_keys_dir(config.curve_authorized_keys_dir)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not allowed:
+            print(f"warning: {config.curve_authorized_keys_dir} holds no client key (*.key): nobody can connect",
+                  file=sys.stderr)
     if args.detach:
         return _start_detached(args, config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")

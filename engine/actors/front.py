@@ -28,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
+from engine.ipc.curve import CurveServer
 from engine.ipc.messages import Route, encoder
 from engine.consumer_offsets import ConsumerOffsets
 from engine.ipc.protocol import (
@@ -67,6 +68,11 @@ class FrontActor(Actor):
         cfg = self.config
         self.clients = self.ctx.socket(zmq.ROUTER, max_message_bytes=cfg.client_frame_bytes_max)
         self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.curve: CurveServer | None = None
+        if cfg.curve_enabled:  # encryption, and only the clients of the allow-list get in
+            self.curve = CurveServer(self.ctx.zmq_context, cfg.curve_server_secret_key_file,
+                                     cfg.curve_authorized_keys_dir)
+            self.curve.secure(self.clients)
         self.clients.bind(cfg.endpoint)
         self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitored=True)
         self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
@@ -252,6 +258,8 @@ class FrontActor(Actor):
                             topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
 
     def tick(self, now_ms: int) -> None:
+        if self.curve is not None and self.curve.reload_allow_list():
+            log.info("CURVE allow-list read from %s", self.config.curve_authorized_keys_dir)
         if now_ms - self.last_persist_ms >= self.config.consumer_offset_persist_interval_ms:
             self.last_persist_ms = now_ms
             self.persist_offsets()
@@ -264,6 +272,8 @@ class FrontActor(Actor):
 
     def shutdown(self) -> None:
         self.persist_offsets()
+        if self.curve is not None:
+            self.curve.stop()
 
     def detail(self) -> dict[str, int]:
         return {"requests": self.requests_served, "topics": len(self.topics.topics)}

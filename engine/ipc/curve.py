@@ -1,0 +1,112 @@
+"""CURVE on the client endpoint: key pairs, the server side with its allow-list, the client side.
+
+Keys are ZeroMQ certificates as pyzmq's ``zmq.auth`` writes them:
+``NAME.key`` holds the public key, ``NAME.key_secret`` the public and the
+secret key, both as 40-character Z85 strings. Clients in other languages
+take the Z85 strings (``python -m engine keygen`` prints them).
+
+The server authenticates through ZAP (RFC 27): a ``ThreadAuthenticator`` in
+the front accepts a client only if its public key is one of the ``*.key``
+files in ``curve_authorized_keys_dir``. A client with another key, or a
+plaintext client, never gets a reply: ZeroMQ rejects the handshake
+silently, so clients must use timeouts. Without the authenticator libzmq
+would accept any key (encryption without authentication), so the front
+refuses to start CURVE without it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """What a client needs: the server's public key and its own key pair (Z85 strings)."""
+
+    server_public_key: str
+    public_key: str
+    secret_key: str
+
+    @classmethod
+    def from_files(cls, server_public_file: str | Path, client_secret_file: str | Path) -> CurveKeys:
+        server_public, _ = zmq.auth.load_certificate(server_public_file)
+        public, secret = zmq.auth.load_certificate(client_secret_file)
+        if secret is None:
+            raise ValueError(f"{client_secret_file} holds no secret key (use the .key_secret file)")
+        return cls(server_public.decode(), public.decode(), secret.decode())
+
+    def apply(self, sock: zmq.Socket) -> None:
+        sock.curve_serverkey = self.server_public_key.encode()
+        sock.curve_publickey = self.public_key.encode()
+        sock.curve_secretkey = self.secret_key.encode()
+
+
+def keygen(directory: Path, name: str) -> tuple[Path, Path]:
+    """Write ``NAME.key`` and ``NAME.key_secret`` (mode 0600) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for suffix in (".key", ".key_secret"):
+        if (directory / f"{name}{suffix}").exists():
+            raise FileExistsError(f"{directory / (name + suffix)} exists; keys are never overwritten")
+    public_file, secret_file = zmq.auth.create_certificates(str(directory), name)
+    os.chmod(secret_file, 0o600)
+    return Path(public_file), Path(secret_file)
+
+
+def load_server_keys(secret_file: str | Path) -> tuple[bytes, bytes]:
+    """(public, secret) of the server's certificate; ValueError with the reason if unusable."""
+    try:
+        public, secret = zmq.auth.load_certificate(secret_file)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the server key {secret_file}: {exc}") from None
+    if secret is None:
+        raise ValueError(f"{secret_file} holds no secret key (give the .key_secret file)")
+    return public, secret
+
+
+def check_authorized_keys_dir(directory: str | Path) -> int:
+    """How many client public keys the allow-list holds; ValueError if the directory is unusable."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise ValueError(f"curve_authorized_keys_dir {path} is not a directory")
+    return len([name for name in os.listdir(path) if name.endswith(".key")])
+
+
+class CurveServer:
+    """Makes a ROUTER a CURVE server and runs the ZAP allow-list beside it."""
+
+    def __init__(self, context: zmq.Context, secret_file: str, authorized_keys_dir: str) -> None:
+        self.public, self.secret = load_server_keys(secret_file)
+        self.authorized_keys_dir = authorized_keys_dir
+        self.authenticator = ThreadAuthenticator(context)
+        self.authenticator.start()
+        self._allow_list_mtime_ns = -1
+        self.reload_allow_list()
+
+    def secure(self, sock: zmq.Socket) -> None:
+        """Call before ``bind``."""
+        sock.curve_server = True
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def reload_allow_list(self) -> bool:
+        """Read the allow-list again if the directory changed (a key added or removed); True if read."""
+        try:
+            mtime_ns = os.stat(self.authorized_keys_dir).st_mtime_ns
+        except FileNotFoundError:
+            mtime_ns = -2
+        if mtime_ns == self._allow_list_mtime_ns:
+            return False
+        self._allow_list_mtime_ns = mtime_ns
+        # configure_curve reads every *.key file (an unreadable directory keeps the last list,
+        # and allows nobody if there was none).
+        self.authenticator.configure_curve(domain="*", location=self.authorized_keys_dir)
+        return True
+
+    def stop(self) -> None:
+        self.authenticator.stop()
