@@ -1,0 +1,418 @@
+/*
+ * rmq_conformance.c: the conformance driver of the C client (clients/conformance.md).
+ *
+ *     rmq_conformance ENDPOINT [--server-key Z85 --public-key Z85 --secret-key Z85] [--timeout-ms N]
+ *
+ * Reads a JSON array of commands on stdin, calls the client once per command and
+ * writes a JSON array of results on stdout. Exit status 0 when every command ran
+ * (whatever the engine answered); 2 when the arguments or a command are malformed,
+ * in which case nothing is written to stdout and the reason goes to stderr.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base64.h"
+#include "json.h"
+#include "rmq_client.h"
+
+#define DEFAULT_TIMEOUT_MS 5000
+#define DEFAULT_MAX_MESSAGES 32
+#define DEFAULT_MAX_RESULTS 64
+#define EXIT_BAD_INPUT 2
+
+static void die(const char *format, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+static void die(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    fputs("rmq_conformance: ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
+    va_end(args);
+    exit(EXIT_BAD_INPUT);
+}
+
+/* ---- reading command fields ------------------------------------------------------ */
+
+/* A string field, NULL when absent or null (if optional). */
+static const char *string_field(const json_value *cmd, const char *name, int required) {
+    const json_value *v = json_get(cmd, name);
+    if (v == NULL || v->type == JSON_NULL) {
+        if (required) die("command lacks the string field '%s'", name);
+        return NULL;
+    }
+    if (v->type != JSON_STRING) die("field '%s' must be a string", name);
+    if (strlen(v->string) != v->string_len) die("field '%s' holds a NUL character, which C strings cannot carry", name);
+    return v->string;
+}
+
+/* An integer field: 1 and *out when present, 0 when absent or null (if optional). */
+static int int_field(const json_value *cmd, const char *name, int required, int64_t min, int64_t max, int64_t *out) {
+    const json_value *v = json_get(cmd, name);
+    if (v == NULL || v->type == JSON_NULL) {
+        if (required) die("command lacks the integer field '%s'", name);
+        return 0;
+    }
+    if (v->type != JSON_INT) die("field '%s' must be an integer", name);
+    if (v->integer < min || v->integer > max) {
+        die("field '%s' = %" PRId64 " is outside %" PRId64 " .. %" PRId64, name, v->integer, min, max);
+    }
+    *out = v->integer;
+    return 1;
+}
+
+static int32_t int32_field(const json_value *cmd, const char *name, int required, int32_t fallback) {
+    int64_t v = fallback;
+    int_field(cmd, name, required, INT32_MIN, INT32_MAX, &v);
+    return (int32_t)v;
+}
+
+static int64_t int64_field(const json_value *cmd, const char *name) {
+    int64_t v = 0;
+    int_field(cmd, name, 1, INT64_MIN, INT64_MAX, &v);
+    return v;
+}
+
+/* ---- writing results ------------------------------------------------------------- */
+
+static void write_str(FILE *out, const char *s) {
+    if (s == NULL) fputs("null", out);
+    else json_write_string(out, s, strlen(s));
+}
+
+static void write_error(FILE *out, const rmq_error *err) {
+    fprintf(out, "{\"ok\":false,\"code\":%d,\"name\":", err->code);
+    write_str(out, err->name);
+    fputs(",\"message\":", out);
+    write_str(out, err->message);
+    fputc('}', out);
+}
+
+static void write_message(FILE *out, const rmq_message *m) {
+    fputs("{\"topic\":", out);
+    write_str(out, m->topic);
+    fprintf(out, ",\"queue_id\":%" PRId32 ",\"queue_offset\":%" PRId64 ",\"commit_log_offset\":%" PRId64
+                 ",\"store_size\":%" PRId32 ",\"msg_id\":",
+            m->queue_id, m->queue_offset, m->commit_log_offset, m->store_size);
+    write_str(out, m->msg_id);
+    fputs(",\"body_b64\":\"", out);
+    base64_write(out, m->body, m->body_len);
+    fprintf(out, "\",\"body_crc\":%" PRIu32 ",\"tags\":", m->body_crc);
+    write_str(out, m->tags);
+    fputs(",\"keys\":[", out);
+    for (size_t i = 0; i < m->key_count; i++) {
+        if (i > 0) fputc(',', out);
+        write_str(out, m->keys[i]);
+    }
+    fputs("],\"uniq_key\":", out);
+    write_str(out, m->uniq_key);
+    fputs(",\"properties\":{", out);
+    for (size_t i = 0; i < m->property_count; i++) {
+        if (i > 0) fputc(',', out);
+        write_str(out, m->properties[i].name);
+        fputc(':', out);
+        write_str(out, m->properties[i].value);
+    }
+    fprintf(out, "},\"flag\":%" PRId32 ",\"sys_flag\":%" PRId32 ",\"born_timestamp\":%" PRId64 ",\"born_host\":",
+            m->flag, m->sys_flag, m->born_timestamp);
+    write_str(out, m->born_host);
+    fprintf(out, ",\"store_timestamp\":%" PRId64 ",\"store_host\":", m->store_timestamp);
+    write_str(out, m->store_host);
+    fprintf(out, ",\"reconsume_times\":%" PRId32 "}", m->reconsume_times);
+}
+
+static void write_message_list(FILE *out, const rmq_message_list *list) {
+    fputc('[', out);
+    for (size_t i = 0; i < list->count; i++) {
+        if (i > 0) fputc(',', out);
+        write_message(out, &list->items[i]);
+    }
+    fputc(']', out);
+}
+
+/* ---- commands -------------------------------------------------------------------- */
+
+/* The memory behind one outgoing message (freed after the send). */
+typedef struct outgoing {
+    unsigned char *body;
+    const char **keys;
+    rmq_property *properties;
+} outgoing;
+
+static void read_keys(const json_value *keys, rmq_outgoing_message *m, outgoing *o) {
+    if (keys == NULL || keys->type == JSON_NULL) return;
+    if (keys->type != JSON_ARRAY) die("'keys' must be an array of strings");
+    o->keys = calloc(keys->count + 1, sizeof *o->keys);
+    if (o->keys == NULL) die("out of memory");
+    for (size_t k = 0; k < keys->count; k++) {
+        const json_value *key = &keys->items[k];
+        if (key->type != JSON_STRING || strlen(key->string) != key->string_len) die("'keys' must hold strings without NUL");
+        o->keys[k] = key->string;
+    }
+    m->keys = o->keys;
+    m->key_count = keys->count;
+}
+
+static void read_properties(const json_value *props, rmq_outgoing_message *m, outgoing *o) {
+    if (props == NULL || props->type == JSON_NULL) return;
+    if (props->type != JSON_OBJECT) die("'properties' must be an object of strings");
+    o->properties = calloc(props->count + 1, sizeof *o->properties);
+    if (o->properties == NULL) die("out of memory");
+    for (size_t k = 0; k < props->count; k++) {
+        const json_value *value = &props->items[k];
+        if (value->type != JSON_STRING || strlen(value->string) != value->string_len) {
+            die("'properties' values must be strings without NUL");
+        }
+        o->properties[k].name = props->names[k];
+        o->properties[k].value = value->string;
+    }
+    m->properties = o->properties;
+    m->property_count = props->count;
+}
+
+static void read_message(const json_value *spec, rmq_outgoing_message *m, outgoing *o) {
+    if (spec->type != JSON_OBJECT) die("each message must be an object");
+    const char *body = string_field(spec, "body_b64", 1);
+    size_t body_len = 0;
+    if (base64_decode(body, strlen(body), &o->body, &body_len) != 0) die("'body_b64' is not padded base64");
+    m->body = o->body;
+    m->body_len = body_len;
+    m->tags = string_field(spec, "tags", 0);
+    read_keys(json_get(spec, "keys"), m, o);
+    read_properties(json_get(spec, "properties"), m, o);
+    m->flag = int32_field(spec, "flag", 0, 0);
+}
+
+static void run_send(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *topic = string_field(cmd, "topic", 1);
+    rmq_send_options options = {0};
+    int64_t queue_id = 0;
+    options.has_queue_id = int_field(cmd, "queue_id", 0, INT32_MIN, INT32_MAX, &queue_id);
+    options.queue_id = (int32_t)queue_id;
+    options.sharding_key = string_field(cmd, "sharding_key", 0);
+    const json_value *specs = json_get(cmd, "messages");
+    if (specs == NULL || specs->type != JSON_ARRAY) die("'send' needs a 'messages' array");
+    size_t count = specs->count;
+    rmq_outgoing_message *messages = calloc(count + 1, sizeof *messages);
+    outgoing *owned = calloc(count + 1, sizeof *owned);
+    rmq_send_result *results = calloc(count + 1, sizeof *results);
+    if (messages == NULL || owned == NULL || results == NULL) die("out of memory");
+    for (size_t i = 0; i < count; i++) read_message(&specs->items[i], &messages[i], &owned[i]);
+
+    rmq_error err;
+    int rc = count == 1 ? rmq_send(client, topic, &options, &messages[0], &results[0], &err)
+                        : rmq_send_batch(client, topic, &options, messages, count, results, &err);
+    if (rc != 0) {
+        write_error(out, &err);
+    } else {
+        fputs("{\"ok\":true,\"results\":[", out);
+        for (size_t i = 0; i < count; i++) {
+            const rmq_send_result *r = &results[i];
+            fputs(i > 0 ? ",{\"status\":" : "{\"status\":", out);
+            write_str(out, r->status);
+            fprintf(out, ",\"status_code\":%" PRId32 ",\"msg_id\":", r->status_code);
+            write_str(out, r->msg_id);
+            fprintf(out, ",\"queue_id\":%" PRId32 ",\"queue_offset\":%" PRId64 ",\"commit_log_offset\":%" PRId64
+                         ",\"store_timestamp\":%" PRId64 "}",
+                    r->queue_id, r->queue_offset, r->commit_log_offset, r->store_timestamp);
+        }
+        fputs("]}", out);
+    }
+    for (size_t i = 0; i < count; i++) {
+        free(owned[i].body);
+        free(owned[i].keys);
+        free(owned[i].properties);
+    }
+    free(messages);
+    free(owned);
+    free(results);
+}
+
+static void run_pull(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    int64_t offset = int64_field(cmd, "offset");
+    int32_t max_messages = int32_field(cmd, "max_messages", 0, DEFAULT_MAX_MESSAGES);
+    rmq_pull_options options = {0};
+    options.max_wait_ms = int32_field(cmd, "max_wait_ms", 0, 0);
+    options.subscription = string_field(cmd, "subscription", 0);
+    rmq_pull_result result;
+    rmq_error err;
+    if (rmq_pull(client, topic, queue_id, offset, max_messages, &options, &result, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"status\":", out);
+    write_str(out, result.status);
+    fprintf(out, ",\"next_offset\":%" PRId64 ",\"min_offset\":%" PRId64 ",\"max_offset\":%" PRId64 ",\"messages\":",
+            result.next_offset, result.min_offset, result.max_offset);
+    write_message_list(out, &result.messages);
+    fputc('}', out);
+    rmq_pull_result_free(&result);
+}
+
+static void run_query_by_key(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *topic = string_field(cmd, "topic", 1);
+    const char *key = string_field(cmd, "key", 1);
+    int32_t max_results = int32_field(cmd, "max_results", 0, DEFAULT_MAX_RESULTS);
+    rmq_message_list result;
+    rmq_error err;
+    if (rmq_query_by_key(client, topic, key, max_results, &result, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"messages\":", out);
+    write_message_list(out, &result);
+    fputc('}', out);
+    rmq_message_list_free(&result);
+}
+
+static void run_get_by_id(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *msg_id = string_field(cmd, "msg_id", 1);
+    rmq_message message;
+    rmq_error err;
+    if (rmq_get_by_id(client, msg_id, &message, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"message\":", out);
+    write_message(out, &message);
+    fputc('}', out);
+    rmq_message_free(&message);
+}
+
+static void run_commit_offset(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    int64_t offset = int64_field(cmd, "offset");
+    rmq_error err;
+    if (rmq_commit_offset(client, group, topic, queue_id, offset, &err) != 0) write_error(out, &err);
+    else fputs("{\"ok\":true}", out);
+}
+
+static void run_fetch_offset(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    int64_t offset = 0;
+    rmq_error err;
+    if (rmq_fetch_offset(client, group, topic, queue_id, &offset, &err) != 0) write_error(out, &err);
+    else fprintf(out, "{\"ok\":true,\"offset\":%" PRId64 "}", offset);
+}
+
+static void run_ping(FILE *out, rmq_client *client, const json_value *cmd) {
+    (void)cmd;
+    rmq_error err;
+    if (rmq_ping(client, &err) != 0) write_error(out, &err);
+    else fputs("{\"ok\":true}", out);
+}
+
+typedef void (*command_fn)(FILE *out, rmq_client *client, const json_value *cmd);
+
+static const struct {
+    const char *op;
+    command_fn run;
+} commands[] = {
+    {"send", run_send},
+    {"pull", run_pull},
+    {"query_by_key", run_query_by_key},
+    {"get_by_id", run_get_by_id},
+    {"commit_offset", run_commit_offset},
+    {"fetch_offset", run_fetch_offset},
+    {"ping", run_ping},
+};
+
+static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {
+    if (cmd->type != JSON_OBJECT) die("command %zu is not an object", index);
+    const char *op = string_field(cmd, "op", 1);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(commands[i].op, op) == 0) {
+            commands[i].run(out, client, cmd);
+            return;
+        }
+    }
+    die("command %zu has the unknown op '%s'", index, op);
+}
+
+/* ---- main ------------------------------------------------------------------------ */
+
+static char *read_all(FILE *in, size_t *len) {
+    size_t cap = 65536, used = 0;
+    char *data = malloc(cap);
+    if (data == NULL) die("out of memory");
+    for (;;) {
+        if (used == cap) {
+            cap *= 2;
+            data = realloc(data, cap);
+            if (data == NULL) die("out of memory");
+        }
+        size_t n = fread(data + used, 1, cap - used, in);
+        used += n;
+        if (n == 0) break;
+    }
+    if (ferror(in)) die("cannot read standard input");
+    *len = used;
+    return data;
+}
+
+static void usage(void) {
+    die("usage: rmq_conformance ENDPOINT [--server-key Z85 --public-key Z85 --secret-key Z85] [--timeout-ms N]");
+}
+
+int main(int argc, char **argv) {
+    const char *endpoint = NULL;
+    rmq_curve_keys keys = {NULL, NULL, NULL};
+    long timeout_ms = DEFAULT_TIMEOUT_MS;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(arg, "--server-key") == 0 && value) keys.server_public_key = argv[++i];
+        else if (strcmp(arg, "--public-key") == 0 && value) keys.client_public_key = argv[++i];
+        else if (strcmp(arg, "--secret-key") == 0 && value) keys.client_secret_key = argv[++i];
+        else if (strcmp(arg, "--timeout-ms") == 0 && value) {
+            char *end = NULL;
+            timeout_ms = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || timeout_ms <= 0 || timeout_ms > INT32_MAX) usage();
+        } else if (arg[0] != '-' && endpoint == NULL) endpoint = arg;
+        else usage();
+    }
+    int key_count = (keys.server_public_key != NULL) + (keys.client_public_key != NULL) +
+                    (keys.client_secret_key != NULL);
+    if (endpoint == NULL || (key_count != 0 && key_count != 3)) usage();
+
+    size_t len = 0;
+    char *input = read_all(stdin, &len);
+    char error[256] = "";
+    json_value *doc = json_parse(input, len, error, sizeof error);
+    if (doc == NULL) die("standard input is not valid JSON: %s", error);
+    if (doc->type != JSON_ARRAY) die("standard input must be a JSON array of commands");
+
+    rmq_error err;
+    rmq_client *client = rmq_connect(endpoint, (int)timeout_ms, key_count ? &keys : NULL, &err);
+    if (client == NULL) die("cannot connect: %s (%d): %s", err.name, err.code, err.message);
+
+    /* Results are collected first, so a malformed command leaves stdout empty. */
+    char *results = NULL;
+    size_t results_len = 0;
+    FILE *out = open_memstream(&results, &results_len);
+    if (out == NULL) die("out of memory");
+    fputc('[', out);
+    for (size_t i = 0; i < doc->count; i++) {
+        if (i > 0) fputc(',', out);
+        run_command(out, client, &doc->items[i], i);
+    }
+    fputs("]\n", out);
+    fclose(out);
+    rmq_close(client);
+    fwrite(results, 1, results_len, stdout);
+    free(results);
+    json_free(doc);
+    free(input);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

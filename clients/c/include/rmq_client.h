@@ -1,0 +1,214 @@
+/*
+ * rmq_client.h: the C client of the message store (docs/protocol.md, version 1).
+ *
+ * One rmq_client is one ZeroMQ DEALER socket connected to the engine. Every call
+ * sends one request, waits for the reply with the same request id, and returns.
+ *
+ *     rmq_error err;
+ *     rmq_client *client = rmq_connect("tcp://127.0.0.1:10911", 5000, NULL, &err);
+ *     rmq_outgoing_message msg = {.body = "hello", .body_len = 5, .tags = "new"};
+ *     rmq_send_result sent;
+ *     if (rmq_send(client, "orders", NULL, &msg, &sent, &err) != 0)
+ *         fprintf(stderr, "%s (%d): %s\n", err.name, err.code, err.message);
+ *     rmq_close(client);
+ *
+ * Return values. Every call that can fail returns 0 on success. On failure it
+ * returns the error code (never 0) and, when `err` is not NULL, fills *err:
+ *   - code > 0: the engine refused the request; code and name are the engine's
+ *     stable ErrorCode (docs/protocol.md section 7.3), e.g. 6 TOPIC_NOT_FOUND.
+ *     The engine did nothing for the request (see the protocol for the two
+ *     exceptions in `send`).
+ *   - code < 0: the client gave up on its own; see RMQ_ERR_* below. After
+ *     RMQ_ERR_TIMEOUT the outcome of the request is unknown (a send may or may
+ *     not have been stored).
+ *
+ * Ownership. Strings and buffers passed in are only read during the call and
+ * can be freed as soon as it returns. Results come back in caller-provided
+ * structs. Structs that hold messages (rmq_message, rmq_message_list,
+ * rmq_pull_result) own their memory and must be released with their *_free
+ * function; after a failed call they are left empty (freeing them is allowed
+ * and does nothing). Every pointer inside a returned message stays valid until
+ * that message is freed. rmq_send_result holds no pointers (nothing to free);
+ * its contents are unspecified after a failed call.
+ *
+ * Threads. A client is not thread-safe: use one client per thread, or a lock.
+ * Different clients are independent.
+ */
+#ifndef RMQ_CLIENT_H
+#define RMQ_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors the client reports by itself (the engine's codes are all > 0). */
+#define RMQ_ERR_TIMEOUT (-1)          /* "TIMEOUT": no reply before the deadline */
+#define RMQ_ERR_INVALID_ARGUMENT (-2) /* "INVALID_ARGUMENT": a NULL or malformed argument; nothing sent */
+#define RMQ_ERR_BAD_REPLY (-3)        /* "BAD_REPLY": the reply could not be decoded */
+#define RMQ_ERR_TRANSPORT (-4)        /* "TRANSPORT": a ZeroMQ call failed (e.g. bad endpoint) */
+#define RMQ_ERR_NO_MEMORY (-5)        /* "NO_MEMORY": an allocation failed */
+
+/* A request frame larger than this is refused locally with RMQ_ERR_INVALID_ARGUMENT:
+ * the engine would drop it and the connection with it (client_frame_bytes_max). */
+#define RMQ_REQUEST_BYTES_MAX 4259840u
+
+typedef struct rmq_error {
+    int code;          /* engine ErrorCode (> 0) or RMQ_ERR_* (< 0); 0 = no error */
+    char name[64];     /* e.g. "TOPIC_NOT_FOUND", "TIMEOUT"; NUL-terminated */
+    char message[512]; /* human-readable detail, UTF-8, possibly truncated; do not parse */
+} rmq_error;
+
+typedef struct rmq_client rmq_client;
+
+/* CURVE keys, each a 40-character Z85 string (as printed by zmq_curve_keypair or
+ * pyzmq's zmq.curve_keypair). All three are required together. */
+typedef struct rmq_curve_keys {
+    const char *server_public_key; /* the engine's public key */
+    const char *client_public_key;
+    const char *client_secret_key;
+} rmq_curve_keys;
+
+/* A name/value pair of UTF-8 strings (message properties). */
+typedef struct rmq_property {
+    const char *name;
+    const char *value;
+} rmq_property;
+
+/* One message to send. Only `body`/`body_len` are required; zero-initialise the rest. */
+typedef struct rmq_outgoing_message {
+    const void *body;               /* 1 .. 4 MiB bytes, any content (zero bytes too) */
+    size_t body_len;
+    const char *tags;               /* NULL: no tag */
+    const char *const *keys;        /* key_count UTF-8 strings, non-empty, no spaces */
+    size_t key_count;
+    const rmq_property *properties; /* property_count pairs; not KEYS, TAGS, __CRC32# */
+    size_t property_count;
+    int32_t flag;                   /* stored and returned unchanged; 0 is the default */
+} rmq_outgoing_message;
+
+/* Where a send goes. NULL for rmq_send/rmq_send_batch means "the engine picks". */
+typedef struct rmq_send_options {
+    int has_queue_id;         /* nonzero: send to queue_id */
+    int32_t queue_id;
+    const char *sharding_key; /* NULL: none; used only without a queue_id */
+} rmq_send_options;
+
+/* The outcome of one sent message (the reply's results[i], protocol 4.1). */
+typedef struct rmq_send_result {
+    char status[32];          /* "PUT_OK" or "FLUSH_DISK_TIMEOUT" */
+    int32_t status_code;      /* PutStatus: 0 PUT_OK, 1 FLUSH_DISK_TIMEOUT */
+    char msg_id[65];          /* 32 uppercase hex characters */
+    int32_t queue_id;
+    int64_t queue_offset;
+    int64_t commit_log_offset;
+    int64_t store_timestamp;  /* ms since the epoch */
+} rmq_send_result;
+
+/* A stored message: the 19 fields of the message object (protocol 6.1).
+ * Strings are NUL-terminated UTF-8. All pointers point into one block owned by
+ * the message; release it with rmq_message_free (or the list/pull free). */
+typedef struct rmq_message {
+    const char *topic;
+    int32_t queue_id;
+    int64_t queue_offset;
+    int64_t commit_log_offset;
+    int32_t store_size;
+    const char *msg_id;
+    const unsigned char *body;      /* body_len bytes (followed by a NUL not counted) */
+    size_t body_len;
+    uint32_t body_crc;
+    const char *tags;               /* NULL when the message has no tag */
+    const char *const *keys;        /* key_count keys, in the order sent */
+    size_t key_count;
+    const char *uniq_key;           /* NULL when absent */
+    const rmq_property *properties; /* user properties plus UNIQ_KEY, in reply order */
+    size_t property_count;
+    int32_t flag;
+    int32_t sys_flag;
+    int64_t born_timestamp;         /* ms since the epoch */
+    const char *born_host;          /* "a.b.c.d:port" */
+    int64_t store_timestamp;        /* ms since the epoch */
+    const char *store_host;         /* "a.b.c.d:port" */
+    int32_t reconsume_times;
+    void *storage;                  /* private: the block everything above points into */
+} rmq_message;
+
+typedef struct rmq_message_list {
+    rmq_message *items; /* count messages; NULL when count is 0 */
+    size_t count;
+} rmq_message_list;
+
+/* Optional pull settings. NULL for rmq_pull means all defaults. */
+typedef struct rmq_pull_options {
+    int32_t max_wait_ms;      /* 0: answer at once; > 0: long poll (the call's timeout grows by this) */
+    const char *subscription; /* NULL: "*"; else tags joined by "||" */
+} rmq_pull_options;
+
+typedef struct rmq_pull_result {
+    char status[32];      /* GetStatus name, e.g. "FOUND", "OFFSET_OVERFLOW_ONE" */
+    int32_t status_code;  /* GetStatus number (protocol 5.1) */
+    int64_t next_offset;  /* always continue from here */
+    int64_t min_offset;
+    int64_t max_offset;
+    rmq_message_list messages; /* empty unless status is FOUND */
+} rmq_pull_result;
+
+/* Connects a client. `endpoint` is e.g. "tcp://127.0.0.1:10911"; `timeout_ms`
+ * (> 0) is the deadline of every call; `curve` is NULL for no encryption.
+ * Returns NULL on failure (with *err filled). The connection itself is made in
+ * the background: an engine that is not there shows up as RMQ_ERR_TIMEOUT on
+ * the first call, not here. */
+rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err);
+
+/* Closes the socket without waiting for unsent requests. NULL is allowed. */
+void rmq_close(rmq_client *client);
+
+/* Sends one message. `options` may be NULL. On success *result holds its outcome. */
+int rmq_send(rmq_client *client, const char *topic, const rmq_send_options *options,
+             const rmq_outgoing_message *message, rmq_send_result *result, rmq_error *err);
+
+/* Sends `count` messages as one all-or-nothing batch to one queue. `results` is
+ * a caller-provided array of `count` entries, filled in message order. */
+int rmq_send_batch(rmq_client *client, const char *topic, const rmq_send_options *options,
+                   const rmq_outgoing_message *messages, size_t count, rmq_send_result *results,
+                   rmq_error *err);
+
+/* Reads up to `max_messages` (engine default 32, capped at 1024) from one queue,
+ * starting at `offset`. `options` may be NULL. Free *result with rmq_pull_result_free. */
+int rmq_pull(rmq_client *client, const char *topic, int32_t queue_id, int64_t offset, int32_t max_messages,
+             const rmq_pull_options *options, rmq_pull_result *result, rmq_error *err);
+
+/* Finds up to `max_results` (engine default 64, also its cap) messages of `topic`
+ * carrying `key` as a key or as uniq_key. Free *result with rmq_message_list_free. */
+int rmq_query_by_key(rmq_client *client, const char *topic, const char *key, int32_t max_results,
+                     rmq_message_list *result, rmq_error *err);
+
+/* Reads one message by its msg_id. Free *result with rmq_message_free. */
+int rmq_get_by_id(rmq_client *client, const char *msg_id, rmq_message *result, rmq_error *err);
+
+/* Creates `topic` with `queue_count` queues, or grows it to that many. */
+int rmq_create_topic(rmq_client *client, const char *topic, int32_t queue_count, rmq_error *err);
+
+/* Records that `group` will next consume `offset` of the queue. */
+int rmq_commit_offset(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
+                      int64_t offset, rmq_error *err);
+
+/* Reads the offset `group` committed for the queue into *offset; -1 if none. */
+int rmq_fetch_offset(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
+                     int64_t *offset, rmq_error *err);
+
+/* Checks that the engine answers. */
+int rmq_ping(rmq_client *client, rmq_error *err);
+
+void rmq_message_free(rmq_message *message);
+void rmq_message_list_free(rmq_message_list *list);
+void rmq_pull_result_free(rmq_pull_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RMQ_CLIENT_H */

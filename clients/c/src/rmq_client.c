@@ -1,0 +1,587 @@
+/*
+ * rmq_client.c: connection, request/reply matching and the operations of
+ * docs/protocol.md over one ZeroMQ DEALER socket.
+ *
+ * Every call: take a fresh request id, encode one msgpack map, send it as one
+ * frame, then read frames until the one whose `id` matches (others are late
+ * replies and are dropped) or until the deadline. After a timeout the socket is
+ * closed (linger 0) and a new one is connected, so a reply that arrives late can
+ * never be read by a later call.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "rmq_client.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <msgpuck.h>
+#include <zmq.h>
+
+#include "rmq_codec.h"
+
+#define PROTOCOL_VERSION 1
+#define Z85_KEY_CHARS 40
+#define REPLY_FIELDS_MAX 10
+
+struct rmq_client {
+    void *context;
+    void *socket; /* NULL after a failed reconnect; the next call retries */
+    char *endpoint;
+    int timeout_ms;
+    int use_curve;
+    char server_public_key[Z85_KEY_CHARS + 1];
+    char client_public_key[Z85_KEY_CHARS + 1];
+    char client_secret_key[Z85_KEY_CHARS + 1];
+    int64_t next_request_id; /* starts at 1: id 0 is what the engine uses for unreadable requests */
+};
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+static int set_error(rmq_error *err, int code, const char *name, const char *format, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int set_error(rmq_error *err, int code, const char *name, const char *format, ...) {
+    assert(code != 0);
+    if (err != NULL) {
+        err->code = code;
+        rmq_copy_utf8(err->name, sizeof err->name, name, strlen(name));
+        va_list args;
+        va_start(args, format);
+        vsnprintf(err->message, sizeof err->message, format, args);
+        va_end(args);
+    }
+    return code;
+}
+
+static int invalid_argument(rmq_error *err, const char *what) {
+    return set_error(err, RMQ_ERR_INVALID_ARGUMENT, "INVALID_ARGUMENT", "%s", what);
+}
+
+static int transport_error(rmq_error *err, const char *call) {
+    return set_error(err, RMQ_ERR_TRANSPORT, "TRANSPORT", "%s: %s", call, zmq_strerror(zmq_errno()));
+}
+
+static int bad_reply(rmq_error *err, const char *why) {
+    return set_error(err, RMQ_ERR_BAD_REPLY, "BAD_REPLY", "reply field '%s' is missing or malformed", why);
+}
+
+static void clear_error(rmq_error *err) {
+    if (err != NULL) memset(err, 0, sizeof *err);
+}
+
+/* ---- socket ---------------------------------------------------------------------- */
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int open_socket(rmq_client *c, rmq_error *err) {
+    assert(c->socket == NULL);
+    void *s = zmq_socket(c->context, ZMQ_DEALER);
+    if (s == NULL) return transport_error(err, "zmq_socket");
+    int linger = 0;
+    int rc = zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    if (rc == 0 && c->use_curve) {
+        rc = zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, c->server_public_key, Z85_KEY_CHARS);
+        if (rc == 0) rc = zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, c->client_public_key, Z85_KEY_CHARS);
+        if (rc == 0) rc = zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, c->client_secret_key, Z85_KEY_CHARS);
+    }
+    if (rc != 0) {
+        int code = transport_error(err, "zmq_setsockopt (are the CURVE keys valid Z85?)");
+        zmq_close(s);
+        return code;
+    }
+    if (zmq_connect(s, c->endpoint) != 0) {
+        int code = transport_error(err, "zmq_connect");
+        zmq_close(s);
+        return code;
+    }
+    c->socket = s;
+    return 0;
+}
+
+static void drop_socket(rmq_client *c) {
+    if (c->socket != NULL) zmq_close(c->socket);
+    c->socket = NULL;
+}
+
+static int check_curve_key(const char *key, const char *what, rmq_error *err) {
+    if (key == NULL || strlen(key) != Z85_KEY_CHARS) {
+        return set_error(err, RMQ_ERR_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+                         "%s must be a %d-character Z85 string", what, Z85_KEY_CHARS);
+    }
+    return 0;
+}
+
+static int copy_curve_keys(rmq_client *c, const rmq_curve_keys *curve, rmq_error *err) {
+    int rc = check_curve_key(curve->server_public_key, "the server public key", err);
+    if (rc == 0) rc = check_curve_key(curve->client_public_key, "the client public key", err);
+    if (rc == 0) rc = check_curve_key(curve->client_secret_key, "the client secret key", err);
+    if (rc != 0) return rc;
+    if (!zmq_has("curve")) {
+        return set_error(err, RMQ_ERR_TRANSPORT, "TRANSPORT", "this libzmq was built without CURVE");
+    }
+    memcpy(c->server_public_key, curve->server_public_key, Z85_KEY_CHARS + 1);
+    memcpy(c->client_public_key, curve->client_public_key, Z85_KEY_CHARS + 1);
+    memcpy(c->client_secret_key, curve->client_secret_key, Z85_KEY_CHARS + 1);
+    c->use_curve = 1;
+    return 0;
+}
+
+rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err) {
+    clear_error(err);
+    if (endpoint == NULL) {
+        invalid_argument(err, "endpoint is NULL");
+        return NULL;
+    }
+    if (timeout_ms <= 0) {
+        invalid_argument(err, "timeout_ms must be > 0");
+        return NULL;
+    }
+    rmq_client *c = calloc(1, sizeof *c);
+    if (c == NULL || (c->endpoint = strdup(endpoint)) == NULL) {
+        free(c);
+        set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the client");
+        return NULL;
+    }
+    c->timeout_ms = timeout_ms;
+    c->next_request_id = 1;
+    if (curve != NULL && copy_curve_keys(c, curve, err) != 0) {
+        rmq_close(c);
+        return NULL;
+    }
+    c->context = zmq_ctx_new();
+    if (c->context == NULL) {
+        transport_error(err, "zmq_ctx_new");
+        rmq_close(c);
+        return NULL;
+    }
+    if (open_socket(c, err) != 0) {
+        rmq_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+void rmq_close(rmq_client *client) {
+    if (client == NULL) return;
+    drop_socket(client);
+    if (client->context != NULL) {
+        while (zmq_ctx_term(client->context) != 0 && zmq_errno() == EINTR) {
+        }
+    }
+    /* The secret key should not outlive the client in freed memory. */
+    memset(client->client_secret_key, 0, sizeof client->client_secret_key);
+    free(client->endpoint);
+    free(client);
+}
+
+/* ---- one call: send, then wait for the matching reply ------------------------- */
+
+static void begin_request(rmq_client *c, rmq_buf *req, const char *op, uint32_t own_field_count,
+                          int64_t *request_id) {
+    *request_id = c->next_request_id++;
+    rmq_buf_init(req, RMQ_REQUEST_BYTES_MAX);
+    rmq_put_map(req, 3 + own_field_count);
+    rmq_put_str(req, "v");
+    rmq_put_int(req, PROTOCOL_VERSION);
+    rmq_put_str(req, "op");
+    rmq_put_str(req, op);
+    rmq_put_str(req, "id");
+    rmq_put_int(req, *request_id);
+}
+
+static int send_frame(rmq_client *c, const rmq_buf *req, int64_t deadline, rmq_error *err) {
+    if (req->failed == RMQ_BUF_TOO_LARGE) {
+        return set_error(err, RMQ_ERR_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+                         "the request is over the %u-byte frame limit; split the batch", RMQ_REQUEST_BYTES_MAX);
+    }
+    if (req->failed == RMQ_BUF_NO_MEMORY) {
+        return set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the request");
+    }
+    for (;;) {
+        if (zmq_send(c->socket, req->data, req->len, ZMQ_DONTWAIT) >= 0) return 0;
+        if (zmq_errno() != EAGAIN && zmq_errno() != EINTR) return transport_error(err, "zmq_send");
+        /* The outgoing queue is full (the engine is away): wait for room until the deadline. */
+        int64_t remaining = deadline - now_ms();
+        if (remaining <= 0) return RMQ_ERR_TIMEOUT;
+        zmq_pollitem_t item = {c->socket, 0, ZMQ_POLLOUT, 0};
+        if (zmq_poll(&item, 1, (long)remaining) < 0 && zmq_errno() != EINTR) return transport_error(err, "zmq_poll");
+    }
+}
+
+/* Reads the next frame into *frame: 1 if one was read, 0 if none before the deadline, < 0 on error. */
+static int receive_frame(rmq_client *c, zmq_msg_t *frame, int64_t deadline, rmq_error *err) {
+    for (;;) {
+        int64_t remaining = deadline - now_ms();
+        if (remaining <= 0) return 0;
+        zmq_pollitem_t item = {c->socket, 0, ZMQ_POLLIN, 0};
+        int ready = zmq_poll(&item, 1, (long)remaining);
+        if (ready < 0 && zmq_errno() != EINTR) return transport_error(err, "zmq_poll");
+        if (ready <= 0) continue;
+        if (zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() == EAGAIN || zmq_errno() == EINTR) continue;
+            return transport_error(err, "zmq_msg_recv");
+        }
+        if (!zmq_msg_more(frame)) return 1;
+        /* Replies are single frames; drop a multi-part message whole. */
+        while (zmq_msg_more(frame) && zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) >= 0) {
+        }
+    }
+}
+
+enum { REPLY_ID, REPLY_OK, REPLY_ERROR, REPLY_ENVELOPE_FIELDS };
+
+/* Whether a frame answers request_id. An `ok: false` reply with id 0 answers it
+ * too: the engine could not read our request (protocol 1.4). */
+static int answers(const char *const *fields, int64_t request_id) {
+    int64_t id = 0;
+    int ok = 0;
+    if (rmq_read_int64(fields[REPLY_ID], &id) != 0) return 0;
+    if (id == request_id) return 1;
+    return id == 0 && rmq_read_bool(fields[REPLY_OK], &ok) == 0 && !ok;
+}
+
+static int engine_error(const char *error, rmq_error *err) {
+    static const char *const names[] = {"code", "name", "message"};
+    const char *v[3];
+    const char *p = error;
+    int32_t code = 0;
+    if (error == NULL || rmq_map_lookup(&p, names, 3, v) != 0 || rmq_read_int32(v[0], &code) != 0 || code == 0) {
+        return bad_reply(err, "error");
+    }
+    if (err != NULL) {
+        err->code = code;
+        if (rmq_read_str_into(v[1], err->name, sizeof err->name) != 0) strcpy(err->name, "UNKNOWN");
+        if (rmq_read_str_into(v[2], err->message, sizeof err->message) != 0) err->message[0] = '\0';
+    }
+    return code;
+}
+
+/*
+ * Sends the request and waits for its reply. On success (`ok: true`) returns 0,
+ * leaves the reply in *frame (the caller closes it) and points values[i] at the
+ * reply's field names[i] (NULL if absent). Otherwise returns the error code with
+ * *err filled and *frame closed.
+ */
+static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout_ms, const char *const *names,
+                size_t count, const char **values, zmq_msg_t *frame, rmq_error *err) {
+    assert(count + REPLY_ENVELOPE_FIELDS <= REPLY_FIELDS_MAX);
+    int64_t deadline = now_ms() + timeout_ms;
+    int rc = c->socket == NULL ? open_socket(c, err) : 0;
+    if (rc == 0) rc = send_frame(c, req, deadline, err);
+    rmq_buf_free(req);
+    zmq_msg_init(frame);
+    while (rc == 0) {
+        int got = receive_frame(c, frame, deadline, err);
+        if (got < 0) rc = got;
+        if (got == 0) rc = RMQ_ERR_TIMEOUT;
+        if (got <= 0) break;
+        const char *data = zmq_msg_data(frame);
+        const char *end = data + zmq_msg_size(frame);
+        const char *p = data;
+        if (zmq_msg_size(frame) == 0 || mp_check(&p, end) != 0 || p != end) continue; /* unreadable: not ours */
+        const char *all_names[REPLY_FIELDS_MAX] = {"id", "ok", "error"};
+        const char *all_values[REPLY_FIELDS_MAX];
+        for (size_t i = 0; i < count; i++) all_names[REPLY_ENVELOPE_FIELDS + i] = names[i];
+        p = data;
+        if (rmq_map_lookup(&p, all_names, REPLY_ENVELOPE_FIELDS + count, all_values) != 0) continue;
+        if (!answers(all_values, request_id)) continue; /* a late reply to an earlier call */
+        int ok = 0;
+        if (rmq_read_bool(all_values[REPLY_OK], &ok) != 0) rc = bad_reply(err, "ok");
+        else if (!ok) rc = engine_error(all_values[REPLY_ERROR], err);
+        else {
+            for (size_t i = 0; i < count; i++) values[i] = all_values[REPLY_ENVELOPE_FIELDS + i];
+            return 0;
+        }
+    }
+    zmq_msg_close(frame);
+    if (rc == RMQ_ERR_TIMEOUT) {
+        /* A late reply must not reach a later call, and unsent frames must go: start afresh. */
+        drop_socket(c);
+        rmq_error reopen_err;
+        (void)open_socket(c, &reopen_err); /* on failure the next call retries */
+        set_error(err, RMQ_ERR_TIMEOUT, "TIMEOUT", "no reply from %s within %lld ms", c->endpoint,
+                  (long long)timeout_ms);
+    }
+    return rc;
+}
+
+/* ---- operations -------------------------------------------------------------------- */
+
+static int check_message(const rmq_outgoing_message *m, rmq_error *err) {
+    if (m->body == NULL && m->body_len > 0) return invalid_argument(err, "a message body is NULL");
+    if (m->key_count > 0 && m->keys == NULL) return invalid_argument(err, "a message's keys are NULL");
+    for (size_t k = 0; k < m->key_count; k++) {
+        if (m->keys[k] == NULL) return invalid_argument(err, "a message key is NULL");
+    }
+    if (m->property_count > 0 && m->properties == NULL) return invalid_argument(err, "a message's properties are NULL");
+    for (size_t k = 0; k < m->property_count; k++) {
+        if (m->properties[k].name == NULL || m->properties[k].value == NULL) {
+            return invalid_argument(err, "a property name or value is NULL");
+        }
+    }
+    if (m->key_count > UINT32_MAX || m->property_count > UINT32_MAX) return invalid_argument(err, "too many keys");
+    return 0;
+}
+
+static void put_message(rmq_buf *req, const rmq_outgoing_message *m) {
+    uint32_t fields = 1 + (m->tags != NULL) + (m->key_count > 0) + (m->property_count > 0) + (m->flag != 0);
+    rmq_put_map(req, fields);
+    rmq_put_str(req, "body");
+    rmq_put_bin(req, m->body, m->body_len);
+    if (m->tags != NULL) {
+        rmq_put_str(req, "tags");
+        rmq_put_str(req, m->tags);
+    }
+    if (m->key_count > 0) {
+        rmq_put_str(req, "keys");
+        rmq_put_array(req, (uint32_t)m->key_count);
+        for (size_t k = 0; k < m->key_count; k++) rmq_put_str(req, m->keys[k]);
+    }
+    if (m->property_count > 0) {
+        rmq_put_str(req, "properties");
+        rmq_put_map(req, (uint32_t)m->property_count);
+        for (size_t k = 0; k < m->property_count; k++) {
+            rmq_put_str(req, m->properties[k].name);
+            rmq_put_str(req, m->properties[k].value);
+        }
+    }
+    if (m->flag != 0) {
+        rmq_put_str(req, "flag");
+        rmq_put_int(req, m->flag);
+    }
+}
+
+int rmq_send_batch(rmq_client *c, const char *topic, const rmq_send_options *options,
+                   const rmq_outgoing_message *messages, size_t count, rmq_send_result *results, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || topic == NULL) return invalid_argument(err, "client or topic is NULL");
+    if (count > 0 && (messages == NULL || results == NULL)) return invalid_argument(err, "messages or results is NULL");
+    if (count > UINT32_MAX) return invalid_argument(err, "too many messages");
+    for (size_t i = 0; i < count; i++) {
+        int rc = check_message(&messages[i], err);
+        if (rc != 0) return rc;
+    }
+    int has_queue_id = options != NULL && options->has_queue_id;
+    int has_sharding_key = options != NULL && options->sharding_key != NULL;
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "send", 2 + has_queue_id + has_sharding_key, &id);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    if (has_queue_id) {
+        rmq_put_str(&req, "queue_id");
+        rmq_put_int(&req, options->queue_id);
+    }
+    if (has_sharding_key) {
+        rmq_put_str(&req, "sharding_key");
+        rmq_put_str(&req, options->sharding_key);
+    }
+    rmq_put_str(&req, "messages");
+    rmq_put_array(&req, (uint32_t)count);
+    for (size_t i = 0; i < count; i++) put_message(&req, &messages[i]);
+
+    static const char *const names[] = {"results"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = NULL;
+    rc = rmq_decode_send_results(v[0], results, count, &why);
+    zmq_msg_close(&frame);
+    return rc == 0 ? 0 : bad_reply(err, why);
+}
+
+int rmq_send(rmq_client *c, const char *topic, const rmq_send_options *options, const rmq_outgoing_message *message,
+             rmq_send_result *result, rmq_error *err) {
+    if (message == NULL || result == NULL) {
+        clear_error(err);
+        return invalid_argument(err, "message or result is NULL");
+    }
+    return rmq_send_batch(c, topic, options, message, 1, result, err);
+}
+
+enum { PULL_STATUS, PULL_STATUS_CODE, PULL_NEXT, PULL_MIN, PULL_MAX, PULL_MESSAGES, PULL_FIELDS };
+
+int rmq_pull(rmq_client *c, const char *topic, int32_t queue_id, int64_t offset, int32_t max_messages,
+             const rmq_pull_options *options, rmq_pull_result *result, rmq_error *err) {
+    clear_error(err);
+    if (result != NULL) memset(result, 0, sizeof *result);
+    if (c == NULL || topic == NULL || result == NULL) return invalid_argument(err, "client, topic or result is NULL");
+    int32_t max_wait_ms = options != NULL ? options->max_wait_ms : 0;
+    int has_subscription = options != NULL && options->subscription != NULL;
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "pull", 4 + (max_wait_ms != 0) + has_subscription, &id);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    rmq_put_str(&req, "queue_id");
+    rmq_put_int(&req, queue_id);
+    rmq_put_str(&req, "offset");
+    rmq_put_int(&req, offset);
+    rmq_put_str(&req, "max_messages");
+    rmq_put_int(&req, max_messages);
+    if (max_wait_ms != 0) {
+        rmq_put_str(&req, "max_wait_ms");
+        rmq_put_int(&req, max_wait_ms);
+    }
+    if (has_subscription) {
+        rmq_put_str(&req, "subscription");
+        rmq_put_str(&req, options->subscription);
+    }
+
+    static const char *const names[PULL_FIELDS] = {"status", "status_code", "next_offset", "min_offset",
+                                                   "max_offset", "messages"};
+    const char *v[PULL_FIELDS];
+    zmq_msg_t frame;
+    int64_t timeout_ms = (int64_t)c->timeout_ms + (max_wait_ms > 0 ? max_wait_ms : 0);
+    int rc = call(c, &req, id, timeout_ms, names, PULL_FIELDS, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = NULL;
+    if (rmq_read_str_into(v[PULL_STATUS], result->status, sizeof result->status) != 0) why = "status";
+    else if (rmq_read_int32(v[PULL_STATUS_CODE], &result->status_code) != 0) why = "status_code";
+    else if (rmq_read_int64(v[PULL_NEXT], &result->next_offset) != 0) why = "next_offset";
+    else if (rmq_read_int64(v[PULL_MIN], &result->min_offset) != 0) why = "min_offset";
+    else if (rmq_read_int64(v[PULL_MAX], &result->max_offset) != 0) why = "max_offset";
+    else rc = rmq_decode_message_list(v[PULL_MESSAGES], &result->messages, &why);
+    zmq_msg_close(&frame);
+    if (why == NULL) return 0;
+    memset(result, 0, sizeof *result);
+    if (rc == RMQ_ERR_NO_MEMORY) return set_error(err, rc, "NO_MEMORY", "cannot allocate the messages");
+    return bad_reply(err, why);
+}
+
+/* Decodes the message list in reply field v into *result (closing the frame). */
+static int finish_message_list(const char *v, zmq_msg_t *frame, rmq_message_list *result, rmq_error *err) {
+    const char *why = NULL;
+    int rc = rmq_decode_message_list(v, result, &why);
+    zmq_msg_close(frame);
+    if (rc == RMQ_ERR_NO_MEMORY) return set_error(err, rc, "NO_MEMORY", "cannot allocate the messages");
+    return rc == 0 ? 0 : bad_reply(err, why);
+}
+
+int rmq_query_by_key(rmq_client *c, const char *topic, const char *key, int32_t max_results,
+                     rmq_message_list *result, rmq_error *err) {
+    clear_error(err);
+    if (result != NULL) memset(result, 0, sizeof *result);
+    if (c == NULL || topic == NULL || key == NULL || result == NULL) {
+        return invalid_argument(err, "client, topic, key or result is NULL");
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "query_by_key", 3, &id);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    rmq_put_str(&req, "key");
+    rmq_put_str(&req, key);
+    rmq_put_str(&req, "max_results");
+    rmq_put_int(&req, max_results);
+    static const char *const names[] = {"messages"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    return rc != 0 ? rc : finish_message_list(v[0], &frame, result, err);
+}
+
+int rmq_get_by_id(rmq_client *c, const char *msg_id, rmq_message *result, rmq_error *err) {
+    clear_error(err);
+    if (result != NULL) memset(result, 0, sizeof *result);
+    if (c == NULL || msg_id == NULL || result == NULL) return invalid_argument(err, "client, msg_id or result is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "get_by_id", 1, &id);
+    rmq_put_str(&req, "msg_id");
+    rmq_put_str(&req, msg_id);
+    static const char *const names[] = {"message"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = "message";
+    rc = v[0] == NULL ? RMQ_ERR_BAD_REPLY : rmq_decode_message(v[0], result, &why);
+    zmq_msg_close(&frame);
+    if (rc == RMQ_ERR_NO_MEMORY) return set_error(err, rc, "NO_MEMORY", "cannot allocate the message");
+    return rc == 0 ? 0 : bad_reply(err, why);
+}
+
+int rmq_create_topic(rmq_client *c, const char *topic, int32_t queue_count, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || topic == NULL) return invalid_argument(err, "client or topic is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "create_topic", 2, &id);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    rmq_put_str(&req, "queue_count");
+    rmq_put_int(&req, queue_count);
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, NULL, 0, NULL, &frame, err);
+    if (rc == 0) zmq_msg_close(&frame);
+    return rc;
+}
+
+static void put_queue(rmq_buf *req, const char *group, const char *topic, int32_t queue_id) {
+    rmq_put_str(req, "group");
+    rmq_put_str(req, group);
+    rmq_put_str(req, "topic");
+    rmq_put_str(req, topic);
+    rmq_put_str(req, "queue_id");
+    rmq_put_int(req, queue_id);
+}
+
+int rmq_commit_offset(rmq_client *c, const char *group, const char *topic, int32_t queue_id, int64_t offset,
+                      rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || group == NULL || topic == NULL) return invalid_argument(err, "client, group or topic is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "commit_offset", 4, &id);
+    put_queue(&req, group, topic, queue_id);
+    rmq_put_str(&req, "offset");
+    rmq_put_int(&req, offset);
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, NULL, 0, NULL, &frame, err);
+    if (rc == 0) zmq_msg_close(&frame);
+    return rc;
+}
+
+int rmq_fetch_offset(rmq_client *c, const char *group, const char *topic, int32_t queue_id, int64_t *offset,
+                     rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || group == NULL || topic == NULL || offset == NULL) {
+        return invalid_argument(err, "client, group, topic or offset is NULL");
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "fetch_offset", 3, &id);
+    put_queue(&req, group, topic, queue_id);
+    static const char *const names[] = {"offset"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    rc = rmq_read_int64(v[0], offset);
+    zmq_msg_close(&frame);
+    return rc == 0 ? 0 : bad_reply(err, "offset");
+}
+
+int rmq_ping(rmq_client *c, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL) return invalid_argument(err, "client is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "ping", 0, &id);
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, NULL, 0, NULL, &frame, err);
+    if (rc == 0) zmq_msg_close(&frame);
+    return rc;
+}

@@ -1,0 +1,167 @@
+// Types of the Node.js client (index.mjs). Reply objects keep the protocol's field names
+// (snake_case, docs/protocol.md); integers are numbers, or BigInts beyond Number.MAX_SAFE_INTEGER.
+
+/// <reference types="node" />
+
+export { curveKeyPair } from "zeromq";
+
+export declare const PROTOCOL_VERSION: 1;
+export declare const DEFAULT_ENDPOINT: string;
+export declare const DEFAULT_TIMEOUT_MS: number;
+export declare const DEFAULT_MAX_IN_FLIGHT: number;
+
+/** Codes of failures raised by the client itself (the engine's codes are positive). */
+export declare const ClientErrorCode: Readonly<{
+  TIMEOUT: -1;
+  CLOSED: -2;
+  BAD_REPLY: -3;
+  SEND_FAILED: -4;
+}>;
+
+/** An integer: a safe-integer number, or a BigInt for anything larger. */
+export type Int = number | bigint;
+
+export type Body = Buffer | Uint8Array | ArrayBuffer | ArrayBufferView | string;
+
+export interface Message {
+  body: Body;
+  tags?: string | null;
+  /** Keys to index for queryByKey; each non-empty and without spaces. A string is one key. */
+  keys?: Iterable<string> | string | null;
+  properties?: Record<string, string> | Map<string, string> | null;
+  flag?: number;
+  bornTimestamp?: Int | null;
+  [field: string]: unknown;
+}
+
+export interface SendResult {
+  status: "PUT_OK" | "FLUSH_DISK_TIMEOUT" | string;
+  status_code: number;
+  msg_id: string;
+  queue_id: number;
+  queue_offset: Int;
+  commit_log_offset: Int;
+  store_timestamp: Int;
+}
+
+export interface StoredMessage {
+  topic: string;
+  queue_id: number;
+  queue_offset: Int;
+  commit_log_offset: Int;
+  store_size: number;
+  msg_id: string;
+  body: Buffer;
+  body_crc: number;
+  tags: string | null;
+  keys: string[];
+  uniq_key: string | null;
+  properties: Record<string, string>;
+  flag: number;
+  sys_flag: number;
+  born_timestamp: Int;
+  born_host: string;
+  store_timestamp: Int;
+  store_host: string;
+  reconsume_times: number;
+  [field: string]: unknown;
+}
+
+export interface PullResult {
+  status: string;
+  status_code: number;
+  next_offset: Int;
+  min_offset: Int;
+  max_offset: Int;
+  messages: StoredMessage[];
+  [field: string]: unknown;
+}
+
+export interface CallOptions {
+  /** Deadline of this call; defaults to the client's timeoutMs. */
+  timeoutMs?: number;
+}
+
+export interface SendOptions extends CallOptions {
+  queueId?: Int | null;
+  shardingKey?: string | null;
+  waitStore?: boolean | null;
+}
+
+export interface PullOptions extends CallOptions {
+  maxMessages?: Int;
+  maxBytes?: Int;
+  /** Long polling; the call's deadline grows by as much. */
+  maxWaitMs?: Int;
+  subscription?: string;
+}
+
+export interface QueryOptions extends CallOptions {
+  maxResults?: Int;
+  beginTimestamp?: Int;
+  endTimestamp?: Int;
+}
+
+export interface CurveKeys {
+  /** The engine's public key, 40-character Z85. */
+  serverKey: string | Uint8Array;
+  publicKey: string | Uint8Array;
+  secretKey: string | Uint8Array;
+}
+
+export interface StoreClientOptions {
+  /** Deadline of every call in milliseconds (default 5000). */
+  timeoutMs?: number;
+  curve?: CurveKeys | null;
+  /** Calls sent and not yet answered; more wait their turn (default 256). */
+  maxInFlight?: number;
+}
+
+export declare class StoreError extends Error {
+  constructor(code: number, codeName: string, message: string, op?: string);
+  /** docs/protocol.md 7.3, or a ClientErrorCode (negative). */
+  readonly code: number;
+  /** e.g. "TOPIC_NOT_FOUND" or "TIMEOUT". */
+  readonly codeName: string;
+  readonly op: string | undefined;
+}
+
+export declare class StoreTimeoutError extends StoreError {
+  constructor(message: string, op?: string);
+}
+
+export declare class StoreClient {
+  constructor(endpoint?: string, options?: StoreClientOptions);
+  readonly endpoint: string;
+  readonly timeoutMs: number;
+  readonly maxInFlight: number;
+  readonly closed: boolean;
+
+  /** One raw request; `fields` use the protocol's names. Resolves to the whole reply map. */
+  request(op: string, fields?: Record<string, unknown>, options?: CallOptions): Promise<Record<string, unknown>>;
+
+  send(topic: string, message: Message | Body, options?: SendOptions): Promise<SendResult>;
+  send(topic: string, messages: Array<Message | Body>, options?: SendOptions): Promise<SendResult[]>;
+  pull(topic: string, queueId: Int, offset: Int, options?: PullOptions): Promise<PullResult>;
+  queryByKey(topic: string, key: string, options?: QueryOptions): Promise<StoredMessage[]>;
+  getById(msgId: string, options?: CallOptions): Promise<StoredMessage>;
+  getByOffset(commitLogOffset: Int, options?: CallOptions): Promise<StoredMessage>;
+  commitOffset(group: string, topic: string, queueId: Int, offset: Int, options?: CallOptions): Promise<void>;
+  /** -1 when the group never committed an offset for the queue. */
+  fetchOffset(group: string, topic: string, queueId: Int, options?: CallOptions): Promise<Int>;
+  createTopic(topic: string, queueCount?: Int | null, options?: CallOptions): Promise<{ topic: string; queue_count: number }>;
+  deleteTopic(topic: string, options?: CallOptions): Promise<{ topic: string; deletion_offset: Int }>;
+  listTopics(options?: CallOptions): Promise<Array<{ topic: string; queue_count: number }>>;
+  queueStats(topic: string, queueId: Int, options?: CallOptions): Promise<{
+    min_offset: Int;
+    max_offset: Int;
+    message_count: Int;
+    earliest_store_timestamp: Int;
+    latest_store_timestamp: Int;
+  }>;
+  offsetForTime(topic: string, queueId: Int, timestamp: Int,
+    options?: CallOptions & { boundary?: "lower" | "upper" }): Promise<Int>;
+  status(options?: CallOptions): Promise<Record<string, unknown>>;
+  ping(options?: CallOptions): Promise<boolean>;
+  close(): void;
+}

@@ -1,0 +1,662 @@
+// Node.js client of the message store: the protocol of docs/protocol.md over a ZeroMQ DEALER socket.
+//
+//     import { StoreClient } from "rmqpy-client";
+//
+//     const client = new StoreClient("tcp://127.0.0.1:10911");
+//     await client.createTopic("orders", 4);
+//     const result = await client.send("orders", { body: "hello", keys: ["order-1"], tags: "new" });
+//     const reply = await client.pull("orders", result.queue_id, result.queue_offset);
+//     const found = await client.queryByKey("orders", "order-1");
+//     client.close();
+//
+// One client may have many calls in flight. Every request carries a fresh id, and one reader
+// per socket hands each reply to the call waiting for that id; replies with an unknown id are
+// dropped. Every call has a deadline and fails with a StoreTimeoutError (code -1, TIMEOUT) when
+// it passes. After a timeout the socket is retired: new calls go out on a fresh socket, and the
+// old one is closed (linger 0, dropping any frame never sent) once its last call has settled.
+//
+// Integers: replies are decoded with 64-bit integers as BigInt and then narrowed, so every
+// integer within Number.MAX_SAFE_INTEGER (all offsets, ids and timestamps in practice) is a
+// plain number, and a larger one stays a BigInt instead of silently losing precision.
+// Integer arguments may be safe-integer numbers or BigInts.
+
+import { Dealer, curveKeyPair } from "zeromq";
+import { Decoder, Encoder } from "@msgpack/msgpack";
+
+export { curveKeyPair };
+
+export const PROTOCOL_VERSION = 1;
+export const DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911";
+export const DEFAULT_TIMEOUT_MS = 5000;
+export const DEFAULT_MAX_IN_FLIGHT = 256;
+
+/** Codes of failures raised by the client itself; the engine's own codes are all positive. */
+export const ClientErrorCode = Object.freeze({
+  TIMEOUT: -1,
+  CLOSED: -2,
+  BAD_REPLY: -3,
+  SEND_FAILED: -4,
+});
+
+const encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
+const decoder = new Decoder({ useBigInt64: true });
+
+const SAFE_MIN = BigInt(Number.MIN_SAFE_INTEGER);
+const SAFE_MAX = BigInt(Number.MAX_SAFE_INTEGER);
+
+/** A refused request (engine error, `code` > 0) or a client-side failure (`code` < 0). */
+export class StoreError extends Error {
+  constructor(code, codeName, message, op) {
+    super(message);
+    this.name = "StoreError";
+    /** Stable numeric code: docs/protocol.md 7.3, or a ClientErrorCode. */
+    this.code = code;
+    /** The code's name, e.g. "TOPIC_NOT_FOUND" or "TIMEOUT". */
+    this.codeName = codeName;
+    /** The operation that failed, e.g. "pull". */
+    this.op = op;
+  }
+
+  toString() {
+    return `${this.name}: ${this.codeName} (${this.code}): ${this.message}`;
+  }
+}
+
+/** No reply before the deadline. For `send` the outcome is unknown (docs/protocol.md 4.1, Retries). */
+export class StoreTimeoutError extends StoreError {
+  constructor(message, op) {
+    super(ClientErrorCode.TIMEOUT, "TIMEOUT", message, op);
+    this.name = "StoreTimeoutError";
+  }
+}
+
+// -- argument checks ------------------------------------------------------------
+// Only types are checked here; ranges are the engine's business. A wrongly typed topic or
+// queue_id would otherwise come back with id 0, which no call can be matched to.
+
+function checkString(name, value) {
+  if (typeof value !== "string") {
+    throw new TypeError(`${name} must be a string, not ${describe(value)}`);
+  }
+}
+
+function checkInt(name, value) {
+  if (!(typeof value === "bigint" || Number.isSafeInteger(value))) {
+    throw new TypeError(`${name} must be an integer (a safe-integer number or a BigInt), not ${describe(value)}`);
+  }
+}
+
+function checkOptional(check, name, value) {
+  if (value !== undefined && value !== null) check(name, value);
+}
+
+function checkBoolean(name, value) {
+  if (typeof value !== "boolean") {
+    throw new TypeError(`${name} must be a boolean, not ${describe(value)}`);
+  }
+}
+
+const TIMER_MS_MAX = 2 ** 31 - 1; // setTimeout fires at once for anything longer
+
+function checkTimeout(name, value) {
+  if (!Number.isSafeInteger(value) || value <= 0 || value > TIMER_MS_MAX) {
+    throw new TypeError(`${name} must be an integer number of milliseconds from 1 to ${TIMER_MS_MAX}, not ${describe(value)}`);
+  }
+}
+
+function describe(value) {
+  if (value === null) return "null";
+  if (typeof value === "string") return `the string ${JSON.stringify(value)}`;
+  if (typeof value === "number") return `the number ${value}`;
+  return typeof value;
+}
+
+// -- encoding ---------------------------------------------------------------------
+
+/** A body as bytes: strings become UTF-8, byte views are sent as they are (msgpack bin). */
+function toBytes(body) {
+  if (typeof body === "string") return Buffer.from(body, "utf8");
+  if (body instanceof Uint8Array) return body;
+  if (body instanceof ArrayBuffer) return new Uint8Array(body);
+  if (ArrayBuffer.isView(body)) return new Uint8Array(body.buffer, body.byteOffset, body.byteLength);
+  throw new TypeError(`a message body must be a Buffer, Uint8Array, ArrayBuffer or string, not ${describe(body)}`);
+}
+
+/**
+ * The wire map of one message. A bare body (bytes or string) is a message with only a body.
+ * `bornTimestamp` is accepted for `born_timestamp`; other fields go out as given, so an
+ * unknown one is refused by the engine (INVALID_FIELD) rather than dropped here.
+ */
+function toWireMessage(message) {
+  if (typeof message === "string" || ArrayBuffer.isView(message) || message instanceof ArrayBuffer) {
+    return { body: toBytes(message) };
+  }
+  if (message === null || typeof message !== "object") {
+    throw new TypeError(`a message must be an object or a body, not ${describe(message)}`);
+  }
+  const { body, bornTimestamp, ...rest } = message;
+  const wire = { body: toBytes(body), ...rest };
+  if (bornTimestamp !== undefined) wire.born_timestamp = bornTimestamp;
+  // null means "none" here; the engine takes nil only for the nullable tags and born_timestamp.
+  if (wire.keys === null) delete wire.keys;
+  if (wire.properties === null) delete wire.properties;
+  if (typeof wire.keys === "string") {
+    wire.keys = [wire.keys];
+  } else if (wire.keys !== undefined && wire.keys !== null && !Array.isArray(wire.keys)) {
+    wire.keys = Array.from(wire.keys);
+  }
+  if (wire.properties instanceof Map) wire.properties = Object.fromEntries(wire.properties);
+  return wire;
+}
+
+const INT32_MIN = -(2 ** 31);
+const UINT32_LIMIT = 2 ** 32;
+
+/**
+ * A copy of a request value in which integer numbers outside the 32-bit range are BigInts.
+ * With useBigInt64 on, @msgpack/msgpack writes a *number* beyond 32 bits as a float64, which
+ * the engine refuses for integer fields; a BigInt goes out as int64/uint64. Bodies are kept as
+ * they are (no copy).
+ */
+function widenIntegers(value) {
+  if (typeof value === "number") {
+    return Number.isSafeInteger(value) && (value >= UINT32_LIMIT || value < INT32_MIN) ? BigInt(value) : value;
+  }
+  if (value === null || typeof value !== "object" || ArrayBuffer.isView(value) || value instanceof ArrayBuffer) {
+    return value;
+  }
+  if (Array.isArray(value)) return value.map(widenIntegers);
+  const out = Object.create(null); // so that a key named "__proto__" stays an ordinary key
+  for (const key of Object.keys(value)) out[key] = widenIntegers(value[key]);
+  return out;
+}
+
+// -- decoding ---------------------------------------------------------------------
+
+/** Narrow BigInts that fit into a safe number and expose bodies as Buffers (views, no copy). */
+function normalize(value) {
+  if (typeof value === "bigint") {
+    return value >= SAFE_MIN && value <= SAFE_MAX ? Number(value) : value;
+  }
+  if (value instanceof Uint8Array) {
+    return Buffer.isBuffer(value) ? value : Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+  }
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) value[i] = normalize(value[i]);
+    return value;
+  }
+  if (value !== null && typeof value === "object") {
+    for (const key of Object.keys(value)) value[key] = normalize(value[key]);
+  }
+  return value;
+}
+
+/**
+ * The top-level `id` of a reply frame the decoder refused (for example a stored property
+ * named "__proto__", which @msgpack/msgpack will not decode), so that the waiting call fails
+ * at once instead of timing out. Returns undefined when the frame gives no usable id.
+ */
+function peekReplyId(frame) {
+  try {
+    const bytes = frame instanceof Uint8Array ? frame : new Uint8Array(frame);
+    const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    let pos = 0;
+    const head = bytes[pos++];
+    let entries;
+    if (head >= 0x80 && head <= 0x8f) entries = head & 0x0f;
+    else if (head === 0xde) { entries = view.getUint16(pos); pos += 2; }
+    else if (head === 0xdf) { entries = view.getUint32(pos); pos += 4; }
+    else return undefined;
+    for (let i = 0; i < entries; i++) {
+      const keyEnd = skipValue(bytes, view, pos);
+      const isId = keyEnd - pos === 3 && bytes[pos] === 0xa2 && bytes[pos + 1] === 0x69 && bytes[pos + 2] === 0x64;
+      const valueEnd = skipValue(bytes, view, keyEnd);
+      if (isId) return normalize(decoder.decode(bytes.subarray(keyEnd, valueEnd)));
+      pos = valueEnd;
+    }
+  } catch {
+    // Not even the envelope is readable.
+  }
+  return undefined;
+}
+
+/** The position just past the msgpack value that starts at `pos`. */
+function skipValue(bytes, view, pos) {
+  const head = bytes[pos++];
+  if (head === undefined) throw new RangeError("truncated msgpack value");
+  if (head <= 0x7f || head >= 0xe0) return pos; // positive and negative fixint
+  if (head <= 0x8f) return skipValues(bytes, view, pos, 2 * (head & 0x0f)); // fixmap
+  if (head <= 0x9f) return skipValues(bytes, view, pos, head & 0x0f); // fixarray
+  if (head <= 0xbf) return pos + (head & 0x1f); // fixstr
+  switch (head) {
+    case 0xc0: case 0xc2: case 0xc3: return pos;
+    case 0xc4: case 0xd9: return pos + 1 + bytes[pos];
+    case 0xc5: case 0xda: return pos + 2 + view.getUint16(pos);
+    case 0xc6: case 0xdb: return pos + 4 + view.getUint32(pos);
+    case 0xc7: return pos + 2 + bytes[pos];
+    case 0xc8: return pos + 3 + view.getUint16(pos);
+    case 0xc9: return pos + 5 + view.getUint32(pos);
+    case 0xcc: case 0xd0: return pos + 1;
+    case 0xcd: case 0xd1: case 0xd4: return pos + 2;
+    case 0xd5: return pos + 3;
+    case 0xca: case 0xce: case 0xd2: return pos + 4;
+    case 0xd6: return pos + 5;
+    case 0xcb: case 0xcf: case 0xd3: return pos + 8;
+    case 0xd7: return pos + 9;
+    case 0xd8: return pos + 17;
+    case 0xdc: return skipValues(bytes, view, pos + 2, view.getUint16(pos));
+    case 0xdd: return skipValues(bytes, view, pos + 4, view.getUint32(pos));
+    case 0xde: return skipValues(bytes, view, pos + 2, 2 * view.getUint16(pos));
+    case 0xdf: return skipValues(bytes, view, pos + 4, 2 * view.getUint32(pos));
+    default: throw new RangeError(`msgpack type byte 0x${head.toString(16)} is not defined`);
+  }
+}
+
+function skipValues(bytes, view, pos, count) {
+  for (let i = 0; i < count; i++) pos = skipValue(bytes, view, pos);
+  return pos;
+}
+
+function envelopeless(reply) {
+  const { v, id, ok, ...fields } = reply;
+  return fields;
+}
+
+// -- connections ------------------------------------------------------------------
+
+/** One DEALER socket, its send queue and the number of calls waiting for a reply on it. */
+class Connection {
+  constructor(endpoint, socketOptions) {
+    this.socket = new Dealer(socketOptions);
+    this.socket.connect(endpoint);
+    this.pending = 0;
+    this.reading = false;
+    this.retired = false;
+    this.closed = false;
+    // zeromq allows one blocked send at a time; chaining keeps them in order and one by one.
+    this.sendChain = Promise.resolve();
+  }
+
+  close() {
+    if (this.closed) return;
+    this.closed = true;
+    this.socket.close();
+  }
+}
+
+// -- the client -------------------------------------------------------------------
+
+export class StoreClient {
+  /**
+   * @param {string} endpoint e.g. "tcp://127.0.0.1:10911"
+   * @param {object} [options]
+   * @param {number} [options.timeoutMs=5000] deadline of every call, unless the call gives its own
+   * @param {{serverKey: string, publicKey: string, secretKey: string}} [options.curve] CURVE keys, Z85
+   * @param {number} [options.maxInFlight=256] calls sent and not yet answered; more wait their turn
+   */
+  constructor(endpoint = DEFAULT_ENDPOINT, options = {}) {
+    checkString("endpoint", endpoint);
+    const { timeoutMs = DEFAULT_TIMEOUT_MS, curve, maxInFlight = DEFAULT_MAX_IN_FLIGHT } = options;
+    checkTimeout("timeoutMs", timeoutMs);
+    if (!Number.isSafeInteger(maxInFlight) || maxInFlight < 1) {
+      throw new TypeError(`maxInFlight must be a positive integer, not ${describe(maxInFlight)}`);
+    }
+    this.endpoint = endpoint;
+    this.timeoutMs = timeoutMs;
+    this.maxInFlight = maxInFlight;
+    this._socketOptions = { linger: 0 };
+    if (curve !== undefined && curve !== null) {
+      for (const name of ["serverKey", "publicKey", "secretKey"]) {
+        const key = curve[name];
+        const ok = (typeof key === "string" && key.length === 40) || (key instanceof Uint8Array && key.length === 32);
+        if (!ok) throw new TypeError(`curve.${name} must be a 40-character Z85 string (or 32 bytes)`);
+      }
+      this._socketOptions.curveServerKey = curve.serverKey;
+      this._socketOptions.curvePublicKey = curve.publicKey;
+      this._socketOptions.curveSecretKey = curve.secretKey;
+    }
+    this._pending = new Map(); // request id -> call
+    this._waiting = []; // calls waiting for an in-flight slot, oldest first
+    this._inFlight = 0;
+    this._nextId = 1;
+    this._connection = null; // the socket new calls go out on
+    this._connections = new Set(); // every socket not yet closed
+    this._closed = false;
+  }
+
+  get closed() {
+    return this._closed;
+  }
+
+  /**
+   * Send one request and wait for its reply. Returns the whole reply map (`v`, `id`, `ok` and
+   * the operation's fields); throws a StoreError when the engine refuses it or no reply comes.
+   * `fields` use the wire names of docs/protocol.md (snake_case).
+   */
+  async request(op, fields = {}, { timeoutMs } = {}) {
+    if (this._closed) {
+      throw new StoreError(ClientErrorCode.CLOSED, "CLOSED", "the client is closed", op);
+    }
+    checkString("op", op);
+    for (const name of ["v", "op", "id"]) {
+      if (Object.hasOwn(fields, name)) throw new TypeError(`fields must not set the envelope field ${name}`);
+    }
+    const timeout = timeoutMs ?? this.timeoutMs;
+    checkTimeout("timeoutMs", timeout);
+    const id = this._takeId();
+    const frame = encoder.encode({ v: PROTOCOL_VERSION, op, id, ...widenIntegers(fields) });
+    return new Promise((resolve, reject) => {
+      const call = { id, op, frame, resolve, reject, connection: null, done: false, timer: null };
+      call.timer = setTimeout(() => this._timedOut(call, timeout), timeout);
+      this._pending.set(id, call);
+      if (this._inFlight < this.maxInFlight) this._start(call);
+      else this._waiting.push(call);
+    });
+  }
+
+  /**
+   * Store messages, all in one queue of `topic`. `messages` is one message or an array of them;
+   * a message is `{body, tags?, keys?, properties?, flag?, bornTimestamp?}` or a bare body.
+   * Returns the result (`status`, `status_code`, `msg_id`, `queue_id`, `queue_offset`,
+   * `commit_log_offset`, `store_timestamp`) for one message, or the array of results for an array.
+   */
+  async send(topic, messages, { queueId, shardingKey, waitStore, timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkOptional(checkInt, "queueId", queueId);
+    checkOptional(checkString, "shardingKey", shardingKey);
+    checkOptional(checkBoolean, "waitStore", waitStore);
+    const batch = Array.isArray(messages);
+    const fields = { topic, messages: (batch ? messages : [messages]).map(toWireMessage) };
+    if (queueId !== undefined && queueId !== null) fields.queue_id = queueId;
+    if (shardingKey !== undefined && shardingKey !== null) fields.sharding_key = shardingKey;
+    if (waitStore !== undefined && waitStore !== null) fields.wait_store = waitStore;
+    const reply = await this.request("send", fields, { timeoutMs });
+    return batch ? reply.results : reply.results[0];
+  }
+
+  /**
+   * Read messages of one queue from `offset`. Returns `{status, status_code, next_offset,
+   * min_offset, max_offset, messages}`; always continue from `next_offset`. With `maxWaitMs`
+   * the engine holds a pull that finds nothing new (long polling); the deadline grows by as much.
+   */
+  async pull(topic, queueId, offset, { maxMessages, maxBytes, maxWaitMs, subscription, timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    checkInt("offset", offset);
+    checkOptional(checkInt, "maxMessages", maxMessages);
+    checkOptional(checkInt, "maxBytes", maxBytes);
+    checkOptional(checkInt, "maxWaitMs", maxWaitMs);
+    checkOptional(checkString, "subscription", subscription);
+    const fields = { topic, queue_id: queueId, offset };
+    if (maxMessages !== undefined && maxMessages !== null) fields.max_messages = maxMessages;
+    if (maxBytes !== undefined && maxBytes !== null) fields.max_bytes = maxBytes;
+    if (subscription !== undefined && subscription !== null) fields.subscription = subscription;
+    let deadline = timeoutMs ?? this.timeoutMs;
+    if (maxWaitMs !== undefined && maxWaitMs !== null) {
+      fields.max_wait_ms = maxWaitMs;
+      deadline = Math.min(deadline + Number(maxWaitMs), TIMER_MS_MAX);
+    }
+    return envelopeless(await this.request("pull", fields, { timeoutMs: deadline }));
+  }
+
+  /** Messages of `topic` carrying `key` among their keys or as their uniq_key (oldest first). */
+  async queryByKey(topic, key, { maxResults, beginTimestamp, endTimestamp, timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkString("key", key);
+    checkOptional(checkInt, "maxResults", maxResults);
+    checkOptional(checkInt, "beginTimestamp", beginTimestamp);
+    checkOptional(checkInt, "endTimestamp", endTimestamp);
+    const fields = { topic, key };
+    if (maxResults !== undefined && maxResults !== null) fields.max_results = maxResults;
+    if (beginTimestamp !== undefined && beginTimestamp !== null) fields.begin_timestamp = beginTimestamp;
+    if (endTimestamp !== undefined && endTimestamp !== null) fields.end_timestamp = endTimestamp;
+    return (await this.request("query_by_key", fields, { timeoutMs })).messages;
+  }
+
+  /** The message with this msg_id (32 hex characters). */
+  async getById(msgId, { timeoutMs } = {}) {
+    checkString("msgId", msgId);
+    return (await this.request("get_by_id", { msg_id: msgId }, { timeoutMs })).message;
+  }
+
+  /** The message whose record starts at this commit log offset. */
+  async getByOffset(commitLogOffset, { timeoutMs } = {}) {
+    checkInt("commitLogOffset", commitLogOffset);
+    return (await this.request("get_by_offset", { commit_log_offset: commitLogOffset }, { timeoutMs })).message;
+  }
+
+  /** Record that `group` will next consume `offset` of this queue. */
+  async commitOffset(group, topic, queueId, offset, { timeoutMs } = {}) {
+    checkString("group", group);
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    checkInt("offset", offset);
+    await this.request("commit_offset", { group, topic, queue_id: queueId, offset }, { timeoutMs });
+  }
+
+  /** The offset `group` committed for this queue, or -1 if it never committed one. */
+  async fetchOffset(group, topic, queueId, { timeoutMs } = {}) {
+    checkString("group", group);
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    return (await this.request("fetch_offset", { group, topic, queue_id: queueId }, { timeoutMs })).offset;
+  }
+
+  /** Create a topic or grow its queue count. Returns `{topic, queue_count}`. */
+  async createTopic(topic, queueCount, { timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkOptional(checkInt, "queueCount", queueCount);
+    const fields = { topic };
+    if (queueCount !== undefined && queueCount !== null) fields.queue_count = queueCount;
+    return envelopeless(await this.request("create_topic", fields, { timeoutMs }));
+  }
+
+  /**
+   * Delete a topic, its queues and its consumer offsets. Returns `{topic, deletion_offset}`.
+   * After a timeout, call it again: TOPIC_NOT_FOUND then means the deletion took place.
+   */
+  async deleteTopic(topic, { timeoutMs } = {}) {
+    checkString("topic", topic);
+    return envelopeless(await this.request("delete_topic", { topic }, { timeoutMs }));
+  }
+
+  /** Every topic as `{topic, queue_count}`, sorted by name. */
+  async listTopics({ timeoutMs } = {}) {
+    return (await this.request("list_topics", {}, { timeoutMs })).topics;
+  }
+
+  /** A queue's `min_offset`, `max_offset`, `message_count`, earliest and latest store timestamps. */
+  async queueStats(topic, queueId, { timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    return envelopeless(await this.request("queue_stats", { topic, queue_id: queueId }, { timeoutMs }));
+  }
+
+  /** The queue offset of the first message stored at or after (`"lower"`) or the last at or before (`"upper"`) `timestamp`. */
+  async offsetForTime(topic, queueId, timestamp, { boundary, timeoutMs } = {}) {
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    checkInt("timestamp", timestamp);
+    checkOptional(checkString, "boundary", boundary);
+    const fields = { topic, queue_id: queueId, timestamp };
+    if (boundary !== undefined && boundary !== null) fields.boundary = boundary;
+    return (await this.request("offset_for_time", fields, { timeoutMs })).offset;
+  }
+
+  /** Engine offsets and settings, for diagnostics. */
+  async status({ timeoutMs } = {}) {
+    return envelopeless(await this.request("status", {}, { timeoutMs }));
+  }
+
+  /** Resolves to true when the engine's front answers. */
+  async ping({ timeoutMs } = {}) {
+    return (await this.request("ping", {}, { timeoutMs })).pong === true;
+  }
+
+  /** Fail every outstanding call with CLOSED and close the sockets. Safe to call twice. */
+  close() {
+    if (this._closed) return;
+    this._closed = true;
+    for (const call of [...this._pending.values()]) {
+      if (this._settle(call)) {
+        call.reject(new StoreError(ClientErrorCode.CLOSED, "CLOSED", "the client was closed", call.op));
+      }
+    }
+    for (const connection of this._connections) connection.close();
+    this._connections.clear();
+    this._connection = null;
+  }
+
+  // -- internals ------------------------------------------------------------------
+
+  _takeId() {
+    // Ids are unique among outstanding calls and never 0 (the engine's id for unreadable requests).
+    for (;;) {
+      const id = this._nextId;
+      this._nextId = id >= Number.MAX_SAFE_INTEGER ? 1 : id + 1;
+      if (!this._pending.has(id)) return id;
+    }
+  }
+
+  _currentConnection() {
+    if (this._connection === null) {
+      this._connection = new Connection(this.endpoint, this._socketOptions);
+      this._connections.add(this._connection);
+    }
+    return this._connection;
+  }
+
+  _start(call) {
+    const connection = this._currentConnection();
+    call.connection = connection;
+    connection.pending += 1;
+    this._inFlight += 1;
+    const frame = call.frame;
+    call.frame = null;
+    connection.sendChain = connection.sendChain
+      .then(() => {
+        // A call that timed out while queued behind a blocked send is not sent at all.
+        if (!call.done && !connection.closed) return connection.socket.send(frame);
+        return undefined;
+      })
+      .catch((err) => {
+        if (connection.closed || call.done) return;
+        this._retire(connection);
+        this._settle(call);
+        call.reject(new StoreError(ClientErrorCode.SEND_FAILED, "SEND_FAILED",
+          `could not send ${call.op} to ${this.endpoint}: ${err.message}`, call.op));
+      });
+    this._read(connection);
+  }
+
+  async _read(connection) {
+    if (connection.reading) return;
+    connection.reading = true;
+    try {
+      while (connection.pending > 0 && !connection.closed) {
+        let frames;
+        try {
+          frames = await connection.socket.receive();
+        } catch (err) {
+          if (!connection.closed) this._fail(connection, err);
+          return;
+        }
+        this._dispatch(frames[frames.length - 1]);
+      }
+    } finally {
+      connection.reading = false;
+    }
+  }
+
+  _dispatch(frame) {
+    let reply;
+    try {
+      reply = normalize(decoder.decode(frame));
+    } catch (err) {
+      const call = this._pending.get(peekReplyId(frame));
+      if (call !== undefined && this._settle(call)) {
+        call.reject(new StoreError(ClientErrorCode.BAD_REPLY, "BAD_REPLY",
+          `the reply to ${call.op} could not be decoded: ${err.message}`, call.op));
+      }
+      return;
+    }
+    if (reply === null || typeof reply !== "object") return;
+    const call = this._pending.get(reply.id);
+    if (call === undefined) {
+      if (reply.id === 0 && reply.ok === false) {
+        // The engine could not read the envelope of one of our requests: a client bug (protocol 1.4).
+        const error = reply.error ?? {};
+        process.emitWarning(`the engine could not read a request: ${error.name} (${error.code}): ${error.message}`,
+          { code: "RMQPY_UNREADABLE_REQUEST" });
+      }
+      return; // a late reply to a call that already timed out
+    }
+    if (!this._settle(call)) return;
+    if (reply.ok === true) {
+      call.resolve(reply);
+    } else {
+      const error = reply.error ?? {};
+      call.reject(new StoreError(error.code ?? 0, error.name ?? "UNKNOWN", error.message ?? "", call.op));
+    }
+  }
+
+  _timedOut(call, timeoutMs) {
+    if (call.done) return;
+    // Retire first, so that calls started by settling this one go out on a fresh socket. The
+    // old socket closes once its last call settles: frames never sent are dropped then.
+    if (call.connection !== null) this._retire(call.connection);
+    this._settle(call);
+    call.reject(new StoreTimeoutError(`no reply to ${call.op} from ${this.endpoint} within ${timeoutMs} ms`, call.op));
+  }
+
+  /** A socket whose receive failed: fail its calls and stop using it. */
+  _fail(connection, err) {
+    this._retire(connection);
+    for (const call of [...this._pending.values()]) {
+      if (call.connection === connection && this._settle(call)) {
+        call.reject(new StoreError(ClientErrorCode.BAD_REPLY, "BAD_REPLY",
+          `receiving from ${this.endpoint} failed: ${err.message}`, call.op));
+      }
+    }
+  }
+
+  /** New calls go to a fresh socket; this one closes once its last call has settled. */
+  _retire(connection) {
+    connection.retired = true;
+    if (this._connection === connection) this._connection = null;
+    if (connection.pending === 0) this._closeConnection(connection);
+  }
+
+  _closeConnection(connection) {
+    connection.close();
+    this._connections.delete(connection);
+  }
+
+  /** Mark a call finished and free what it held; false if it already was. */
+  _settle(call) {
+    if (call.done) return false;
+    call.done = true;
+    clearTimeout(call.timer);
+    this._pending.delete(call.id);
+    const connection = call.connection;
+    if (connection === null) {
+      const index = this._waiting.indexOf(call);
+      if (index >= 0) this._waiting.splice(index, 1);
+      return true;
+    }
+    connection.pending -= 1;
+    this._inFlight -= 1;
+    if (connection.retired && connection.pending === 0) this._closeConnection(connection);
+    while (this._waiting.length > 0 && this._inFlight < this.maxInFlight && !this._closed) {
+      this._start(this._waiting.shift());
+    }
+    return true;
+  }
+}
+
+// `using client = new StoreClient(...)` where the runtime has explicit resource management.
+if (typeof Symbol.dispose === "symbol") {
+  StoreClient.prototype[Symbol.dispose] = function dispose() {
+    this.close();
+  };
+}

@@ -1,0 +1,220 @@
+"""One scenario through the Python, C and Node clients against a live engine (clients/conformance.md).
+
+Each client sends its own known set of messages (keys, tags and properties
+in non-ASCII text, binary bodies); then every client pulls, queries and
+gets by id what all of them sent, and the three answers must agree field
+for field and match what was sent. Errors must carry the same codes.
+The CURVE test runs the scenario again on an engine with an allow-list,
+where an unknown key and a plaintext client get no service.
+
+Hand-built bad frames (bin keys, wrong types, unknown ops, oversized frames)
+are sent byte by byte in ``tests/integration/test_bad_input.py``.
+
+The drivers are built by ``make clients`` (part of ``make test``); a missing
+driver is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import StoreConfig
+from engine.ipc.curve import CurveKeys, keygen
+from supervisor.launcher import EngineProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVERS = {
+    "python": [sys.executable, str(ROOT / "clients" / "python" / "conformance.py")],
+    "c": [str(ROOT / "clients" / "c" / "build" / "rmq_conformance")],
+    "node": ["node", str(ROOT / "clients" / "node" / "conformance.mjs")],
+}
+TOPIC = "conformance"
+ALL_BYTES = bytes(range(256))
+
+
+def require_drivers() -> None:
+    missing = []
+    if not Path(DRIVERS["c"][0]).is_file():
+        missing.append(f"{DRIVERS['c'][0]} (make clients)")
+    if shutil.which("node") is None or not (ROOT / "clients" / "node" / "node_modules" / "zeromq").is_dir():
+        missing.append("node and clients/node/node_modules (make clients)")
+    if missing:
+        pytest.fail("conformance drivers missing: " + "; ".join(missing))
+
+
+def drive(client: str, endpoint: str, commands: list[dict[str, Any]], *, curve: CurveKeys | None = None,
+          timeout_ms: int = 5000) -> list[dict[str, Any]]:
+    argv = [*DRIVERS[client], endpoint, "--timeout-ms", str(timeout_ms)]
+    if curve is not None:
+        argv += ["--server-key", curve.server_public_key, "--public-key", curve.public_key,
+                 "--secret-key", curve.secret_key]
+    done = subprocess.run(argv, input=json.dumps(commands).encode(), capture_output=True, timeout=120)
+    assert done.returncode == 0, f"{client} driver failed ({done.returncode}): {done.stderr.decode()}"
+    results = json.loads(done.stdout)
+    assert len(results) == len(commands), f"{client}: {len(results)} results for {len(commands)} commands"
+    return results
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def messages_of(client: str) -> list[dict[str, Any]]:
+    """What ``client`` sends: text in several scripts, binary bodies, and every optional field."""
+    return [
+        {"body_b64": b64(f"plain text from {client}".encode()), "keys": [f"{client}-k1"], "tags": "TagA"},
+        {"body_b64": b64(ALL_BYTES), "keys": [f"{client}-bin", f"{client}-bin2"], "tags": "bin\u00e4r",
+         "properties": {"region": "eu-west", "note": "caf\u00e9 \u2615 \u65e5\u672c\u8a9e"}},
+        {"body_b64": b64(b"\x00\x00\x00zero"), "keys": [f"{client}-\u5bc6\u94a5"], "tags": "\u6807\u7b7e"},
+        {"body_b64": b64("\u041f\u0440\u0438\u0432\u0435\u0442 \U0001f600".encode()),
+         "properties": {"\u00e9t\u00e9": "\u00fc\u00f1\u00ee\u00e7\u00f8d\u00e9"}},
+    ]
+
+
+def send_commands(client: str) -> list[dict[str, Any]]:
+    one, two, three, four = messages_of(client)
+    return [
+        {"op": "send", "topic": TOPIC, "queue_id": 0, "messages": [one]},
+        {"op": "send", "topic": TOPIC, "queue_id": 1, "messages": [two, three, four]},
+    ]
+
+
+def pull_commands() -> list[dict[str, Any]]:
+    return [{"op": "pull", "topic": TOPIC, "queue_id": q, "offset": 0, "max_messages": 64} for q in (0, 1)]
+
+
+def error_commands() -> list[dict[str, Any]]:
+    return [
+        {"op": "pull", "topic": "no-such-topic", "queue_id": 0, "offset": 0},
+        {"op": "pull", "topic": TOPIC, "queue_id": 99, "offset": 0},
+        {"op": "pull", "topic": "bad topic!", "queue_id": 0, "offset": 0},
+        {"op": "get_by_id", "msg_id": "NOT-AN-ID"},
+        {"op": "send", "topic": TOPIC, "messages": [{"body_b64": ""}]},
+        {"op": "send", "topic": TOPIC, "messages": [{"body_b64": b64(b"x"), "keys": ["has space"]}]},
+        {"op": "fetch_offset", "group": "g", "topic": TOPIC, "queue_id": 42},
+    ]
+EXPECTED_ERRORS = ["TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "INVALID_TOPIC", "INVALID_MSG_ID", "MESSAGE_ILLEGAL",
+                   "INVALID_PROPERTY", "QUEUE_NOT_FOUND"]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    require_drivers()
+    process = EngineProcess(tmp_path_factory.mktemp("conformance") / "store", config=StoreConfig.test_min())
+    process.start()
+    try:
+        with process.client() as client:
+            client.create_topic(TOPIC, queue_count=2)
+        yield process
+    finally:
+        process.stop()
+
+
+def sent_by_everyone(endpoint: str, curve: dict[str, CurveKeys | None] | None = None) -> dict[str, list]:
+    """Every client sends its set; returns the send results by client."""
+    results = {}
+    for client in DRIVERS:
+        replies = drive(client, endpoint, send_commands(client), curve=(curve or {}).get(client))
+        assert all(r["ok"] for r in replies), (client, replies)
+        results[client] = [result for reply in replies for result in reply["results"]]
+        assert [r["status"] for r in results[client]] == ["PUT_OK"] * 4
+    return results
+
+
+def agree(answers: dict[str, Any], what: str) -> Any:
+    """All clients' answers are equal; return it."""
+    reference = answers["python"]
+    for client, answer in answers.items():
+        assert answer == reference, f"{what}: {client} differs from python:\n{answer}\n{reference}"
+    return reference
+
+
+def check_messages_match_what_was_sent(pulled: list[dict[str, Any]]) -> None:
+    by_body = {(m["body_b64"], tuple(m["keys"])): m for m in pulled}
+    for client in DRIVERS:
+        for sent in messages_of(client):
+            found = by_body[(sent["body_b64"], tuple(sent.get("keys", [])))]
+            assert found["tags"] == sent.get("tags")
+            user_properties = {k: v for k, v in found["properties"].items() if k != "UNIQ_KEY"}
+            assert user_properties == sent.get("properties", {})
+            assert found["topic"] == TOPIC and len(found["msg_id"]) == 32
+
+
+def test_every_client_reads_what_every_client_wrote_field_for_field(engine: EngineProcess) -> None:
+    sent = sent_by_everyone(engine.endpoint)
+    pulls = agree({c: drive(c, engine.endpoint, pull_commands()) for c in DRIVERS}, "pull")
+    assert all(p["ok"] and p["status"] == "FOUND" for p in pulls)
+    pulled = pulls[0]["messages"] + pulls[1]["messages"]
+    assert len(pulled) == 12
+    check_messages_match_what_was_sent(pulled)
+
+    ids = [r["msg_id"] for results in sent.values() for r in results]
+    keys = [k for c in DRIVERS for m in messages_of(c) for k in m.get("keys", [])]
+    lookups = [{"op": "get_by_id", "msg_id": i} for i in ids] + \
+              [{"op": "query_by_key", "topic": TOPIC, "key": k} for k in keys]
+    answers = agree({c: drive(c, engine.endpoint, lookups) for c in DRIVERS}, "lookups")
+    by_id = {m["msg_id"]: m for m in pulled}
+    for msg_id, answer in zip(ids, answers, strict=False):
+        assert answer["ok"] and answer["message"] == by_id[msg_id]
+    for key, answer in zip(keys, answers[len(ids):], strict=True):
+        assert answer["ok"] and [key in m["keys"] for m in answer["messages"]] == [True], (key, answer)
+
+
+def test_consumer_offsets_committed_by_one_client_are_read_by_all(engine: EngineProcess) -> None:
+    for n, client in enumerate(DRIVERS):
+        [reply] = drive(client, engine.endpoint, [{"op": "commit_offset", "group": f"group-{client}",
+                                                    "topic": TOPIC, "queue_id": 1, "offset": 100 + n}])
+        assert reply == {"ok": True}
+    fetches = [{"op": "fetch_offset", "group": f"group-{c}", "topic": TOPIC, "queue_id": 1} for c in DRIVERS]
+    fetches.append({"op": "fetch_offset", "group": "never-committed", "topic": TOPIC, "queue_id": 0})
+    answers = agree({c: drive(c, engine.endpoint, fetches) for c in DRIVERS}, "fetch_offset")
+    assert [a["offset"] for a in answers] == [100, 101, 102, -1]
+
+
+def test_refused_requests_carry_the_same_codes_through_every_client(engine: EngineProcess) -> None:
+    answers = {}
+    for client in DRIVERS:
+        replies = drive(client, engine.endpoint, error_commands())
+        assert all(not r["ok"] for r in replies), (client, replies)
+        answers[client] = [(r["code"], r["name"]) for r in replies]
+    assert [name for _code, name in agree(answers, "errors")] == EXPECTED_ERRORS
+
+
+@pytest.fixture
+def curve_engine(tmp_path: Path) -> Iterator[tuple[EngineProcess, dict[str, CurveKeys], CurveKeys]]:
+    require_drivers()
+    keys = tmp_path / "keys"
+    server_public, server_secret = keygen(keys / "server", "server")
+    allowed = {client: CurveKeys.from_files(server_public, keygen(keys / "allowed", client)[1]) for client in DRIVERS}
+    _public, stranger_secret = keygen(keys / "strangers", "stranger")
+    stranger = CurveKeys.from_files(server_public, stranger_secret)
+    config = StoreConfig.test_min().replace(curve_enabled=True, curve_server_secret_key_file=str(server_secret),
+                                            curve_authorized_keys_dir=str(keys / "allowed"))
+    process = EngineProcess(tmp_path / "store", config=config)
+    process.start()
+    try:
+        yield process, allowed, stranger
+    finally:
+        process.stop()
+
+
+def test_curve_serves_allowed_keys_and_nobody_else(curve_engine) -> None:
+    engine, allowed, stranger = curve_engine
+    sent_by_everyone(engine.endpoint, allowed)
+    pulls = agree({c: drive(c, engine.endpoint, pull_commands(), curve=allowed[c]) for c in DRIVERS}, "pull")
+    check_messages_match_what_was_sent(pulls[0]["messages"] + pulls[1]["messages"])
+    for client in DRIVERS:
+        for keys in (stranger, None):  # a key not on the allow-list, and no CURVE at all
+            [reply] = drive(client, engine.endpoint, [{"op": "ping"}], curve=keys, timeout_ms=700)
+            assert (reply["ok"], reply["code"], reply["name"]) == (False, -1, "TIMEOUT"), (client, keys, reply)
