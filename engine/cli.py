@@ -2,7 +2,7 @@
 
     python -m engine produce --topic T --count 10000 --body-size 256 --batch-size 100 --keys --tags TagA
     python -m engine consume --topic T [--queue-id 0] [--offset 0] [--count 100]
-                             [--group G] [--subscription "tagA || tagB"] [--wait-ms 5000]
+                             [--group G] [--subscription "tagA || tagB"] [--wait-ms 5000] [--since-ms T]
     python -m engine query --topic T --key K        |  python -m engine query --id MSGID
     python -m engine topics [--create T --queues 8 | --delete T]
     python -m engine stats --topic T [--group G]    (per-queue offsets, store times, a group's lag)
@@ -110,6 +110,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
         messages: list[dict[str, Any]] = []
         for queue_id in queues:
             offset = args.offset
+            if args.since_ms is not None:  # query by time: the first message stored at or after it
+                offset = client.offset_for_time(args.topic, queue_id, args.since_ms)
             if args.group:
                 committed = client.fetch_offset(args.group, args.topic, queue_id)
                 offset = committed if committed >= 0 else args.offset
@@ -261,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--topic", required=True)
     consume.add_argument("--queue-id", type=int, help="one queue (default: all queues of the topic)")
     consume.add_argument("--offset", type=int, default=0)
+    consume.add_argument("--since-ms", type=int, help="start at the first message stored at or after this time "
+                                                      "(ms since the epoch; a group's committed offset wins)")
     consume.add_argument("--count", type=int, default=100)
     consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
     consume.add_argument("--subscription", default="*", help='tags to receive: "*" or "tagA || tagB"')

@@ -53,6 +53,15 @@ def test_engine_commands_produce_consume_query_and_inspect(engine: EngineProcess
     assert sum(r["message_count"] for r in stats) == 51 and all(r["lag"] == 0 for r in stats)
     text = run("-m", "engine", "consume", *ep, "--topic", "cli", "--queue-id", "2", "--count", "3").stdout
     assert "cli/2@0" in text
+    [hello] = [m for m in consumed if m["body"] == "hello there"]
+    since = json.loads(run("-m", "engine", "consume", *ep, "--topic", "cli", "--since-ms",
+                           str(hello["store_timestamp"]), "--json").stdout)
+    assert since and all(m["store_timestamp"] >= hello["store_timestamp"] for m in since)
+    assert "hello there" in {m["body"] for m in since}
+    run("-m", "engine", "topics", *ep, "--create", "scratch", "--queues", "1")
+    deleted = json.loads(run("-m", "engine", "topics", *ep, "--delete", "scratch", "--json").stdout)
+    assert deleted["topic"] == "scratch"
+    assert [t["topic"] for t in json.loads(run("-m", "engine", "topics", *ep, "--json").stdout)] == ["cli"]
     bad = run("-m", "engine", "produce", *ep, "--topic", "bad/name", check=False)
     assert bad.returncode == 1 and "INVALID_TOPIC" in bad.stderr
     engine.stop()
