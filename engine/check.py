@@ -57,12 +57,12 @@ def check_store(store_dir: Path, config: StoreConfig | None = None) -> list[Find
                 cq.close()
                 del queues[key]
         try:
-            findings += _check_queues(reader, queues, records, log_end)
+            findings += check_queues(reader, queues, records, log_end)
         finally:
             for cq in queues.values():
                 cq.close()
         findings += _check_index(store_dir, reader, config, log_end)
-        findings += _check_checkpoint(store_dir, log_end)
+        findings += check_checkpoint(store_dir, log_end)
         return findings
     finally:
         reader.segments.close()
@@ -94,7 +94,7 @@ def _check_log(reader: CommitLogReader, config: StoreConfig) -> tuple[list[Findi
     return findings, log_end, records
 
 
-def _check_queues(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue],
+def check_queues(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue],
                   records: list[tuple[str, int, int, int]], log_end: int) -> list[Finding]:
     findings = []
     log_min = reader.min_offset()
@@ -139,35 +139,41 @@ def _check_index(store_dir: Path, reader: CommitLogReader, config: StoreConfig, 
     if not directory.is_dir():
         return []
     findings = []
-    log_min = reader.min_offset()
     for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
-        data = (directory / name).read_bytes()
-        *_, count = INDEX_HEADER.unpack_from(data, 0)
-        if len(data) != index_file_bytes(hash_slot_count=config.index_hash_slot_count,
-                                         index_count=config.index_item_count_max):
-            findings.append(Finding("index", name, f"{len(data)} bytes do not match the configured slot and item "
-                                                   f"counts; give the store's config"))
-            continue
-        base = INDEX_HEADER.size + config.index_hash_slot_count * INDEX_SLOT.size
-        for item in range(1, max(count, 1)):
-            key_hash, offset, _diff, prev = INDEX_ITEM.unpack_from(data, base + item * INDEX_ITEM.size)
-            where = f"{name} item {item}"
-            if prev < 0 or prev >= item:
-                findings.append(Finding("index", where, f"chain points forward ({prev})"))
-            if offset < log_min:
-                continue
-            try:
-                record = reader.read(offset, limit=log_end, check_crc=False)
-            except RecordError as exc:
-                findings.append(Finding("index", where, f"points at {offset}: {exc.reason}"))
-                continue
-            keys = [*record.keys, *([record.uniq_key] if record.uniq_key else [])]
-            if key_hash not in {index_key_hash(f"{record.topic}#{k}") for k in keys}:
-                findings.append(Finding("index", where, f"the record at {offset} carries no key with this hash"))
+        findings += check_index_file(name, (directory / name).read_bytes(), reader, config, log_end)
     return findings
 
 
-def _check_checkpoint(store_dir: Path, log_end: int) -> list[Finding]:
+def check_index_file(name: str, data: bytes, reader: CommitLogReader, config: StoreConfig,
+                     log_end: int) -> list[Finding]:
+    """One IndexFile's items against the log (files can be checked in parallel)."""
+    *_, count = INDEX_HEADER.unpack_from(data, 0)
+    if len(data) != index_file_bytes(hash_slot_count=config.index_hash_slot_count,
+                                     index_count=config.index_item_count_max):
+        return [Finding("index", name, f"{len(data)} bytes do not match the configured slot and item "
+                                       f"counts; give the store's config")]
+    findings = []
+    log_min = reader.min_offset()
+    base = INDEX_HEADER.size + config.index_hash_slot_count * INDEX_SLOT.size
+    for item in range(1, max(count, 1)):
+        key_hash, offset, _diff, prev = INDEX_ITEM.unpack_from(data, base + item * INDEX_ITEM.size)
+        where = f"{name} item {item}"
+        if prev < 0 or prev >= item:
+            findings.append(Finding("index", where, f"chain points forward ({prev})"))
+        if offset < log_min:
+            continue
+        try:
+            record = reader.read(offset, limit=log_end, check_crc=False)
+        except RecordError as exc:
+            findings.append(Finding("index", where, f"points at {offset}: {exc.reason}"))
+            continue
+        keys = [*record.keys, *([record.uniq_key] if record.uniq_key else [])]
+        if key_hash not in {index_key_hash(f"{record.topic}#{k}") for k in keys}:
+            findings.append(Finding("index", where, f"the record at {offset} carries no key with this hash"))
+    return findings
+
+
+def check_checkpoint(store_dir: Path, log_end: int) -> list[Finding]:
     try:
         checkpoint = load_checkpoint(store_dir)
     except CheckpointError as exc:

@@ -14,6 +14,8 @@ import dataclasses
 import fcntl
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,25 +41,48 @@ class RepairReport:
     evidence_dir: Path
 
 
-def rebuild_derived(store_dir: Path, config: StoreConfig | None = None) -> RepairReport:
-    config = detect_config(store_dir, config or StoreConfig())
+@contextmanager
+def store_locked(store_dir: Path) -> Iterator[None]:
+    """Hold the store's lock (as a running engine does); StoreBusy if an engine holds it."""
     lock_fd = os.open(store_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise StoreBusy(f"an engine is running on {store_dir}; stop it first") from None
-        return _rebuild(store_dir, config)
+        yield
     finally:
         os.close(lock_fd)
 
 
-def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
+def move_derived_aside(store_dir: Path) -> Path:
+    """Move ``consumequeue/`` and ``index/`` into a new ``broken-<time>/``; return it."""
     evidence = store_dir / f"broken-{time.strftime('%Y%m%d-%H%M%S')}"
     evidence.mkdir()
     for name in (CONSUME_QUEUE_DIR, INDEX_DIR):
         if (store_dir / name).exists():
             os.rename(store_dir / name, evidence / name)
+    return evidence
+
+
+def mark_dispatched(store_dir: Path, log_end: int) -> None:
+    """The derived files now hold the whole log: the checkpoint's dispatched offset is its end."""
+    try:
+        checkpoint = load_checkpoint(store_dir) or Checkpoint()
+    except CheckpointError:
+        checkpoint = Checkpoint()
+    store_checkpoint(store_dir, dataclasses.replace(checkpoint, dispatched_offset=log_end,
+                                                    flushed_offset=min(checkpoint.flushed_offset, log_end)))
+
+
+def rebuild_derived(store_dir: Path, config: StoreConfig | None = None) -> RepairReport:
+    config = detect_config(store_dir, config or StoreConfig())
+    with store_locked(store_dir):
+        return _rebuild(store_dir, config)
+
+
+def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
+    evidence = move_derived_aside(store_dir)
     reader = CommitLogReader.for_config(store_dir, config)
     index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
                          index_count_max=config.index_item_count_max, writable=True)
@@ -89,10 +114,5 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
     index.flush()
     index.close()
     reader.segments.close()
-    try:
-        checkpoint = load_checkpoint(store_dir) or Checkpoint()
-    except CheckpointError:
-        checkpoint = Checkpoint()
-    store_checkpoint(store_dir, dataclasses.replace(checkpoint, dispatched_offset=log_end,
-                                                    flushed_offset=min(checkpoint.flushed_offset, log_end)))
+    mark_dispatched(store_dir, log_end)
     return RepairReport(records, damaged, log_end, evidence)
