@@ -4,16 +4,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: start test setup system-tools clients bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e .
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The tests also need pytest and the Spark connector's extra (pyspark, pyarrow; Java 17 on PATH).
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,spark]'
+	touch $(TEST_STAMP)
+
+setup: $(TEST_STAMP)
 
 start: $(STAMP)
 	$(PY) -m supervisor start --store-dir $(or $(STORE),store)
@@ -33,7 +39,7 @@ clients:
 	@command -v npm >/dev/null || { echo "the Node client needs node and npm (Node 18 or later)"; exit 1; }
 	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
-test: $(STAMP) system-tools clients
+test: $(TEST_STAMP) system-tools clients
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

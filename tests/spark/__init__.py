@@ -1,0 +1,1 @@
+"""Tests of the PySpark connector (engine/spark); see conftest.py."""
