@@ -30,7 +30,6 @@ from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR
 from engine.inspect_store import detect_config
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
-from engine.recovery import is_deleted_queue
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ def check_store(store_dir: Path, config: StoreConfig | None = None) -> list[Find
         queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)
                   for key in list_queues(store_dir)}
         for key, cq in list(queues.items()):
-            if is_deleted_queue(cq, deleted):
+            if deleted.is_leftover(cq):
                 cq.close()
                 del queues[key]
         try:

@@ -181,17 +181,23 @@ class ConsumeQueue:
             self.files.delete(start)
             deleted += 1
         first = self.files.first_offset()
-        lo = max(self.min_offset, (first or 0) // CQ_UNIT_BYTES)
+        self.min_offset = self.first_live_unit(log_min_offset, start=max(self.min_offset,
+                                                                        (first or 0) // CQ_UNIT_BYTES))
+        return deleted
+
+    def first_live_unit(self, log_min_offset: int, *, start: int | None = None) -> int:
+        """The first queue offset (from ``start``, default ``min_offset``) whose record is at or
+        above ``log_min_offset``, i.e. still in the log; ``max_offset`` if none is."""
+        lo = self.min_offset if start is None else start
         hi = self.max_offset
-        while lo < hi:  # first unit whose record is still in the log
+        while lo < hi:
             mid = (lo + hi) // 2
             unit = self.get(mid)
             if unit is not None and unit.is_plausible and unit.commit_log_offset < log_min_offset:
                 lo = mid + 1
             else:
                 hi = mid
-        self.min_offset = lo
-        return deleted
+        return lo
 
     def truncate_from(self, queue_offset: int) -> None:
         """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole)."""

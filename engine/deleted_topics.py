@@ -28,10 +28,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from engine.atomic_file import read_with_backup, write_atomically
+
+if TYPE_CHECKING:
+    from engine.consume_queue import ConsumeQueue
 
 DELETED_TOPICS_FILE = Path("config") / "deletedTopics.json"
 
@@ -61,10 +65,21 @@ class DeletedTopics:
         deletion_offset = self.deletion_offsets.get(topic)
         return deletion_offset is not None and commit_log_offset < deletion_offset
 
+    def is_leftover(self, cq: ConsumeQueue) -> bool:
+        """True for a queue left from before its topic's deletion (its owner had not removed it).
+
+        Units are written in log order and a deleted topic's queues are removed before any
+        unit at or past the deletion offset is applied, so the first unit tells."""
+        if cq.topic not in self.deletion_offsets:
+            return False
+        first = cq.get(cq.min_offset) if cq.max_offset > cq.min_offset else None
+        return first is None or first.is_blank or self.hides(cq.topic, first.commit_log_offset)
+
     def __bool__(self) -> bool:
         return bool(self.deletion_offsets)
 
     def record(self, topic: str, deletion_offset: int) -> None:
+        """The writer's part: ``topic`` was deleted when the log ended at ``deletion_offset``."""
         assert deletion_offset >= self.deletion_offsets.get(topic, 0), "a deletion offset never moves back"
         self.deletion_offsets[topic] = deletion_offset
         self._save()

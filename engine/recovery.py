@@ -56,18 +56,10 @@ def queue_state(store_dir: Path, config: StoreConfig,
     state = {}
     for topic, queue_id in list_queues(store_dir):
         cq = ConsumeQueue(store_dir, topic, queue_id, file_units=config.consume_queue_file_units, writable=False)
-        if not (deleted and is_deleted_queue(cq, deleted)):
+        if not (deleted and deleted.is_leftover(cq)):
             state[(topic, queue_id)] = (cq.max_offset, cq.max_physical_end)
         cq.close()
     return state
-
-
-def is_deleted_queue(cq: ConsumeQueue, deleted: DeletedTopics) -> bool:
-    """True for a queue left from before its topic's deletion (units only point one side of it)."""
-    if cq.topic not in deleted.deletion_offsets:
-        return False
-    first = cq.get(cq.min_offset) if cq.max_offset > cq.min_offset else None
-    return first is None or first.is_blank or deleted.hides(cq.topic, first.commit_log_offset)
 
 
 def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int, end_offset: int) -> int:

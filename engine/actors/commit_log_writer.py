@@ -202,10 +202,14 @@ class CommitLogWriterActor(Actor):
         queues = [key for key in self.next_queue_offset if key[0] == request.topic]
         for key in queues:
             del self.next_queue_offset[key]
-        self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
+        self.announce_deletions()
         log.info("topic %r deleted at log offset %d (%d queues)", request.topic, deletion_offset, len(queues))
         reply = encode_reply(request.id, topic=request.topic, deletion_offset=deletion_offset)
         self.requests.send_multipart([*reply_to, reply, b"deleted:" + request.topic.encode()])
+
+    def announce_deletions(self) -> None:
+        """Owners and the index builder reread ``config/deletedTopics.json`` when this count moves."""
+        self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
 
     def handle_flushed(self, frames: list[bytes]) -> None:
         message = offsets_decoder.decode(frames[1])
@@ -261,7 +265,7 @@ class CommitLogWriterActor(Actor):
             self.publish_offsets()
             try:
                 if self.deleted_topics.forget_below(self.min_offset):
-                    self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
+                    self.announce_deletions()
             except OSError as exc:  # harmless: the entries hide records that are gone; retried next time
                 log.error("cannot rewrite the deleted-topic table: %s", exc)
 

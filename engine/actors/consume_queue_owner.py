@@ -53,7 +53,6 @@ from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
 from engine.records import message_view, owner_of
-from engine.recovery import is_deleted_queue
 from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ class ConsumeQueueOwnerActor(Actor):
             if self.is_mine(topic, queue_id):
                 cq = self.queue(topic, queue_id, create=True)
                 assert cq is not None
-                if is_deleted_queue(cq, self.deleted_topics):  # the topic was deleted before we removed it
+                if self.deleted_topics.is_leftover(cq):  # the topic was deleted before we removed it
                     self.drop_queue(cq)
         confirmed = self.ctx.offsets.get(CONFIRMED)
         self.log_min_offset = self.reader.min_offset()

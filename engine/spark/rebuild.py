@@ -44,7 +44,6 @@ from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, list_queues
 from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR, index_file_name
 from engine.inspect_store import detect_config
-from engine.recovery import is_deleted_queue
 from engine.repair import StoreBusy, mark_dispatched, move_derived_aside, store_locked
 from engine.spark import rebuild_tasks, task_sink
 from engine.spark.log_heads import DAMAGE, RECORD, LogHeadsDataSource
@@ -132,7 +131,7 @@ def _rebuild_queues(spark: SparkSession, heads: DataFrame, store: Path, context:
     on_disk = []
     for topic, queue_id in list_queues(store):
         cq = ConsumeQueue(store, topic, queue_id, file_units=context.config.consume_queue_file_units, writable=False)
-        if not is_deleted_queue(cq, deleted):  # engine.check leaves these out too
+        if not deleted.is_leftover(cq):  # engine.check leaves these out too
             on_disk.append((topic, queue_id, 0, -1, 0, 0, True))
         cq.close()
     rows = (heads.filter((F.col("kind") == RECORD) & ~F.col("hidden"))

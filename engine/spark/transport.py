@@ -93,7 +93,7 @@ class FileTransport:
         try:
             limit = self.snapshot.read_end if self.snapshot.read_end is not None else _NO_LIMIT
             high = _visible_high(cq, reader, limit)
-            low = min(_first_live_unit(cq, reader.min_offset()), high)
+            low = min(cq.first_live_unit(reader.min_offset()), high)
             first = cq.get(low) if low < high else None
             if first is not None and first.is_plausible and self.snapshot.hides(topic, first.commit_log_offset):
                 return high, high  # a queue left from before its topic was deleted
@@ -117,7 +117,7 @@ class FileTransport:
         limit = self.snapshot.read_end if self.snapshot.read_end is not None else _NO_LIMIT
         try:
             offset = task.start
-            low = _first_live_unit(cq, reader.min_offset())
+            low = cq.first_live_unit(reader.min_offset())
             if offset < low:
                 lost(task, offset, min(low, task.end), "removed by retention", fail=self.fail_on_data_loss)
                 offset = min(low, task.end)
@@ -157,19 +157,6 @@ class FileTransport:
                                            "`python -m engine check`", fail=fail)
             return
         columns.add_record(record)
-
-
-def _first_live_unit(cq: ConsumeQueue, log_min_offset: int) -> int:
-    """The first queue offset whose record is still in the log (ConsumeQueue.drop_before, read-only)."""
-    lo, hi = cq.min_offset, cq.max_offset
-    while lo < hi:
-        mid = (lo + hi) // 2
-        unit = cq.get(mid)
-        if unit is not None and unit.is_plausible and unit.commit_log_offset < log_min_offset:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def _visible_high(cq: ConsumeQueue, reader: CommitLogReader, limit: int) -> int:
