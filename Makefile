@@ -8,7 +8,9 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: start test setup system-tools clients bench clean
 
-$(STAMP): pyproject.toml
+# The install also compiles engine/_codec.c (the hot loops) when gcc and zlib's headers are there;
+# without them the engine runs on the Python codec, slower.
+$(STAMP): pyproject.toml setup.py engine/_codec.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e .
@@ -40,6 +42,7 @@ clients:
 	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
 test: $(TEST_STAMP) system-tools clients
+	@$(PY) -c 'import engine.codec as c; assert c.COMPILED, "engine/_codec.c did not build: gcc and zlib1g-dev needed"'
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -1,0 +1,139 @@
+"""The batch codec in plain Python: the reference the compiled ``engine._codec`` must match.
+
+Each function does, for a whole batch, what the hot paths would otherwise do one
+record at a time through ``engine.layout``; the compiled module does the same
+byte for byte and answer for answer (``tests/unit/test_codec.py`` compares them).
+Use them through ``engine.codec``, which picks the compiled module when it is built.
+
+Failures are never decided here beyond "not the fast path": ``scan_dispatch`` stops
+at a record it cannot dispatch and ``read_view`` returns None, and the caller asks
+``engine.layout`` (which raises ``RecordError`` with the reason).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from engine.layout import (
+    KEY_SEPARATOR,
+    MAGIC_BLANK,
+    PROPERTY_CRC32,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    TOTAL_SIZE_AND_MAGIC,
+    HostAddress,
+    RecordError,
+    RecordFields,
+    decode_record,
+    encoded_size,
+    encode_record_into,
+    java_string_hash,
+    tags_code,
+)
+
+COMPILED = False
+
+SCAN_MORE = 0     # stopped at ``limit`` (less than a blank marker left) or after ``max_records``
+SCAN_BLANK = 1    # the end-of-segment blank marker is at ``pos``
+SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine.layout`` for the reason
+
+_HIDDEN_PROPERTIES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
+
+
+def java_hash(text: str) -> int:
+    """Java ``String.hashCode`` as a signed 32-bit int."""
+    return java_string_hash(text)
+
+
+def owner_index(topic: str, queue_id: int, owner_count: int) -> int:
+    """Which ConsumeQueue owner holds (topic, queue_id): CRC-32 of ``topic/queue_id``."""
+    return zlib.crc32(f"{topic}/{queue_id}".encode()) % owner_count
+
+
+def encode_records(buf, pos: int, base_offset: int, topic: bytes, queue_id: int, first_queue_offset: int,
+                   store_timestamp_ms: int, store_host: HostAddress, born_host: HostAddress,
+                   with_record_crc: bool, items: list[tuple]) -> tuple[list[int], int]:
+    """Encode a batch of records for one queue at ``buf[pos:]``.
+
+    ``items`` are ``(body, properties, flag, born_timestamp_ms)`` with the properties
+    already encoded; ``base_offset`` is the commit log offset of ``buf[0]``. Returns
+    the commit log offset of every record and the position after the last one.
+    ValueError when the batch does not fit in ``buf`` (nothing is written then).
+    """
+    fields = [RecordFields(topic, queue_id, body, properties, flag, born_ms, born_host)
+              for body, properties, flag, born_ms in items]
+    total = sum(encoded_size(f, with_record_crc=with_record_crc) for f in fields)
+    if pos < 0 or pos + total > len(buf):
+        raise ValueError(f"a batch of {total} bytes does not fit at {pos} in a buffer of {len(buf)}")
+    offsets = []
+    for i, f in enumerate(fields):
+        offsets.append(base_offset + pos)
+        pos += encode_record_into(buf, pos, f, queue_offset=first_queue_offset + i,
+                                  commit_log_offset=base_offset + pos, store_timestamp_ms=store_timestamp_ms,
+                                  store_host=store_host, with_record_crc=with_record_crc)
+    return offsets, pos
+
+
+def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
+                  owner_count: int) -> tuple[list[list[tuple]], list[tuple], int, int, int]:
+    """Parse records from ``buf[pos:limit]`` for dispatch, without CRC checks.
+
+    Returns ``(per_owner, for_index, count, pos, stop)``: per owner the entries of its
+    queues, the entries that carry keys for the index builder, how many records were
+    parsed, where the scan stopped and why (``SCAN_*``). An entry is a ``DispatchEntry``
+    as a tuple: (topic, queue_id, queue_offset, commit_log_offset, size, tags_code,
+    store_timestamp, keys); owners get it with no keys, the index with the UNIQ_KEY
+    first, then the user keys.
+    """
+    per_owner: list[list[tuple]] = [[] for _ in range(owner_count)]
+    for_index: list[tuple] = []
+    count = 0
+    size_bytes = len(buf)
+    while count < max_records:
+        if limit - pos < 8:
+            return per_owner, for_index, count, pos, SCAN_MORE
+        size, magic = TOTAL_SIZE_AND_MAGIC.unpack_from(buf, pos)
+        if magic == MAGIC_BLANK and size == size_bytes - pos:
+            return per_owner, for_index, count, pos, SCAN_BLANK
+        try:
+            record = decode_record(buf, pos, limit=limit, base_offset=base_offset, check_crc=False)
+        except RecordError:
+            return per_owner, for_index, count, pos, SCAN_DAMAGE
+        props = record.properties
+        tags = props.get(PROPERTY_TAGS)
+        code = tags_code(tags)
+        topic, queue_id = record.topic, record.queue_id
+        entry = (topic, queue_id, record.queue_offset, record.commit_log_offset, record.total_size, code,
+                 record.store_timestamp_ms, [])
+        per_owner[owner_index(topic, queue_id, owner_count)].append(entry)
+        keys = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
+        uniq = props.get(PROPERTY_UNIQ_KEY)
+        if uniq or keys:
+            for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
+        pos += record.total_size
+        count += 1
+    return per_owner, for_index, count, pos, SCAN_MORE
+
+
+def read_view(buf, pos: int, limit: int, base_offset: int, check_crc: bool, require_record_crc: bool) -> dict | None:
+    """The record at ``buf[pos:]`` as a reply's message map (``MessageView``'s fields, in
+    order); None if it fails any check."""
+    try:
+        record = decode_record(buf, pos, limit=limit, base_offset=base_offset, check_crc=check_crc,
+                               require_record_crc=require_record_crc)
+    except RecordError:
+        return None
+    props = record.properties
+    return {
+        "topic": record.topic, "queue_id": record.queue_id, "queue_offset": record.queue_offset,
+        "commit_log_offset": record.commit_log_offset, "store_size": record.total_size, "msg_id": record.msg_id,
+        "body": bytes(record.body), "body_crc": record.body_crc, "tags": props.get(PROPERTY_TAGS),
+        "keys": [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k],
+        "uniq_key": props.get(PROPERTY_UNIQ_KEY),
+        "properties": {k: v for k, v in props.items() if k not in _HIDDEN_PROPERTIES},
+        "flag": record.flag, "sys_flag": record.sys_flag, "born_timestamp": record.born_timestamp_ms,
+        "born_host": str(record.born_host), "store_timestamp": record.store_timestamp_ms,
+        "store_host": str(record.store_host), "reconsume_times": record.reconsume_times,
+    }
+

@@ -1,0 +1,455 @@
+"""The compiled codec (engine._codec) against its Python reference (engine.codec_py).
+
+Every function must give the same answer byte for byte: the same encoded bytes,
+the same dispatch tuples, the same reply map (key order included) or None,
+on well-formed segments and on damaged ones (truncated, cut by ``limit``,
+a byte flipped at every position of a record).
+"""
+
+from __future__ import annotations
+
+import mmap
+import random
+import struct
+
+import pytest
+
+from engine import codec_py as py
+from engine.layout import HostAddress, encode_blank, java_string_hash
+
+try:
+    from engine import _codec as c
+except ImportError:  # no C compiler when the package was installed
+    c = None
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(c is None, reason="engine._codec is not built (pip install -e . compiles it; "
+                                         "a machine without a C compiler falls back to engine.codec_py)"),
+]
+
+STORE_HOST = HostAddress.parse("127.0.0.1", 10911)
+BORN_HOST = HostAddress.parse("10.0.0.1", 51234)
+BASE = 3 * 1024 * 1024 * 1024  # the commit log offset of the segment's first byte
+T0 = 1_700_000_000_000
+CHARS = "abcXYZ019_-. é߀ÿĀ中文字😀🚀"
+
+
+# --- random records ----------------------------------------------------------------------
+
+def rand_text(rng: random.Random, low: int, high: int, chars: str = CHARS) -> str:
+    return "".join(rng.choice(chars) for _ in range(rng.randint(low, high)))
+
+
+def rand_topic(rng: random.Random, *, utf8_only: bool = False) -> bytes:
+    roll = rng.random()
+    if roll < 0.15:
+        return ("Topic-" + "x" * rng.randint(122, 300)).encode()          # > 127 bytes: MAGIC_V2
+    if roll < 0.2 and not utf8_only:
+        return b"bad\xff\xfetopic"                                          # not UTF-8: damage
+    return rand_text(rng, 1, 12, "abcXYZ_-%é中😀").encode()
+
+
+def rand_properties(rng: random.Random) -> bytes:
+    """An encoded properties block with every shape decode_properties has to handle."""
+    parts = []
+    names: list[bytes] = []
+    for _ in range(rng.randint(0, 7)):
+        roll = rng.random()
+        if roll < 0.15:
+            name, value = b"TAGS", rng.choice([rand_text(rng, 1, 6).encode(), b"TagA", b"\xe2\x82x",
+                                                 b"\x80", b"a\xc0b", b"  "])
+        elif roll < 0.3:
+            keys = [rand_text(rng, 0, 5, "ab1é😀") for _ in range(rng.randint(1, 4))]
+            name, value = b"KEYS", " ".join(keys).encode() or b" "
+        elif roll < 0.4:
+            name, value = b"UNIQ_KEY", rng.randbytes(16).hex().upper().encode()
+        elif roll < 0.5 and names:
+            name, value = rng.choice(names), rand_text(rng, 1, 4).encode()   # a duplicate name
+        elif roll < 0.55:
+            parts.append(rand_text(rng, 1, 5).encode() + b"\x01\x02")          # empty value
+            continue
+        elif roll < 0.6:
+            parts.append(rand_text(rng, 1, 5).encode() + b"\x02")              # no \x01
+            continue
+        elif roll < 0.65:
+            parts.append(b"\x01" + rand_text(rng, 1, 5).encode() + b"\x02")    # empty name
+            continue
+        elif roll < 0.7:
+            parts.append(bytes(rng.choice(b"\x01\x02 \xe2\x82\xac\xf0\x9f\x98\xffab")
+                               for _ in range(rng.randint(1, 12))))            # garbage
+            continue
+        elif roll < 0.75:
+            name, value = rng.choice([b"\xff", b"\xfe", b"\xe2\x82"]), b"v\x01w"  # names that decode alike
+        elif roll < 0.78:
+            name, value = b"__CRC32#", b"0123456789"                             # a fake CRC property
+        else:
+            name, value = rand_text(rng, 1, 8).encode(), rand_text(rng, 1, 12).encode()
+        names.append(name)
+        parts.append(name + b"\x01" + value + b"\x02")
+    block = b"".join(parts)
+    if block and rng.random() < 0.2:
+        block = block[:-1]                                                      # no final \x02
+    return block
+
+
+def rand_body(rng: random.Random) -> bytes:
+    return rng.randbytes(rng.choice([0, 1, 1, 17, rng.randint(1, 300), 4096]))
+
+
+def rand_host(rng: random.Random) -> HostAddress:
+    return HostAddress(rng.randbytes(4), rng.choice([0, 10911, 65535, rng.randint(-2 ** 31, 2 ** 31 - 1)]))
+
+
+def rand_items(rng: random.Random, count: int) -> list[tuple]:
+    return [(rand_body(rng), rand_properties(rng), rng.randint(-2 ** 31, 2 ** 31 - 1),
+             rng.choice([T0 + rng.randint(0, 10 ** 6), rng.randint(-2 ** 63, 2 ** 63 - 1)]))
+            for _ in range(count)]
+
+
+def encode_both(buf_py, buf_c, pos: int, base: int, topic: bytes, queue_id: int, first: int, store_ms: int,
+                store_host: HostAddress, born_host: HostAddress, with_crc: bool, items: list[tuple]):
+    """Encode the same batch with both codecs; they must agree on the bytes and the answer."""
+    args = (pos, base, topic, queue_id, first, store_ms, store_host, born_host, with_crc, items)
+    expected = py.encode_records(buf_py, *args)
+    got = c.encode_records(buf_c, *args)
+    assert got == expected
+    assert bytes(buf_c) == bytes(buf_py)
+    return expected
+
+
+def build_segment(rng: random.Random, size: int, *, batches: int, with_crc: bool | None = None,
+                  fill: float = 0.8, utf8_only: bool = False) -> tuple[bytearray, list[int]]:
+    """A segment of random batches (both codecs must write it identically); the record positions."""
+    seg_py, seg_c = bytearray(size), bytearray(size)
+    pos, starts = 0, []
+    for _ in range(batches):
+        items = rand_items(rng, rng.randint(1, 4))
+        topic = rand_topic(rng, utf8_only=utf8_only)
+        crc = rng.random() < 0.6 if with_crc is None else with_crc
+        try:
+            offsets, end = encode_both(seg_py, seg_c, pos, BASE, topic, rng.randint(0, 7), rng.randint(0, 10 ** 6),
+                                       T0, STORE_HOST, rand_host(rng), crc, items)
+        except ValueError:
+            break                                                  # the segment is full
+        starts += [o - BASE for o in offsets]
+        pos = end
+        if pos > fill * size:
+            break
+    return seg_py, starts
+
+
+# --- comparisons -------------------------------------------------------------------------
+
+def ordered(view: dict | None):
+    """A reply map with its key order (and its properties' order) made part of equality."""
+    if view is None:
+        return None
+    return [(k, list(v.items()) if isinstance(v, dict) else (type(v), v)) for k, v in view.items()]
+
+
+def same_scan(buf, pos: int, limit: int, base: int = BASE, max_records: int = 1 << 30, owners: int = 3):
+    expected = py.scan_dispatch(buf, pos, limit, base, max_records, owners)
+    got = c.scan_dispatch(buf, pos, limit, base, max_records, owners)
+    assert got == expected, (pos, limit, max_records, owners)
+    return got
+
+
+def same_views(buf, pos: int, limit: int, base: int = BASE) -> list:
+    views = []
+    for check_crc in (False, True):
+        for require in (False, True):
+            expected = py.read_view(buf, pos, limit, base, check_crc, require)
+            got = c.read_view(buf, pos, limit, base, check_crc, require)
+            assert ordered(got) == ordered(expected), (pos, limit, check_crc, require)
+            views.append(got)
+    return views
+
+
+# --- java_hash and owner_index ------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "", "a", "TagA", "hello", "polygenelubricants", "Aa", "BB",          # ASCII, overflow, collision
+    "é", "Grüße ÿ", "\x00\x7f\x80\xff",                                   # Latin-1
+    "中文", "€Ā\uffff", "\ud7ff\ue000",                                   # BMP
+    "😀", "a😀b", "🚀" * 50, "\U0010ffff\U00010000", "ß中😀",             # non-BMP: surrogate pairs
+])
+def test_java_hash_matches_reference(text):
+    assert c.java_hash(text) == java_string_hash(text) == py.java_hash(text)
+
+
+def test_java_hash_random_strings():
+    rng = random.Random(1)
+    for _ in range(500):
+        text = "".join(chr(rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0xFF), rng.randint(0x100, 0xD7FF),
+                                       rng.randint(0xE000, 0xFFFF), rng.randint(0x10000, 0x10FFFF)]))
+                       for _ in range(rng.randint(0, 40)))
+        assert c.java_hash(text) == java_string_hash(text)
+
+
+def test_java_hash_lone_surrogate_fails_as_the_reference_does():
+    for text in ("a\ud800", "\udfff😀"):
+        with pytest.raises(UnicodeEncodeError):
+            java_string_hash(text)
+        with pytest.raises(UnicodeEncodeError):
+            c.java_hash(text)
+    with pytest.raises(TypeError):
+        c.java_hash(b"bytes")
+
+
+def test_owner_index_matches_reference():
+    rng = random.Random(2)
+    cases = [("TopicTest", 3, 4), ("中文😀", 0, 1), ("t", -7, 3), ("t", 2 ** 80, 5), ("t", True, 3),
+             ("t", 1, -3), ("", 0, 2), ("x" * 300, 2 ** 31 - 1, 2 ** 70)]
+    cases += [(rand_text(rng, 0, 20), rng.randint(-2 ** 40, 2 ** 40), rng.randint(1, 64)) for _ in range(300)]
+    for topic, queue_id, owners in cases:
+        assert c.owner_index(topic, queue_id, owners) == py.owner_index(topic, queue_id, owners), (topic, queue_id)
+    with pytest.raises(ZeroDivisionError):
+        c.owner_index("t", 1, 0)
+
+
+# --- encode_records ---------------------------------------------------------------------
+
+def test_encode_records_random_batches_byte_identical():
+    rng = random.Random(3)
+    for _ in range(40):
+        size = 64 * 1024
+        buf_py, buf_c = bytearray(size), bytearray(size)
+        pos = rng.randint(0, 1000)
+        items = rand_items(rng, rng.randint(0, 12))
+        encode_both(buf_py, buf_c, pos, rng.choice([0, BASE, 2 ** 62]), rand_topic(rng), rng.randint(-5, 2 ** 31 - 1),
+                    rng.randint(0, 2 ** 40), rng.randint(-2 ** 63, 2 ** 63 - 1), rand_host(rng), rand_host(rng),
+                    rng.random() < 0.5, items)
+
+
+@pytest.mark.parametrize("with_crc", [False, True])
+@pytest.mark.parametrize("topic_len", [1, 127, 128, 300])
+def test_encode_records_topic_widths(with_crc, topic_len):
+    items = [(b"x" * 256, b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02", 0, T0), (b"", b"", 1, T0), (b"y", b"a\x01b\x02", 2, T0)]
+    buf_py, buf_c = bytearray(4096), bytearray(4096)
+    offsets, end = encode_both(buf_py, buf_c, 8, BASE, b"T" * topic_len, 1, 0, T0, STORE_HOST, BORN_HOST,
+                               with_crc, items)
+    assert offsets[0] == BASE + 8 and len(offsets) == 3
+    assert struct.unpack_from(">I", buf_c, 12)[0] == (0xDAA320AB if topic_len > 127 else 0xDAA320A7)
+    assert c.scan_dispatch(buf_c, 8, end, BASE, 10, 2)[2:] == (3, end, py.SCAN_MORE)
+
+
+def test_encode_records_bodies_from_views_and_mmap():
+    body = memoryview(b"0123456789" * 100)[5:805]
+    items = [(body, b"KEYS\x01a b\x02", 7, T0), (memoryview(b"z"), b"", 0, T0)]
+    with mmap.mmap(-1, 8192) as mm_py, mmap.mmap(-1, 8192) as mm_c:
+        encode_both(mm_py, mm_c, 100, 0, b"TopicM", 0, 5, T0, STORE_HOST, BORN_HOST, True, items)
+        assert same_scan(mm_c, 100, 8192, base=0)[2] == 2
+        same_views(mm_c, 100, 8192, base=0)
+
+
+def test_encode_records_pads_a_short_ip_as_struct_does():
+    host = HostAddress(b"\x01\x02", 80)
+    encode_both(bytearray(512), bytearray(512), 0, 0, b"T", 0, 0, T0, host, host, False, [(b"b", b"", 0, T0)])
+
+
+def test_encode_records_overflow_raises_and_writes_nothing():
+    items = [(b"x" * 256, b"TAGS\x01TagA\x02", 0, T0)] * 3
+    need = py.encode_records(bytearray(4096), 0, 0, b"TopicO", 0, 0, T0, STORE_HOST, BORN_HOST, True, items)[1]
+    for size, pos in ((need - 1, 0), (need + 9, 10), (0, 0)):
+        for codec in (py, c):
+            buf = bytearray(size)
+            with pytest.raises(ValueError):
+                codec.encode_records(buf, pos, 0, b"TopicO", 0, 0, T0, STORE_HOST, BORN_HOST, True, items)
+            assert buf == bytearray(size)
+    for codec in (py, c):
+        with pytest.raises(ValueError):
+            codec.encode_records(bytearray(4096), -1, 0, b"TopicO", 0, 0, T0, STORE_HOST, BORN_HOST, True, items)
+        assert codec.encode_records(bytearray(8), 8, 100, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True, []) == ([], 8)
+
+
+def test_encode_records_bad_arguments():
+    buf = bytearray(4096)
+    with pytest.raises(TypeError):
+        c.encode_records(b"read-only", 0, 0, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True, [])
+    with pytest.raises(ValueError):
+        c.encode_records(buf, 0, 0, b"T", 2 ** 31, 0, T0, STORE_HOST, BORN_HOST, True, [(b"b", b"", 0, T0)])
+    with pytest.raises(ValueError):
+        c.encode_records(buf, 0, 0, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True, [(b"b", b"", 0)])
+    with pytest.raises(TypeError):
+        c.encode_records(buf, 0, 0, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True, [("str body", b"", 0, T0)])
+    with pytest.raises(ValueError):
+        c.encode_records(buf, 0, 0, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True, [(b"", b"p" * 65520, 0, T0)])
+    with pytest.raises(TypeError):
+        c.encode_records(buf, 0, 0, b"T", 0, 0, T0, STORE_HOST, BORN_HOST, True)
+    assert buf == bytearray(4096)
+
+
+# --- scan_dispatch and read_view on whole segments -----------------------------------------
+
+def test_random_segments_scan_and_views_agree():
+    rng = random.Random(4)
+    for _ in range(12):
+        seg, starts = build_segment(rng, 64 * 1024, batches=12)
+        end = starts[-1] + struct.unpack_from(">i", seg, starts[-1])[0] if starts else 0
+        for owners in (1, 2, 3, 4):
+            same_scan(seg, 0, len(seg), owners=owners)
+        same_scan(seg, 0, end)
+        for start in starts:
+            same_scan(seg, start, len(seg))
+            same_views(seg, start, len(seg))
+            same_views(seg, start, end)
+
+
+def test_segment_with_blank_marker():
+    rng = random.Random(5)
+    seg, starts = build_segment(rng, 32 * 1024, batches=6, with_crc=True, utf8_only=True)
+    end = starts[-1] + struct.unpack_from(">i", seg, starts[-1])[0]
+    encode_blank(seg, end, len(seg) - end)
+    assert same_scan(seg, 0, len(seg))[2:] == (len(starts), end, py.SCAN_BLANK)
+    assert same_scan(seg, 0, len(seg), max_records=len(starts))[2:] == (len(starts), end, py.SCAN_MORE)
+    same_views(seg, end, len(seg))
+    for limit in (end, end + 7, end + 8, len(seg) - 1):
+        same_scan(seg, 0, limit)
+    struct.pack_into(">i", seg, end, len(seg) - end - 1)                 # a blank with the wrong size
+    same_scan(seg, 0, len(seg))
+
+
+def test_zero_tail_and_short_blank():
+    rng = random.Random(6)
+    seg, starts = build_segment(rng, 16 * 1024, batches=4)
+    end = starts[-1] + struct.unpack_from(">i", seg, starts[-1])[0]
+    same_scan(seg, 0, len(seg))                                          # zeros after the last record
+    seg = seg[:end + 5]
+    same_scan(seg, 0, len(seg))                                          # fewer than 8 bytes left
+
+
+def test_limit_in_the_middle_of_records():
+    rng = random.Random(7)
+    seg, starts = build_segment(rng, 8 * 1024, batches=5, fill=0.5)
+    end = starts[-1] + struct.unpack_from(">i", seg, starts[-1])[0]
+    for limit in range(0, end + 2):
+        same_scan(seg, 0, limit)
+    for start in starts:
+        for limit in range(start, min(end, start + 700)):
+            same_views(seg, start, limit)
+
+
+def test_max_records_and_owner_counts():
+    rng = random.Random(8)
+    seg, starts = build_segment(rng, 64 * 1024, batches=10)
+    n = len(starts)
+    for max_records in (0, 1, n // 2, n - 1, n, n + 5, -3, 2 ** 70):
+        for owners in (1, 2, 3, 4):
+            result = same_scan(seg, 0, len(seg), max_records=max_records, owners=owners)
+            assert sum(len(entries) for entries in result[0]) == result[2]
+
+
+def test_wrong_base_offset_is_damage():
+    rng = random.Random(9)
+    seg, starts = build_segment(rng, 8 * 1024, batches=2)
+    for base in (0, BASE + 1, BASE - 20, 2 ** 63 - 10, 2 ** 64, -2 ** 70):
+        assert same_scan(seg, 0, len(seg), base=base)[4] == py.SCAN_DAMAGE
+        same_views(seg, 0, len(seg), base=base)
+
+
+def test_buffer_views_and_bytes():
+    rng = random.Random(10)
+    seg, starts = build_segment(rng, 8 * 1024, batches=3)
+    for buf in (bytes(seg), memoryview(seg), memoryview(bytes(seg))):
+        same_scan(buf, 0, len(seg))
+        for start in starts:
+            same_views(buf, start, len(seg))
+
+
+# --- damage ----------------------------------------------------------------------------
+
+def flip_everywhere(seg: bytearray, start: int, size: int, masks=(0xFF, 0x01)) -> None:
+    """Flip each byte of the record at ``start`` in turn; both codecs must agree every time."""
+    for at in range(start, start + size):
+        for mask in masks:
+            seg[at] ^= mask
+            same_scan(seg, 0, len(seg))
+            same_views(seg, start, len(seg))
+            seg[at] ^= mask
+
+
+@pytest.mark.parametrize("with_crc", [False, True])
+def test_every_flipped_byte(with_crc):
+    rng = random.Random(11 + with_crc)
+    for _ in range(3):
+        seg, starts = build_segment(rng, 48 * 1024, batches=3, with_crc=with_crc, fill=0.3)
+        start = starts[len(starts) // 2]
+        size = struct.unpack_from(">i", seg, start)[0]
+        flip_everywhere(seg, start, min(size, 600))
+
+
+def test_flipped_bytes_in_a_small_record():
+    """A small record with every special property, so every flip lands somewhere that matters."""
+    props = b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01ABCDEF\x02a\x01b\x02a\x01c\x02"
+    for with_crc in (False, True):
+        for topic in (b"Topic", b"V2" * 70):
+            seg_py, seg_c = bytearray(1024), bytearray(1024)
+            encode_both(seg_py, seg_c, 0, BASE, topic, 1, 2, T0, STORE_HOST, BORN_HOST, with_crc,
+                        [(b"hello", props, 0, T0), (b"world", props, 0, T0)])
+            size = struct.unpack_from(">i", seg_c, 0)[0]
+            flip_everywhere(seg_c, 0, size, masks=(0xFF, 0x01, 0x10, 0x20, 0x80))
+
+
+def test_record_crc_property_damage_heuristics():
+    """A damaged __CRC32# name (two bytes at most), malformed digits, a missing property."""
+    seg_py, seg_c = bytearray(1024), bytearray(1024)
+    offsets, end = encode_both(seg_py, seg_c, 0, BASE, b"TopicC", 0, 0, T0, STORE_HOST, BORN_HOST, True,
+                               [(b"body", b"KEYS\x01k\x02", 0, T0)])
+    tail = end - 20
+    variants = []
+    for i in range(9):
+        for j in range(i, 9):
+            for separator in (0x01, 0x03):                           # the \x01 after the name, or not
+                damaged = bytearray(seg_c)
+                damaged[tail + i] ^= 0x20
+                damaged[tail + j] ^= 0x40
+                damaged[tail + 8] = separator
+                variants.append(damaged)
+    for k in range(9, 20):
+        damaged = bytearray(seg_c)
+        damaged[tail + k] = ord("x")
+        variants.append(damaged)
+    zeroed = bytearray(seg_c)
+    zeroed[tail:end] = bytes(20)
+    variants.append(zeroed)
+    for buf in variants:
+        same_views(buf, 0, len(buf))
+        same_scan(buf, 0, len(buf))
+    # a record written without the CRC property whose last user property looks like one
+    for name in (b"__CRC32#", b"__CRC3X#", b"__CRXX2#", b"XXXX32#_"):
+        buf_py, buf_c = bytearray(512), bytearray(512)
+        encode_both(buf_py, buf_c, 0, BASE, b"TopicC", 0, 0, T0, STORE_HOST, BORN_HOST, False,
+                    [(b"body", name + b"\x010123456789\x02", 0, T0)])
+        same_views(buf_c, 0, len(buf_c))
+
+
+def test_garbage_buffers():
+    rng = random.Random(13)
+    magic = struct.pack(">I", 0xDAA320A7)
+    for _ in range(300):
+        buf = bytearray(rng.randbytes(rng.randint(0, 400)))
+        if len(buf) >= 8 and rng.random() < 0.7:
+            buf[4:8] = magic
+            struct.pack_into(">i", buf, 0, rng.randint(80, max(80, len(buf) + 10)))
+            if len(buf) >= 36:
+                struct.pack_into(">q", buf, 28, BASE)
+        same_scan(buf, 0, len(buf))
+        same_views(buf, 0, len(buf))
+
+
+def test_bad_read_arguments():
+    buf = bytearray(256)
+    for fn in (c.scan_dispatch, c.read_view):
+        with pytest.raises(TypeError):
+            fn("not a buffer", 0, 10, 0, 1, 1)
+        with pytest.raises(ValueError):
+            fn(buf, 0, 257, 0, 1, 1)           # limit past the buffer (Python: struct.error)
+        with pytest.raises(ValueError):
+            fn(buf, -1, 10, 0, 1, 1)
+        with pytest.raises(TypeError):
+            fn(buf, 0, 10)
+    with pytest.raises(ValueError):
+        c.scan_dispatch(buf, 0, 10, 0, 1, 0)   # no owner to dispatch to
+    assert c.read_view(buf, 300, 256, 0, True, True) is None
+    assert c.scan_dispatch(buf, 300, 256, 0, 5, 2) == ([[], []], [], 0, 300, py.SCAN_MORE)
