@@ -20,6 +20,7 @@ offset the writer announced.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +39,15 @@ from engine.layout import (
     RecordHead,
     decode_record,
     encode_blank,
-    encode_record_into,
+    offset_to_file_name,
     encoded_size,
     peek_size_and_magic,
+    record_size,
     verify_record,
 )
+from engine import codec
 from engine.config import StoreConfig
-from engine.mapped_file import MappedFile, MappedFileQueue
+from engine.mapped_file import MappedFile, MappedFileQueue, create_preallocated
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,22 @@ class CommitLogReader:
         return decode_record(segment.mm, offset - segment.start_offset, limit=end,
                              base_offset=segment.start_offset, check_crc=check_crc,
                              require_record_crc=check_crc and self.require_record_crc)
+
+    def read_view(self, offset: int, *, limit: int) -> dict:
+        """The record at ``offset`` as a reply's message map, every check done (``codec.read_view``);
+        RecordError if it is damaged or reaches past ``limit``."""
+        segment = self._last
+        if segment is None or not segment.start_offset <= offset < segment.end_offset or segment.mm.closed:
+            segment = self._last = self.segments.find(offset)
+        if segment is None:
+            raise RecordError("no segment holds this offset", offset)
+        end = min(segment.size_bytes, limit - segment.start_offset)
+        view = codec.read_view(segment.mm, offset - segment.start_offset, end, segment.start_offset, True,
+                               self.require_record_crc)
+        if view is None:
+            self.read(offset, limit=limit, check_crc=True)  # raises RecordError with the reason
+            raise RecordError("record refused by the codec", offset)  # the two disagree: never serve it
+        return view
 
     def scan_heads(self, start: int, end: int, *, tail_from: int | None = None,
                    tail_resync_bytes: int = 8 << 20) -> Iterator[RecordHead | Damage]:
@@ -250,10 +269,16 @@ def _zero_garbage(segment: MappedFile, pos: int, *, sweep: bool) -> None:
 
 @dataclass(slots=True)
 class AppendResult:
-    """Where a batch landed: one (commit_log_offset, size) per record."""
+    """Where a batch landed: the commit log offset of each record, and the end of the last."""
 
-    positions: list[tuple[int, int]] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
     end_offset: int = 0
+
+    @property
+    def positions(self) -> list[tuple[int, int]]:
+        """(commit_log_offset, size) per record: a batch's records lie back to back."""
+        ends = [*self.offsets[1:], self.end_offset]
+        return [(start, end - start) for start, end in zip(self.offsets, ends, strict=True)]
 
 
 class CommitLogWriter:
@@ -267,6 +292,8 @@ class CommitLogWriter:
         self.with_record_crc = with_record_crc
         self.warm_segments = warm_segments
         self.written_offset = 0
+        self._preallocation: threading.Thread | None = None
+        self._preallocation_error: OSError | None = None
 
     def open_at(self, offset: int, *, after_power_loss: bool = False) -> None:
         """Set the append position after recovery and clear any torn bytes past it.
@@ -286,29 +313,42 @@ class CommitLogWriter:
     def batch_size(self, records: list[RecordFields]) -> int:
         return sum(encoded_size(r, with_record_crc=self.with_record_crc) for r in records)
 
+    def items_size(self, topic: bytes, count: int, payload_bytes: int) -> int:
+        """The bytes a batch of ``count`` records of ``topic`` takes, with ``payload_bytes`` of
+        bodies and encoded properties in all (``layout.record_size`` summed)."""
+        per_record = record_size(body_bytes=0, topic_bytes=len(topic), properties_bytes=0)
+        if self.with_record_crc:
+            per_record += CRC32_RESERVED_BYTES
+        return count * per_record + payload_bytes
+
     def append(self, records: list[RecordFields], *, first_queue_offset: int,
                store_timestamp_ms: int) -> AppendResult:
         """Append a batch for one queue; queue offsets run from ``first_queue_offset``."""
-        total = self.batch_size(records)
-        assert total + END_FILE_MIN_BLANK_BYTES <= self.segment_size_bytes
-        segment = self._segment_for(total)
+        first = records[0]
+        assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records)
+        items = [(r.body, r.properties, r.flag, r.born_timestamp_ms) for r in records]
+        return self.append_items(first.topic, first.queue_id, items, born_host=first.born_host,
+                                 batch_bytes=self.batch_size(records), first_queue_offset=first_queue_offset,
+                                 store_timestamp_ms=store_timestamp_ms)
+
+    def append_items(self, topic: bytes, queue_id: int, items: list[tuple], *, born_host: HostAddress,
+                     batch_bytes: int, first_queue_offset: int, store_timestamp_ms: int) -> AppendResult:
+        """Append ``(body, properties, flag, born_timestamp_ms)`` items (``records.build_items``)
+        for one queue, ``batch_bytes`` in all; queue offsets run from ``first_queue_offset``."""
+        assert batch_bytes + END_FILE_MIN_BLANK_BYTES <= self.segment_size_bytes
+        segment = self._segment_for(batch_bytes)
         pos = self.written_offset - segment.start_offset
-        result = AppendResult()
-        for i, fields in enumerate(records):
-            offset = segment.start_offset + pos
-            size = encode_record_into(segment.mm, pos, fields, queue_offset=first_queue_offset + i,
-                                      commit_log_offset=offset, store_timestamp_ms=store_timestamp_ms,
-                                      store_host=self.store_host, with_record_crc=self.with_record_crc)
-            result.positions.append((offset, size))
-            pos += size
-        self.written_offset = segment.start_offset + pos
-        result.end_offset = self.written_offset
-        return result
+        offsets, end = codec.encode_records(segment.mm, pos, segment.start_offset, topic, queue_id,
+                                            first_queue_offset, store_timestamp_ms, self.store_host, born_host,
+                                            self.with_record_crc, items)
+        assert end - pos == batch_bytes, (end - pos, batch_bytes)
+        self.written_offset = segment.start_offset + end
+        return AppendResult(offsets, self.written_offset)
 
     def _segment_for(self, batch_bytes: int) -> MappedFile:
         """The segment that will take a batch of ``batch_bytes``, rolling if needed."""
         start = self.written_offset - self.written_offset % self.segment_size_bytes
-        segment = self.segments.get(start) or self.segments.create(start, warm=self.warm_segments)
+        segment = self._segment(start)
         pos = self.written_offset - start
         remaining = self.segment_size_bytes - pos
         if batch_bytes + END_FILE_MIN_BLANK_BYTES <= remaining:
@@ -316,15 +356,51 @@ class CommitLogWriter:
         if remaining >= END_FILE_MIN_BLANK_BYTES:
             encode_blank(segment.mm, pos, remaining)
         self.written_offset = segment.end_offset
-        return self.segments.get(segment.end_offset) or self.segments.create(segment.end_offset,
-                                                                             warm=self.warm_segments)
+        return self._segment(segment.end_offset)
+
+    def _segment(self, start: int) -> MappedFile:
+        """The segment at ``start``, created now if the background preallocation has not made it."""
+        self._join_preallocation()
+        return self.segments.get(start) or self.segments.create(start, warm=self.warm_segments)
+
+    def ensure_segment(self) -> None:
+        """Create the segment that takes the next append (at start, so the first send does not wait)."""
+        self._segment(self.written_offset - self.written_offset % self.segment_size_bytes)
 
     def ensure_next_segment(self) -> None:
-        """Preallocate the segment after the current one so a roll never waits."""
+        """Start preallocating the segment after the current one in a background thread, so a
+        roll never waits (RocketMQ's AllocateMappedFileService). Zeroing and syncing a warm
+        1 GiB segment takes seconds; the writer keeps appending meanwhile (the thread only
+        does file I/O, which releases the GIL)."""
+        if self._preallocation is not None:
+            if self._preallocation.is_alive():
+                return
+            self._join_preallocation()
         start = self.written_offset - self.written_offset % self.segment_size_bytes
         nxt = start + self.segment_size_bytes
-        if self.segments.get(nxt) is None:
-            self.segments.create(nxt, warm=self.warm_segments)
+        if self.segments.get(nxt) is not None:
+            return
+        path = self.segments.directory / offset_to_file_name(nxt)
+        self._preallocation = threading.Thread(target=self._preallocate, args=(path,), daemon=True,
+                                               name="segment-preallocation")
+        self._preallocation.start()
+
+    def _preallocate(self, path: Path) -> None:
+        try:
+            self.segments.directory.mkdir(parents=True, exist_ok=True)
+            create_preallocated(path, self.segment_size_bytes, warm=self.warm_segments)
+        except OSError as exc:
+            self._preallocation_error = exc
+
+    def _join_preallocation(self) -> None:
+        """Wait for a preallocation in progress; OSError if it failed (a full disk)."""
+        if self._preallocation is None:
+            return
+        self._preallocation.join()
+        self._preallocation = None
+        error, self._preallocation_error = self._preallocation_error, None
+        if error is not None:
+            raise error
 
     def flush(self, start: int, end: int) -> None:
         """msync [start, end) of the log through the writer's own mappings."""
@@ -338,4 +414,8 @@ class CommitLogWriter:
             offset = stop
 
     def close(self) -> None:
+        try:
+            self._join_preallocation()
+        except OSError:
+            pass  # the next writer preallocates again
         self.segments.close()

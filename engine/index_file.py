@@ -23,7 +23,8 @@ import os
 import time
 from pathlib import Path
 
-from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
+from engine.codec import index_key_hash
+from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.mapped_file import MappedFile, create_preallocated
 
 INDEX_DIR = "index"

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from engine.commit_log import CommitLogReader
 from engine.consume_queue import ConsumeQueue
 from engine.errors import GetStatus
-from engine.ipc.protocol import MessageView
-from engine.layout import RecordError, tags_code
-from engine.records import message_view
+from engine.codec import tags_code
+from engine.layout import RecordError
 
 
 @dataclass
@@ -42,7 +41,7 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
-    messages: list[MessageView] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)  # MessageView's fields (codec.read_view)
     corrupt_offset: int = -1  # queue offset of a damaged record met first
     suspect_offset: int = -1  # queue offset of the first unit that did not lead to its own record
 
@@ -116,7 +115,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         if result.messages and taken_bytes + unit.size > max_bytes:
             break
         try:
-            record = reader.read(unit.commit_log_offset, limit=visible_end, check_crc=True)
+            view = reader.read_view(unit.commit_log_offset, limit=visible_end)
         except RecordError:
             if unit.commit_log_offset < reader.min_offset():  # its segment was deleted just now
                 removed += 1
@@ -124,14 +123,14 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
                 continue
             result.suspect_offset = queue_offset
             break
-        if (record.topic, record.queue_id, record.queue_offset, record.total_size) != \
+        if (view["topic"], view["queue_id"], view["queue_offset"], view["store_size"]) != \
                 (cq.topic, cq.queue_id, queue_offset, unit.size):
             result.suspect_offset = queue_offset  # a damaged unit: it points at another record
             break
-        if filtered and not subscription.matches_tag(record.tags):
+        if filtered and not subscription.matches_tag(view["tags"]):
             result.next_offset = queue_offset + 1  # the tags codes collided (Java hashCode): not ours
             continue
-        result.messages.append(message_view(record))
+        result.messages.append(view)
         taken_bytes += unit.size
         result.next_offset = queue_offset + 1
     if result.messages:

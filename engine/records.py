@@ -1,7 +1,7 @@
 """Conversions between client messages and CommitLog records.
 
-``build_fields`` validates a client's message and turns it into the fields of
-a record (properties encoded as RocketMQ does); ``message_view`` turns a
+``build_items`` validates a client's batch and turns each message into what a
+record needs (properties encoded as RocketMQ does); ``message_view`` turns a
 decoded record back into what a reply carries.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import time
-import zlib
+from typing import NamedTuple
 
+from engine import codec
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import MessageView, SendMessage
@@ -26,66 +27,97 @@ from engine.layout import (
     PROPERTY_UNIQ_KEY,
     HostAddress,
     Record,
-    RecordFields,
-    encode_properties,
 )
 
-_FORBIDDEN = (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR)
 _RESERVED_PROPERTIES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
+_TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x02 (layout.encode_properties)
+_KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
+_UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
+_END = PROPERTY_SEPARATOR
 _uniq_counter = itertools.count()
 _uniq_prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big")
 
 
 def new_uniq_key(host: HostAddress) -> str:
     """A message id in MessageClientIDSetter's shape: ip, pid, time, counter (32 hex chars)."""
-    now_ms = time.time_ns() // 1_000_000
-    seq = next(_uniq_counter)
-    raw = host.ip + _uniq_prefix + (seq >> 16 & 0xFFFFFFFF).to_bytes(4, "big") \
-        + (now_ms & 0xFFFFFFFF).to_bytes(4, "big") + (seq & 0xFFFF).to_bytes(2, "big")
-    return raw.hex().upper()
+    return new_uniq_keys(host, 1)[0]
+
+
+def new_uniq_keys(host: HostAddress, count: int) -> list[str]:
+    """``count`` message ids sharing one clock reading (a batch is stored at one time).
+
+    Layout (16 bytes, upper-case hex): ip (4) | pid (2) | counter >> 16 (4) | time ms (4) | counter (2).
+    """
+    now = (time.time_ns() // 1_000_000) & 0xFFFFFFFF
+    prefix = (host.ip + _uniq_prefix).hex().upper()
+    return [f"{prefix}{seq >> 16 & 0xFFFFFFFF:08X}{now:08X}{seq & 0xFFFF:04X}"
+            for seq in itertools.islice(_uniq_counter, count)]
 
 
 def _check_text(what: str, value: str) -> None:
-    if any(sep in value for sep in _FORBIDDEN):
+    if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
         raise RequestError(ErrorCode.INVALID_PROPERTY, f"{what} must not contain the characters \\x01 or \\x02")
 
 
-def build_fields(message: SendMessage, *, topic: bytes, queue_id: int, config: StoreConfig,
-                 born_host: HostAddress, now_ms: int) -> RecordFields:
-    """Validate one client message and return its record fields; RequestError if refused."""
-    if not message.body:
+class BatchItems(NamedTuple):
+    """A validated batch, ready for ``CommitLogWriter.append_items``."""
+
+    items: list[tuple]      # (body, encoded properties, flag, born timestamp ms) per message
+    payload_bytes: int      # the bodies and encoded properties, summed
+
+
+def build_items(messages: list[SendMessage], *, config: StoreConfig, born_host: HostAddress,
+                now_ms: int) -> BatchItems:
+    """Validate every message of a batch (all or nothing: RequestError names the first refusal)."""
+    body_max = config.message_body_bytes_max
+    properties_max = config.properties_bytes_max
+    uniq_keys = iter(new_uniq_keys(born_host, len(messages)))
+    items = []
+    payload = 0
+    for message in messages:
+        body = message.body
+        if not body or len(body) > body_max:
+            _refuse_body(body, body_max)
+        parts = []
+        has_uniq = False
+        if message.properties:
+            for name, value in message.properties.items():
+                _check_text("a property name", name)
+                _check_text("a property value", value)
+                if not name or name in _RESERVED_PROPERTIES:
+                    raise RequestError(ErrorCode.INVALID_PROPERTY,
+                                       f"the property name {name!r} is reserved or empty")
+                if not value:
+                    raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property {name!r} has an empty value")
+                has_uniq = has_uniq or name == PROPERTY_UNIQ_KEY
+                parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{_END}")
+        tags = message.tags
+        if tags:
+            _check_text("a tag", tags)
+            parts.append(f"{_TAGS}{tags}{_END}")
+        if message.keys:
+            for key in message.keys:
+                if not key or KEY_SEPARATOR in key or NAME_VALUE_SEPARATOR in key or PROPERTY_SEPARATOR in key:
+                    _check_text("a key", key)
+                    raise RequestError(ErrorCode.INVALID_PROPERTY, f"the key {key!r} is empty or contains a space")
+            parts.append(f"{_KEYS}{KEY_SEPARATOR.join(message.keys)}{_END}")
+        if not has_uniq:
+            parts.append(f"{_UNIQ_KEY}{next(uniq_keys)}{_END}")
+        encoded = "".join(parts).encode()
+        if len(encoded) + CRC32_RESERVED_BYTES > properties_max:
+            raise RequestError(ErrorCode.PROPERTIES_SIZE_EXCEEDED,
+                               f"the properties take {len(encoded) + CRC32_RESERVED_BYTES} bytes; "
+                               f"the limit is {properties_max}")
+        born = message.born_timestamp
+        items.append((body, encoded, message.flag, now_ms if born is None else born))
+        payload += len(body) + len(encoded)
+    return BatchItems(items, payload)
+
+
+def _refuse_body(body: bytes, body_max: int) -> None:
+    if not body:
         raise RequestError(ErrorCode.MESSAGE_ILLEGAL, "the message body is empty")
-    if len(message.body) > config.message_body_bytes_max:
-        raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the message body is {len(message.body)} bytes; "
-                                                      f"the limit is {config.message_body_bytes_max}")
-    properties: dict[str, str] = {}
-    for name, value in message.properties.items():
-        _check_text("a property name", name)
-        _check_text("a property value", value)
-        if not name or name in _RESERVED_PROPERTIES:
-            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property name {name!r} is reserved or empty")
-        if not value:
-            # RocketMQ's properties parser drops empty values; refuse rather than lose them.
-            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property {name!r} has an empty value")
-        properties[name] = value
-    if message.tags:
-        _check_text("a tag", message.tags)
-        properties[PROPERTY_TAGS] = message.tags
-    if message.keys:
-        for key in message.keys:
-            _check_text("a key", key)
-            if not key or KEY_SEPARATOR in key:
-                raise RequestError(ErrorCode.INVALID_PROPERTY, f"the key {key!r} is empty or contains a space")
-        properties[PROPERTY_KEYS] = KEY_SEPARATOR.join(message.keys)
-    if PROPERTY_UNIQ_KEY not in properties:
-        properties[PROPERTY_UNIQ_KEY] = new_uniq_key(born_host)
-    encoded = encode_properties(properties)
-    if len(encoded) + CRC32_RESERVED_BYTES > config.properties_bytes_max:
-        raise RequestError(ErrorCode.PROPERTIES_SIZE_EXCEEDED,
-                           f"the properties take {len(encoded) + CRC32_RESERVED_BYTES} bytes; "
-                           f"the limit is {config.properties_bytes_max}")
-    born = message.born_timestamp if message.born_timestamp is not None else now_ms
-    return RecordFields(topic, queue_id, message.body, encoded, message.flag, born, born_host)
+    raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes; the limit is {body_max}")
 
 
 def message_view(record: Record) -> MessageView:
@@ -101,4 +133,4 @@ def message_view(record: Record) -> MessageView:
 
 def owner_of(topic: str, queue_id: int, owner_count: int) -> int:
     """Which ConsumeQueue owner holds (topic, queue_id): a stable hash, not Python's."""
-    return zlib.crc32(f"{topic}/{queue_id}".encode()) % owner_count
+    return codec.owner_index(topic, queue_id, owner_count)

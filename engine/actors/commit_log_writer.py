@@ -46,10 +46,11 @@ from engine.ipc.protocol import (
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
 from engine.retention import SegmentFact, disk_used_ratio, plan_deletions
 from engine.recovery import plan_commit_log_recovery
-from engine.records import build_fields
+from engine.records import build_items
 from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
 
 log = logging.getLogger(__name__)
+PUT_OK = int(PutStatus.PUT_OK)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class CommitLogWriterActor(Actor):
         super().__init__(ctx)
         cfg = ctx.config
         self.store_host = HostAddress.parse(cfg.store_host, cfg.store_port)
+        self.msg_id_prefix = encode_msg_id(self.store_host, 0)[:-16]  # ip and port; the offset follows
         self.log = CommitLogWriter(ctx.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
                                    with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments)
         self.next_queue_offset: dict[tuple[str, int], int] = {}
@@ -88,6 +90,10 @@ class CommitLogWriterActor(Actor):
         crash_mark = self.ctx.run_dir / CRASH_START_FILE
         self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists())
         crash_mark.unlink(missing_ok=True)  # swept once; a later restart in this run follows a kill
+        try:
+            self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
+        except OSError as exc:
+            log.error("cannot create the segment at %d: %s; sends will be refused", plan.end_offset, exc)
         self.next_queue_offset = dict(plan.next_queue_offsets)
         self.last_store_timestamp_ms = plan.last_store_timestamp_ms
         self.min_offset = plan.min_offset
@@ -157,12 +163,11 @@ class CommitLogWriterActor(Actor):
                                                     f"sends are refused until retention frees space")
         now_ms = wall_ms()
         topic = request.topic.encode()
-        fields = [build_fields(m, topic=topic, queue_id=queue_id, config=self.config, born_host=self.store_host,
-                               now_ms=now_ms) for m in request.messages]
-        batch_bytes = self.log.batch_size(fields)
+        batch = build_items(request.messages, config=self.config, born_host=self.store_host, now_ms=now_ms)
+        batch_bytes = self.log.items_size(topic, len(batch.items), batch.payload_bytes)
         # One message may be as large as message_body_bytes_max; a batch of several is held
         # to send_batch_bytes_max as encoded, so one request never holds the log for long.
-        if (len(fields) > 1 and batch_bytes > self.config.send_batch_bytes_max) \
+        if (len(batch.items) > 1 and batch_bytes > self.config.send_batch_bytes_max) \
                 or batch_bytes + END_FILE_MIN_BLANK_BYTES > self.config.segment_size_bytes:
             raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the batch takes {batch_bytes} bytes as records; the "
                                                           f"limit is {self.config.send_batch_bytes_max}")
@@ -170,17 +175,20 @@ class CommitLogWriterActor(Actor):
         first = self.next_queue_offset.get(key, 0)
         store_ts = max(now_ms, self.last_store_timestamp_ms)
         try:
-            appended = self.log.append(fields, first_queue_offset=first, store_timestamp_ms=store_ts)
+            appended = self.log.append_items(topic, queue_id, batch.items, born_host=self.store_host,
+                                             batch_bytes=batch_bytes, first_queue_offset=first,
+                                             store_timestamp_ms=store_ts)
         except OSError as exc:
             log.error("cannot create a segment: %s", exc)
             code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
             raise RequestError(code, f"cannot create a segment: {exc}") from None
-        self.next_queue_offset[key] = first + len(fields)
+        self.next_queue_offset[key] = first + len(batch.items)
         self.last_store_timestamp_ms = store_ts
-        results = [SendResult(status=PutStatus.PUT_OK.name, status_code=int(PutStatus.PUT_OK),
-                              msg_id=encode_msg_id(self.store_host, offset), queue_id=queue_id,
-                              queue_offset=first + i, commit_log_offset=offset, store_timestamp=store_ts)
-                   for i, (offset, _size) in enumerate(appended.positions)]
+        id_prefix = self.msg_id_prefix
+        results = [SendResult(status="PUT_OK", status_code=PUT_OK, msg_id=f"{id_prefix}{offset:016X}",
+                              queue_id=queue_id, queue_offset=first + i, commit_log_offset=offset,
+                              store_timestamp=store_ts)
+                   for i, offset in enumerate(appended.offsets)]
         return results, appended.end_offset
 
     def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:

@@ -18,13 +18,13 @@ import logging
 
 import zmq
 
+from engine import codec
 from engine.actors.base import Actor, ActorContext, drain, main
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, DispatchBatch, DispatchEntry, Flushed, encoder, offsets_decoder
-from engine.layout import tags_code
-from engine.records import owner_of
+from engine.ipc.messages import Confirmed, DispatchBatch, Flushed, encoder, offsets_decoder
+from engine.layout import END_FILE_MIN_BLANK_BYTES
 from engine.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
 
 log = logging.getLogger(__name__)
@@ -91,43 +91,62 @@ class ReputDispatcherActor(Actor):
 
     def dispatch(self) -> None:
         end = self.end_offset
-        limit = self.config.dispatch_batch_records_max
         while self.reput_offset < end and not self.stopping:
-            start = self.reput_offset
-            per_owner: list[list[DispatchEntry]] = [[] for _ in range(self.owner_count)]
-            for_index: list[DispatchEntry] = []
-            count = 0
-            position = start
-            for item in self.reader.scan(start, end, check_crc=False):
-                if isinstance(item, Damage):
-                    self.report_damage(item)
-                    position = item.end
-                    continue
-                self.route(item, per_owner, for_index)
-                position = item.commit_log_offset + item.total_size
-                count += 1
-                if count >= limit:
-                    break
-            else:
-                position = end
+            per_owner, for_index, position = self.collect(self.reput_offset, end)
             self.publish(position, per_owner, for_index)
             self.reput_offset = position
 
-    def route(self, record, per_owner: list[list[DispatchEntry]], for_index: list[DispatchEntry]) -> None:
+    def collect(self, start: int, end: int) -> tuple[list[list], list, int]:
+        """Parse up to ``dispatch_batch_records_max`` records from ``start``: the entries for
+        each owner and for the index, and the offset after the last record parsed."""
+        per_owner: list[list] = [[] for _ in range(self.owner_count)]
+        for_index: list = []
+        room = self.config.dispatch_batch_records_max
+        offset = start
+        while offset < end and room > 0:
+            segment = self.reader.segment_at(offset)
+            if segment is None:
+                self.report_damage(Damage(offset, end, "missing segment"))
+                return per_owner, for_index, end
+            base = segment.start_offset
+            limit = min(segment.size_bytes, end - base)
+            owners, index, count, pos, stop = codec.scan_dispatch(segment.mm, offset - base, limit, base, room,
+                                                                  self.owner_count)
+            for mine, found in zip(per_owner, owners, strict=True):
+                mine += found
+            for_index += index
+            room -= count
+            offset = base + pos
+            if stop == codec.SCAN_DAMAGE:
+                offset = self.step_over(offset, end, per_owner, for_index)
+                room -= 1
+            elif stop == codec.SCAN_BLANK or limit - pos < END_FILE_MIN_BLANK_BYTES:
+                offset = segment.end_offset
+        return per_owner, for_index, min(offset, end)
+
+    def step_over(self, offset: int, end: int, per_owner: list[list], for_index: list) -> int:
+        """The record at ``offset`` did not parse on the fast path: let the full decoder say why."""
+        item = next(iter(self.reader.scan(offset, end, check_crc=False)))
+        if isinstance(item, Damage):
+            self.report_damage(item)
+            return item.end
+        self.route(item, per_owner, for_index)
+        return item.commit_log_offset + item.total_size
+
+    def route(self, record, per_owner: list[list], for_index: list) -> None:
         keys = record.keys
         uniq = record.uniq_key
-        entry = DispatchEntry(record.topic, record.queue_id, record.queue_offset, record.commit_log_offset,
-                              record.total_size, tags_code(record.tags), record.store_timestamp_ms, [])
-        per_owner[owner_of(record.topic, record.queue_id, self.owner_count)].append(entry)
+        entry = (record.topic, record.queue_id, record.queue_offset, record.commit_log_offset, record.total_size,
+                 codec.tags_code(record.tags), record.store_timestamp_ms, [])
+        per_owner[codec.owner_index(record.topic, record.queue_id, self.owner_count)].append(entry)
         if keys or uniq:
-            index_keys = [uniq, *keys] if uniq else keys
-            for_index.append(DispatchEntry(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
-                                           entry.size, entry.tags_code, entry.store_timestamp, index_keys))
+            for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
 
-    def publish(self, end: int, per_owner: list[list[DispatchEntry]], for_index: list[DispatchEntry], *,
-                tick: bool = False) -> None:
+    def publish(self, end: int, per_owner: list[list], for_index: list, *, tick: bool = False) -> None:
         """Send each receiver what it has in the log up to ``end``; a receiver with nothing new
-        hears nothing until the next tick (its batch then starts where its last one ended)."""
+        hears nothing until the next tick (its batch then starts where its last one ended).
+
+        Entries are ``DispatchEntry`` fields as tuples: msgspec encodes both as the same array."""
         receivers = [*zip(self.owner_topics, per_owner, strict=True), (endpoints.TOPIC_INDEX, for_index)]
         for k, (topic, entries) in enumerate(receivers):
             if entries or tick:
@@ -149,7 +168,7 @@ class ReputDispatcherActor(Actor):
         self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
         self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
         self.dispatch()
-        empty: list[list[DispatchEntry]] = [[] for _ in range(self.owner_count)]
+        empty: list[list] = [[] for _ in range(self.owner_count)]
         self.publish(self.reput_offset, empty, [], tick=True)
 
     def detail(self) -> dict[str, int]:

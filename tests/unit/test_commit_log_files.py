@@ -375,3 +375,26 @@ def test_consume_queue_file_names_with_realistic_unit_counts(tmp_path):
     raw = (queue_dir(tmp_path, "TopicBig", 0) / "00000000000000020000").read_bytes()
     assert len(raw) == 20000
     assert raw[:20] == unit_bytes(100_000, 100, 0)
+
+
+def test_the_next_segment_is_preallocated_in_the_background_and_a_roll_uses_it(tmp_path) -> None:
+    writer = CommitLogWriter(tmp_path, SEG, store_host=STORE_HOST, with_record_crc=True, warm_segments=True)
+    writer.ensure_segment()
+    segment_dir = tmp_path / COMMIT_LOG_DIR
+    assert sorted(os.listdir(segment_dir)) == [f"{0:020d}"]
+    writer.ensure_next_segment()
+    writer.ensure_next_segment()  # one preallocation at a time: a second call while it runs is a no-op
+    fields = RecordFields(b"TopicA", 0, b"x" * 1000, encode_properties({"KEYS": "k"}), 0, T0, BORN_HOST)
+    batch = [fields] * 10
+    queue_offset = 0
+    while writer.written_offset < SEG:
+        writer.append(batch, first_queue_offset=queue_offset, store_timestamp_ms=T0)
+        queue_offset += len(batch)
+    assert sorted(os.listdir(segment_dir)) == [f"{0:020d}", f"{SEG:020d}"]
+    assert (segment_dir / f"{SEG:020d}").stat().st_size == SEG
+    writer.close()
+    reader = CommitLogReader(tmp_path, SEG)
+    records = [item for item in reader.scan(0, writer.written_offset, check_crc=True)]
+    assert all(not isinstance(item, Damage) for item in records)
+    assert [r.queue_offset for r in records] == list(range(queue_offset))
+    reader.segments.close()
