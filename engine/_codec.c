@@ -258,12 +258,12 @@ java_hash_units8(const uint8_t *p, Py_ssize_t n)
 
 /*
  * layout.java_string_hash: Java String.hashCode over the UTF-16 code units of
- * a str, read straight from its 1-, 2- or 4-byte representation (a non-BMP
+ * a str, continuing from the hash h of a prefix (0 for none), read straight from its 1-, 2- or 4-byte representation (a non-BMP
  * code point is its two surrogate units). A lone surrogate cannot be encoded
  * to UTF-16 and fails as text.encode("utf-16-be") does in Python.
  */
 static int
-java_hash_str(PyObject *text, int32_t *out)
+java_hash_more(PyObject *text, uint32_t h, uint32_t *out)
 {
 #if PY_VERSION_HEX < 0x030C0000
     if (PyUnicode_READY(text) < 0)
@@ -271,11 +271,13 @@ java_hash_str(PyObject *text, int32_t *out)
 #endif
     const void *data = PyUnicode_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    uint32_t h = 0;
     switch (PyUnicode_KIND(text)) {
-    case PyUnicode_1BYTE_KIND:
-        h = java_hash_units8((const uint8_t *)data, n);
+    case PyUnicode_1BYTE_KIND: {
+        const uint8_t *u = (const uint8_t *)data;
+        for (Py_ssize_t i = 0; i < n; i++)
+            h = 31u * h + u[i];
         break;
+    }
     case PyUnicode_2BYTE_KIND: {
         const Py_UCS2 *u = (const Py_UCS2 *)data;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -301,7 +303,7 @@ java_hash_str(PyObject *text, int32_t *out)
         break;
     }
     }
-    *out = java_int(h);
+    *out = h;
     return 0;
 
 lone_surrogate: {
@@ -313,6 +315,17 @@ lone_surrogate: {
         }
         return -1;
     }
+}
+
+/* java_hash_more from an empty string, as a Java int. */
+static int
+java_hash_str(PyObject *text, int32_t *out)
+{
+    uint32_t h;
+    if (java_hash_more(text, 0, &h) < 0)
+        return -1;
+    *out = java_int(h);
+    return 0;
 }
 
 /* layout.tags_code of a TAGS value given as UTF-8 bytes (decoded with errors="replace"). */
@@ -1383,6 +1396,115 @@ done:
 /* Module                                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* index_put_keys (IndexFile#putKey, engine/index_file.py)                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The IndexFile (engine/layout.py: INDEX_HEADER, INDEX_SLOT, INDEX_ITEM):
+ *
+ *   header, 40 bytes: begin ts i64 | end ts i64 | begin phy i64 | end phy i64 | slots used i32 | count i32
+ *   then hash_slot_count x i32 (newest item in the bucket), then 20-byte items:
+ *   hash i32 | commit log offset i64 | time diff s i32 | previous item i32
+ *
+ * Each key is indexed as prefix + key ("topic#key"). The header in buf is
+ * the state: read first, rewritten after every item, so
+ * a kill between an item and its header leaves one uncounted item
+ * (IndexFile.repair_after_kill unlinks it).
+ */
+enum { INDEX_HEADER_BYTES = 40, INDEX_SLOT_BYTES = 4, INDEX_ITEM_BYTES = 20 };
+
+static PyObject *
+codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "index_put_keys(buf, hash_slot_count, index_count_max, prefix, keys, "
+                                         "commit_log_offset, store_timestamp_ms)");
+        return NULL;
+    }
+    long long slots, count_max, offset, store_ts;
+    if (int_arg(args[1], 1, INT32_MAX, "hash_slot_count", &slots) < 0
+        || int_arg(args[2], 0, INT32_MAX, "index_count_max", &count_max) < 0
+        || int_arg(args[5], LLONG_MIN, LLONG_MAX, "commit_log_offset", &offset) < 0
+        || int_arg(args[6], LLONG_MIN, LLONG_MAX, "store_timestamp_ms", &store_ts) < 0)
+        return NULL;
+    PyObject *prefix = args[3], *keys = args[4];
+    if (!PyUnicode_Check(prefix) || !PyList_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "prefix must be a str and keys a list of str");
+        return NULL;
+    }
+    uint32_t prefix_hash;  /* the hash of prefix + key continues from the prefix's */
+    if (java_hash_more(prefix, 0, &prefix_hash) < 0)
+        return NULL;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    uint8_t *buf = (uint8_t *)view.buf;
+    long long items_base = INDEX_HEADER_BYTES + slots * INDEX_SLOT_BYTES;
+    if (view.len < items_base + count_max * INDEX_ITEM_BYTES) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than an index file of these dimensions");
+        return NULL;
+    }
+    int64_t begin_ts = load_i64(buf), end_ts = load_i64(buf + 8);
+    int64_t begin_phy = load_i64(buf + 16), end_phy = load_i64(buf + 24);
+    int32_t slots_used = load_i32(buf + 32), count = load_i32(buf + 36);
+    if (count < 1)
+        count = 1;  /* item 0 is never used: 0 in a slot means an empty bucket */
+    Py_ssize_t added = 0, n = PyList_GET_SIZE(keys);
+    for (; added < n && count < count_max; added++) {
+        PyObject *key = PyList_GET_ITEM(keys, added);
+        uint32_t h;
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be str");
+            goto fail;
+        }
+        if (java_hash_more(key, prefix_hash, &h) < 0)
+            goto fail;
+        /* indexKeyHashMethod: abs(hashCode), Integer.MIN_VALUE mapped to 0 */
+        int32_t signed_hash = java_int(h);
+        int32_t key_hash = signed_hash == INT32_MIN ? 0 : signed_hash < 0 ? -signed_hash : signed_hash;
+        uint8_t *slot = buf + INDEX_HEADER_BYTES + (long long)(key_hash % slots) * INDEX_SLOT_BYTES;
+        int32_t previous = load_i32(slot);
+        if (previous <= 0 || previous > count)
+            previous = 0;
+        int64_t time_diff = 0;
+        if (begin_ts > 0 && store_ts > begin_ts) {
+            time_diff = (store_ts - begin_ts) / 1000;  /* no overflow: both are positive here */
+            if (time_diff > INT32_MAX)
+                time_diff = INT32_MAX;
+        }
+        uint8_t *item = buf + items_base + (long long)count * INDEX_ITEM_BYTES;
+        store_u32(item, (uint32_t)key_hash);
+        store_u64(item + 4, (uint64_t)offset);
+        store_u32(item + 12, (uint32_t)time_diff);
+        store_u32(item + 16, (uint32_t)previous);
+        store_u32(slot, (uint32_t)count);
+        if (count <= 1) {
+            begin_phy = offset;
+            begin_ts = store_ts;
+        }
+        if (previous == 0)
+            slots_used++;
+        count++;
+        end_phy = offset;
+        end_ts = store_ts;
+        store_u64(buf, (uint64_t)begin_ts);
+        store_u64(buf + 8, (uint64_t)end_ts);
+        store_u64(buf + 16, (uint64_t)begin_phy);
+        store_u64(buf + 24, (uint64_t)end_phy);
+        store_u32(buf + 32, (uint32_t)slots_used);
+        store_u32(buf + 36, (uint32_t)count);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(added);
+
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef codec_methods[] = {
     {"java_hash", codec_java_hash, METH_O, "Java String.hashCode as a signed 32-bit int."},
     {"owner_index", (PyCFunction)(void (*)(void))codec_owner_index, METH_FASTCALL,
@@ -1391,6 +1513,8 @@ static PyMethodDef codec_methods[] = {
      "Encode a batch of records for one queue at buf[pos:] (see engine/codec_py.py)."},
     {"scan_dispatch", (PyCFunction)(void (*)(void))codec_scan_dispatch, METH_FASTCALL,
      "Parse records from buf[pos:limit] for dispatch, without CRC checks (see engine/codec_py.py)."},
+    {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
+     "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,
      "The record at buf[pos:] as a reply's message map; None if it fails any check."},
     {NULL, NULL, 0, NULL},

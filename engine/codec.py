@@ -27,6 +27,7 @@ owner_index = _impl.owner_index
 encode_records = _impl.encode_records
 scan_dispatch = _impl.scan_dispatch
 read_view = _impl.read_view
+index_put_keys = _impl.index_put_keys
 
 
 def index_key_hash(key: str) -> int:

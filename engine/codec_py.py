@@ -22,11 +22,15 @@ from engine.layout import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     TOTAL_SIZE_AND_MAGIC,
+    INDEX_HEADER,
+    INDEX_ITEM,
+    INDEX_SLOT,
     HostAddress,
     RecordError,
     RecordFields,
     decode_record,
     encoded_size,
+    index_key_hash,
     encode_record_into,
     java_string_hash,
     tags_code,
@@ -137,3 +141,39 @@ def read_view(buf, pos: int, limit: int, base_offset: int, check_crc: bool, requ
         "store_host": str(record.store_host), "reconsume_times": record.reconsume_times,
     }
 
+
+
+def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str, keys: list[str],
+                   commit_log_offset: int, store_timestamp_ms: int) -> int:
+    """IndexFile#putKey for ``prefix + key`` of every key, in the index file mapped at ``buf``.
+
+    The header in ``buf`` is the state: read first, rewritten after every item (a kill
+    between an item and its header leaves one uncounted item, which
+    ``IndexFile.repair_after_kill`` unlinks). Returns how many keys were added: fewer
+    than ``len(keys)`` when the file filled up.
+    """
+    begin_ts, end_ts, begin_phy, end_phy, slots_used, count = INDEX_HEADER.unpack_from(buf, 0)
+    count = max(count, 1)  # item 0 is never used: 0 in a slot means an empty bucket
+    items_base = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
+    added = 0
+    for key in keys:
+        if count >= index_count_max:
+            break
+        key_hash = index_key_hash(prefix + key)
+        slot_pos = INDEX_HEADER.size + (key_hash % hash_slot_count) * INDEX_SLOT.size
+        (previous,) = INDEX_SLOT.unpack_from(buf, slot_pos)
+        if previous <= 0 or previous > count:
+            previous = 0
+        time_diff = 0 if begin_ts <= 0 else min(max((store_timestamp_ms - begin_ts) // 1000, 0), 0x7FFFFFFF)
+        INDEX_ITEM.pack_into(buf, items_base + count * INDEX_ITEM.size, key_hash, commit_log_offset, time_diff,
+                             previous)
+        INDEX_SLOT.pack_into(buf, slot_pos, count)
+        if count <= 1:
+            begin_phy, begin_ts = commit_log_offset, store_timestamp_ms
+        if previous == 0:
+            slots_used += 1
+        count += 1
+        end_phy, end_ts = commit_log_offset, store_timestamp_ms
+        INDEX_HEADER.pack_into(buf, 0, begin_ts, end_ts, begin_phy, end_phy, slots_used, count)
+        added += 1
+    return added

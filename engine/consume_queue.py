@@ -80,6 +80,7 @@ class ConsumeQueue:
         self.min_offset = 0
         self.max_offset = 0  # number of units = next queue offset
         self.max_physical_end = 0
+        self.unsynced_starts: set[int] = set()  # files written since take_unsynced
         self._load()
 
     def _load(self) -> None:
@@ -154,11 +155,12 @@ class ConsumeQueue:
         mapped = self.files.get(start) or self.files.create(start)
         CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
         self.max_offset = queue_offset + 1
+        self.unsynced_starts.add(start)
 
-    def file_path_for(self, queue_offset: int) -> Path:
-        """The file that holds the unit of ``queue_offset``."""
-        byte_offset = queue_offset * CQ_UNIT_BYTES
-        return self.files.directory / offset_to_file_name(byte_offset - byte_offset % self.file_bytes)
+    def take_unsynced(self) -> list[Path]:
+        """The files written since the last call: what the next flush must cover."""
+        starts, self.unsynced_starts = self.unsynced_starts, set()
+        return [self.files.directory / offset_to_file_name(start) for start in sorted(starts)]
 
     def overwrite(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> None:
         """Replace a damaged unit below ``max_offset`` with the one rebuilt from the log."""
@@ -167,6 +169,7 @@ class ConsumeQueue:
         mapped = self.files.find(byte_offset)
         assert mapped is not None
         CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, commit_log_offset, size, tags_code)
+        self.unsynced_starts.add(mapped.start_offset)
 
     def drop_before(self, log_min_offset: int) -> int:
         """Retention: delete files (never the last) whose units all point below ``log_min_offset``,

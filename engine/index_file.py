@@ -23,12 +23,11 @@ import os
 import time
 from pathlib import Path
 
-from engine.codec import index_key_hash
+from engine.codec import index_key_hash, index_put_keys
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.mapped_file import MappedFile, create_preallocated
 
 INDEX_DIR = "index"
-_INT_MAX = 0x7FFFFFFF
 
 
 def index_file_name(now_ms: int) -> str:
@@ -87,30 +86,17 @@ class IndexFile:
 
     def put_key(self, key: str, commit_log_offset: int, store_timestamp_ms: int) -> bool:
         """Add one item (IndexFile#putKey); False when the file is full."""
-        if self.is_full:
-            return False
-        key_hash = index_key_hash(key)
-        slot_pos = self._slot_pos(key_hash)
-        (slot_value,) = INDEX_SLOT.unpack_from(self.mapped.mm, slot_pos)
-        if slot_value <= 0 or slot_value > self.index_count:
-            slot_value = 0
-        if self.begin_timestamp_ms <= 0:
-            time_diff = 0
-        else:
-            time_diff = min(max((store_timestamp_ms - self.begin_timestamp_ms) // 1000, 0), _INT_MAX)
-        item = self.index_count
-        INDEX_ITEM.pack_into(self.mapped.mm, self._item_pos(item), key_hash, commit_log_offset, time_diff, slot_value)
-        INDEX_SLOT.pack_into(self.mapped.mm, slot_pos, item)
-        if self.index_count <= 1:
-            self.begin_phy_offset = commit_log_offset
-            self.begin_timestamp_ms = store_timestamp_ms
-        if slot_value == 0:
-            self.hash_slot_used += 1
-        self.index_count += 1
-        self.end_phy_offset = commit_log_offset
-        self.end_timestamp_ms = store_timestamp_ms
-        self._write_header()
-        return True
+        return self.put_keys("", [key], commit_log_offset, store_timestamp_ms) == 1
+
+    def put_keys(self, prefix: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> int:
+        """Add an item for ``prefix + key`` of every key (``codec.index_put_keys``); how many
+        were added: fewer than ``len(keys)`` when the file filled up."""
+        added = index_put_keys(self.mapped.mm, self.hash_slot_count, self.index_count_max, prefix, keys,
+                               commit_log_offset, store_timestamp_ms)
+        if added:
+            (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
+             self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
+        return added
 
     def time_matches(self, begin_ms: int, end_ms: int) -> bool:
         return not (end_ms < self.begin_timestamp_ms or begin_ms > self.end_timestamp_ms)
@@ -157,11 +143,13 @@ class IndexService:
         self.headers: dict[str, tuple[int, int, int, int]] = {}  # begin ts, end ts, begin phy, end phy
         self.mapped: dict[str, IndexFile] = {}  # least recently used first
         self.dirty: set[str] = set()  # files written since the last flush_dirty
+        self._writing: IndexFile | None = None  # the newest file, while it takes items
         self.refresh()
         if writable and self.names:
             self.newest().repair_after_kill()
 
     def refresh(self) -> None:
+        self._writing = None
         names = sorted(e.name for e in os.scandir(self.directory) if e.name.isdigit()) \
             if self.directory.is_dir() else []
         for name in set(self.mapped) - set(names):
@@ -227,10 +215,15 @@ class IndexService:
         reused by new records, which must be indexed again.
         """
         added = 0
-        for key in keys:
-            index = self._writable_file(int(time.time() * 1000))
-            if index.put_key(f"{topic}#{key}", commit_log_offset, store_timestamp_ms):
-                added += 1
+        prefix = f"{topic}#"
+        while added < len(keys):
+            index = self._writing
+            if index is None or index.is_full:
+                index = self._writing = self._writable_file(int(time.time() * 1000))
+            took = index.put_keys(prefix, keys[added:] if added else keys, commit_log_offset, store_timestamp_ms)
+            if not took:
+                raise ValueError(f"index_count_max {self.index_count_max} leaves no room for an item")
+            added += took
         if added:
             self.dirty.add(self.names[-1])
         return added
@@ -285,6 +278,7 @@ class IndexService:
         return dirty
 
     def close(self) -> None:
+        self._writing = None
         for index in self.mapped.values():
             index.close()
         self.mapped = {}

@@ -1,8 +1,8 @@
 """Conversions between client messages and CommitLog records.
 
 ``build_items`` validates a client's batch and turns each message into what a
-record needs (properties encoded as RocketMQ does); ``message_view`` turns a
-decoded record back into what a reply carries.
+record needs (properties encoded as RocketMQ does). The way back, a record as
+a reply carries it, is ``codec.read_view``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple
 from engine import codec
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
-from engine.ipc.protocol import MessageView, SendMessage
+from engine.ipc.protocol import SendMessage
 from engine.layout import (
     CRC32_RESERVED_BYTES,
     KEY_SEPARATOR,
@@ -26,7 +26,6 @@ from engine.layout import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     HostAddress,
-    Record,
 )
 
 _RESERVED_PROPERTIES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
@@ -50,8 +49,14 @@ def new_uniq_keys(host: HostAddress, count: int) -> list[str]:
     """
     now = (time.time_ns() // 1_000_000) & 0xFFFFFFFF
     prefix = (host.ip + _uniq_prefix).hex().upper()
-    return [f"{prefix}{seq >> 16 & 0xFFFFFFFF:08X}{now:08X}{seq & 0xFFFF:04X}"
-            for seq in itertools.islice(_uniq_counter, count)]
+    keys = []
+    high, head = -1, ""
+    for seq in itertools.islice(_uniq_counter, count):
+        if seq >> 16 != high:  # the counter's high part changes every 65,536 ids
+            high = seq >> 16
+            head = f"{prefix}{high & 0xFFFFFFFF:08X}{now:08X}"
+        keys.append(f"{head}{seq & 0xFFFF:04X}")
+    return keys
 
 
 def _check_text(what: str, value: str) -> None:
@@ -118,17 +123,6 @@ def _refuse_body(body: bytes, body_max: int) -> None:
     if not body:
         raise RequestError(ErrorCode.MESSAGE_ILLEGAL, "the message body is empty")
     raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes; the limit is {body_max}")
-
-
-def message_view(record: Record) -> MessageView:
-    return MessageView(
-        topic=record.topic, queue_id=record.queue_id, queue_offset=record.queue_offset,
-        commit_log_offset=record.commit_log_offset, store_size=record.total_size, msg_id=record.msg_id,
-        body=bytes(record.body), body_crc=record.body_crc, tags=record.tags, keys=record.keys,
-        uniq_key=record.uniq_key, properties=record.user_properties(), flag=record.flag,
-        sys_flag=record.sys_flag, born_timestamp=record.born_timestamp_ms, born_host=str(record.born_host),
-        store_timestamp=record.store_timestamp_ms, store_host=str(record.store_host),
-        reconsume_times=record.reconsume_times)
 
 
 def owner_of(topic: str, queue_id: int, owner_count: int) -> int:

@@ -52,7 +52,7 @@ from engine.long_poll import LongPolls
 from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
-from engine.records import message_view, owner_of
+from engine.records import owner_of
 from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
@@ -200,7 +200,6 @@ class ConsumeQueueOwnerActor(Actor):
             cq = self.queue(topic, queue_id, create=True)
             assert cq is not None
             cq.put(queue_offset, commit_log_offset, size, code)
-            self.syncer.mark(cq.file_path_for(queue_offset))
         except OSError as exc:
             if not self.stalled:
                 log.error("cannot extend queue %s/%d: %s; retrying from offset %d", topic, queue_id, exc,
@@ -372,16 +371,19 @@ class ConsumeQueueOwnerActor(Actor):
         if not self.reader.min_offset() <= offset < end:
             raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {offset}")
         try:
-            record = self.reader.read(offset, limit=end, check_crc=True)
+            view = self.reader.read_view(offset, limit=end)
         except RecordError as exc:
             code = ErrorCode.MESSAGE_CORRUPT if "CRC" in exc.reason else ErrorCode.MESSAGE_NOT_FOUND
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
-        return encode_reply(request.id, message=message_view(record))
+        return encode_reply(request.id, message=view)
 
     def flush_queues(self, *, wait: bool = False) -> None:
         """Make every unit below the applied offset durable, then say so (the checkpoint uses it).
 
         The files are flushed by a background thread: the owner keeps serving meanwhile."""
+        for cq in self.queues.values():
+            for path in cq.take_unsynced():
+                self.syncer.mark(path)
         if wait:
             self.syncer.flush_now(self.applied_offset)
         else:

@@ -33,7 +33,6 @@ from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
 from engine.layout import RecordError
-from engine.records import message_view
 from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET, TOPIC_DELETIONS
 
 log = logging.getLogger(__name__)
@@ -146,18 +145,18 @@ class IndexBuilderActor(Actor):
             if not log_min <= offset < end or self.deleted_topics.hides(request.topic, offset):
                 continue
             try:
-                record = self.reader.read(offset, limit=end, check_crc=True)
+                view = self.reader.read_view(offset, limit=end)
             except RecordError:
                 continue
-            if record.topic != request.topic or (request.key not in record.keys and record.uniq_key != request.key):
+            if view["topic"] != request.topic or (request.key not in view["keys"] and view["uniq_key"] != request.key):
                 continue  # a hash collision
-            reply_bytes += record.total_size
+            reply_bytes += view["store_size"]
             if messages and reply_bytes > self.config.pull_bytes_max:
                 break
-            messages.append(message_view(record))
+            messages.append(view)
             if len(messages) >= count_max:
                 break
-        messages.sort(key=lambda m: m.commit_log_offset)
+        messages.sort(key=lambda m: m["commit_log_offset"])
         return encode_reply(request.id, messages=messages)
 
     def flush_index(self, *, wait: bool = False) -> None:

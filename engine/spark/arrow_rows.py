@@ -1,7 +1,7 @@
 """The message schema shared by every reader, and the columnar builder that fills Arrow batches.
 
 One row per message, with the fields of the engine's message object
-(``engine.records.message_view``, docs/protocol.md section 6) under the same
+(``engine.codec_py.read_view``, docs/protocol.md section 6) under the same
 names; the two timestamps are Spark timestamps (UTC) instead of epoch
 milliseconds. Readers yield ``pyarrow.RecordBatch``es whose schema is exactly
 what Spark derives from ``MESSAGE_SCHEMA``: Spark refuses any other.

@@ -453,3 +453,51 @@ def test_bad_read_arguments():
         c.scan_dispatch(buf, 0, 10, 0, 1, 0)   # no owner to dispatch to
     assert c.read_view(buf, 300, 256, 0, True, True) is None
     assert c.scan_dispatch(buf, 300, 256, 0, 5, 2) == ([[], []], [], 0, 300, py.SCAN_MORE)
+
+
+# --- index_put_keys ------------------------------------------------------------------------
+
+def empty_index(slots: int, count_max: int, *, count: int = 1, begin_ts: int = 0) -> bytearray:
+    buf = bytearray(40 + slots * 4 + count_max * 20)
+    struct.pack_into(">qqqqii", buf, 0, begin_ts, begin_ts, 0, 0, 0, count)
+    return buf
+
+
+@pytest.mark.parametrize("slots,count_max,header_count", [(7, 64, 1), (1, 16, 1), (97, 500, 0), (5, 3, 1)])
+def test_index_put_keys_byte_identical_until_full(slots, count_max, header_count):
+    rng = random.Random(slots * 1000 + count_max)
+    bufs = [empty_index(slots, count_max, count=header_count), empty_index(slots, count_max, count=header_count)]
+    offset, ts = 0, T0
+    while True:
+        prefix = rand_text(rng, 0, 8) + "#"
+        keys = [rand_text(rng, 1, 10) for _ in range(rng.randint(0, 4))]
+        offset += rng.randint(1, 5000)
+        ts += rng.choice([-3000, 0, 999, 1000, 60_000])
+        added = [impl.index_put_keys(buf, slots, count_max, prefix, keys, offset, ts)
+                 for impl, buf in ((py, bufs[0]), (c, bufs[1]))]
+        assert added[0] == added[1]
+        assert bufs[0] == bufs[1]
+        if added[0] < len(keys):
+            break
+    assert struct.unpack_from(">i", bufs[1], 36)[0] == count_max  # the count stops at the file's capacity
+
+
+def test_index_put_keys_time_diff_clamps_and_collisions_chain():
+    bufs = [empty_index(1, 8, begin_ts=T0), empty_index(1, 8, begin_ts=T0)]
+    for impl, buf in ((py, bufs[0]), (c, bufs[1])):
+        assert impl.index_put_keys(buf, 1, 8, "T#", ["Aa", "BB"], 100, T0 + 5_500) == 2   # same Java hash
+        assert impl.index_put_keys(buf, 1, 8, "", ["T#x"], 200, T0 + 10 ** 15) == 1      # diff past int32
+        assert impl.index_put_keys(buf, 1, 8, "T#", ["y"], 300, T0 - 10 ** 6) == 1       # before the begin
+    assert bufs[0] == bufs[1]
+
+
+def test_index_put_keys_bad_arguments():
+    buf = empty_index(3, 4)
+    with pytest.raises(ValueError):
+        c.index_put_keys(bytearray(10), 3, 4, "T#", ["k"], 1, T0)      # smaller than the file
+    with pytest.raises((TypeError, BufferError)):
+        c.index_put_keys(bytes(buf), 3, 4, "T#", ["k"], 1, T0)         # read-only
+    with pytest.raises(TypeError):
+        c.index_put_keys(buf, 3, 4, "T#", [b"k"], 1, T0)
+    with pytest.raises(ValueError):
+        c.index_put_keys(buf, 0, 4, "T#", ["k"], 1, T0)
