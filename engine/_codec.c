@@ -1226,11 +1226,13 @@ format_uint(char *out, uint32_t v)
     return len;
 }
 
-/* str(HostAddress): "a.b.c.d:port" (socket.inet_ntoa and a signed port); ip and port as stored. */
-static PyObject *
-host_text(const uint8_t *ip_port)
+/* str(HostAddress): "a.b.c.d:port" (socket.inet_ntoa and a signed port) at text, at most
+ * HOST_TEXT_MAX bytes; ip and port as stored. Returns the length. */
+enum { HOST_TEXT_MAX = 27 };  /* "255.255.255.255:-2147483648" */
+
+static int
+format_host(char *text, const uint8_t *ip_port)
 {
-    char text[32];
     int n = 0;
     for (int i = 0; i < 4; i++) {
         n += format_uint(text + n, ip_port[i]);
@@ -1240,7 +1242,14 @@ host_text(const uint8_t *ip_port)
     if (port < 0)
         text[n++] = '-';
     n += format_uint(text + n, port < 0 ? 0u - (uint32_t)port : (uint32_t)port);
-    return PyUnicode_DecodeASCII(text, n, NULL);
+    return n;
+}
+
+static PyObject *
+host_text(const uint8_t *ip_port)
+{
+    char text[32];
+    return PyUnicode_DecodeASCII(text, format_host(text, ip_port), NULL);
 }
 
 /* host_text with a one-entry cache per slot: the store host hardly ever changes,
@@ -1260,22 +1269,30 @@ cached_host_text(int slot, const uint8_t *ip_port)
     return Py_NewRef(texts[slot]);
 }
 
-/* layout.encode_msg_id: store ip (4), port (i32), commit log offset (i64), 32 uppercase hex digits. */
-static PyObject *
-msg_id_text(const uint8_t *rec)
+/* layout.encode_msg_id: store ip (4), port (i32), commit log offset (i64), as
+ * MSG_ID_CHARS uppercase hex digits at out. */
+enum { MSG_ID_CHARS = 32 };
+
+static void
+format_msg_id(uint8_t *out, const uint8_t *rec)
 {
     static const char hex[] = "0123456789ABCDEF";
     uint8_t raw[16];
     memcpy(raw, rec + AT_STORE_IP, 8);             /* ip and port, already big-endian */
     memcpy(raw + 8, rec + AT_PHYSICAL_OFFSET, 8);
-    PyObject *text = PyUnicode_New(32, 127);
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = (uint8_t)hex[raw[i] >> 4];
+        out[2 * i + 1] = (uint8_t)hex[raw[i] & 0xF];
+    }
+}
+
+static PyObject *
+msg_id_text(const uint8_t *rec)
+{
+    PyObject *text = PyUnicode_New(MSG_ID_CHARS, 127);
     if (text == NULL)
         return NULL;
-    Py_UCS1 *out = PyUnicode_1BYTE_DATA(text);
-    for (int i = 0; i < 16; i++) {
-        out[2 * i] = (Py_UCS1)hex[raw[i] >> 4];
-        out[2 * i + 1] = (Py_UCS1)hex[raw[i] & 0xF];
-    }
+    format_msg_id(PyUnicode_1BYTE_DATA(text), rec);
     return text;
 }
 
@@ -1505,6 +1522,894 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------ */
+/* pull_run: msgpack message maps straight from the log                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The maps are written as msgspec.msgpack.Encoder().encode(read_view(...))
+ * writes them (tests/unit/test_codec.py checks the forms against msgspec):
+ * every int in its smallest form (positive fixint, uint 8/16/32/64 when
+ * non-negative; negative fixint, int 8/16/32/64 when negative), str as
+ * fixstr/str8/str16/str32, bytes as bin8/bin16/bin32, None as nil, lists as
+ * fixarray/array16/array32 and dicts as fixmap/map16/map32.
+ */
+
+enum { CQ_UNIT_BYTES = 20, BLANK_UNIT_SIZE = 0x7FFFFFFF };
+
+static inline uint8_t *
+mp_int(uint8_t *w, int64_t v)
+{
+    if (v >= 0) {
+        if (v < 0x80) {
+            *w++ = (uint8_t)v;
+        } else if (v <= UINT8_MAX) {
+            *w++ = 0xcc;
+            *w++ = (uint8_t)v;
+        } else if (v <= UINT16_MAX) {
+            *w++ = 0xcd;
+            store_u16(w, (uint16_t)v);
+            w += 2;
+        } else if (v <= (int64_t)UINT32_MAX) {
+            *w++ = 0xce;
+            store_u32(w, (uint32_t)v);
+            w += 4;
+        } else {
+            *w++ = 0xcf;
+            store_u64(w, (uint64_t)v);
+            w += 8;
+        }
+    } else if (v >= -32) {
+        *w++ = (uint8_t)v;                           /* negative fixint 0xe0..0xff */
+    } else if (v >= INT8_MIN) {
+        *w++ = 0xd0;
+        *w++ = (uint8_t)v;
+    } else if (v >= INT16_MIN) {
+        *w++ = 0xd1;
+        store_u16(w, (uint16_t)v);
+        w += 2;
+    } else if (v >= INT32_MIN) {
+        *w++ = 0xd2;
+        store_u32(w, (uint32_t)v);
+        w += 4;
+    } else {
+        *w++ = 0xd3;
+        store_u64(w, (uint64_t)v);
+        w += 8;
+    }
+    return w;
+}
+
+/* A header of one of msgpack's families: fix (below fix_limit), 8-bit (when code8
+ * is not 0), 16-bit or 32-bit length. */
+static inline uint8_t *
+mp_header(uint8_t *w, size_t n, uint8_t fix, size_t fix_limit, uint8_t code8, uint8_t code16, uint8_t code32)
+{
+    if (n < fix_limit) {
+        *w++ = (uint8_t)(fix | n);
+    } else if (code8 != 0 && n <= UINT8_MAX) {
+        *w++ = code8;
+        *w++ = (uint8_t)n;
+    } else if (n <= UINT16_MAX) {
+        *w++ = code16;
+        store_u16(w, (uint16_t)n);
+        w += 2;
+    } else {
+        *w++ = code32;
+        store_u32(w, (uint32_t)n);
+        w += 4;
+    }
+    return w;
+}
+
+static inline uint8_t *
+mp_str(uint8_t *w, const uint8_t *p, size_t n)
+{
+    w = mp_header(w, n, 0xa0, 32, 0xd9, 0xda, 0xdb);
+    memcpy(w, p, n);
+    return w + n;
+}
+
+static inline uint8_t *
+mp_bin(uint8_t *w, const uint8_t *p, size_t n)
+{
+    w = mp_header(w, n, 0, 0, 0xc4, 0xc5, 0xc6);
+    memcpy(w, p, n);
+    return w + n;
+}
+
+static inline uint8_t *mp_array(uint8_t *w, size_t n) { return mp_header(w, n, 0x90, 16, 0, 0xdc, 0xdd); }
+static inline uint8_t *mp_map(uint8_t *w, size_t n) { return mp_header(w, n, 0x80, 16, 0, 0xde, 0xdf); }
+
+/* A field name (a literal shorter than 32 bytes) as a fixstr. */
+#define MP_KEY(w, literal)                                                  \
+    do {                                                                    \
+        *(w)++ = (uint8_t)(0xa0 | (sizeof(literal) - 1));                   \
+        memcpy((w), (literal), sizeof(literal) - 1);                        \
+        (w) += sizeof(literal) - 1;                                         \
+    } while (0)
+
+/* Strict UTF-8, exactly what bytes.decode("utf-8") accepts: no overlong forms,
+ * no surrogates, nothing past U+10FFFF. */
+static int
+utf8_valid(const uint8_t *p, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (n - i >= 8) {
+            uint64_t chunk;
+            memcpy(&chunk, p + i, 8);
+            if ((chunk & 0x8080808080808080ULL) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        Py_ssize_t more;
+        uint8_t lo = 0x80, hi = 0xBF;                /* bounds of the second byte */
+        if (c >= 0xC2 && c <= 0xDF) {
+            more = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            more = 2;
+            if (c == 0xE0)
+                lo = 0xA0;                           /* overlong */
+            else if (c == 0xED)
+                hi = 0x9F;                           /* surrogates */
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            more = 3;
+            if (c == 0xF0)
+                lo = 0x90;                           /* overlong */
+            else if (c == 0xF4)
+                hi = 0x8F;                           /* past U+10FFFF */
+        } else {
+            return 0;
+        }
+        if (n - i <= more || p[i + 1] < lo || p[i + 1] > hi)
+            return 0;
+        for (Py_ssize_t k = 2; k <= more; k++)
+            if ((p[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += more + 1;
+    }
+    return 1;
+}
+
+/* A kept property entry (layout.decode_properties): a non-empty name before the
+ * first \x01, a non-empty value after it. */
+typedef struct {
+    const uint8_t *name, *value;
+    Py_ssize_t name_len, value_len;
+} Prop;
+
+enum { PROP_USER = 0, PROP_TAGS, PROP_KEYS, PROP_CRC };
+
+static inline int
+prop_kind(const Prop *e)
+{
+    if (name_is(e->name, e->name_len, "TAGS"))
+        return PROP_TAGS;
+    if (name_is(e->name, e->name_len, "KEYS"))
+        return PROP_KEYS;
+    if (name_is(e->name, e->name_len, "__CRC32#"))
+        return PROP_CRC;
+    return PROP_USER;
+}
+
+static int
+prop_name_cmp(const void *a, const void *b)
+{
+    const Prop *x = a, *y = b;
+    if (x->name_len != y->name_len)
+        return x->name_len < y->name_len ? -1 : 1;
+    return memcmp(x->name, y->name, (size_t)x->name_len);
+}
+
+/* The entries of a properties block, grown as records need (at most one entry in
+ * every 3 bytes, plus one). */
+typedef struct {
+    Prop stack[32];
+    Prop *items;        /* stack or heap */
+    Prop *sorted;       /* heap scratch for the duplicate check of many entries, or NULL */
+    Py_ssize_t cap, count;
+} Props;
+
+static void
+props_release(Props *props)
+{
+    if (props->items != props->stack)
+        PyMem_Free(props->items);
+    PyMem_Free(props->sorted);
+}
+
+/*
+ * codec_py._plain_text and the entries read_view maps: 1 when the block is
+ * UTF-8 and names no property twice, with its kept entries in props; 0 when
+ * the run stops here; -1 on MemoryError.
+ */
+static int
+plain_properties(const uint8_t *p, Py_ssize_t n, Props *props)
+{
+    if (!utf8_valid(p, n))
+        return 0;
+    Py_ssize_t most = n / 3 + 1;
+    if (most > props->cap) {
+        Prop *items = PyMem_Malloc((size_t)most * sizeof(Prop));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (props->items != props->stack)
+            PyMem_Free(props->items);
+        PyMem_Free(props->sorted);
+        props->sorted = NULL;
+        props->items = items;
+        props->cap = most;
+    }
+    Py_ssize_t count = 0, start = 0;
+    while (start < n) {
+        const uint8_t *entry = p + start;
+        const uint8_t *stop = memchr(entry, PROPERTY_SEPARATOR, (size_t)(n - start));
+        Py_ssize_t entry_len = stop ? stop - entry : n - start;
+        const uint8_t *sep = memchr(entry, NAME_VALUE_SEPARATOR, (size_t)entry_len);
+        start += entry_len + 1;
+        if (sep == NULL || sep == entry || sep + 1 == entry + entry_len)
+            continue;
+        Prop *e = &props->items[count++];
+        e->name = entry;
+        e->name_len = sep - entry;
+        e->value = sep + 1;
+        e->value_len = entry_len - e->name_len - 1;
+    }
+    props->count = count;
+    if (count <= 16) {
+        for (Py_ssize_t i = 1; i < count; i++)
+            for (Py_ssize_t j = 0; j < i; j++)
+                if (prop_name_cmp(&props->items[i], &props->items[j]) == 0)
+                    return 0;
+        return 1;
+    }
+    if (props->sorted == NULL && (props->sorted = PyMem_Malloc((size_t)props->cap * sizeof(Prop))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(props->sorted, props->items, (size_t)count * sizeof(Prop));
+    qsort(props->sorted, (size_t)count, sizeof(Prop), prop_name_cmp);
+    for (Py_ssize_t i = 1; i < count; i++)
+        if (prop_name_cmp(&props->sorted[i], &props->sorted[i - 1]) == 0)
+            return 0;
+    return 1;
+}
+
+/* How many parts Record.keys has: the value split on ' ', without empty parts. */
+static Py_ssize_t
+count_keys(const uint8_t *p, Py_ssize_t n)
+{
+    Py_ssize_t parts = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        parts += p[i] != KEY_SEPARATOR && (i == 0 || p[i - 1] == KEY_SEPARATOR);
+    return parts;
+}
+
+/* The most bytes one message map can take: the fixed fields (names, ints, msg_id,
+ * hosts) take under 512, the topic and body their length plus a header, and the
+ * properties block at most 8 bytes per byte (UNIQ_KEY twice, a header per part). */
+static inline Py_ssize_t
+map_bound(const Layout *rec)
+{
+    return 1024 + rec->size + 8 * rec->props_len;
+}
+
+/* A host's text, formatted again only when the host changes: the store host never
+ * does within a segment, and a born host repeats while one producer sends. */
+typedef struct {
+    uint8_t ip_port[8];
+    int len;            /* 0: nothing formatted yet */
+    char text[32];
+} HostCache;
+
+static inline uint8_t *
+mp_host(uint8_t *w, HostCache *cache, const uint8_t *ip_port)
+{
+    if (cache->len == 0 || memcmp(cache->ip_port, ip_port, 8) != 0) {
+        cache->len = format_host(cache->text, ip_port);
+        memcpy(cache->ip_port, ip_port, 8);
+    }
+    return mp_str(w, (const uint8_t *)cache->text, (size_t)cache->len);
+}
+
+/* The message map of a record that passed every check (read_view's dict, encoded);
+ * hosts[0] caches the born host's text, hosts[1] the store host's. */
+static uint8_t *
+write_map(uint8_t *w, const Layout *rec, const Props *props, HostCache *hosts)
+{
+    const uint8_t *r = rec->rec;
+    const Prop *tags = NULL, *keys = NULL, *uniq = NULL;
+    Py_ssize_t user = 0;
+    for (Py_ssize_t i = 0; i < props->count; i++) {
+        const Prop *e = &props->items[i];
+        switch (prop_kind(e)) {
+        case PROP_TAGS:
+            tags = e;
+            break;
+        case PROP_KEYS:
+            keys = e;
+            break;
+        case PROP_CRC:
+            break;
+        default:
+            user++;
+            if (name_is(e->name, e->name_len, "UNIQ_KEY"))
+                uniq = e;
+        }
+    }
+    *w++ = 0xde;                                     /* map16 of F_COUNT entries */
+    store_u16(w, F_COUNT);
+    w += 2;
+    MP_KEY(w, "topic");
+    w = mp_str(w, r + rec->topic_at, (size_t)rec->topic_len);
+    MP_KEY(w, "queue_id");
+    w = mp_int(w, load_i32(r + AT_QUEUE_ID));
+    MP_KEY(w, "queue_offset");
+    w = mp_int(w, load_i64(r + AT_QUEUE_OFFSET));
+    MP_KEY(w, "commit_log_offset");
+    w = mp_int(w, load_i64(r + AT_PHYSICAL_OFFSET));
+    MP_KEY(w, "store_size");
+    w = mp_int(w, rec->size);
+    MP_KEY(w, "msg_id");
+    *w++ = 0xd9;                                     /* str8: 32 characters */
+    *w++ = MSG_ID_CHARS;
+    format_msg_id(w, r);
+    w += MSG_ID_CHARS;
+    MP_KEY(w, "body");
+    w = mp_bin(w, r + rec->body_at, (size_t)rec->body_len);
+    MP_KEY(w, "body_crc");
+    w = mp_int(w, load_i32(r + AT_BODY_CRC));
+    MP_KEY(w, "tags");
+    if (tags != NULL)
+        w = mp_str(w, tags->value, (size_t)tags->value_len);
+    else
+        *w++ = 0xc0;
+    MP_KEY(w, "keys");
+    if (keys == NULL) {
+        *w++ = 0x90;
+    } else {
+        const uint8_t *p = keys->value;
+        Py_ssize_t n = keys->value_len, start = 0;
+        w = mp_array(w, (size_t)count_keys(p, n));
+        while (start < n) {
+            const uint8_t *part = p + start;
+            const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(n - start));
+            Py_ssize_t part_len = stop ? stop - part : n - start;
+            start += part_len + 1;
+            if (part_len > 0)
+                w = mp_str(w, part, (size_t)part_len);
+        }
+    }
+    MP_KEY(w, "uniq_key");
+    if (uniq != NULL)
+        w = mp_str(w, uniq->value, (size_t)uniq->value_len);
+    else
+        *w++ = 0xc0;
+    MP_KEY(w, "properties");
+    w = mp_map(w, (size_t)user);
+    for (Py_ssize_t i = 0; i < props->count; i++) {
+        const Prop *e = &props->items[i];
+        if (prop_kind(e) != PROP_USER)
+            continue;
+        w = mp_str(w, e->name, (size_t)e->name_len);
+        w = mp_str(w, e->value, (size_t)e->value_len);
+    }
+    MP_KEY(w, "flag");
+    w = mp_int(w, load_i32(r + AT_FLAG));
+    MP_KEY(w, "sys_flag");
+    w = mp_int(w, load_i32(r + AT_SYS_FLAG));
+    MP_KEY(w, "born_timestamp");
+    w = mp_int(w, load_i64(r + AT_BORN_TS));
+    MP_KEY(w, "born_host");
+    w = mp_host(w, &hosts[0], r + AT_BORN_IP);
+    MP_KEY(w, "store_timestamp");
+    w = mp_int(w, load_i64(r + AT_STORE_TS));
+    MP_KEY(w, "store_host");
+    w = mp_host(w, &hosts[1], r + AT_STORE_IP);
+    MP_KEY(w, "reconsume_times");
+    w = mp_int(w, load_i32(r + AT_RECONSUME_TIMES));
+    return w;
+}
+
+/* A Python int for comparisons only: exact within the i64 range, else beyond
+ * +-2**100, further than any sum of the in-range values it is compared with. */
+typedef __int128 wide;
+
+static int
+wide_arg(PyObject *obj, const char *what, wide *out)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = overflow == 0 ? (wide)v : (wide)overflow * ((wide)1 << 100);
+    return 0;
+}
+
+/*
+ * The output's first capacity, from the units alone: about each record's size plus
+ * MAP_EXTRA_BYTES for the units that can be taken (plausible, within the byte
+ * budget and, all together, within twice the segment), so that the maps are
+ * written without regrowing the buffer. A guess, at most FIRST_CAPACITY_MAX:
+ * the run grows the buffer when short.
+ */
+enum { MAP_EXTRA_BYTES = 384, FIRST_CAPACITY_MAX = 16 << 20 };
+
+static Py_ssize_t
+first_capacity(const uint8_t *units, long long unit_count, Py_ssize_t segment_len, wide taken, wide over)
+{
+    wide sum = 0, cap = 4096;
+    for (long long i = 0; i < unit_count; i++) {
+        const uint8_t *unit = units + i * CQ_UNIT_BYTES;
+        int32_t size = load_i32(unit + 8);
+        if (size < MIN_RECORD_BYTES || size > segment_len || load_i64(unit) < 0
+            || (taken + sum > 0 && over + sum + size > 0))
+            break;
+        sum += size;
+        cap += size + MAP_EXTRA_BYTES;
+        if (sum > segment_len || cap >= FIRST_CAPACITY_MAX)
+            break;
+    }
+    return (Py_ssize_t)(cap < FIRST_CAPACITY_MAX ? cap : FIRST_CAPACITY_MAX);
+}
+
+/*
+ * pull_run(units, units_pos, unit_count, segment, segment_start, visible_end, log_min,
+ *          topic, queue_id, queue_offset, max_bytes, taken_bytes, require_record_crc)
+ *     -> (maps, count, taken_bytes)
+ *
+ * codec_py.pull_run: the concatenated msgpack maps of the ConsumeQueue units
+ * from units[units_pos:] while each passes, stopping before the first that
+ * does not (the reference's docstring lists why). The checks that only decide
+ * where the run stops come in the cheapest order: the unit, the record's
+ * structure, its identity, its CRCs, its properties. ValueError when the units
+ * do not lie in units; TypeError on arguments of the wrong type.
+ */
+static PyObject *
+codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "pull_run() takes 13 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t units_pos;
+    long long unit_count;
+    wide segment_start, visible_end, log_min, queue_id, queue_offset, taken, over;
+    PyObject *topic = args[7], *taken_obj = args[11];
+    if (ssize_arg(args[1], "units_pos", &units_pos) < 0 || clamped_arg(args[2], &unit_count) < 0
+        || wide_arg(args[4], "segment_start", &segment_start) < 0
+        || wide_arg(args[5], "visible_end", &visible_end) < 0 || wide_arg(args[6], "log_min", &log_min) < 0
+        || wide_arg(args[8], "queue_id", &queue_id) < 0 || wide_arg(args[9], "queue_offset", &queue_offset) < 0
+        || wide_arg(args[10], "max_bytes", &over) < 0 || wide_arg(taken_obj, "taken_bytes", &taken) < 0)
+        return NULL;
+    if (!PyUnicode_Check(topic)) {
+        PyErr_Format(PyExc_TypeError, "topic must be a str, not %.100s", Py_TYPE(topic)->tp_name);
+        return NULL;
+    }
+    int require_record_crc = PyObject_IsTrue(args[12]);
+    if (require_record_crc < 0)
+        return NULL;
+    /* taken_bytes + size > max_bytes, exactly: (taken_bytes - max_bytes) + size > 0 */
+    PyObject *diff = PyNumber_Subtract(taken_obj, args[10]);
+    if (diff == NULL)
+        return NULL;
+    int rc = wide_arg(diff, "taken_bytes - max_bytes", &over);
+    Py_DECREF(diff);
+    if (rc < 0)
+        return NULL;
+
+    Py_buffer units_view, segment_view;
+    if (PyObject_GetBuffer(args[0], &units_view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[3], &segment_view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&units_view);
+        return NULL;
+    }
+    PyObject *out = NULL, *result = NULL;
+    Props props = {.count = 0};
+    props.items = props.stack;
+    props.cap = (Py_ssize_t)(sizeof props.stack / sizeof props.stack[0]);
+    if (unit_count > 0 && (units_pos < 0 || units_pos > units_view.len
+                           || unit_count > (units_view.len - units_pos) / CQ_UNIT_BYTES)) {
+        PyErr_Format(PyExc_ValueError, "%lld units at %zd do not lie in a buffer of %zd bytes",
+                     unit_count, units_pos, units_view.len);
+        goto done;
+    }
+    Py_ssize_t topic_len = 0;
+    const char *topic_utf8 = PyUnicode_AsUTF8AndSize(topic, &topic_len);
+    if (topic_utf8 == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+            goto done;
+        PyErr_Clear();                               /* a lone surrogate: no record's topic equals it */
+        unit_count = 0;
+    }
+
+    const uint8_t *units = (const uint8_t *)units_view.buf + (unit_count > 0 ? units_pos : 0);
+    const uint8_t *segment = segment_view.buf;
+    Py_ssize_t segment_len = segment_view.len;
+    Py_ssize_t cap = first_capacity(units, unit_count, segment_len, taken, over), len = 0;
+    out = PyBytes_FromStringAndSize(NULL, cap);
+    if (out == NULL)
+        goto done;
+    wide sum = 0;                                    /* the sizes taken */
+    HostCache hosts[2] = {{.len = 0}, {.len = 0}};
+    long long count = 0;
+    for (; count < unit_count; count++) {
+        const uint8_t *unit = units + count * CQ_UNIT_BYTES;
+        int64_t offset = load_i64(unit);
+        int32_t size = load_i32(unit + 8);
+        if (size <= 0 || size >= BLANK_UNIT_SIZE || offset < 0)
+            break;
+        wide at = (wide)offset - segment_start;
+        if (at < 0 || at + size > segment_len || (wide)offset + size > visible_end || offset < log_min)
+            break;
+        if (taken + sum > 0 && over + sum + size > 0)
+            break;
+        Py_ssize_t pos = (Py_ssize_t)at;
+        Layout rec;
+        /* read_view with limit min(len(segment), visible_end - segment_start) passes only
+         * records of the unit's size here, all of which lie inside pos + size */
+        if (check_layout(segment, pos, pos + size, 1, offset, &rec) < 0 || rec.size != size
+            || load_i32(rec.rec + AT_QUEUE_ID) != queue_id
+            || load_i64(rec.rec + AT_QUEUE_OFFSET) != queue_offset + count
+            || rec.topic_len != topic_len || memcmp(rec.rec + rec.topic_at, topic_utf8, (size_t)topic_len) != 0
+            || verify_crcs(&rec, require_record_crc) < 0)
+            break;
+        int plain = plain_properties(rec.rec + rec.props_at, rec.props_len, &props);
+        if (plain < 0)
+            goto done;
+        if (plain == 0)
+            break;
+        Py_ssize_t need = map_bound(&rec);
+        if (need > cap - len) {
+            Py_ssize_t grown = cap > PY_SSIZE_T_MAX / 2 ? PY_SSIZE_T_MAX : 2 * cap;
+            cap = grown - len < need ? len + need : grown;
+            if (_PyBytes_Resize(&out, cap) < 0)
+                goto done;
+        }
+        uint8_t *start = (uint8_t *)PyBytes_AS_STRING(out) + len;
+        len += write_map(start, &rec, &props, hosts) - start;
+        sum += size;
+    }
+    if (_PyBytes_Resize(&out, len) < 0)
+        goto done;
+    PyObject *total;
+    if (count == 0) {
+        total = Py_NewRef(taken_obj);
+    } else {
+        PyObject *added = PyLong_FromLongLong((long long)sum);  /* at most count * 2**31 */
+        total = added ? PyNumber_Add(taken_obj, added) : NULL;
+        Py_XDECREF(added);
+    }
+    if (total != NULL) {
+        result = Py_BuildValue("(OLN)", out, count, total);
+    }
+
+done:
+    Py_XDECREF(out);
+    props_release(&props);
+    PyBuffer_Release(&segment_view);
+    PyBuffer_Release(&units_view);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* build_items and send_results: the writer's per-message work              */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *s_body, *s_properties, *s_tags, *s_keys, *s_flag, *s_born_timestamp;
+static PyObject *zero;
+static PyObject *s_status, *s_status_code, *s_msg_id, *s_queue_id, *s_queue_offset, *s_commit_log_offset,
+    *s_store_timestamp, *s_put_ok;
+
+static int
+intern_writer_names(void)
+{
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&s_body, "body"}, {&s_properties, "properties"}, {&s_tags, "tags"}, {&s_keys, "keys"},
+        {&s_flag, "flag"}, {&s_born_timestamp, "born_timestamp"}, {&s_status, "status"},
+        {&s_status_code, "status_code"}, {&s_msg_id, "msg_id"}, {&s_queue_id, "queue_id"},
+        {&s_queue_offset, "queue_offset"}, {&s_commit_log_offset, "commit_log_offset"},
+        {&s_store_timestamp, "store_timestamp"}, {&s_put_ok, "PUT_OK"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return -1;
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
+        return -1;
+    return 0;
+}
+
+static inline int
+has_separator(const char *p, Py_ssize_t n)
+{
+    return memchr(p, NAME_VALUE_SEPARATOR, (size_t)n) != NULL || memchr(p, PROPERTY_SEPARATOR, (size_t)n) != NULL;
+}
+
+/* The UTF-8 of a str argument; NULL with TypeError for anything else. */
+static const char *
+utf8_of(PyObject *text, Py_ssize_t *len)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "message texts must be str");
+        return NULL;
+    }
+    return PyUnicode_AsUTF8AndSize(text, len);
+}
+
+static inline char *
+put_text(char *out, const char *p, Py_ssize_t n)
+{
+    memcpy(out, p, (size_t)n);
+    return out + n;
+}
+
+/* One message's parts, as pass one found them for pass two. */
+typedef struct {
+    PyObject *body, *properties, *tags, *keys, *flag, *born;
+    const char *tags_at;
+    Py_ssize_t tags_len;
+    int has_uniq;
+} Parts;
+
+static void
+release_parts(Parts *m)
+{
+    Py_XDECREF(m->body);
+    Py_XDECREF(m->properties);
+    Py_XDECREF(m->tags);
+    Py_XDECREF(m->keys);
+    Py_XDECREF(m->flag);
+    Py_XDECREF(m->born);
+}
+
+/*
+ * Pass one over one message: fetch its fields and check every rule of
+ * codec_py.build_items; the encoded properties' size in *size.
+ * 1 when the message passes, 0 when it is refused, -1 on an error.
+ */
+static int
+check_message(PyObject *message, long long body_max, PyObject *uniq, Parts *m, Py_ssize_t *size)
+{
+    m->body = PyObject_GetAttr(message, s_body);
+    m->properties = m->body ? PyObject_GetAttr(message, s_properties) : NULL;
+    m->tags = m->properties ? PyObject_GetAttr(message, s_tags) : NULL;
+    m->keys = m->tags ? PyObject_GetAttr(message, s_keys) : NULL;
+    m->flag = m->keys ? PyObject_GetAttr(message, s_flag) : NULL;
+    m->born = m->flag ? PyObject_GetAttr(message, s_born_timestamp) : NULL;
+    if (m->born == NULL)
+        return -1;
+    if (!PyBytes_Check(m->body) || !PyDict_Check(m->properties) || !PyList_Check(m->keys)) {
+        PyErr_SetString(PyExc_TypeError, "a message needs bytes body, dict properties and list keys");
+        return -1;
+    }
+    Py_ssize_t body_len = PyBytes_GET_SIZE(m->body);
+    if (body_len == 0 || body_len > body_max)
+        return 0;
+    Py_ssize_t total = 0, at = 0;
+    PyObject *name, *value;
+    m->has_uniq = 0;
+    while (PyDict_Next(m->properties, &at, &name, &value)) {
+        Py_ssize_t name_len, value_len;
+        const char *n = utf8_of(name, &name_len);
+        const char *v = n ? utf8_of(value, &value_len) : NULL;
+        if (v == NULL)
+            return -1;
+        if (name_len == 0 || value_len == 0 || name_is((const uint8_t *)n, name_len, "KEYS")
+            || name_is((const uint8_t *)n, name_len, "TAGS") || name_is((const uint8_t *)n, name_len, "__CRC32#")
+            || has_separator(n, name_len) || has_separator(v, value_len))
+            return 0;
+        m->has_uniq |= name_is((const uint8_t *)n, name_len, "UNIQ_KEY");
+        total += name_len + value_len + 2;
+    }
+    m->tags_at = NULL;
+    m->tags_len = 0;
+    if (m->tags != Py_None) {
+        m->tags_at = utf8_of(m->tags, &m->tags_len);
+        if (m->tags_at == NULL)
+            return -1;
+        if (has_separator(m->tags_at, m->tags_len))
+            return 0;
+        if (m->tags_len > 0)
+            total += 5 + m->tags_len + 1;             /* TAGS \x01 tags \x02 */
+    }
+    Py_ssize_t key_count = PyList_GET_SIZE(m->keys);
+    for (Py_ssize_t k = 0; k < key_count; k++) {
+        Py_ssize_t key_len;
+        const char *key = utf8_of(PyList_GET_ITEM(m->keys, k), &key_len);
+        if (key == NULL)
+            return -1;
+        if (key_len == 0 || memchr(key, KEY_SEPARATOR, (size_t)key_len) != NULL || has_separator(key, key_len))
+            return 0;
+        total += key_len + (k > 0);                   /* the keys joined by spaces */
+    }
+    if (key_count > 0)
+        total += 5 + 1;                               /* KEYS \x01 ... \x02 */
+    if (!m->has_uniq) {
+        Py_ssize_t uniq_len;
+        if (utf8_of(uniq, &uniq_len) == NULL)
+            return -1;
+        total += 9 + uniq_len + 1;                    /* UNIQ_KEY \x01 id \x02 */
+    }
+    *size = total;
+    return 1;
+}
+
+/* Pass two: write the encoded properties of a message that passed, into out (size bytes). */
+static void
+write_properties(const Parts *m, PyObject *uniq, char *out)
+{
+    Py_ssize_t at = 0, len;
+    PyObject *name, *value;
+    while (PyDict_Next(m->properties, &at, &name, &value)) {
+        const char *n = PyUnicode_AsUTF8AndSize(name, &len);  /* cached by pass one */
+        out = put_text(out, n, len);
+        *out++ = NAME_VALUE_SEPARATOR;
+        const char *v = PyUnicode_AsUTF8AndSize(value, &len);
+        out = put_text(out, v, len);
+        *out++ = PROPERTY_SEPARATOR;
+    }
+    if (m->tags_len > 0) {
+        out = put_text(out, "TAGS\x01", 5);
+        out = put_text(out, m->tags_at, m->tags_len);
+        *out++ = PROPERTY_SEPARATOR;
+    }
+    Py_ssize_t key_count = PyList_GET_SIZE(m->keys);
+    if (key_count > 0) {
+        out = put_text(out, "KEYS\x01", 5);
+        for (Py_ssize_t k = 0; k < key_count; k++) {
+            if (k > 0)
+                *out++ = KEY_SEPARATOR;
+            const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(m->keys, k), &len);
+            out = put_text(out, key, len);
+        }
+        *out++ = PROPERTY_SEPARATOR;
+    }
+    if (!m->has_uniq) {
+        const char *id = PyUnicode_AsUTF8AndSize(uniq, &len);
+        out = put_text(out, "UNIQ_KEY\x01", 9);
+        out = put_text(out, id, len);
+        *out++ = PROPERTY_SEPARATOR;
+    }
+}
+
+/* build_items(messages, body_bytes_max, properties_bytes_max, uniq_keys, now_ms)
+ * -> (items, payload_bytes) or (None, index of the first refused message). */
+static PyObject *
+codec_build_items(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "build_items(messages, body_bytes_max, properties_bytes_max, uniq_keys, now_ms)");
+        return NULL;
+    }
+    long long body_max, properties_max;
+    PyObject *messages = args[0], *uniq_keys = args[3], *now = args[4];
+    if (int_arg(args[1], 0, LLONG_MAX, "body_bytes_max", &body_max) < 0
+        || int_arg(args[2], 0, LLONG_MAX, "properties_bytes_max", &properties_max) < 0)
+        return NULL;
+    if (!PyList_Check(messages) || !PyList_Check(uniq_keys) || !PyLong_Check(now)) {
+        PyErr_SetString(PyExc_TypeError, "messages and uniq_keys must be lists and now_ms an int");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(messages);
+    if (PyList_GET_SIZE(uniq_keys) < count) {
+        PyErr_SetString(PyExc_ValueError, "one uniq key per message is needed");
+        return NULL;
+    }
+    PyObject *items = PyList_New(count);
+    if (items == NULL)
+        return NULL;
+    long long payload = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Parts m = {0};
+        Py_ssize_t size = 0;
+        PyObject *uniq = PyList_GET_ITEM(uniq_keys, i);
+        int ok = check_message(PyList_GET_ITEM(messages, i), body_max, uniq, &m, &size);
+        if (ok == 1 && size + CRC_TAIL_BYTES > properties_max)
+            ok = 0;
+        if (ok != 1) {
+            release_parts(&m);
+            Py_DECREF(items);
+            return ok < 0 ? NULL : Py_BuildValue("(On)", Py_None, i);
+        }
+        PyObject *encoded = PyBytes_FromStringAndSize(NULL, size);
+        PyObject *item = NULL;
+        if (encoded != NULL) {
+            write_properties(&m, uniq, PyBytes_AS_STRING(encoded));
+            item = PyTuple_Pack(4, m.body, encoded, m.flag, m.born == Py_None ? now : m.born);
+            Py_DECREF(encoded);
+        }
+        payload += PyBytes_GET_SIZE(m.body) + size;
+        release_parts(&m);
+        if (item == NULL) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        PyList_SET_ITEM(items, i, item);
+    }
+    PyObject *result = Py_BuildValue("(NL)", items, payload);
+    return result;
+}
+
+/* send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, msg_id_prefix)
+ * -> one PUT_OK SendResult map per offset, in the reply's field order. */
+static PyObject *
+codec_send_results(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, msg_id_prefix)");
+        return NULL;
+    }
+    PyObject *offsets = args[0], *queue_id = args[1], *store_ts = args[3];
+    long long first;
+    if (int_arg(args[2], 0, LLONG_MAX, "first_queue_offset", &first) < 0)
+        return NULL;
+    Py_ssize_t prefix_len;
+    if (!PyList_Check(offsets) || !PyLong_Check(queue_id) || !PyLong_Check(store_ts)) {
+        PyErr_SetString(PyExc_TypeError, "offsets must be a list, queue_id and store_timestamp_ms ints");
+        return NULL;
+    }
+    const char *prefix = utf8_of(args[4], &prefix_len);
+    if (prefix == NULL)
+        return NULL;
+    if (prefix_len > 32) {
+        PyErr_SetString(PyExc_ValueError, "msg_id_prefix is at most 32 characters");
+        return NULL;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    char id[64];
+    memcpy(id, prefix, (size_t)prefix_len);
+    Py_ssize_t count = PyList_GET_SIZE(offsets);
+    PyObject *results = PyList_New(count);
+    if (results == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *offset = PyList_GET_ITEM(offsets, i);
+        long long value;
+        if (int_arg(offset, 0, LLONG_MAX, "an offset", &value) < 0)
+            goto error;
+        for (int d = 0; d < 16; d++)
+            id[prefix_len + d] = hex[((unsigned long long)value >> (60 - 4 * d)) & 0xF];
+        PyObject *msg_id = PyUnicode_FromStringAndSize(id, prefix_len + 16);
+        PyObject *queue_offset = msg_id ? PyLong_FromLongLong(first + i) : NULL;
+        PyObject *map = queue_offset ? PyDict_New() : NULL;
+        int rc = map == NULL ? -1
+            : (PyDict_SetItem(map, s_status, s_put_ok) < 0
+               || PyDict_SetItem(map, s_status_code, zero) < 0
+               || PyDict_SetItem(map, s_msg_id, msg_id) < 0
+               || PyDict_SetItem(map, s_queue_id, queue_id) < 0
+               || PyDict_SetItem(map, s_queue_offset, queue_offset) < 0
+               || PyDict_SetItem(map, s_commit_log_offset, offset) < 0
+               || PyDict_SetItem(map, s_store_timestamp, store_ts) < 0) ? -1 : 0;
+        Py_XDECREF(msg_id);
+        Py_XDECREF(queue_offset);
+        if (rc < 0) {
+            Py_XDECREF(map);
+            goto error;
+        }
+        PyList_SET_ITEM(results, i, map);
+    }
+    return results;
+error:
+    Py_DECREF(results);
+    return NULL;
+}
+
 static PyMethodDef codec_methods[] = {
     {"java_hash", codec_java_hash, METH_O, "Java String.hashCode as a signed 32-bit int."},
     {"owner_index", (PyCFunction)(void (*)(void))codec_owner_index, METH_FASTCALL,
@@ -1513,10 +2418,16 @@ static PyMethodDef codec_methods[] = {
      "Encode a batch of records for one queue at buf[pos:] (see engine/codec_py.py)."},
     {"scan_dispatch", (PyCFunction)(void (*)(void))codec_scan_dispatch, METH_FASTCALL,
      "Parse records from buf[pos:limit] for dispatch, without CRC checks (see engine/codec_py.py)."},
+    {"build_items", (PyCFunction)(void (*)(void))codec_build_items, METH_FASTCALL,
+     "Validate a batch of SendMessages and encode their properties (see engine/codec_py.py)."},
+    {"send_results", (PyCFunction)(void (*)(void))codec_send_results, METH_FASTCALL,
+     "One PUT_OK SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,
      "The record at buf[pos:] as a reply's message map; None if it fails any check."},
+    {"pull_run", (PyCFunction)(void (*)(void))codec_pull_run, METH_FASTCALL,
+     "The plain run of an unfiltered pull as concatenated msgpack maps (see engine/codec_py.py)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1547,6 +2458,8 @@ PyInit__codec(void)
                 return NULL;
     }
     if (uniq_key_name == NULL && (uniq_key_name = PyUnicode_InternFromString("UNIQ_KEY")) == NULL)
+        return NULL;
+    if (intern_writer_names() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&codec_module);
     if (module == NULL)

@@ -28,6 +28,9 @@ encode_records = _impl.encode_records
 scan_dispatch = _impl.scan_dispatch
 read_view = _impl.read_view
 index_put_keys = _impl.index_put_keys
+pull_run = _impl.pull_run
+build_items = _impl.build_items
+send_results = _impl.send_results
 
 
 def index_key_hash(key: str) -> int:

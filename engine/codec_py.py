@@ -14,24 +14,30 @@ from __future__ import annotations
 
 import zlib
 
+import msgspec
+
 from engine.layout import (
-    KEY_SEPARATOR,
-    MAGIC_BLANK,
-    PROPERTY_CRC32,
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    PROPERTY_UNIQ_KEY,
-    TOTAL_SIZE_AND_MAGIC,
+    CQ_UNIT,
+    CRC32_RESERVED_BYTES,
     INDEX_HEADER,
     INDEX_ITEM,
     INDEX_SLOT,
+    KEY_SEPARATOR,
+    MAGIC_BLANK,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_CRC32,
+    PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    TOTAL_SIZE_AND_MAGIC,
     HostAddress,
     RecordError,
     RecordFields,
     decode_record,
+    encode_record_into,
     encoded_size,
     index_key_hash,
-    encode_record_into,
     java_string_hash,
     tags_code,
 )
@@ -177,3 +183,133 @@ def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str,
         INDEX_HEADER.pack_into(buf, 0, begin_ts, end_ts, begin_phy, end_phy, slots_used, count)
         added += 1
     return added
+
+
+_BLANK_UNIT_SIZE = 0x7FFFFFFF  # consume_queue.BLANK_UNIT_SIZE: a hole left by a damaged record
+_encoder = msgspec.msgpack.Encoder()
+
+
+def pull_run(units, units_pos: int, unit_count: int, segment, segment_start: int, visible_end: int,
+             log_min: int, topic: str, queue_id: int, queue_offset: int, max_bytes: int, taken_bytes: int,
+             require_record_crc: bool) -> tuple[bytes, int, int]:
+    """Serve the plain run of an unfiltered pull: msgpack message maps, straight from the log.
+
+    Walks ``unit_count`` ConsumeQueue units from ``units[units_pos:]`` (queue offsets from
+    ``queue_offset``), whose records should lie in ``segment`` (the log segment starting at
+    commit log offset ``segment_start``). Each unit that passes appends its record's
+    message map, msgpack-encoded exactly as ``read_view``'s dict is by msgspec. The run
+    stops *before* the first unit that does not pass, and the caller's general path
+    decides about that one:
+
+    * a blank or implausible unit; a record outside the segment, past ``visible_end``
+      or below ``log_min``;
+    * one more message would take the reply past ``max_bytes`` (``taken_bytes`` counts
+      what the reply holds already; the first message is always taken);
+    * the record fails a check (``read_view`` is None) or is not the unit's own record
+      (topic, queue id, queue offset, size);
+    * the record has text that is not UTF-8 (topic, property names or values) or a
+      property name twice: the general path decodes those with replacement characters.
+
+    Returns ``(maps, count, taken_bytes)``: the concatenated maps, how many (each one
+    unit), and ``taken_bytes`` plus their sizes.
+    """
+    maps = []
+    limit_in_segment = min(len(segment), visible_end - segment_start)
+    for i in range(unit_count):
+        commit_log_offset, size, _code = CQ_UNIT.unpack_from(units, units_pos + i * CQ_UNIT.size)
+        if not 0 < size < _BLANK_UNIT_SIZE or commit_log_offset < 0:
+            break
+        pos = commit_log_offset - segment_start
+        if pos < 0 or pos + size > len(segment) or commit_log_offset + size > visible_end \
+                or commit_log_offset < log_min:
+            break
+        if taken_bytes > 0 and taken_bytes + size > max_bytes:
+            break
+        view = read_view(segment, pos, limit_in_segment, segment_start, True, require_record_crc)
+        if view is None or (view["topic"], view["queue_id"], view["queue_offset"], view["store_size"]) != \
+                (topic, queue_id, queue_offset + i, size):
+            break
+        if not _plain_text(segment, pos, size, segment_start):
+            break
+        maps.append(_encoder.encode(view))
+        taken_bytes += size
+    return b"".join(maps), len(maps), taken_bytes
+
+
+def _plain_text(segment, pos: int, size: int, segment_start: int) -> bool:
+    """The record's properties block is valid UTF-8 and names no property twice."""
+    raw = bytes(decode_record(segment, pos, limit=pos + size, base_offset=segment_start,
+                              check_crc=False).properties_raw)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    names = [name for name, sep, value in (entry.partition(b"\x01") for entry in raw.split(b"\x02"))
+             if name and sep and value]
+    return len(names) == len(set(names))
+
+
+_RESERVED_NAMES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
+
+
+def build_items(messages: list, body_bytes_max: int, properties_bytes_max: int, uniq_keys: list[str],
+                now_ms: int) -> tuple[list[tuple] | None, int]:
+    """Validate a batch of ``SendMessage``s and encode their properties, as the writer stores them.
+
+    Returns ``(items, payload_bytes)``: per message ``(body, properties, flag,
+    born_timestamp_ms)`` and the bodies plus encoded properties in all. Or ``(None, i)``
+    when message ``i`` is the first refused (``records.build_items`` says why). A message is
+    refused for an empty body or one over ``body_bytes_max``; a property name or value, a
+    tag or a key holding ``\\x01`` or ``\\x02``; an empty or reserved property name (KEYS,
+    TAGS, __CRC32#); an empty property value; an empty key or one with a space; properties
+    that take more than ``properties_bytes_max`` with the 20 bytes of the record CRC.
+
+    Properties are encoded as ``name\\x01value\\x02``: the user's in their order, then
+    TAGS, KEYS (joined by spaces) and, unless the user set one, UNIQ_KEY from
+    ``uniq_keys[i]``. ``born_timestamp_ms`` is the message's or ``now_ms``.
+    """
+    items = []
+    payload = 0
+    for i, message in enumerate(messages):
+        body = message.body
+        if not body or len(body) > body_bytes_max:
+            return None, i
+        parts = []
+        has_uniq = False
+        for name, value in message.properties.items():
+            if not name or not value or name in _RESERVED_NAMES or _has_separator(name) or _has_separator(value):
+                return None, i
+            has_uniq = has_uniq or name == PROPERTY_UNIQ_KEY
+            parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}")
+        if message.tags:
+            if _has_separator(message.tags):
+                return None, i
+            parts.append(f"{PROPERTY_TAGS}{NAME_VALUE_SEPARATOR}{message.tags}{PROPERTY_SEPARATOR}")
+        if message.keys:
+            if any(not key or KEY_SEPARATOR in key or _has_separator(key) for key in message.keys):
+                return None, i
+            parts.append(f"{PROPERTY_KEYS}{NAME_VALUE_SEPARATOR}{KEY_SEPARATOR.join(message.keys)}"
+                         f"{PROPERTY_SEPARATOR}")
+        if not has_uniq:
+            parts.append(f"{PROPERTY_UNIQ_KEY}{NAME_VALUE_SEPARATOR}{uniq_keys[i]}{PROPERTY_SEPARATOR}")
+        encoded = "".join(parts).encode()
+        if len(encoded) + CRC32_RESERVED_BYTES > properties_bytes_max:
+            return None, i
+        born = message.born_timestamp
+        items.append((body, encoded, message.flag, now_ms if born is None else born))
+        payload += len(body) + len(encoded)
+    return items, payload
+
+
+def _has_separator(text: str) -> bool:
+    return NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text
+
+
+def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, store_timestamp_ms: int,
+                 msg_id_prefix: str) -> list[dict]:
+    """One PUT_OK ``SendResult`` map per stored record (the reply's field order);
+    ``msg_id_prefix`` is the 16 hex digits of the store host, the offset follows."""
+    return [{"status": "PUT_OK", "status_code": 0, "msg_id": f"{msg_id_prefix}{offset:016X}", "queue_id": queue_id,
+             "queue_offset": first_queue_offset + i, "commit_log_offset": offset,
+             "store_timestamp": store_timestamp_ms}
+            for i, offset in enumerate(offsets)]

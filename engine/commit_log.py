@@ -359,7 +359,12 @@ class CommitLogWriter:
         return self._segment(segment.end_offset)
 
     def _segment(self, start: int) -> MappedFile:
-        """The segment at ``start``, created now if the background preallocation has not made it."""
+        """The segment at ``start``, created now if the background preallocation has not made it.
+
+        Only a missing segment waits for a preallocation in progress (it may be that one)."""
+        segment = self.segments.get(start)
+        if segment is not None:
+            return segment
         self._join_preallocation()
         return self.segments.get(start) or self.segments.create(start, warm=self.warm_segments)
 

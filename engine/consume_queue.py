@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import shutil
@@ -127,16 +128,20 @@ class ConsumeQueue:
 
     def read(self, queue_offset: int, count: int) -> list[Unit]:
         """Up to ``count`` units from ``queue_offset``, within one file (as RocketMQ reads)."""
+        units, pos, found = self.unit_span(queue_offset, count)
+        return [Unit(*fields) for fields in CQ_UNIT.iter_unpack(units[pos:pos + found * CQ_UNIT_BYTES])]
+
+    def unit_span(self, queue_offset: int, count: int) -> tuple[bytes | mmap.mmap, int, int]:
+        """Where ``read`` would read: (buffer, byte position, number of units)."""
         if not self.min_offset <= queue_offset < self.max_offset:
-            return []
+            return b"", 0, 0
         byte_offset = queue_offset * CQ_UNIT_BYTES
         mapped = self.files.find(byte_offset)
         if mapped is None:
-            return []
-        pos = byte_offset - mapped.start_offset
-        end_units = min(queue_offset + count, self.max_offset, (mapped.start_offset + mapped.size_bytes) // CQ_UNIT_BYTES)
-        end = pos + (end_units - queue_offset) * CQ_UNIT_BYTES
-        return [Unit(*fields) for fields in CQ_UNIT.iter_unpack(mapped.mm[pos:end])]
+            return b"", 0, 0
+        end_units = min(queue_offset + count, self.max_offset,
+                        (mapped.start_offset + mapped.size_bytes) // CQ_UNIT_BYTES)
+        return mapped.mm, byte_offset - mapped.start_offset, end_units - queue_offset
 
     def put(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> bool:
         """Write the unit for ``queue_offset``; False if it was already there (a replay)."""

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
+
+from engine import codec
 from engine.commit_log import CommitLogReader
-from engine.consume_queue import ConsumeQueue
+from engine.consume_queue import ConsumeQueue, Unit
 from engine.errors import GetStatus
-from engine.codec import tags_code
-from engine.layout import RecordError
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, RecordError
 
 
 @dataclass
@@ -41,9 +43,22 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
-    messages: list[dict] = field(default_factory=list)  # MessageView's fields (codec.read_view)
+    encoded: list[bytes] = field(default_factory=list)  # msgpack message maps (codec.read_view's), in order
+    message_count: int = 0
     corrupt_offset: int = -1  # queue offset of a damaged record met first
     suspect_offset: int = -1  # queue offset of the first unit that did not lead to its own record
+
+    def messages(self) -> msgspec.Raw:
+        """The messages as the reply's msgpack array, ready to embed."""
+        return msgspec.Raw(_array_header(self.message_count) + b"".join(self.encoded))
+
+
+def _array_header(count: int) -> bytes:
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
 
 
 class Subscription:
@@ -53,7 +68,7 @@ class Subscription:
         tags = {t.strip() for t in expression.split("||")} - {""}
         self.everything = not tags or "*" in tags
         self.tags = frozenset(tags)
-        self.codes = frozenset(tags_code(t) for t in tags)
+        self.codes = frozenset(codec.tags_code(t) for t in tags)
 
     def matches_code(self, code: int) -> bool:
         return self.everything or code in self.codes
@@ -63,6 +78,7 @@ class Subscription:
 
 
 EVERYTHING = Subscription("*")
+_encoder = msgspec.msgpack.Encoder()
 
 
 def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
@@ -90,11 +106,28 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
     filtered = not subscription.everything
     taken_bytes = 0
     removed = 0
-    for i, unit in enumerate(cq.read(offset, max_messages)):
+    units, units_pos, count = cq.unit_span(offset, max_messages)
+    i = 0
+    while i < count:
         queue_offset = offset + i
+        unit = Unit(*CQ_UNIT.unpack_from(units, units_pos + i * CQ_UNIT_BYTES))
+        if not filtered and unit.is_plausible:
+            # The plain run: every unit whose record is intact, in one segment and visible.
+            segment = reader.segment_at(unit.commit_log_offset)
+            if segment is not None:
+                maps, served, taken_bytes = codec.pull_run(
+                    units, units_pos + i * CQ_UNIT_BYTES, count - i, segment.mm, segment.start_offset, visible_end,
+                    log_min, cq.topic, cq.queue_id, queue_offset, max_bytes, taken_bytes, reader.require_record_crc)
+                if served:
+                    result.encoded.append(maps)
+                    result.message_count += served
+                    i += served
+                    result.next_offset = offset + i
+                    continue
+        # Every other unit, one at a time.
         if unit.is_blank:
             # A hole left by a damaged record: never skipped silently.
-            if not result.messages:
+            if not result.message_count:
                 result.corrupt_offset = queue_offset
                 result.next_offset = queue_offset + 1
             break
@@ -105,6 +138,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             if unit.commit_log_offset + unit.size > written_end:
                 result.suspect_offset = queue_offset  # units exist only for dispatched records
             break
+        i += 1
         if unit.commit_log_offset < log_min:
             removed += 1
             result.next_offset = queue_offset + 1
@@ -112,7 +146,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         if filtered and not subscription.matches_code(unit.tags_code):
             result.next_offset = queue_offset + 1
             continue
-        if result.messages and taken_bytes + unit.size > max_bytes:
+        if result.message_count and taken_bytes + unit.size > max_bytes:
             break
         try:
             view = reader.read_view(unit.commit_log_offset, limit=visible_end)
@@ -130,10 +164,11 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         if filtered and not subscription.matches_tag(view["tags"]):
             result.next_offset = queue_offset + 1  # the tags codes collided (Java hashCode): not ours
             continue
-        result.messages.append(view)
+        result.encoded.append(_encoder.encode(view))
+        result.message_count += 1
         taken_bytes += unit.size
         result.next_offset = queue_offset + 1
-    if result.messages:
+    if result.message_count:
         result.status = GetStatus.FOUND
     elif removed:
         result.status = GetStatus.MESSAGE_WAS_REMOVING

@@ -74,49 +74,43 @@ class BatchItems(NamedTuple):
 def build_items(messages: list[SendMessage], *, config: StoreConfig, born_host: HostAddress,
                 now_ms: int) -> BatchItems:
     """Validate every message of a batch (all or nothing: RequestError names the first refusal)."""
-    body_max = config.message_body_bytes_max
-    properties_max = config.properties_bytes_max
-    uniq_keys = iter(new_uniq_keys(born_host, len(messages)))
-    items = []
-    payload = 0
-    for message in messages:
-        body = message.body
-        if not body or len(body) > body_max:
-            _refuse_body(body, body_max)
-        parts = []
-        has_uniq = False
-        if message.properties:
-            for name, value in message.properties.items():
-                _check_text("a property name", name)
-                _check_text("a property value", value)
-                if not name or name in _RESERVED_PROPERTIES:
-                    raise RequestError(ErrorCode.INVALID_PROPERTY,
-                                       f"the property name {name!r} is reserved or empty")
-                if not value:
-                    raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property {name!r} has an empty value")
-                has_uniq = has_uniq or name == PROPERTY_UNIQ_KEY
-                parts.append(f"{name}{NAME_VALUE_SEPARATOR}{value}{_END}")
-        tags = message.tags
-        if tags:
-            _check_text("a tag", tags)
-            parts.append(f"{_TAGS}{tags}{_END}")
-        if message.keys:
-            for key in message.keys:
-                if not key or KEY_SEPARATOR in key or NAME_VALUE_SEPARATOR in key or PROPERTY_SEPARATOR in key:
-                    _check_text("a key", key)
-                    raise RequestError(ErrorCode.INVALID_PROPERTY, f"the key {key!r} is empty or contains a space")
-            parts.append(f"{_KEYS}{KEY_SEPARATOR.join(message.keys)}{_END}")
-        if not has_uniq:
-            parts.append(f"{_UNIQ_KEY}{next(uniq_keys)}{_END}")
-        encoded = "".join(parts).encode()
-        if len(encoded) + CRC32_RESERVED_BYTES > properties_max:
-            raise RequestError(ErrorCode.PROPERTIES_SIZE_EXCEEDED,
-                               f"the properties take {len(encoded) + CRC32_RESERVED_BYTES} bytes; "
-                               f"the limit is {properties_max}")
-        born = message.born_timestamp
-        items.append((body, encoded, message.flag, now_ms if born is None else born))
-        payload += len(body) + len(encoded)
+    items, payload = codec.build_items(messages, config.message_body_bytes_max, config.properties_bytes_max,
+                                       new_uniq_keys(born_host, len(messages)), now_ms)
+    if items is None:
+        explain_refusal(messages[payload], config)
+        raise RequestError(ErrorCode.INVALID_PROPERTY, f"message {payload} of the batch was refused")
     return BatchItems(items, payload)
+
+
+def explain_refusal(message: SendMessage, config: StoreConfig) -> None:
+    """Raise the RequestError that says why ``codec.build_items`` refused ``message``."""
+    body = message.body
+    if not body or len(body) > config.message_body_bytes_max:
+        _refuse_body(body, config.message_body_bytes_max)
+    size = 0
+    for name, value in message.properties.items():
+        _check_text("a property name", name)
+        _check_text("a property value", value)
+        if not name or name in _RESERVED_PROPERTIES:
+            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property name {name!r} is reserved or empty")
+        if not value:
+            # RocketMQ's properties parser drops empty values; refuse rather than lose them.
+            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the property {name!r} has an empty value")
+        size += len(f"{name}{NAME_VALUE_SEPARATOR}{value}{_END}".encode())
+    if message.tags:
+        _check_text("a tag", message.tags)
+        size += len(f"{_TAGS}{message.tags}{_END}".encode())
+    if message.keys:
+        for key in message.keys:
+            _check_text("a key", key)
+            if not key or KEY_SEPARATOR in key:
+                raise RequestError(ErrorCode.INVALID_PROPERTY, f"the key {key!r} is empty or contains a space")
+        size += len(f"{_KEYS}{KEY_SEPARATOR.join(message.keys)}{_END}".encode())
+    if PROPERTY_UNIQ_KEY not in message.properties:
+        size += len(_UNIQ_KEY) + 32 + len(_END)
+    raise RequestError(ErrorCode.PROPERTIES_SIZE_EXCEEDED,
+                       f"the properties take {size + CRC32_RESERVED_BYTES} bytes; "
+                       f"the limit is {config.properties_bytes_max}")
 
 
 def _refuse_body(body: bytes, body_max: int) -> None:

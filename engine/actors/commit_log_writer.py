@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
+from engine import codec
+from engine.codec import send_results
 from engine.commit_log import CommitLogWriter
 from engine.deleted_topics import DeletedTopics
 from engine.errors import ErrorCode, PutStatus, RequestError
@@ -37,7 +39,6 @@ from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offset
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
-    SendResult,
     decode_request,
     encode_error,
     encode_reply,
@@ -50,7 +51,6 @@ from engine.records import build_items
 from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
 
 log = logging.getLogger(__name__)
-PUT_OK = int(PutStatus.PUT_OK)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class PendingAck:
     request_id: int
     end_offset: int
     deadline_ms: int
-    results: list[SendResult]
+    results: list[dict]  # SendResult maps (codec.send_results)
 
 
 class CommitLogWriterActor(Actor):
@@ -98,9 +98,9 @@ class CommitLogWriterActor(Actor):
         self.last_store_timestamp_ms = plan.last_store_timestamp_ms
         self.min_offset = plan.min_offset
         self.flushed_offset = plan.end_offset
-        log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges",
-                 plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
-                 len(self.next_queue_offset), len(plan.damage))
+        log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges; "
+                 "codec: %s", plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
+                 len(self.next_queue_offset), len(plan.damage), "compiled" if codec.COMPILED else "python")
         self.requests = self.ctx.socket(zmq.ROUTER)
         self.requests.bind(self.ctx.ipc(endpoints.WRITER))
         self.announce = self.ctx.socket(zmq.PUB)
@@ -153,7 +153,7 @@ class CommitLogWriterActor(Actor):
             return
         self.requests.send_multipart([*reply_to, encode_reply(request.id, results=results)])
 
-    def append(self, request: SendRequest, queue_id: int) -> tuple[list[SendResult], int]:
+    def append(self, request: SendRequest, queue_id: int) -> tuple[list[dict], int]:
         """Validate and append a whole batch (all or nothing); RequestError if refused."""
         if queue_id < 0:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
@@ -184,11 +184,7 @@ class CommitLogWriterActor(Actor):
             raise RequestError(code, f"cannot create a segment: {exc}") from None
         self.next_queue_offset[key] = first + len(batch.items)
         self.last_store_timestamp_ms = store_ts
-        id_prefix = self.msg_id_prefix
-        results = [SendResult(status="PUT_OK", status_code=PUT_OK, msg_id=f"{id_prefix}{offset:016X}",
-                              queue_id=queue_id, queue_offset=first + i, commit_log_offset=offset,
-                              store_timestamp=store_ts)
-                   for i, offset in enumerate(appended.offsets)]
+        results = send_results(appended.offsets, queue_id, first, store_ts, self.msg_id_prefix)
         return results, appended.end_offset
 
     def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
@@ -244,8 +240,8 @@ class CommitLogWriterActor(Actor):
             ack = self.pending.popleft()
             if ack.end_offset > self.flushed_offset:
                 for result in ack.results:
-                    result.status = PutStatus.FLUSH_DISK_TIMEOUT.name
-                    result.status_code = int(PutStatus.FLUSH_DISK_TIMEOUT)
+                    result["status"] = PutStatus.FLUSH_DISK_TIMEOUT.name
+                    result["status_code"] = int(PutStatus.FLUSH_DISK_TIMEOUT)
             self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=ack.results)])
 
     def clean_expired_segments(self) -> None:

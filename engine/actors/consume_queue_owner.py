@@ -312,7 +312,7 @@ class ConsumeQueueOwnerActor(Actor):
                 result = pull(cq, self.reader, **limits)
             else:
                 self.unhealable.add(suspect)  # a damaged record, not a unit: do not rescan on every pull
-        if result.suspect_offset >= 0 and not result.messages:
+        if result.suspect_offset >= 0 and not result.message_count:
             result.corrupt_offset = result.suspect_offset
             result.next_offset = result.suspect_offset + 1
         if result.corrupt_offset >= 0:
@@ -329,7 +329,7 @@ class ConsumeQueueOwnerActor(Actor):
                 return None  # answered when a (matching) message arrives, or at the deadline
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
-                            max_offset=result.max_offset, messages=result.messages)
+                            max_offset=result.max_offset, messages=result.messages())
 
     def wake(self, queues: set[tuple[str, int]], now_ms: int) -> None:
         """Answer parked pulls of ``queues`` that now find a message, and every expired one."""

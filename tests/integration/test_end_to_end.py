@@ -11,6 +11,7 @@ import pytest
 from engine.config import KiB, MiB, StoreConfig
 from engine.layout import decode_msg_id
 from supervisor.launcher import EngineProcess
+from supervisor.supervisor import LOG_DIR
 from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(300)
@@ -138,3 +139,35 @@ def test_pull_statuses_at_queue_edges(engine: EngineProcess) -> None:
         assert (one["status"], one["next_offset"]) == ("OFFSET_OVERFLOW_ONE", 3)
         badly = client.pull("edges", 0, 1000)
         assert (badly["status"], badly["next_offset"]) == ("OFFSET_OVERFLOW_BADLY", 3)
+
+
+def test_the_python_codec_and_the_compiled_one_serve_the_same_store(store_dir: Path, monkeypatch) -> None:
+    """RMQPY_PURE_PYTHON=1 runs every actor on engine/codec_py.py; the compiled codec then reads
+    what it wrote, and both answer pulls, filtered pulls, key queries and gets identically."""
+    rng = random.Random(5)
+    batch = [make_message(rng, "orders", n) for n in range(60)]
+
+    def read_back(engine: EngineProcess) -> list:
+        with engine.client() as client:
+            wait_dispatched(client)
+            plain = pull_queue(client, "orders", 0)
+            tagged = client.pull("orders", 0, 0, max_messages=100, subscription="tag1 || tag3")["messages"]
+            found = client.query_by_key("orders", batch[17]["keys"][0])
+            got = client.get_by_id(plain[42]["msg_id"])
+        assert [m["tags"] for m in tagged] == [m["tags"] for m in batch if m["tags"] in ("tag1", "tag3")]
+        return [plain, tagged, found, got]
+
+    monkeypatch.setenv("RMQPY_PURE_PYTHON", "1")
+    with EngineProcess(store_dir) as engine:
+        with engine.client() as client:
+            client.create_topic("orders", queue_count=1)
+            results = client.send("orders", batch, queue_id=0)
+        by_python = read_back(engine)
+    writer_log = store_dir / LOG_DIR / "writer.log"
+    assert writer_log.read_text().count("codec: python") == 1
+    monkeypatch.delenv("RMQPY_PURE_PYTHON")
+    with EngineProcess(store_dir) as engine:
+        by_compiled = read_back(engine)
+    assert writer_log.read_text().count("codec: compiled") == 1
+    assert by_python == by_compiled
+    assert_queue_intact(by_python[0], list(zip(batch, results, strict=True)), "orders", 0)

@@ -12,10 +12,11 @@ import mmap
 import random
 import struct
 
+import msgspec
 import pytest
 
 from engine import codec_py as py
-from engine.layout import HostAddress, encode_blank, java_string_hash
+from engine.layout import CQ_UNIT, HostAddress, encode_blank, java_string_hash
 
 try:
     from engine import _codec as c
@@ -501,3 +502,337 @@ def test_index_put_keys_bad_arguments():
         c.index_put_keys(buf, 3, 4, "T#", [b"k"], 1, T0)
     with pytest.raises(ValueError):
         c.index_put_keys(buf, 0, 4, "T#", ["k"], 1, T0)
+
+
+# --- pull_run ------------------------------------------------------------------------------
+
+BLANK_UNIT = CQ_UNIT.pack(0, 0x7FFFFFFF, 0)
+
+
+def test_msgspec_uses_the_forms_pull_run_writes():
+    """pull_run writes msgpack itself: these are the forms it assumes msgspec chooses."""
+    enc = msgspec.msgpack.Encoder().encode
+    ints = {0: "00", 127: "7f", 128: "cc80", 255: "ccff", 256: "cd0100", 65535: "cdffff", 65536: "ce00010000",
+            2 ** 32 - 1: "ceffffffff", 2 ** 32: "cf0000000100000000", 2 ** 63 - 1: "cf7fffffffffffffff",
+            -1: "ff", -32: "e0", -33: "d0df", -128: "d080", -129: "d1ff7f", -32768: "d18000",
+            -32769: "d2ffff7fff", -2 ** 31: "d280000000", -2 ** 31 - 1: "d3ffffffff7fffffff",
+            -2 ** 63: "d38000000000000000"}
+    for value, expected in ints.items():
+        assert enc(value).hex() == expected, value
+    for n, str_head, bin_head in ((0, "a0", "c400"), (31, "bf", "c41f"), (32, "d920", "c420"), (255, "d9ff", "c4ff"),
+                                  (256, "da0100", "c50100"), (65535, "daffff", "c5ffff"),
+                                  (65536, "db00010000", "c600010000")):
+        assert enc("a" * n).hex() == str_head + "61" * n
+        assert enc(b"a" * n).hex() == bin_head + "61" * n
+    for n, head in ((0, "90"), (15, "9f"), (16, "dc0010"), (65535, "dcffff"), (65536, "dd00010000")):
+        assert enc([0] * n).hex().startswith(head)
+    for n, head in ((0, "80"), (15, "8f"), (16, "de0010"), (19, "de0013"), (65536, "df00010000")):
+        assert enc({str(i): 0 for i in range(n)}).hex().startswith(head)
+    assert enc(None).hex() == "c0"
+    assert enc({"é": "中😀"}) == b"\x81\xa2" + "é".encode() + b"\xa7" + "中😀".encode()
+
+
+def clean_properties(rng: random.Random) -> bytes:
+    """Properties a plain run takes: UTF-8, no name twice (with TAGS, KEYS, UNIQ_KEY and long values)."""
+    props: dict[str, str] = {}
+    if rng.random() < 0.7:
+        props["TAGS"] = rng.choice(["TagA", rand_text(rng, 1, 40), "t" * rng.choice([31, 32, 255, 256])])
+    if rng.random() < 0.7:
+        props["KEYS"] = " ".join(rand_text(rng, 0, 6, "ab1é😀") for _ in range(rng.choice([1, 2, 3, 15, 16, 20])))
+        props["KEYS"] = props["KEYS"] or " "
+    if rng.random() < 0.6:
+        props["UNIQ_KEY"] = rng.randbytes(16).hex().upper()
+    for _ in range(rng.choice([0, 1, 2, 3, 15, 16, 40])):
+        props[rand_text(rng, 1, 8)] = rand_text(rng, 1, rng.choice([5, 40, 300]))
+    block = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+    # entries decode_properties skips, which pull_run must skip too
+    if rng.random() < 0.2:
+        block += rng.choice([b"empty\x01\x02", b"\x01noname\x02", b"nosep\x02", b"\x02\x02", b"v\x01a\x01b\x02"])
+    if block and rng.random() < 0.2:
+        block = block[:-1]                                                       # no final \x02
+    return block
+
+
+def dirty_properties(rng: random.Random) -> bytes:
+    """Properties that stop a run: invalid UTF-8 somewhere, or a kept name twice."""
+    roll = rng.random()
+    if roll < 0.5:
+        block = clean_properties(rng)
+        bad = rng.choice([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"])
+        at = rng.randint(0, len(block))
+        return block[:at] + bad + block[at:]
+    if roll < 0.8:
+        name = rng.choice([b"TAGS", b"KEYS", b"UNIQ_KEY", b"__CRC32#", b"user", "é".encode()])
+        return name + b"\x01a\x02x\x01y\x02" + name + b"\x01b\x02"
+    return rand_properties(rng)                                                  # anything at all
+
+
+def pull_items(rng: random.Random, count: int, dirty: float) -> list[tuple]:
+    return [(rng.randbytes(rng.choice([0, 1, 31, 32, 255, 256, rng.randint(1, 700)])),
+             dirty_properties(rng) if rng.random() < dirty else clean_properties(rng),
+             rng.choice([0, 1, -1, rng.randint(-2 ** 31, 2 ** 31 - 1)]),
+             rng.choice([T0 + rng.randint(0, 10 ** 6), rng.randint(-2 ** 63, 2 ** 63 - 1), 0, -5, 200]))
+            for _ in range(count)]
+
+
+def build_queue(rng: random.Random, size: int, topic: bytes, queue_id: int, first_queue_offset: int, *,
+                dirty: float = 0.05, other: float = 0.3, base: int = BASE) -> tuple[bytearray, list[bytes]]:
+    """A segment holding the queue's records (batches of them) among other queues'; the queue's units."""
+    seg_py, seg_c = bytearray(size), bytearray(size)
+    pos, units, queue_offset = 0, [], first_queue_offset
+    while True:
+        mine = rng.random() >= other
+        items = pull_items(rng, rng.randint(1, 5), dirty)
+        if mine:
+            batch_topic, batch_queue, first = topic, queue_id, queue_offset
+        else:                                               # another queue: same topic or same id, or neither
+            batch_topic = rng.choice([topic, rand_topic(rng, utf8_only=True)])
+            batch_queue = rng.choice([queue_id, queue_id ^ 1])
+            first = rng.choice([queue_offset, rng.randint(0, 10 ** 6)])
+        try:
+            offsets, end = encode_both(seg_py, seg_c, pos, base, batch_topic, batch_queue, first,
+                                       rng.choice([T0, -1, 2 ** 40]), rand_host(rng), rand_host(rng),
+                                       rng.random() < 0.7, items)
+        except ValueError:
+            return seg_c, units
+        if mine:
+            for offset in offsets:
+                units.append(CQ_UNIT.pack(offset, struct.unpack_from(">i", seg_c, offset - base)[0],
+                                          rng.randint(-2 ** 31, 2 ** 31 - 1)))
+            queue_offset += len(offsets)
+        pos = end
+
+
+def same_pull(units, units_pos, unit_count, seg, seg_start, visible_end, log_min, topic, queue_id, queue_offset,
+              max_bytes, taken, require):
+    args = (units, units_pos, unit_count, seg, seg_start, visible_end, log_min, topic, queue_id, queue_offset,
+            max_bytes, taken, require)
+    expected = py.pull_run(*args)
+    got = c.pull_run(*args)
+    assert type(got[0]) is bytes
+    assert got == expected, (units_pos, unit_count, seg_start, visible_end, log_min, queue_offset, max_bytes,
+                             taken, require)
+    return got
+
+
+def decoded_run(maps: bytes, count: int) -> list:
+    head = bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")
+    return msgspec.msgpack.decode(head + maps)
+
+
+def expected_views(units: bytes, count: int, seg, seg_start: int, visible_end: int, require: bool) -> list:
+    limit = min(len(seg), visible_end - seg_start)
+    return [py.read_view(seg, CQ_UNIT.unpack_from(units, i * CQ_UNIT.size)[0] - seg_start, limit, seg_start, True,
+                         require) for i in range(count)]
+
+
+def test_pull_run_whole_queue_decodes_to_read_views():
+    rng = random.Random(20)
+    for topic in (b"TopicP", "主题😀".encode(), b"P" * 200):
+        seg, units = build_queue(rng, 96 * 1024, topic, 2, 1000, dirty=0.0, other=0.0)
+        blob = b"".join(units)
+        n = len(units)
+        for require in (False, True):
+            maps, count, taken = same_pull(blob, 0, n, seg, BASE, BASE + len(seg), 0, topic.decode(), 2, 1000,
+                                           1 << 40, 0, require)
+            if require:                                     # batches without the record CRC stop it
+                continue
+            assert count == n and taken == sum(CQ_UNIT.unpack(u)[1] for u in units)
+            views = expected_views(blob, n, seg, BASE, BASE + len(seg), False)
+            assert [ordered(v) for v in decoded_run(maps, count)] == [ordered(v) for v in views]
+            assert maps == b"".join(msgspec.msgpack.encode(v) for v in views)
+
+
+def test_pull_run_random_queues_agree():
+    rng = random.Random(21)
+    for round_ in range(30):
+        topic = rng.choice([b"TopicR", rand_text(rng, 1, 10, "abcé中😀").encode(), b"R" * 150])
+        queue_id = rng.choice([0, 3, 2 ** 31 - 1])
+        first = rng.choice([0, 77, 2 ** 40])
+        seg, units = build_queue(rng, 48 * 1024, topic, queue_id, first, dirty=rng.choice([0.0, 0.02, 0.1]))
+        seg_start = BASE
+        # damage the unit list: blanks, implausible units, other queues' records, wrong sizes
+        clean = list(units)
+        for _ in range(rng.choice([0, 0, 1, 2])):
+            if not units:
+                break
+            i = rng.randrange(len(units))
+            offset, size, code = CQ_UNIT.unpack(clean[i])
+            units[i] = rng.choice([
+                BLANK_UNIT, CQ_UNIT.pack(offset, 0, code), CQ_UNIT.pack(offset, -size, code),
+                CQ_UNIT.pack(-offset, size, code), CQ_UNIT.pack(offset, size + 1, code),
+                CQ_UNIT.pack(offset, size - 1, code), CQ_UNIT.pack(offset + 4, size, code),
+                CQ_UNIT.pack(offset + 10 ** 9, size, code), CQ_UNIT.pack(2 ** 63 - 1, size, code),
+                CQ_UNIT.pack(offset, 2 ** 31 - 2, code),
+                clean[rng.randrange(len(units))],                            # another unit's record
+            ])
+        # damage records: a flipped byte
+        for _ in range(rng.choice([0, 0, 0, 1, 2])):
+            if units:
+                offset, size, _ = CQ_UNIT.unpack(rng.choice(units))
+                if 0 <= offset - seg_start < len(seg) and 0 < size < 2 ** 31 - 1:
+                    at = offset - seg_start + rng.randrange(min(size, len(seg) - (offset - seg_start)))
+                    seg[at] ^= rng.choice([0x01, 0x80, 0xFF])
+        prefix = rng.randbytes(rng.choice([0, 20, 7]))                       # units_pos need not be aligned
+        blob = prefix + b"".join(units) + rng.randbytes(rng.choice([0, 20, 5]))
+        n = len(units)
+        sizes = [CQ_UNIT.unpack(u)[1] for u in units]
+        ends = sorted(CQ_UNIT.unpack(u)[0] + s for u, s in zip(units, sizes, strict=True))
+        for _ in range(20):
+            start = rng.randint(0, n) if rng.random() < 0.1 else rng.randint(0, max(n - 1, 0))
+            count = min(n - start, rng.choice([n - start, n - start, n - start, rng.randint(0, n - start), 1]))
+            args = dict(seg=seg, seg_start=seg_start, visible_end=seg_start + len(seg), log_min=0,
+                        topic=topic.decode(), queue_id=queue_id, queue_offset=first + start, max_bytes=1 << 40,
+                        taken=0, require=False)
+            change = rng.choice(["none"] * 8 + ["visible_end", "log_min", "segment", "seg_start", "identity",
+                                                "max_bytes", "max_bytes", "require"])
+            if change == "visible_end" and ends:
+                args["visible_end"] = rng.choice([rng.choice(ends), rng.choice(ends) - 1, seg_start + len(seg) + 100])
+            elif change == "log_min" and ends:
+                args["log_min"] = rng.choice([seg_start, rng.choice(ends) - 1, -5, seg_start + 1])
+            elif change == "segment":                                        # records past the segment
+                args["seg"] = seg[:rng.randint(0, len(seg))]
+            elif change == "seg_start":                                      # records in another segment
+                args["seg_start"] = seg_start + rng.choice([-1, 1, 100, -len(seg)])
+            elif change == "identity":
+                key, value = rng.choice([("queue_offset", first + start + 1), ("queue_offset", first + start - 1),
+                                         ("topic", "Other"), ("topic", topic.decode() + "x"), ("topic", ""),
+                                         ("queue_id", queue_id ^ 1)])
+                args[key] = value
+            elif change == "max_bytes":
+                args["max_bytes"] = rng.choice([0, 1, rng.randint(0, 20_000), sum(sizes[start:start + 3])])
+                args["taken"] = rng.choice([0, 1, rng.randint(0, 20_000), -5])
+            elif change == "require":
+                args["require"] = True
+            a = args
+            maps, got_count, got_taken = same_pull(blob, len(prefix) + start * 20, count, a["seg"], a["seg_start"],
+                                                   a["visible_end"], a["log_min"], a["topic"], a["queue_id"],
+                                                   a["queue_offset"], a["max_bytes"], a["taken"], a["require"])
+            if got_count:
+                views = expected_views(blob[len(prefix) + start * 20:], got_count, a["seg"], a["seg_start"],
+                                       a["visible_end"], a["require"])
+                assert [ordered(v) for v in decoded_run(maps, got_count)] == [ordered(v) for v in views], round_
+
+
+def test_pull_run_stops_before_each_kind_of_unit():
+    """One run per stop rule, with the stop at a known unit."""
+    rng = random.Random(22)
+    seg, units = build_queue(rng, 32 * 1024, b"TopicS", 1, 500, dirty=0.0, other=0.0)
+    seg_py = bytearray(seg)
+    n = len(units)
+    assert n >= 8
+    blob = b"".join(units)
+    sizes = [CQ_UNIT.unpack(u)[1] for u in units]
+    offsets = [CQ_UNIT.unpack(u)[0] for u in units]
+    full = BASE + len(seg)
+
+    def run(units_blob=blob, seg_arg=seg, visible_end=full, log_min=0, max_bytes=1 << 40, taken=0, require=False,
+            topic="TopicS", queue_id=1, queue_offset=500):
+        return same_pull(units_blob, 0, n, seg_arg, BASE, visible_end, log_min, topic, queue_id, queue_offset,
+                         max_bytes, taken, require)
+
+    assert run()[1] == n
+    for bad in (BLANK_UNIT, CQ_UNIT.pack(offsets[4], 0, 0), CQ_UNIT.pack(-1, sizes[4], 0),
+                CQ_UNIT.pack(offsets[5], sizes[5], 0), CQ_UNIT.pack(offsets[4], sizes[4] + 1, 0)):
+        assert run(units_blob=blob[:80] + bad + blob[100:])[1] == 4
+    assert run(visible_end=offsets[4] + sizes[4] - 1)[1] == 4
+    assert run(visible_end=offsets[4] + sizes[4])[1] == 5
+    assert run(log_min=offsets[0] + 1)[1] == 0
+    assert run(seg_arg=seg[:offsets[4] - BASE + sizes[4] - 1])[1] == 4
+    assert run(max_bytes=sum(sizes[:4]))[1:] == (4, sum(sizes[:4]))
+    assert run(max_bytes=sum(sizes[:4]) - 1)[1] == 3
+    assert run(max_bytes=0)[1:] == (1, sizes[0])                        # the first message is always taken
+    assert run(max_bytes=0, taken=1)[1:] == (0, 1)
+    assert run(max_bytes=sum(sizes[:4]) + 10, taken=10)[1:] == (4, sum(sizes[:4]) + 10)
+    assert run(topic="TopicX")[1] == 0
+    assert run(topic="Topic\ud800")[1] == 0                               # a str no record can hold
+    assert run(queue_id=2)[1] == 0
+    assert run(queue_offset=501)[1] == 0
+    seg_py[offsets[6] - BASE + 100] ^= 1                                 # damage: CRC mismatch
+    assert run(seg_arg=seg_py)[1] == 6
+    assert run(taken=2 ** 80, max_bytes=2 ** 81)[1:] == (n, 2 ** 80 + sum(sizes))  # huge ints, exactly
+    assert run(taken=2 ** 81, max_bytes=2 ** 80)[1:] == (0, 2 ** 81)
+    assert run(taken=-2 ** 90)[1:] == (n, -2 ** 90 + sum(sizes))
+
+
+def test_pull_run_text_that_is_not_plain():
+    """Non-UTF-8 property text and duplicate names stop the run; everything UTF-8 passes."""
+    cases = [
+        (b"TAGS\x01T\xc3\xa9\x02KEYS\x01a \xe4\xb8\xad\x02x\x01\xf0\x9f\x98\x80\x02", True),
+        (b"TAGS\x01T\xff\x02", False), (b"a\x01\xed\xa0\x80\x02", False), (b"a\x01\xc0\xaf\x02", False),
+        (b"a\x01\xf4\x90\x80\x80\x02", False), (b"a\x01\xe2\x82\x02", False), (b"\xff\x02", False),
+        (b"a\x01\xf4\x8f\xbf\xbf\x02", True), (b"a\x01\xef\xbf\xbf\x02b\x01\xe0\xa0\x80\x02", True),
+        (b"a\x01b\x02a\x01c\x02", False), (b"TAGS\x01a\x02TAGS\x01b\x02", False),
+        (b"KEYS\x01a\x02KEYS\x01b\x02", False), (b"a\x01\x02a\x01c\x02", True), (b"a\x02a\x01c\x02", True),
+        (b"\x01a\x02\x01b\x02", True), (b"a\x01b\x01c\x02", True),
+        ("".join(f"n{i}\x01v\x02" for i in range(40)).encode(), True),
+        ("".join(f"n{i}\x01v\x02" for i in range(40)).encode() + b"n7\x01w", False),
+        (b"KEYS\x01" + b" ".join(b"k%d" % i for i in range(20)) + b"\x02", True),
+        (b"v\x01" + b"x" * 300 + b"\x02", True),
+    ]
+    for props, plain in cases:
+        for with_crc in (False, True):
+            seg_py, seg_c = bytearray(4096), bytearray(4096)
+            offsets, end = encode_both(seg_py, seg_c, 0, BASE, b"TopicU", 0, 0, T0, STORE_HOST, BORN_HOST, with_crc,
+                                       [(b"body", props, 0, T0), (b"next", b"", 0, T0)])
+            units = b"".join(CQ_UNIT.pack(o, struct.unpack_from(">i", seg_c, o - BASE)[0], 0) for o in offsets)
+            result = same_pull(units, 0, 2, seg_c, BASE, BASE + end, 0, "TopicU", 0, 0, 1 << 20, 0, False)
+            assert result[1] == (2 if plain else 0), props
+
+
+def test_pull_run_every_flipped_byte():
+    props = b"TAGS\x01TagA\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01ABCDEF\x02a\x01b\x02"
+    for with_crc in (False, True):
+        seg_py, seg_c = bytearray(1024), bytearray(1024)
+        offsets, end = encode_both(seg_py, seg_c, 0, BASE, b"TopicF", 1, 2, T0, STORE_HOST, BORN_HOST, with_crc,
+                                   [(b"hello", props, 0, T0), (b"world", props, 0, T0)])
+        units = b"".join(CQ_UNIT.pack(o, struct.unpack_from(">i", seg_c, o - BASE)[0], 0) for o in offsets)
+        size = struct.unpack_from(">i", seg_c, offsets[1] - BASE)[0]
+        for at in range(offsets[1] - BASE, offsets[1] - BASE + size):
+            for mask in (0x01, 0x80, 0xFF):
+                seg_c[at] ^= mask
+                for require in (False, True):
+                    same_pull(units, 0, 2, seg_c, BASE, BASE + end, 0, "TopicF", 1, 2, 1 << 20, 0, require)
+                seg_c[at] ^= mask
+
+
+def test_pull_run_large_fields_and_buffers():
+    """bin32 bodies, str16 topics and map16 properties; mmap, bytes and memoryview buffers."""
+    props = ("".join(f"name{i}\x01{'é' * i}\x02" for i in range(20)) + "TAGS\x01" + "t" * 300 + "\x02").encode()
+    items = [(b"b" * 70_000, props, 0, T0), (b"", b"", 0, T0), (b"c" * 300, props, -7, -1)]
+    seg_py, seg_c = bytearray(160 * 1024), bytearray(160 * 1024)
+    offsets, end = encode_both(seg_py, seg_c, 8, 0, b"L" * 300, 9, 2 ** 33, T0, STORE_HOST, BORN_HOST, True, items)
+    units = b"".join(CQ_UNIT.pack(o, struct.unpack_from(">i", seg_c, o)[0], 0) for o in offsets)
+    with mmap.mmap(-1, len(seg_c)) as mm, mmap.mmap(-1, len(units)) as mm_units:
+        mm[:] = seg_c
+        mm_units[:] = units
+        for seg, unit_buf in ((seg_c, units), (bytes(seg_c), memoryview(units)), (mm, mm_units),
+                              (memoryview(seg_c), bytearray(units))):
+            maps, count, taken = same_pull(unit_buf, 0, 3, seg, 0, end, 0, "L" * 300, 9, 2 ** 33, 1 << 30, 0, True)
+            assert count == 3
+            assert decoded_run(maps, count) == expected_views(units, 3, seg_c, 0, end, True)
+
+
+def test_pull_run_bad_arguments():
+    rng = random.Random(23)
+    seg, units = build_queue(rng, 8 * 1024, b"TopicB", 0, 0, dirty=0.0, other=0.0)
+    blob = b"".join(units)
+    n = len(units)
+    good = [blob, 0, n, seg, BASE, BASE + len(seg), 0, "TopicB", 0, 0, 1 << 20, 0, True]
+    assert c.pull_run(*good)[1] == n
+    for i, bad in ((1, -20), (1, 1), (2, n + 1), (1, len(blob) + 20), (1, 2 ** 70)):
+        args = list(good)
+        args[i] = bad
+        with pytest.raises(ValueError):
+            c.pull_run(*args)
+    for i, bad in ((0, "units"), (3, "segment"), (7, b"TopicB"), (4, 1.5), (10, "big"), (11, None), (8, "0")):
+        args = list(good)
+        args[i] = bad
+        with pytest.raises(TypeError):
+            c.pull_run(*args)
+    with pytest.raises(TypeError):
+        c.pull_run(*good[:12])
+    for count in (0, -3):                                 # nothing to walk: as the reference, nothing is read
+        args = list(good)
+        args[1:3] = [len(blob) + 100, count]
+        assert c.pull_run(*args) == py.pull_run(*args) == (b"", 0, 0)

@@ -398,3 +398,17 @@ def test_the_next_segment_is_preallocated_in_the_background_and_a_roll_uses_it(t
     assert all(not isinstance(item, Damage) for item in records)
     assert [r.queue_offset for r in records] == list(range(queue_offset))
     reader.segments.close()
+
+
+def test_appends_do_not_wait_for_a_preallocation_in_progress(tmp_path) -> None:
+    big = 256 * 1024 * 1024  # zeroing and syncing a warm segment this size takes well over 0.1 s
+    writer = CommitLogWriter(tmp_path, big, store_host=STORE_HOST, with_record_crc=True, warm_segments=True)
+    writer.ensure_segment()
+    writer.ensure_next_segment()
+    fields = RecordFields(b"TopicA", 0, b"x" * 100, encode_properties({"KEYS": "k"}), 0, T0, BORN_HOST)
+    writer.append([fields], first_queue_offset=0, store_timestamp_ms=T0)
+    assert writer._preallocation is not None and writer._preallocation.is_alive()  # the append did not wait
+    writer.close()  # waits for it
+    assert (tmp_path / COMMIT_LOG_DIR / f"{big:020d}").stat().st_size == big
+    for segment in (tmp_path / COMMIT_LOG_DIR).iterdir():  # 512 MiB: not left for pytest's kept tmp dirs
+        segment.unlink()
