@@ -2111,25 +2111,17 @@ done:
 /* ------------------------------------------------------------------------ */
 
 static PyObject *s_body, *s_properties, *s_tags, *s_keys, *s_flag, *s_born_timestamp;
-static PyObject *zero;
-static PyObject *s_status, *s_status_code, *s_msg_id, *s_queue_id, *s_queue_offset, *s_commit_log_offset,
-    *s_store_timestamp, *s_put_ok;
 
 static int
 intern_writer_names(void)
 {
     struct { PyObject **slot; const char *text; } names[] = {
         {&s_body, "body"}, {&s_properties, "properties"}, {&s_tags, "tags"}, {&s_keys, "keys"},
-        {&s_flag, "flag"}, {&s_born_timestamp, "born_timestamp"}, {&s_status, "status"},
-        {&s_status_code, "status_code"}, {&s_msg_id, "msg_id"}, {&s_queue_id, "queue_id"},
-        {&s_queue_offset, "queue_offset"}, {&s_commit_log_offset, "commit_log_offset"},
-        {&s_store_timestamp, "store_timestamp"}, {&s_put_ok, "PUT_OK"},
+        {&s_flag, "flag"}, {&s_born_timestamp, "born_timestamp"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)
             return -1;
-    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
-        return -1;
     return 0;
 }
 
@@ -2345,69 +2337,126 @@ codec_build_items(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
     return result;
 }
 
-/* send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, msg_id_prefix)
- * -> one PUT_OK SendResult map per offset, in the reply's field order. */
+/* send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, msg_id_prefix, status,
+ * status_code) -> bytes: the msgpack array of one SendResult map per offset, as msgspec encodes
+ * codec_py.send_results' list (field order of engine/ipc/protocol.py: SendResult). */
 static PyObject *
 codec_send_results(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, msg_id_prefix)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "send_results(offsets, queue_id, first_queue_offset, store_timestamp_ms, "
+                                         "msg_id_prefix, status, status_code)");
         return NULL;
     }
-    PyObject *offsets = args[0], *queue_id = args[1], *store_ts = args[3];
-    long long first;
-    if (int_arg(args[2], 0, LLONG_MAX, "first_queue_offset", &first) < 0)
+    PyObject *offsets = args[0];
+    long long queue_id, first, store_ts, status_code;
+    if (int_arg(args[1], LLONG_MIN, LLONG_MAX, "queue_id", &queue_id) < 0
+        || int_arg(args[2], 0, LLONG_MAX, "first_queue_offset", &first) < 0
+        || int_arg(args[3], LLONG_MIN, LLONG_MAX, "store_timestamp_ms", &store_ts) < 0
+        || int_arg(args[6], LLONG_MIN, LLONG_MAX, "status_code", &status_code) < 0)
         return NULL;
-    Py_ssize_t prefix_len;
-    if (!PyList_Check(offsets) || !PyLong_Check(queue_id) || !PyLong_Check(store_ts)) {
-        PyErr_SetString(PyExc_TypeError, "offsets must be a list, queue_id and store_timestamp_ms ints");
+    if (!PyList_Check(offsets)) {
+        PyErr_SetString(PyExc_TypeError, "offsets must be a list");
         return NULL;
     }
+    Py_ssize_t prefix_len, status_len;
     const char *prefix = utf8_of(args[4], &prefix_len);
-    if (prefix == NULL)
+    const char *status = prefix ? utf8_of(args[5], &status_len) : NULL;
+    if (status == NULL)
+        return NULL;
+    if (prefix_len > 32 || status_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "msg_id_prefix is at most 32 bytes and status at most 64");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(offsets);
+    /* per map at most: its header, the seven keys (82 bytes), the status, status_code (9),
+     * msg_id (48 + 2) and four more ints (9 each) */
+    Py_ssize_t per_map = 1 + 82 + (2 + status_len) + 9 + (2 + 48) + 4 * 9;
+    if (count > (PY_SSIZE_T_MAX - 8) / per_map) {
+        PyErr_SetString(PyExc_ValueError, "too many offsets");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 5 + count * per_map);
+    if (out == NULL)
+        return NULL;
+    static const char hex[] = "0123456789ABCDEF";
+    uint8_t id[48];
+    memcpy(id, prefix, (size_t)prefix_len);
+    uint8_t *start = (uint8_t *)PyBytes_AS_STRING(out), *w = mp_array(start, (size_t)count);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long long offset;
+        if (int_arg(PyList_GET_ITEM(offsets, i), 0, LLONG_MAX, "an offset", &offset) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        for (int d = 0; d < 16; d++)
+            id[prefix_len + d] = (uint8_t)hex[((unsigned long long)offset >> (60 - 4 * d)) & 0xF];
+        w = mp_map(w, 7);
+        MP_KEY(w, "status");
+        w = mp_str(w, (const uint8_t *)status, (size_t)status_len);
+        MP_KEY(w, "status_code");
+        w = mp_int(w, status_code);
+        MP_KEY(w, "msg_id");
+        w = mp_str(w, id, (size_t)prefix_len + 16);
+        MP_KEY(w, "queue_id");
+        w = mp_int(w, queue_id);
+        MP_KEY(w, "queue_offset");
+        w = mp_int(w, first + i);
+        MP_KEY(w, "commit_log_offset");
+        w = mp_int(w, offset);
+        MP_KEY(w, "store_timestamp");
+        w = mp_int(w, store_ts);
+    }
+    if (_PyBytes_Resize(&out, w - start) < 0)
+        return NULL;
+    return out;
+}
+
+/* uniq_keys(prefix, first_seq, count, now_ms) -> list[str]: MessageClientIDSetter-shaped ids,
+ * prefix (12 hex digits of ip and pid) + hex8(seq >> 16) + hex8(now) + hex4(seq). */
+static PyObject *
+codec_uniq_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "uniq_keys(prefix, first_seq, count, now_ms)");
+        return NULL;
+    }
+    long long first, count, now;
+    Py_ssize_t prefix_len;
+    const char *prefix = utf8_of(args[0], &prefix_len);
+    if (prefix == NULL || int_arg(args[1], 0, LLONG_MAX / 2, "first_seq", &first) < 0
+        || int_arg(args[2], 0, PY_SSIZE_T_MAX / 8, "count", &count) < 0
+        || int_arg(args[3], LLONG_MIN, LLONG_MAX, "now_ms", &now) < 0)
         return NULL;
     if (prefix_len > 32) {
-        PyErr_SetString(PyExc_ValueError, "msg_id_prefix is at most 32 characters");
+        PyErr_SetString(PyExc_ValueError, "prefix is at most 32 bytes");
         return NULL;
     }
     static const char hex[] = "0123456789ABCDEF";
     char id[64];
     memcpy(id, prefix, (size_t)prefix_len);
-    Py_ssize_t count = PyList_GET_SIZE(offsets);
-    PyObject *results = PyList_New(count);
-    if (results == NULL)
+    char *tail = id + prefix_len;
+    uint32_t clock = (uint32_t)now;
+    for (int d = 0; d < 8; d++)
+        tail[8 + d] = hex[(clock >> (28 - 4 * d)) & 0xF];
+    PyObject *keys = PyList_New((Py_ssize_t)count);
+    if (keys == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *offset = PyList_GET_ITEM(offsets, i);
-        long long value;
-        if (int_arg(offset, 0, LLONG_MAX, "an offset", &value) < 0)
-            goto error;
-        for (int d = 0; d < 16; d++)
-            id[prefix_len + d] = hex[((unsigned long long)value >> (60 - 4 * d)) & 0xF];
-        PyObject *msg_id = PyUnicode_FromStringAndSize(id, prefix_len + 16);
-        PyObject *queue_offset = msg_id ? PyLong_FromLongLong(first + i) : NULL;
-        PyObject *map = queue_offset ? PyDict_New() : NULL;
-        int rc = map == NULL ? -1
-            : (PyDict_SetItem(map, s_status, s_put_ok) < 0
-               || PyDict_SetItem(map, s_status_code, zero) < 0
-               || PyDict_SetItem(map, s_msg_id, msg_id) < 0
-               || PyDict_SetItem(map, s_queue_id, queue_id) < 0
-               || PyDict_SetItem(map, s_queue_offset, queue_offset) < 0
-               || PyDict_SetItem(map, s_commit_log_offset, offset) < 0
-               || PyDict_SetItem(map, s_store_timestamp, store_ts) < 0) ? -1 : 0;
-        Py_XDECREF(msg_id);
-        Py_XDECREF(queue_offset);
-        if (rc < 0) {
-            Py_XDECREF(map);
-            goto error;
+    for (long long i = 0; i < count; i++) {
+        unsigned long long seq = (unsigned long long)(first + i);
+        uint32_t high = (uint32_t)(seq >> 16);
+        for (int d = 0; d < 8; d++)
+            tail[d] = hex[(high >> (28 - 4 * d)) & 0xF];
+        for (int d = 0; d < 4; d++)
+            tail[16 + d] = hex[(seq >> (12 - 4 * d)) & 0xF];
+        PyObject *key = PyUnicode_FromStringAndSize(id, prefix_len + 20);
+        if (key == NULL) {
+            Py_DECREF(keys);
+            return NULL;
         }
-        PyList_SET_ITEM(results, i, map);
+        PyList_SET_ITEM(keys, (Py_ssize_t)i, key);
     }
-    return results;
-error:
-    Py_DECREF(results);
-    return NULL;
+    return keys;
 }
 
 static PyMethodDef codec_methods[] = {
@@ -2418,10 +2467,12 @@ static PyMethodDef codec_methods[] = {
      "Encode a batch of records for one queue at buf[pos:] (see engine/codec_py.py)."},
     {"scan_dispatch", (PyCFunction)(void (*)(void))codec_scan_dispatch, METH_FASTCALL,
      "Parse records from buf[pos:limit] for dispatch, without CRC checks (see engine/codec_py.py)."},
+    {"uniq_keys", (PyCFunction)(void (*)(void))codec_uniq_keys, METH_FASTCALL,
+     "MessageClientIDSetter-shaped message ids for a run of counters (see engine/codec_py.py)."},
     {"build_items", (PyCFunction)(void (*)(void))codec_build_items, METH_FASTCALL,
      "Validate a batch of SendMessages and encode their properties (see engine/codec_py.py)."},
     {"send_results", (PyCFunction)(void (*)(void))codec_send_results, METH_FASTCALL,
-     "One PUT_OK SendResult map per stored record (see engine/codec_py.py)."},
+     "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,

@@ -31,6 +31,7 @@ index_put_keys = _impl.index_put_keys
 pull_run = _impl.pull_run
 build_items = _impl.build_items
 send_results = _impl.send_results
+uniq_keys = _impl.uniq_keys
 
 
 def index_key_hash(key: str) -> int:

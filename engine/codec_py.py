@@ -306,10 +306,22 @@ def _has_separator(text: str) -> bool:
 
 
 def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, store_timestamp_ms: int,
-                 msg_id_prefix: str) -> list[dict]:
-    """One PUT_OK ``SendResult`` map per stored record (the reply's field order);
-    ``msg_id_prefix`` is the 16 hex digits of the store host, the offset follows."""
-    return [{"status": "PUT_OK", "status_code": 0, "msg_id": f"{msg_id_prefix}{offset:016X}", "queue_id": queue_id,
-             "queue_offset": first_queue_offset + i, "commit_log_offset": offset,
-             "store_timestamp": store_timestamp_ms}
-            for i, offset in enumerate(offsets)]
+                 msg_id_prefix: str, status: str, status_code: int) -> bytes:
+    """The reply's ``results``: a msgpack array of one ``SendResult`` map per stored record
+    (``msg_id_prefix`` is the 16 hex digits of the store host; the offset follows)."""
+    return _encoder.encode([
+        {"status": status, "status_code": status_code, "msg_id": f"{msg_id_prefix}{offset:016X}",
+         "queue_id": queue_id, "queue_offset": first_queue_offset + i, "commit_log_offset": offset,
+         "store_timestamp": store_timestamp_ms}
+        for i, offset in enumerate(offsets)])
+
+
+def uniq_keys(prefix: str, first_seq: int, count: int, now_ms: int) -> list[str]:
+    """``count`` message ids in MessageClientIDSetter's shape, for counters from ``first_seq``.
+
+    Each is 32 upper-case hex digits: ``prefix`` (the 12 of ip and pid), the counter's high
+    32 bits, the clock's low 32 bits, the counter's low 16 bits.
+    """
+    now = now_ms & 0xFFFFFFFF
+    return [f"{prefix}{seq >> 16 & 0xFFFFFFFF:08X}{now:08X}{seq & 0xFFFF:04X}"
+            for seq in range(first_seq, first_seq + count)]

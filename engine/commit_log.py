@@ -47,7 +47,7 @@ from engine.layout import (
 )
 from engine import codec
 from engine.config import StoreConfig
-from engine.mapped_file import MappedFile, MappedFileQueue, create_preallocated
+from engine.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,11 @@ class CommitLogWriter:
         if segment is not None:
             return segment
         self._join_preallocation()
-        return self.segments.get(start) or self.segments.create(start, warm=self.warm_segments)
+        segment = self.segments.get(start)
+        if segment is None:
+            segment = self.segments.create(start, warm=self.warm_segments)
+            prefetch(segment.path)
+        return segment
 
     def ensure_segment(self) -> None:
         """Create the segment that takes the next append (at start, so the first send does not wait)."""
@@ -394,6 +398,7 @@ class CommitLogWriter:
         try:
             self.segments.directory.mkdir(parents=True, exist_ok=True)
             create_preallocated(path, self.segment_size_bytes, warm=self.warm_segments)
+            prefetch(path)
         except OSError as exc:
             self._preallocation_error = exc
 

@@ -53,6 +53,20 @@ def create_preallocated(path: Path, size_bytes: int, *, warm: bool = False) -> N
     fsync_dir(path.parent)
 
 
+def prefetch(path: Path) -> None:
+    """Ask the kernel to bring a new segment's pages into the page cache (POSIX_FADV_WILLNEED).
+
+    Writing through a mapping into pages that are not cached yet costs a page fault that
+    allocates and zeroes a page for every 4 KiB: 1.1-1.3 us per 256-byte record on this
+    machine kind, against 0.4-0.5 us once the pages are cached. The readahead runs in the
+    kernel, off the caller's path; the pages are clean page cache, not process memory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 def list_files(directory: Path) -> list[tuple[int, Path]]:
     """(start offset, path) of every well-named file in ``directory``, ascending."""
     if not directory.is_dir():

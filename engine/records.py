@@ -7,7 +7,6 @@ a reply carries it, is ``codec.read_view``.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from typing import NamedTuple
@@ -33,7 +32,7 @@ _TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x
 _KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
 _UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
 _END = PROPERTY_SEPARATOR
-_uniq_counter = itertools.count()
+_uniq_next = 0  # the counter of the next message id
 _uniq_prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big")
 
 
@@ -47,16 +46,9 @@ def new_uniq_keys(host: HostAddress, count: int) -> list[str]:
 
     Layout (16 bytes, upper-case hex): ip (4) | pid (2) | counter >> 16 (4) | time ms (4) | counter (2).
     """
-    now = (time.time_ns() // 1_000_000) & 0xFFFFFFFF
-    prefix = (host.ip + _uniq_prefix).hex().upper()
-    keys = []
-    high, head = -1, ""
-    for seq in itertools.islice(_uniq_counter, count):
-        if seq >> 16 != high:  # the counter's high part changes every 65,536 ids
-            high = seq >> 16
-            head = f"{prefix}{high & 0xFFFFFFFF:08X}{now:08X}"
-        keys.append(f"{head}{seq & 0xFFFF:04X}")
-    return keys
+    global _uniq_next
+    first, _uniq_next = _uniq_next, _uniq_next + count
+    return codec.uniq_keys((host.ip + _uniq_prefix).hex().upper(), first, count, time.time_ns() // 1_000_000)
 
 
 def _check_text(what: str, value: str) -> None:

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
@@ -54,6 +55,20 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Stored:
+    """Where a batch went: enough to encode its results with either status."""
+
+    offsets: list[int]
+    queue_id: int
+    first_queue_offset: int
+    store_timestamp_ms: int
+
+    def results(self, msg_id_prefix: str, status: PutStatus) -> msgspec.Raw:
+        return msgspec.Raw(send_results(self.offsets, self.queue_id, self.first_queue_offset,
+                                        self.store_timestamp_ms, msg_id_prefix, status.name, int(status)))
+
+
+@dataclass
 class PendingAck:
     """A batch waiting for the flusher (SYNC_FLUSH)."""
 
@@ -61,7 +76,7 @@ class PendingAck:
     request_id: int
     end_offset: int
     deadline_ms: int
-    results: list[dict]  # SendResult maps (codec.send_results)
+    stored: Stored
 
 
 class CommitLogWriterActor(Actor):
@@ -83,6 +98,7 @@ class CommitLogWriterActor(Actor):
         self.pending: deque[PendingAck] = deque()
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
         self.busy_refusals = 0
+        self.announce_due = False  # appended since the last Confirmed announcement
         self.last_clean_ms = monotonic_ms()
 
     def recover(self) -> None:
@@ -105,7 +121,7 @@ class CommitLogWriterActor(Actor):
         self.requests.bind(self.ctx.ipc(endpoints.WRITER))
         self.announce = self.ctx.socket(zmq.PUB)
         self.announce.bind(self.ctx.ipc(endpoints.WRITER_PUB))
-        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_send))
+        self.on_readable(self.requests, self.on_requests)
         self.flushes = self.ctx.socket(zmq.SUB)
         self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
         self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
@@ -117,14 +133,26 @@ class CommitLogWriterActor(Actor):
     def confirmed_offset(self) -> int:
         return self.log.written_offset
 
-    def publish_offsets(self) -> None:
+    def store_offsets(self) -> None:
+        """The shared slots: what get_by_id and the owners' checks read, before any reply goes out."""
         offsets = self.ctx.offsets
         offsets.set(LAST_STORE_TIMESTAMP, self.last_store_timestamp_ms)
         offsets.set(WRITTEN, self.log.written_offset)
         offsets.set(CONFIRMED, self.confirmed_offset)
         offsets.set(MIN_OFFSET, self.min_offset)
+
+    def publish_offsets(self) -> None:
+        self.store_offsets()
+        self.announce_due = False
         message = Confirmed(self.confirmed_offset, self.min_offset, self.last_store_timestamp_ms)
         self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, encoder.encode(message)])
+
+    def on_requests(self) -> None:
+        """Handle the queued requests, then announce the new confirmed offset once for all of them:
+        a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches."""
+        drain(self.requests, self.handle_send)
+        if self.announce_due:
+            self.publish_offsets()
 
     def handle_send(self, frames: list[bytes]) -> None:
         reply_to = frames[:3]
@@ -142,18 +170,20 @@ class CommitLogWriterActor(Actor):
                                                    f"retry later")
             request = decode_request("send", raw)
             assert isinstance(request, SendRequest)
-            results, end_offset = self.append(request, route.queue_id)
+            stored, end_offset = self.append(request, route.queue_id)
         except RequestError as exc:
             self.requests.send_multipart([*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
             return
-        self.publish_offsets()
+        self.store_offsets()
+        self.announce_due = True
         if self.sync_flush and request.wait_store and end_offset > self.flushed_offset:
             deadline = monotonic_ms() + self.config.sync_flush_timeout_ms
-            self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, results))
+            self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, stored))
             return
+        results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         self.requests.send_multipart([*reply_to, encode_reply(request.id, results=results)])
 
-    def append(self, request: SendRequest, queue_id: int) -> tuple[list[dict], int]:
+    def append(self, request: SendRequest, queue_id: int) -> tuple[Stored, int]:
         """Validate and append a whole batch (all or nothing); RequestError if refused."""
         if queue_id < 0:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
@@ -184,8 +214,7 @@ class CommitLogWriterActor(Actor):
             raise RequestError(code, f"cannot create a segment: {exc}") from None
         self.next_queue_offset[key] = first + len(batch.items)
         self.last_store_timestamp_ms = store_ts
-        results = send_results(appended.offsets, queue_id, first, store_ts, self.msg_id_prefix)
-        return results, appended.end_offset
+        return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
 
     def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
         """Hide the topic's records below the written offset, forget its queue counters, answer.
@@ -238,11 +267,9 @@ class CommitLogWriterActor(Actor):
         while self.pending and (self.pending[0].end_offset <= self.flushed_offset
                                 or self.pending[0].deadline_ms <= now_ms):
             ack = self.pending.popleft()
-            if ack.end_offset > self.flushed_offset:
-                for result in ack.results:
-                    result["status"] = PutStatus.FLUSH_DISK_TIMEOUT.name
-                    result["status_code"] = int(PutStatus.FLUSH_DISK_TIMEOUT)
-            self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=ack.results)])
+            status = PutStatus.PUT_OK if ack.end_offset <= self.flushed_offset else PutStatus.FLUSH_DISK_TIMEOUT
+            results = ack.stored.results(self.msg_id_prefix, status)
+            self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=results)])
 
     def clean_expired_segments(self) -> None:
         """Retention: delete expired (or, when the disk is too full, the oldest) segments."""

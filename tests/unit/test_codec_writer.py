@@ -124,12 +124,21 @@ def test_build_items_through_records_explains_with_codes():
         assert refused.value.code == code
 
 
-def test_send_results_agree_and_encode_as_send_result_structs():
-    offsets = [0, 1, 255, 2**40 + 7, 2**63 - 1]
-    args = (offsets, 3, 41, NOW, "7F00000100002A9F")
+@pytest.mark.parametrize("status,code", [("PUT_OK", 0), ("FLUSH_DISK_TIMEOUT", 2)])
+def test_send_results_agree_and_decode_as_send_result_structs(status, code):
+    offsets = [0, 1, 127, 128, 255, 65_536, 2**32, 2**40 + 7, 2**63 - 1]
+    args = (offsets, 3, 41, NOW, "7F00000100002A9F", status, code)
     assert c.send_results(*args) == py.send_results(*args)
-    structs = [SendResult(**r) for r in py.send_results(*args)]
-    assert msgspec.msgpack.encode(c.send_results(*args)) == msgspec.msgpack.encode(structs)
+    decoded = msgspec.msgpack.decode(c.send_results(*args), type=list[SendResult])
+    assert [(r.status, r.status_code, r.msg_id, r.queue_offset, r.commit_log_offset) for r in decoded] == \
+        [(status, code, f"7F00000100002A9F{o:016X}", 41 + i, o) for i, o in enumerate(offsets)]
+    assert c.send_results([], 0, 0, NOW, "AB", status, code) == py.send_results([], 0, 0, NOW, "AB", status, code)
+
+
+@pytest.mark.parametrize("first", [0, 65_530, 2**32 - 3, 2**48 + 65_534])
+def test_uniq_keys_agree_across_the_counter_halves(first):
+    for now in (0, NOW, 2**32 + 5, -1):
+        assert c.uniq_keys("7F0000013B2D", first, 9, now) == py.uniq_keys("7F0000013B2D", first, 9, now)
 
 
 def test_bad_arguments_raise():
@@ -138,4 +147,6 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         c.build_items([SendMessage(body=b"x")], 10, 100, [], NOW)
     with pytest.raises(ValueError):
-        c.send_results([-1], 0, 0, NOW, "AB")
+        c.send_results([-1], 0, 0, NOW, "AB", "PUT_OK", 0)
+    with pytest.raises(TypeError):
+        c.uniq_keys(b"7F", 0, 1, NOW)
