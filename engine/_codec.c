@@ -28,6 +28,7 @@
 #include <Python.h>
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -1497,7 +1498,12 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
         store_u64(item + 4, (uint64_t)offset);
         store_u32(item + 12, (uint32_t)time_diff);
         store_u32(item + 16, (uint32_t)previous);
+        /* A reader in another process walks slot -> item: the item must be stored before the
+         * slot, and the slot before the header (engine/key_lookup.py). x86-64 keeps stores in
+         * program order; these fences keep the compiler from reordering or merging them. */
+        atomic_signal_fence(memory_order_release);
         store_u32(slot, (uint32_t)count);
+        atomic_signal_fence(memory_order_release);
         if (count <= 1) {
             begin_phy = offset;
             begin_ts = store_ts;

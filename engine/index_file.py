@@ -98,6 +98,13 @@ class IndexFile:
              self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
         return added
 
+    def reload_header(self) -> int:
+        """Read the header again (a reader following the builder); the item count."""
+        (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
+         self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
+        self.index_count = max(self.index_count, 1)
+        return self.index_count
+
     def time_matches(self, begin_ms: int, end_ms: int) -> bool:
         return not (end_ms < self.begin_timestamp_ms or begin_ms > self.end_timestamp_ms)
 
@@ -107,7 +114,9 @@ class IndexFile:
         (item,) = INDEX_SLOT.unpack_from(self.mapped.mm, self._slot_pos(key_hash))
         found: list[int] = []
         steps = 0
-        while 0 < item < self.index_count and len(found) < count_max and steps < self.index_count:
+        # Bounded by the capacity, not the count: a reader in another process may see a slot
+        # before the header that counts its item (engine/key_lookup.py); the item is complete.
+        while 0 < item < self.index_count_max and len(found) < count_max and steps < self.index_count_max:
             item_hash, offset, time_diff, prev = INDEX_ITEM.unpack_from(self.mapped.mm, self._item_pos(item))
             stored_ms = self.begin_timestamp_ms + time_diff * 1000
             if item_hash == key_hash and begin_ms <= stored_ms <= end_ms:
@@ -156,7 +165,7 @@ class IndexService:
             self.mapped.pop(name).close()
         self.names = names
         for name in names:
-            if name not in self.headers:
+            if name not in self.headers or name in names[-2:]:  # the newest two may still have grown
                 with open(self.directory / name, "rb") as f:
                     begin_ts, end_ts, begin_phy, end_phy, _slots, _count = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
                 self.headers[name] = (begin_ts, end_ts, begin_phy, end_phy)
@@ -239,17 +248,33 @@ class IndexService:
         """Offsets of candidate records, newest file first, without duplicates."""
         full_key = f"{topic}#{key}"
         seen: dict[int, None] = {}
+        gone = False
         for name in reversed(self.names):
             if len(seen) >= count_max:
                 break
             file_begin, file_end = self._time_range(name)
             if end_ms < file_begin or begin_ms > file_end:
                 continue
-            for offset in self.open(name).select(full_key, count_max=count_max, begin_ms=begin_ms, end_ms=end_ms):
+            try:
+                index = self.open(name)
+            except FileNotFoundError:  # a reader's list: retention deleted the file since it was read
+                gone = True
+                continue
+            for offset in index.select(full_key, count_max=count_max, begin_ms=begin_ms, end_ms=end_ms):
                 seen.setdefault(offset, None)
             if file_begin < begin_ms:
                 break
+        if gone:
+            self.refresh()
         return list(seen)[:count_max]
+
+    def follow_writer(self) -> None:
+        """Read-only: see what the builder added since the last call (the newest file's
+        header), and look for a new file when there is none yet or the newest is full."""
+        if not self.names or self.newest().reload_header() >= self.index_count_max:
+            self.refresh()
+            for index in self.mapped.values():
+                index.reload_header()
 
     def flush(self) -> None:
         if self.names:

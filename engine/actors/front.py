@@ -6,7 +6,8 @@ queue against the topic table it owns (``config/topics.json``), and then:
 
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
-* ``query_by_key`` -> the index builder;
+* ``query_by_key``: answered here, from the IndexFiles and the log mapped read-only
+  (``engine/key_lookup.py``): the index builder writes them;
 * ``delete_topic`` -> the writer, which records where the deletion falls in the
   log; on its answer the topic leaves the table and its consumer offsets go;
 * ``create_topic``, ``list_topics``, ``ping``, ``status``, and consumer groups'
@@ -30,6 +31,7 @@ from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveServer
 from engine.ipc.messages import Route, encoder
+from engine.key_lookup import KeyLookup
 from engine.consumer_offsets import ConsumerOffsets
 from engine.ipc.protocol import (
     CommitOffsetRequest,
@@ -44,7 +46,7 @@ from engine.ipc.protocol import (
 )
 from engine.layout import decode_msg_id, java_string_hash
 from engine.records import owner_of
-from engine.shared_offsets import SharedOffsets
+from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
 from engine.topics import TopicTable, validate_topic
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,9 @@ class FrontActor(Actor):
         self.owner_count = ctx.config.consume_queue_owner_count
         self.requests_served = 0
         self.deleting: set[str] = set()  # deletions forwarded to the writer, not yet answered
+        self.lookup = KeyLookup(ctx.store_dir, ctx.config)
+        self.sync_flush = ctx.config.flush_mode == "SYNC_FLUSH"
+        self.log_min_offset = 0
 
     def recover(self) -> None:
         cfg = self.config
@@ -76,9 +81,8 @@ class FrontActor(Actor):
         self.clients.bind(cfg.endpoint)
         self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitored=True)
         self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
-        self.index = self._backend(endpoints.INDEX)
         self.on_readable(self.clients, lambda: drain(self.clients, self.handle_client))
-        for backend in (self.writer, *self.owners, self.index):
+        for backend in (self.writer, *self.owners):
             self.on_readable(backend, lambda b=backend: drain(b, self.handle_backend_reply))
 
     def _backend(self, name: str, *, hwm: int | None = None, monitored: bool = False) -> zmq.Socket:
@@ -129,7 +133,11 @@ class FrontActor(Actor):
                          client, flag, raw, queue_id, op)
         elif op == "query_by_key":
             self.check_topic(envelope)
-            self.forward(self.index, client, flag, raw, -1, op)
+            offsets = self.ctx.offsets
+            confirmed = offsets.get(CONFIRMED)
+            visible_end = min(confirmed, offsets.get(FLUSHED)) if self.sync_flush else confirmed
+            self.answer(client, flag, self.lookup.answer(raw, visible_end=visible_end,
+                                                         deletions=offsets.get(TOPIC_DELETIONS)))
         elif op == "get_by_id":
             self.forward(self.owners[self.owner_for_id(raw)], client, flag, raw, -1, op)
         elif op in ("queue_stats", "offset_for_time"):
@@ -258,6 +266,10 @@ class FrontActor(Actor):
                             topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
 
     def tick(self, now_ms: int) -> None:
+        log_min = self.ctx.offsets.get(MIN_OFFSET)
+        if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
+            self.log_min_offset = log_min
+            self.lookup.after_retention()
         if self.curve is not None and self.curve.reload_allow_list():
             log.info("CURVE allow-list read from %s", self.config.curve_authorized_keys_dir)
         if now_ms - self.last_persist_ms >= self.config.consumer_offset_persist_interval_ms:
@@ -272,6 +284,7 @@ class FrontActor(Actor):
 
     def shutdown(self) -> None:
         self.persist_offsets()
+        self.lookup.close()
         if self.curve is not None:
             self.curve.stop()
 

@@ -1,13 +1,10 @@
-"""The index builder: maintains the IndexFiles and answers lookups by key.
+"""The index builder: maintains the IndexFiles.
 
 Applies ``DispatchBatch``es from the reput dispatcher (SUB ``ix``): every
-record's UNIQ_KEY and KEYS become items ``topic#key``. Answers
-``query_by_key`` forwarded by the front (ROUTER ``index.sock``): the index
-gives candidate offsets, and each candidate record is read from the log and
-kept only if it really carries that key in that topic (hash collisions never
-reach the client) and passes its CRC check. Records of a deleted topic
-written before its deletion stay in the IndexFiles (RocketMQ never drops
-items) but are never returned.
+record's UNIQ_KEY and KEYS become items ``topic#key``. Lookups are answered by
+the front, which maps the files read-only (``engine/key_lookup.py``). Records
+of a deleted topic written before its deletion stay in the IndexFiles
+(RocketMQ never drops items); lookups never return them.
 
 Recovery: the newest file's half-added item (if a kill left one) is unlinked;
 then records from ``max(checkpoint dispatched offset, end_phy_offset)`` are
@@ -26,14 +23,10 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
 from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.commit_log import CommitLogReader, Damage
-from engine.deleted_topics import DeletedTopics
-from engine.errors import RequestError
 from engine.index_file import IndexService
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
-from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_error, encode_reply, safe_request_id
-from engine.layout import RecordError
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET, TOPIC_DELETIONS
+from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +44,6 @@ class IndexBuilderActor(Actor):
         self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
         self.last_flush_ms = monotonic_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
-        self.deleted_topics = DeletedTopics(ctx.store_dir)  # their old records are never answered
 
     @property
     def visible_end(self) -> int:
@@ -72,13 +64,10 @@ class IndexBuilderActor(Actor):
             self.syncer.mark(self.index.directory / self.index.names[-1])  # a predecessor's last writes
         self.flush_index(wait=True)
         log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
-        self.requests = self.ctx.socket(zmq.ROUTER)
-        self.requests.bind(self.ctx.ipc(endpoints.INDEX))
         self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
         self.dispatches.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_INDEX)
         self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
         self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
-        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
 
     def catch_up(self, end: int) -> None:
         if end <= self.applied_offset:
@@ -120,44 +109,6 @@ class IndexBuilderActor(Actor):
                 return
         self.applied_offset = batch.end
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
-
-    def handle_request(self, frames: list[bytes]) -> None:
-        reply_to = frames[:3]
-        raw = frames[3]
-        try:
-            reply = self.query(raw)
-        except RequestError as exc:
-            reply = encode_error(safe_request_id(raw), exc.code, exc.message)
-        self.requests.send_multipart([*reply_to, reply])
-
-    def query(self, raw: memoryview) -> bytes:
-        request = decode_request("query_by_key", raw)
-        assert isinstance(request, QueryByKeyRequest)
-        count_max = min(request.max_results, self.config.query_result_count_max)
-        self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
-        candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
-                                      begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
-        end = self.visible_end
-        log_min = self.reader.min_offset()
-        messages = []
-        reply_bytes = 0
-        for offset in candidates:  # newest first: a capped answer keeps the newest matches
-            if not log_min <= offset < end or self.deleted_topics.hides(request.topic, offset):
-                continue
-            try:
-                view = self.reader.read_view(offset, limit=end)
-            except RecordError:
-                continue
-            if view["topic"] != request.topic or (request.key not in view["keys"] and view["uniq_key"] != request.key):
-                continue  # a hash collision
-            reply_bytes += view["store_size"]
-            if messages and reply_bytes > self.config.pull_bytes_max:
-                break
-            messages.append(view)
-            if len(messages) >= count_max:
-                break
-        messages.sort(key=lambda m: m["commit_log_offset"])
-        return encode_reply(request.id, messages=messages)
 
     def flush_index(self, *, wait: bool = False) -> None:
         """Flush the index files written since the last flush (in the background); then say so."""

@@ -9,6 +9,7 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.records import owner_of
 from supervisor.control import EventStream, control
 from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess
@@ -22,18 +23,20 @@ def test_a_flapping_actor_is_left_down_and_requests_get_service_not_available(st
     engine.start()
     try:
         with engine.client(timeout_ms=5_000) as client:
-            client.send("flap", [{"body": b"x", "keys": ["k"]}])
+            client.create_topic("flap", queue_count=1)
+            client.send("flap", [{"body": b"x", "keys": ["k"]}], queue_id=0)
+            owner = f"owner-{owner_of('flap', 0, config.consume_queue_owner_count)}"
             events = EventStream(store_dir)
             for _ in range(2):
-                kill_actor(store_dir, "index")
-                events.wait_for("recovery.done", name="index")
-            kill_actor(store_dir, "index")
-            events.wait_for("actor.gave_up", name="index")
+                kill_actor(store_dir, owner)
+                events.wait_for("recovery.done", name=owner)
+            kill_actor(store_dir, owner)
+            events.wait_for("actor.gave_up", name=owner)
             status = control(store_dir, "status")
             assert status.state == "DEGRADED"
-            assert {a.name: a.lifecycle for a in status.actors}["index"] == "GAVE_UP"
+            assert {a.name: a.lifecycle for a in status.actors}[owner] == "GAVE_UP"
             with pytest.raises(EngineError) as info:
-                client.query_by_key("flap", "k")
+                client.pull("flap", 0, 0)
             assert info.value.name == "SERVICE_NOT_AVAILABLE"
             assert client.send("flap", [{"body": b"still writable"}])[0]["status"] == "PUT_OK"
             for _ in range(2):

@@ -171,3 +171,22 @@ def test_the_python_codec_and_the_compiled_one_serve_the_same_store(store_dir: P
     assert writer_log.read_text().count("codec: compiled") == 1
     assert by_python == by_compiled
     assert_queue_intact(by_python[0], list(zip(batch, results, strict=True)), "orders", 0)
+
+
+def test_lookups_follow_the_index_builder_while_it_writes_and_rolls(engine: EngineProcess, store_dir: Path) -> None:
+    """The front answers lookups from IndexFiles the builder is still writing, and finds the
+    next file when one fills up (test_min: 4,000 items a file; each message adds two)."""
+    with engine.client() as client:
+        client.create_topic("live", queue_count=2)
+        assert client.query_by_key("live", "k0-0") == []  # no index file yet
+        for round_no in range(12):
+            batch = [{"body": b"%d-%d" % (round_no, n), "keys": [f"k{round_no}-{n}"]} for n in range(250)]
+            results = client.send("live", batch)
+            wait_dispatched(client)
+            for probe_round, n in ((round_no, 249), (round_no, 0), (0, 17)):
+                found = client.query_by_key("live", f"k{probe_round}-{n}")
+                assert [m["body"] for m in found] == [b"%d-%d" % (probe_round, n)], (round_no, probe_round, n)
+            uniq_key = client.get_by_id(results[-1]["msg_id"])["uniq_key"]
+            [by_uniq] = client.query_by_key("live", uniq_key)
+            assert by_uniq["msg_id"] == results[-1]["msg_id"]
+    assert len(list((store_dir / "index").iterdir())) >= 2, "the index should have rolled to a second file"

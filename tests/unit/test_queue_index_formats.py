@@ -11,7 +11,7 @@ import struct
 
 import pytest
 
-from engine.index_file import IndexFile
+from engine.index_file import IndexFile, IndexService
 from engine.layout import (
     CQ_UNIT,
     HostAddress,
@@ -398,3 +398,26 @@ def test_file_names():
     assert file_name_to_offset("0000000000107374182") is None       # 19 digits
     assert file_name_to_offset("00000000001073741824.tmp") is None
     assert file_name_to_offset("0000000000107374182x") is None
+
+
+def test_a_reader_follows_the_builder_across_new_and_deleted_files(tmp_path):
+    """A read-only IndexService (the front's) sees items as the builder adds them, finds the next
+    file when one fills, and a file retention deleted after it listed it is skipped, not fatal."""
+    builder = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=5, writable=True)
+    reader = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=5, writable=False)
+    reader.follow_writer()
+    assert reader.query("T", "k0", count_max=4, begin_ms=0, end_ms=2**62) == []
+    for n in range(12):  # 4 items a file (item 0 is never used): three files
+        builder.build("T", [f"k{n}"], 100 + n, T0 + n)
+        reader.follow_writer()
+        assert reader.query("T", f"k{n}", count_max=4, begin_ms=0, end_ms=2**62) == [100 + n]
+    assert builder.file_count == 3 and reader.file_count == 3
+    assert reader.query("T", "k0", count_max=4, begin_ms=0, end_ms=2**62) == [100]
+    for index in reader.mapped.values():  # as after LRU evictions: the old files known by name only
+        index.close()
+    reader.mapped.clear()
+    assert builder.delete_before(108) == 2
+    assert reader.query("T", "k1", count_max=4, begin_ms=0, end_ms=2**62) == []
+    assert reader.file_count == 1 and reader.query("T", "k11", count_max=4, begin_ms=0, end_ms=2**62) == [111]
+    builder.close()
+    reader.close()
