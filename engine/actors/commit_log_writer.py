@@ -254,7 +254,7 @@ class CommitLogWriterActor(Actor):
 
     def fail_stop(self, failure: FlushFailed) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
-        log.critical("the flusher could not flush the log past %d (%s); refusing acks and exiting",
+        log.critical("the log could not be flushed past %d (%s); refusing acks and exiting",
                      self.flushed_offset, failure.reason)
         for ack in self.pending:
             self.requests.send_multipart([*ack.reply_to, encode_error(
