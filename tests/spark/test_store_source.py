@@ -117,8 +117,10 @@ def test_a_crashed_store_is_read_up_to_its_flushed_offset_and_a_damaged_one_fail
                                                                                    tmp_path: Path) -> None:
     store = copy_store(stopped, tmp_path / "crashed")
     expected = read_store(spark, store).count()
-    last_start, last_path = list_files(store / COMMIT_LOG_DIR)[-1]
     flushed = load_checkpoint(store).flushed_offset
+    # the segment that holds the end (the writer keeps the next one ready, empty, after it)
+    last_start, last_path = [(start, path) for start, path in list_files(store / COMMIT_LOG_DIR)
+                             if start <= flushed][-1]
     with open(last_path, "r+b") as f:  # a torn batch after the end: bytes that are no record
         f.seek(flushed - last_start)
         f.write(b"\xde\xad" * 300)
