@@ -96,13 +96,18 @@ class CommitLogReader:
     def segment_at(self, offset: int) -> MappedFile | None:
         return self.segments.find(offset)
 
-    def read(self, offset: int, *, limit: int, check_crc: bool = True) -> Record:
-        """The record at ``offset``; RecordError if it is damaged or reaches past ``limit``."""
+    def _holding(self, offset: int) -> MappedFile:
+        """The segment holding ``offset`` (the one read last, as pulls read runs of records)."""
         segment = self._last
         if segment is None or not segment.start_offset <= offset < segment.end_offset or segment.mm.closed:
             segment = self._last = self.segments.find(offset)
         if segment is None:
             raise RecordError("no segment holds this offset", offset)
+        return segment
+
+    def read(self, offset: int, *, limit: int, check_crc: bool = True) -> Record:
+        """The record at ``offset``; RecordError if it is damaged or reaches past ``limit``."""
+        segment = self._holding(offset)
         end = min(segment.size_bytes, limit - segment.start_offset)
         return decode_record(segment.mm, offset - segment.start_offset, limit=end,
                              base_offset=segment.start_offset, check_crc=check_crc,
@@ -111,11 +116,7 @@ class CommitLogReader:
     def read_view(self, offset: int, *, limit: int) -> dict:
         """The record at ``offset`` as a reply's message map, every check done (``codec.read_view``);
         RecordError if it is damaged or reaches past ``limit``."""
-        segment = self._last
-        if segment is None or not segment.start_offset <= offset < segment.end_offset or segment.mm.closed:
-            segment = self._last = self.segments.find(offset)
-        if segment is None:
-            raise RecordError("no segment holds this offset", offset)
+        segment = self._holding(offset)
         end = min(segment.size_bytes, limit - segment.start_offset)
         view = codec.read_view(segment.mm, offset - segment.start_offset, end, segment.start_offset, True,
                                self.require_record_crc)

@@ -44,9 +44,7 @@ class IndexFile:
         size = index_file_bytes(hash_slot_count=hash_slot_count, index_count=index_count_max)
         self.mapped = MappedFile(path, 0, size, writable=writable)
         self.items_base = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
-        (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
-         self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
-        self.index_count = max(self.index_count, 1)
+        self.reload_header()
 
     @classmethod
     def create(cls, path: Path, *, hash_slot_count: int, index_count_max: int,
@@ -94,12 +92,12 @@ class IndexFile:
         added = index_put_keys(self.mapped.mm, self.hash_slot_count, self.index_count_max, prefix, keys,
                                commit_log_offset, store_timestamp_ms)
         if added:
-            (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
-             self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
+            self.reload_header()  # the header in the mapping is the state
         return added
 
     def reload_header(self) -> int:
-        """Read the header again (a reader following the builder); the item count."""
+        """Read the header into the attributes (at open, after puts, and in a reader following
+        the builder); the item count, at least 1 (item 0 is never used)."""
         (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
          self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
         self.index_count = max(self.index_count, 1)

@@ -36,13 +36,9 @@ _uniq_next = 0  # the counter of the next message id
 _uniq_prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big")
 
 
-def new_uniq_key(host: HostAddress) -> str:
-    """A message id in MessageClientIDSetter's shape: ip, pid, time, counter (32 hex chars)."""
-    return new_uniq_keys(host, 1)[0]
-
-
 def new_uniq_keys(host: HostAddress, count: int) -> list[str]:
-    """``count`` message ids sharing one clock reading (a batch is stored at one time).
+    """``count`` message ids in MessageClientIDSetter's shape, sharing one clock reading (a batch
+    is stored at one time).
 
     Layout (16 bytes, upper-case hex): ip (4) | pid (2) | counter >> 16 (4) | time ms (4) | counter (2).
     """

@@ -61,6 +61,11 @@ class SharedOffsets:
     def set(self, slot: int, value: int) -> None:
         SLOT.pack_into(self.mm, slot * SLOT.size, value)
 
+    def visible_end(self, *, sync_flush: bool) -> int:
+        """How far readers may see the log: confirmed, and under SYNC_FLUSH also flushed."""
+        confirmed = self.get(CONFIRMED)
+        return min(confirmed, self.get(FLUSHED)) if sync_flush else confirmed
+
     def snapshot(self, owner_count: int) -> dict[str, int]:
         values = {name: self.get(slot) for slot, name in NAMES.items()}
         for k in range(owner_count):

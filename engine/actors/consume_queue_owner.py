@@ -53,7 +53,7 @@ from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
 from engine.records import owner_of
-from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
+from engine.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000
@@ -94,8 +94,7 @@ class ConsumeQueueOwnerActor(Actor):
 
     @property
     def visible_end(self) -> int:
-        confirmed = self.ctx.offsets.get(CONFIRMED)
-        return min(confirmed, self.ctx.offsets.get(FLUSHED)) if self.sync_flush else confirmed
+        return self.ctx.offsets.visible_end(sync_flush=self.sync_flush)
 
     def recover(self) -> None:
         self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))

@@ -46,7 +46,7 @@ from engine.ipc.protocol import (
 )
 from engine.layout import decode_msg_id, java_string_hash
 from engine.records import owner_of
-from engine.shared_offsets import CONFIRMED, FLUSHED, MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
+from engine.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
 from engine.topics import TopicTable, validate_topic
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,7 @@ class FrontActor(Actor):
         elif op == "query_by_key":
             self.check_topic(envelope)
             offsets = self.ctx.offsets
-            confirmed = offsets.get(CONFIRMED)
-            visible_end = min(confirmed, offsets.get(FLUSHED)) if self.sync_flush else confirmed
+            visible_end = offsets.visible_end(sync_flush=self.sync_flush)
             self.answer(client, flag, self.lookup.answer(raw, visible_end=visible_end,
                                                          deletions=offsets.get(TOPIC_DELETIONS)))
         elif op == "get_by_id":

@@ -26,7 +26,7 @@ from engine.commit_log import CommitLogReader, Damage
 from engine.index_file import IndexService
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
+from engine.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,7 @@ class IndexBuilderActor(Actor):
 
     @property
     def visible_end(self) -> int:
-        confirmed = self.ctx.offsets.get(CONFIRMED)
-        return min(confirmed, self.ctx.offsets.get(FLUSHED)) if self.sync_flush else confirmed
+        return self.ctx.offsets.visible_end(sync_flush=self.sync_flush)
 
     def recover(self) -> None:
         try:
