@@ -20,18 +20,17 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import NamedTuple
 
 from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, offset_to_file_name
 from engine.mapped_file import MappedFileQueue
+from engine.names import is_decimal, is_topic_name
 
 CONSUME_QUEUE_DIR = "consumequeue"
 BLANK_UNIT_SIZE = 0x7FFFFFFF
 _TAIL_CHECK_BYTES = 64 * 1024
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 
 
 class Unit(NamedTuple):
@@ -60,10 +59,10 @@ def list_queues(store_dir: Path) -> list[tuple[str, int]]:
     if not root.is_dir():
         return found
     for topic_entry in os.scandir(root):
-        if not topic_entry.is_dir() or not TOPIC_PATTERN.match(topic_entry.name):
+        if not topic_entry.is_dir() or not is_topic_name(topic_entry.name):
             continue
         for queue_entry in os.scandir(topic_entry.path):
-            if queue_entry.is_dir() and queue_entry.name.isdigit():
+            if queue_entry.is_dir() and is_decimal(queue_entry.name):
                 found.append((topic_entry.name, int(queue_entry.name)))
     found.sort()
     return found

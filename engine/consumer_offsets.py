@@ -16,19 +16,9 @@ import json
 from pathlib import Path
 
 from engine.atomic_file import read_with_backup, write_atomically
-from engine.errors import ErrorCode, RequestError
-from engine.topics import _TOPIC_PATTERN
+from engine.names import validate_group
 
 OFFSETS_FILE = Path("config") / "consumerOffset.json"
-GROUP_NAME_CHARS_MAX = 120  # RocketMQ embeds groups in %RETRY%group names
-
-
-def validate_group(name: str) -> str:
-    if not name or len(name) > GROUP_NAME_CHARS_MAX or not _TOPIC_PATTERN.match(name):
-        raise RequestError(ErrorCode.INVALID_FIELD,
-                           f"the group name {name!r} must match ^[%|a-zA-Z0-9_-]+$ and have 1 to "
-                           f"{GROUP_NAME_CHARS_MAX} characters")
-    return name
 
 
 class ConsumerOffsets:

@@ -26,6 +26,7 @@ from pathlib import Path
 from engine.codec import index_key_hash, index_put_keys
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.mapped_file import MappedFile, create_preallocated
+from engine.names import is_decimal
 
 INDEX_DIR = "index"
 
@@ -157,7 +158,7 @@ class IndexService:
 
     def refresh(self) -> None:
         self._writing = None
-        names = sorted(e.name for e in os.scandir(self.directory) if e.name.isdigit()) \
+        names = sorted(e.name for e in os.scandir(self.directory) if is_decimal(e.name)) \
             if self.directory.is_dir() else []
         for name in set(self.mapped) - set(names):
             self.mapped.pop(name).close()

@@ -21,6 +21,7 @@ from engine.consume_queue import ConsumeQueue, list_queues, queue_dir
 from engine.index_file import INDEX_DIR
 from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER
 from engine.mapped_file import list_files
+from engine.names import is_decimal
 from engine.recovery import plan_commit_log_recovery
 
 
@@ -107,7 +108,7 @@ def _index_files(store_dir: Path) -> list[dict[str, Any]]:
     if not directory.is_dir():
         return []
     found = []
-    for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
+    for name in sorted(n for n in os.listdir(directory) if is_decimal(n)):
         with open(directory / name, "rb") as f:
             fields = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
         found.append(dict(zip(("begin_timestamp", "end_timestamp", "begin_phy_offset", "end_phy_offset",

@@ -104,7 +104,7 @@ def crc32_property_digits(crc: int) -> bytes:
 def crc32_from_digits(digits: bytes | str) -> int | None:
     """Inverse of ``crc32_property_digits``; None when the text is not ten digits."""
     text = digits.decode("ascii", "replace") if isinstance(digits, bytes) else digits
-    if len(text) != 10 or not text.isdigit():
+    if len(text) != 10 or not (text.isascii() and text.isdigit()):
         return None
     return int(text[::-1])
 
@@ -549,6 +549,6 @@ def offset_to_file_name(offset: int) -> str:
 
 
 def file_name_to_offset(name: str) -> int | None:
-    if len(name) != 20 or not name.isdigit():
+    if len(name) != 20 or not (name.isascii() and name.isdigit()):
         return None
     return int(name)

@@ -5,41 +5,23 @@ Persisted in RocketMQ's ``config/topics.json`` shape::
     {"topicConfigTable": {"orders": {"topicName": "orders", "readQueueNums": 4,
                                       "writeQueueNums": 4, "perm": 6}}}
 
-Topic names follow RocketMQ's TopicValidator: ``^[%|a-zA-Z0-9_-]+$``, at most
-127 characters, and not one of the reserved system names.
+Topic names are checked by ``engine.names.validate_topic`` (RocketMQ's
+TopicValidator, a full match) before they enter the table.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import msgspec
 
 from engine.atomic_file import read_with_backup, write_atomically
 from engine.errors import ErrorCode, RequestError
+from engine.names import validate_topic
 
 TOPICS_FILE = Path("config") / "topics.json"
-TOPIC_NAME_BYTES_MAX = 127
-_TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest_SYS", "OFFSET_MOVED_EVENT",
-                             "SELF_TEST_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
-                             "RMQ_SYS_TRANS_OP_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"})
 PERM_READ_WRITE = 6
-
-
-def validate_topic(name: str) -> str:
-    """Return ``name`` if it is a valid user topic; RequestError(INVALID_TOPIC) otherwise."""
-    if not name:
-        raise RequestError(ErrorCode.INVALID_TOPIC, "the topic name is empty")
-    if len(name) > TOPIC_NAME_BYTES_MAX:
-        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name is longer than {TOPIC_NAME_BYTES_MAX} characters")
-    if not _TOPIC_PATTERN.match(name):
-        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name {name!r} does not match ^[%|a-zA-Z0-9_-]+$")
-    if name in RESERVED_TOPICS or name.startswith(("rmq_sys_", "%RETRY%", "%DLQ%")):
-        raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic name {name!r} is reserved for the system")
-    return name
 
 
 class TopicConfig(msgspec.Struct, rename="camel"):

@@ -47,7 +47,8 @@ from engine.ipc.protocol import (
 from engine.layout import decode_msg_id, java_string_hash
 from engine.records import owner_of
 from engine.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
-from engine.topics import TopicTable, validate_topic
+from engine.names import validate_topic
+from engine.topics import TopicTable
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from engine.names import is_decimal
+
 EARLIEST = -2
 LATEST = -1
 
@@ -100,7 +102,7 @@ def get_offsets(options: Mapping[str, str], name: str, *, topics: tuple[str, ...
             raise OptionError(f"option {name!r}: topic {topic!r} must map queue ids to offsets")
         spec[topic] = {}
         for queue, offset in queues.items():
-            if not str(queue).isdigit() or not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
+            if not is_decimal(str(queue)) or not isinstance(offset, int) or isinstance(offset, bool) or offset < -2:
                 raise OptionError(f"option {name!r}: {topic!r} queue {queue!r} -> {offset!r} is not a queue id "
                                   f"and an offset (an integer >= 0, or -2 earliest, -1 latest)")
             spec[topic][int(queue)] = offset

@@ -44,6 +44,7 @@ from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, list_queues
 from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR, index_file_name
 from engine.inspect_store import detect_config
+from engine.names import is_decimal
 from engine.repair import StoreBusy, mark_dispatched, move_derived_aside, store_locked
 from engine.spark import rebuild_tasks, task_sink
 from engine.spark.log_heads import DAMAGE, RECORD, LogHeadsDataSource
@@ -186,7 +187,7 @@ def _rebuild_index(spark: SparkSession, heads: DataFrame, context: JobContext, r
     built = _write_index_files(spark, keyed, bases, total, per_file, context) if total else []
     report.index_files = len(built)
     directory = Path(context.store_dir) / INDEX_DIR
-    on_disk = sorted(n for n in os.listdir(directory) if n.isdigit()) if directory.is_dir() else []
+    on_disk = sorted(n for n in os.listdir(directory) if is_decimal(n)) if directory.is_dir() else []
     report.index_differences = _compare_index_files(spark, context, on_disk, built)
     _check_index_files(spark, context, on_disk, report)
 

@@ -99,6 +99,24 @@ def test_invalid_topic_names_are_refused(client: StoreClient, topic: str) -> Non
     expect_error(lambda: client.create_topic(topic), ErrorCode.INVALID_TOPIC)
 
 
+@pytest.mark.parametrize("topic", ["good\n", "named\n", "good\r", "good\x00", "go\nod"])
+def test_a_name_with_a_newline_is_refused_on_every_path(engine: EngineProcess, client: StoreClient,
+                                                         topic: str) -> None:
+    expect_error(lambda: client.send(topic, [GOOD]), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.create_topic(topic), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.pull(topic, 0, 0), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.commit_offset("g", topic, 0, 1), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.fetch_offset("g", topic, 0), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.query_by_key(topic, "k"), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.delete_topic(topic), ErrorCode.INVALID_TOPIC)
+    expect_error(lambda: client.commit_offset("g\n", "good", 0, 1), ErrorCode.INVALID_FIELD)
+    expect_error(lambda: client.fetch_offset("g\n", "good", 0), ErrorCode.INVALID_FIELD)
+    assert [t["topic"] for t in client.list_topics() if t["topic"] != t["topic"].strip()] == []
+    wait_dispatched(client)
+    queue_root = engine.store_dir / "consumequeue"
+    assert [p.name for p in queue_root.iterdir() if p.name != p.name.strip()] == []
+
+
 def test_longest_valid_topic_name_is_accepted(client: StoreClient) -> None:
     name = "T" * 127
     assert client.send(name, [GOOD])[0]["status"] == "PUT_OK"
