@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+
 from engine.atomic_file import read_with_backup, write_atomically
 from engine.names import validate_group
 
@@ -25,28 +27,36 @@ class ConsumerOffsets:
     def __init__(self, store_dir: Path) -> None:
         self.path = store_dir / OFFSETS_FILE
         self.table: dict[str, dict[str, int]] = read_with_backup(self.path, _parse) or {}
+        self.keys_by_topic: dict[str, set[str]] = {}  # topic -> its "topic@group" keys: deletion is per topic
+        for key in self.table:
+            self.keys_by_topic.setdefault(key.partition("@")[0], set()).add(key)
         self.dirty = False
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        self.table.setdefault(f"{topic}@{validate_group(group)}", {})[str(queue_id)] = offset
+        key = f"{topic}@{validate_group(group)}"
+        queues = self.table.get(key)
+        if queues is None:
+            queues = self.table[key] = {}
+            self.keys_by_topic.setdefault(topic, set()).add(key)
+        queues[str(queue_id)] = offset
         self.dirty = True
 
     def fetch(self, group: str, topic: str, queue_id: int) -> int:
         return self.table.get(f"{topic}@{validate_group(group)}", {}).get(str(queue_id), -1)
 
     def forget_topic(self, topic: str) -> int:
-        """Topic deletion: drop every group's offsets of ``topic``, persisted at once; how many groups."""
-        gone = [key for key in self.table if key.partition("@")[0] == topic]
+        """Topic deletion: drop every group's offsets of ``topic`` (the caller persists); how many groups."""
+        gone = self.keys_by_topic.pop(topic, set())
         for key in gone:
             del self.table[key]
         if gone:
             self.dirty = True
-            self.persist()
         return len(gone)
 
     def persist(self) -> None:
         if self.dirty:
-            write_atomically(self.path, json.dumps({"offsetTable": self.table}, indent=2, sort_keys=True).encode())
+            data = msgspec.json.format(msgspec.json.encode({"offsetTable": self.table}, order="sorted"), indent=2)
+            write_atomically(self.path, data)
             self.dirty = False
 
 

@@ -16,7 +16,8 @@ keeps the later offset); an entry is forgotten once the log's min offset
 has passed it, since nothing it hides is left.
 
 Written only by the CommitLog writer (the single appender decides where the
-deletion falls in the log), atomically, before it answers the delete::
+deletion falls in the log), atomically, once for a batch of deletions and
+before it answers any of them::
 
     {"deletedTopicTable": {"orders": 1048576}}
 
@@ -79,9 +80,21 @@ class DeletedTopics:
         return bool(self.deletion_offsets)
 
     def record(self, topic: str, deletion_offset: int) -> None:
-        """The writer's part: ``topic`` was deleted when the log ended at ``deletion_offset``."""
+        """The writer's part: ``topic`` was deleted when the log ended at ``deletion_offset``.
+
+        In memory only: the writer saves once for a batch of deletions (``save``) and
+        answers none of them before."""
         assert deletion_offset >= self.deletion_offsets.get(topic, 0), "a deletion offset never moves back"
         self.deletion_offsets[topic] = deletion_offset
+
+    def undo(self, topic: str, previous_offset: int | None) -> None:
+        """Take back a ``record`` that could not be saved."""
+        if previous_offset is None:
+            self.deletion_offsets.pop(topic, None)
+        else:
+            self.deletion_offsets[topic] = previous_offset
+
+    def save(self) -> None:
         self._save()
 
     def forget_below(self, log_min_offset: int) -> int:

@@ -32,11 +32,18 @@ class TopicConfig(msgspec.Struct, rename="camel"):
 
 
 class TopicTable:
-    """The in-memory table, saved atomically on every change."""
+    """The in-memory table; changes are saved by ``save``, one atomic write for any number of them.
+
+    The front calls ``save`` once per batch of requests (group commit, as the log's
+    flush), and answers a request that changed the table only after it: a created
+    topic is on disk before anyone hears of it. ``unsaved`` names the topics whose
+    entry differs from the file; requests for them wait for the save.
+    """
 
     def __init__(self, store_dir: Path) -> None:
         self.path = store_dir / TOPICS_FILE
         self.topics: dict[str, TopicConfig] = read_with_backup(self.path, _parse) or {}
+        self.unsaved: set[str] = set()
 
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
@@ -45,7 +52,7 @@ class TopicTable:
         """Create a topic, or grow an existing one to ``queue_count`` queues (never shrink)."""
         validate_topic(name)
         existing = self.topics.get(name)
-        if existing is not None and queue_count is None:
+        if existing is not None and (queue_count is None or queue_count == existing.write_queue_nums):
             return existing
         queue_count = queue_count or default_queue_count
         if existing is not None:
@@ -54,19 +61,24 @@ class TopicTable:
             existing.read_queue_nums = existing.write_queue_nums = queue_count
         else:
             self.topics[name] = TopicConfig(name, queue_count, queue_count)
-        self._save()
+        self.unsaved.add(name)
         return self.topics[name]
 
     def delete(self, name: str) -> bool:
-        """Remove a topic from the table (saved at once); False if it was not there."""
+        """Remove a topic from the table (saved by the next ``save``); False if it was not there."""
         if self.topics.pop(name, None) is None:
             return False
-        self._save()
+        self.unsaved.add(name)
         return True
 
-    def _save(self) -> None:
-        table = {name: msgspec.to_builtins(cfg) for name, cfg in sorted(self.topics.items())}
-        write_atomically(self.path, json.dumps({"topicConfigTable": table}, indent=2).encode())
+    def save(self) -> None:
+        """Write the whole table if anything changed (temp file, fsync, rename)."""
+        if not self.unsaved:
+            return
+        table = {name: self.topics[name] for name in sorted(self.topics)}
+        data = msgspec.json.format(msgspec.json.encode({"topicConfigTable": table}), indent=2)
+        write_atomically(self.path, data)
+        self.unsaved.clear()
 
 
 def _parse(data: bytes) -> dict[str, TopicConfig]:

@@ -79,6 +79,17 @@ class PendingAck:
     stored: Stored
 
 
+@dataclass
+class UnsavedDeletion:
+    """A topic deletion recorded in memory, answered once the deletion table is on disk."""
+
+    reply_to: list[bytes]
+    request_id: int
+    topic: str
+    deletion_offset: int
+    previous_offset: int | None  # the topic's entry before, restored if the save fails
+
+
 class CommitLogWriterActor(Actor):
     tick_interval_ms = 100
 
@@ -100,6 +111,7 @@ class CommitLogWriterActor(Actor):
         self.busy_refusals = 0
         self.announce_due = False  # appended since the last Confirmed announcement
         self.last_clean_ms = monotonic_ms()
+        self.unsaved_deletions: list[UnsavedDeletion] = []  # recorded in memory, answered after the save
 
     def recover(self) -> None:
         plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
@@ -151,6 +163,8 @@ class CommitLogWriterActor(Actor):
         """Handle the queued requests, then announce the new confirmed offset once for all of them:
         a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches."""
         drain(self.requests, self.handle_send)
+        if self.unsaved_deletions:
+            self.save_deletions()
         if self.announce_due:
             self.publish_offsets()
 
@@ -217,28 +231,45 @@ class CommitLogWriterActor(Actor):
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
 
     def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
-        """Hide the topic's records below the written offset, forget its queue counters, answer.
+        """Hide the topic's records below the written offset; answered by ``save_deletions``.
+
+        Every send handled before this one lies below the deletion offset, every later one
+        at or past it: the order of this actor's queue decides."""
+        request = decode_request("delete_topic", raw)  # the front decoded it before forwarding
+        assert isinstance(request, DeleteTopicRequest)
+        deletion_offset = self.log.written_offset
+        self.unsaved_deletions.append(UnsavedDeletion(reply_to, request.id, request.topic, deletion_offset,
+                                                      self.deleted_topics.deletion_offsets.get(request.topic)))
+        self.deleted_topics.record(request.topic, deletion_offset)
+
+    def save_deletions(self) -> None:
+        """Group commit of the deletion table: one write for the batch, then every answer.
 
         The reply carries an extra frame, ``deleted:<topic>`` or ``kept:<topic>``: the front
         drops the topic from its table (and its consumer offsets) only once the deletion is on
         disk here."""
-        request = decode_request("delete_topic", raw)  # the front decoded it before forwarding
-        assert isinstance(request, DeleteTopicRequest)
-        deletion_offset = self.log.written_offset
+        batch, self.unsaved_deletions = self.unsaved_deletions, []
         try:
-            self.deleted_topics.record(request.topic, deletion_offset)
+            self.deleted_topics.save()
         except OSError as exc:
-            log.error("cannot record the deletion of topic %r: %s", request.topic, exc)
-            reply = encode_error(request.id, ErrorCode.SERVICE_NOT_AVAILABLE, f"cannot record the deletion: {exc}")
-            self.requests.send_multipart([*reply_to, reply, b"kept:" + request.topic.encode()])
+            log.error("cannot record the deletion of %d topics: %s", len(batch), exc)
+            for deletion in reversed(batch):  # back to what the file holds
+                self.deleted_topics.undo(deletion.topic, deletion.previous_offset)
+            for deletion in batch:
+                reply = encode_error(deletion.request_id, ErrorCode.SERVICE_NOT_AVAILABLE,
+                                     f"cannot record the deletion: {exc}")
+                self.requests.send_multipart([*deletion.reply_to, reply, b"kept:" + deletion.topic.encode()])
             return
-        queues = [key for key in self.next_queue_offset if key[0] == request.topic]
-        for key in queues:
-            del self.next_queue_offset[key]
+        for deletion in batch:
+            queues = [key for key in self.next_queue_offset if key[0] == deletion.topic]
+            for key in queues:
+                del self.next_queue_offset[key]
+            log.info("topic %r deleted at log offset %d (%d queues)", deletion.topic, deletion.deletion_offset,
+                     len(queues))
         self.announce_deletions()
-        log.info("topic %r deleted at log offset %d (%d queues)", request.topic, deletion_offset, len(queues))
-        reply = encode_reply(request.id, topic=request.topic, deletion_offset=deletion_offset)
-        self.requests.send_multipart([*reply_to, reply, b"deleted:" + request.topic.encode()])
+        for deletion in batch:
+            reply = encode_reply(deletion.request_id, topic=deletion.topic, deletion_offset=deletion.deletion_offset)
+            self.requests.send_multipart([*deletion.reply_to, reply, b"deleted:" + deletion.topic.encode()])
 
     def announce_deletions(self) -> None:
         """Owners and the index builder reread ``config/deletedTopics.json`` when this count moves."""

@@ -13,6 +13,13 @@ queue against the topic table it owns (``config/topics.json``), and then:
 * ``create_topic``, ``list_topics``, ``ping``, ``status``, and consumer groups'
   ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``): answered here.
 
+Changes to the topic table are group-committed: requests are handled in
+batches (at most 256 a socket), the table is written once after a batch
+that changed it, and only then are the requests that changed it (or that
+name a topic whose entry is not on disk yet) answered or forwarded. A flood
+of creates costs one write per batch, not one per create, and never keeps
+the loop from its heartbeat.
+
 The client frame is forwarded untouched (bodies are not decoded or copied
 here): [client id, REQ flag, request, Route, op]. Replies come back as
 [client id, REQ flag, reply] and go out as they are.
@@ -22,32 +29,34 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
+from functools import partial
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.consumer_offsets import ConsumerOffsets
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveServer
 from engine.ipc.messages import Route, encoder
-from engine.key_lookup import KeyLookup
-from engine.consumer_offsets import ConsumerOffsets
 from engine.ipc.protocol import (
     CommitOffsetRequest,
     CreateTopicRequest,
-    FetchOffsetRequest,
     Envelope,
+    FetchOffsetRequest,
     decode_envelope,
     decode_request,
     encode_error,
     encode_reply,
     safe_request_id,
 )
+from engine.key_lookup import KeyLookup
 from engine.layout import decode_msg_id, java_string_hash
+from engine.names import validate_topic
 from engine.records import owner_of
 from engine.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
-from engine.names import validate_topic
 from engine.topics import TopicTable
 
 log = logging.getLogger(__name__)
@@ -69,6 +78,7 @@ class FrontActor(Actor):
         self.lookup = KeyLookup(ctx.store_dir, ctx.config)
         self.sync_flush = ctx.config.flush_mode == "SYNC_FLUSH"
         self.log_min_offset = 0
+        self.held: list[Callable[[], None]] = []  # what waits for the topic table to be on disk
 
     def recover(self) -> None:
         cfg = self.config
@@ -82,9 +92,9 @@ class FrontActor(Actor):
         self.clients.bind(cfg.endpoint)
         self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitored=True)
         self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
-        self.on_readable(self.clients, lambda: drain(self.clients, self.handle_client))
+        self.on_readable(self.clients, partial(self.on_batch, self.clients, self.handle_client))
         for backend in (self.writer, *self.owners):
-            self.on_readable(backend, lambda b=backend: drain(b, self.handle_backend_reply))
+            self.on_readable(backend, partial(self.on_batch, backend, self.handle_backend_reply))
 
     def _backend(self, name: str, *, hwm: int | None = None, monitored: bool = False) -> zmq.Socket:
         sock = self.ctx.socket(zmq.DEALER, hwm=hwm)
@@ -97,14 +107,34 @@ class FrontActor(Actor):
         sock.connect(self.ctx.ipc(name))
         return sock
 
+    def on_batch(self, sock: zmq.Socket, handle_one: Callable[[list[bytes]], None]) -> None:
+        drain(sock, handle_one)
+        self.after_batch()
+
+    def after_batch(self) -> None:
+        """Group commit: write the topic table once for the batch, then let what waited on it go."""
+        if self.topics.unsaved:
+            self.topics.save()
+            self.consumer_offsets.persist()  # a deletion's dropped offsets go to disk with the table
+        held, self.held = self.held, []
+        for action in held:
+            action()
+
+    def hold(self, client: bytes, flag: bytes, raw: bytes) -> None:
+        """Route this request again once the topic table is on disk."""
+        self.held.append(partial(self.serve, client, flag, raw))
+
     def handle_backend_reply(self, frames: list[bytes]) -> None:
         client, flag, reply = frames[0], frames[1], frames[2]
+        out = [client, b"", reply] if flag == _REQ else [client, reply]
         if len(frames) > 3:  # the writer's word on a topic deletion
             outcome, _, topic = frames[3].decode().partition(":")
             self.deleting.discard(topic)
             if outcome == "deleted":
                 self.finish_deletion(topic)
-        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply])
+                self.held.append(partial(self.clients.send_multipart, out))
+                return
+        self.clients.send_multipart(out)
 
     def handle_client(self, frames: list[bytes]) -> None:
         if len(frames) == 3 and not frames[1]:
@@ -114,6 +144,9 @@ class FrontActor(Actor):
         else:
             return  # not our framing; nothing sensible to answer
         self.requests_served += 1
+        self.serve(client, flag, raw)
+
+    def serve(self, client: bytes, flag: bytes, raw: bytes) -> None:
         try:
             self.route(client, flag, raw)
         except RequestError as exc:
@@ -125,7 +158,13 @@ class FrontActor(Actor):
     def route(self, client: bytes, flag: bytes, raw: bytes) -> None:
         envelope = decode_envelope(raw)
         op = envelope.op
+        if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
+            self.hold(client, flag, raw)
+            return
         if op == "send":
+            if self.auto_create(envelope):
+                self.hold(client, flag, raw)
+                return
             queue_id = self.choose_queue(envelope)
             self.forward(self.writer, client, flag, raw, queue_id, op)
         elif op == "pull":
@@ -151,6 +190,14 @@ class FrontActor(Actor):
             decode_request(op, raw)
             self.forward(self.writer, client, flag, raw, -1, op)
             self.deleting.add(topic)
+        elif op == "create_topic":
+            if self.create_topic(envelope, raw):
+                self.hold(client, flag, raw)  # answered once the new entry is on disk
+            else:
+                config = self.topics.get(envelope.topic or "")
+                assert config is not None
+                self.answer(client, flag, encode_reply(envelope.id, topic=config.topic_name,
+                                                       queue_count=config.write_queue_nums))
         else:
             self.answer(client, flag, self.local(op, envelope, raw))
 
@@ -209,11 +256,28 @@ class FrontActor(Actor):
                                                           f"there is no queue {queue_id}")
         return queue_id
 
+    def auto_create(self, envelope: Envelope) -> bool:
+        """A send to a topic that does not exist creates it (``auto_create_topic``); True if it did."""
+        topic = envelope.topic
+        if not (self.config.auto_create_topic and isinstance(topic, str) and self.topics.get(topic) is None):
+            return False
+        self.topics.create(validate_topic(topic), self.config.topic_queue_count_default)
+        return True
+
+    def create_topic(self, envelope: Envelope, raw: bytes) -> bool:
+        """Create or grow the topic in the table; True if the table changed (it must be saved first)."""
+        request = decode_request("create_topic", raw)
+        assert isinstance(request, CreateTopicRequest)
+        count = request.queue_count
+        if request.topic in self.deleting:
+            raise RequestError(ErrorCode.BUSY, f"topic {request.topic!r} is being deleted; retry later")
+        if count is not None and count > self.config.topic_queue_count_max:
+            raise RequestError(ErrorCode.INVALID_FIELD,
+                               f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
+        self.topics.create(request.topic, count, default_queue_count=self.config.topic_queue_count_default)
+        return request.topic in self.topics.unsaved
+
     def choose_queue(self, envelope: Envelope) -> int:
-        if isinstance(envelope.topic, str) and self.topics.get(envelope.topic) is None \
-                and self.config.auto_create_topic:
-            validate_topic(envelope.topic)
-            self.topics.create(envelope.topic, self.config.topic_queue_count_default)
         if envelope.queue_id is not None:
             return self.check_queue(envelope)
         topic = self.check_topic(envelope)
@@ -235,17 +299,6 @@ class FrontActor(Actor):
 
     def local(self, op: str, envelope: Envelope, raw: bytes) -> bytes:
         request = decode_request(op, raw)
-        if op == "create_topic":
-            assert isinstance(request, CreateTopicRequest)
-            count = request.queue_count
-            if request.topic in self.deleting:
-                raise RequestError(ErrorCode.BUSY, f"topic {request.topic!r} is being deleted; retry later")
-            if count is not None and count > self.config.topic_queue_count_max:
-                raise RequestError(ErrorCode.INVALID_FIELD,
-                                   f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
-            created = self.topics.create(request.topic, count,
-                                         default_queue_count=self.config.topic_queue_count_default)
-            return encode_reply(envelope.id, topic=created.topic_name, queue_count=created.write_queue_nums)
         if op == "list_topics":
             topics = [{"topic": name, "queue_count": cfg.write_queue_nums}
                       for name, cfg in sorted(self.topics.topics.items()) if name not in self.deleting]
@@ -266,6 +319,7 @@ class FrontActor(Actor):
                             topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
 
     def tick(self, now_ms: int) -> None:
+        self.after_batch()  # a held request that changed the table again
         log_min = self.ctx.offsets.get(MIN_OFFSET)
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
             self.log_min_offset = log_min

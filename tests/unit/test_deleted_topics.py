@@ -25,13 +25,28 @@ def test_persists_atomically_and_reloads_on_a_new_generation(tmp_path: Path) -> 
     reader = DeletedTopics(tmp_path)
     assert reader.follow(0) == {}
     writer.record("a", 10)
-    assert reader.follow(0) == {}  # the generation did not move: no reload
-    assert reader.follow(1) == {"a": 10}
+    assert reader.follow(1) == {}, "recorded in memory only: not saved yet"
+    writer.save()
+    assert reader.follow(1) == {}  # the generation did not move: no reload
+    assert reader.follow(2) == {"a": 10}
     writer.record("a", 20)
+    writer.save()
     writer.record("b", 5)
-    assert reader.follow(2) == {"a": 20, "b": 5}
+    writer.save()
+    assert reader.follow(3) == {"a": 20, "b": 5}
     (tmp_path / DELETED_TOPICS_FILE).write_bytes(b"{torn")  # the .bak copy serves
     assert DeletedTopics(tmp_path).deletion_offsets == {"a": 20}
+
+
+def test_a_deletion_that_could_not_be_saved_is_taken_back(tmp_path: Path) -> None:
+    table = DeletedTopics(tmp_path)
+    table.record("a", 100)
+    table.save()
+    table.record("a", 200)
+    table.record("b", 50)
+    table.undo("b", None)
+    table.undo("a", 100)
+    assert table.deletion_offsets == {"a": 100} == DeletedTopics(tmp_path).deletion_offsets
 
 
 def test_forgets_entries_once_retention_passed_them(tmp_path: Path) -> None:
