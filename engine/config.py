@@ -84,6 +84,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     delete_when_hours: str = "04"
     disk_max_used_space_ratio: float = 0.75
     disk_space_clean_forcibly_ratio: float = 0.85
+    # Off: a full disk refuses sends (DISK_FULL) and keeps every unexpired message.
+    # On (RocketMQ's behaviour): past disk_space_clean_forcibly_ratio the oldest segments
+    # go even if unexpired; each one is logged and counted with its messages and times.
+    disk_space_clean_forcibly: bool = False
     disk_space_warning_level_ratio: float = 0.90
     clean_resource_interval_ms: int = 10_000
     delete_segment_count_max: int = 10

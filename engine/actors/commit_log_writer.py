@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import msgspec
@@ -46,7 +47,7 @@ from engine.ipc.protocol import (
     safe_request_id,
 )
 from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
-from engine.retention import SegmentFact, disk_used_ratio, plan_deletions
+from engine.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
 from engine.recovery import plan_commit_log_recovery
 from engine.records import build_items
 from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
@@ -77,6 +78,10 @@ class PendingAck:
     end_offset: int
     deadline_ms: int
     stored: Stored
+
+
+def _utc(timestamp_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp_ms / 1000)) if timestamp_ms else "-"
 
 
 @dataclass
@@ -112,6 +117,10 @@ class CommitLogWriterActor(Actor):
         self.announce_due = False  # appended since the last Confirmed announcement
         self.last_clean_ms = monotonic_ms()
         self.unsaved_deletions: list[UnsavedDeletion] = []  # recorded in memory, answered after the save
+        self.forced_counter: ThreadPoolExecutor | None = None  # counts what forced deletions took
+        self.forced_deleted_segments = 0
+        self.retention_rounds = 0
+        self.forced_deleted_messages = 0
 
     def recover(self) -> None:
         plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
@@ -303,7 +312,8 @@ class CommitLogWriterActor(Actor):
             self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=results)])
 
     def clean_expired_segments(self) -> None:
-        """Retention: delete expired (or, when the disk is too full, the oldest) segments."""
+        """Retention: delete expired segments (and, with disk_space_clean_forcibly, unexpired ones)."""
+        self.retention_rounds += 1
         segments = self.log.segments
         segments.refresh()
         facts = []
@@ -320,6 +330,8 @@ class CommitLogWriterActor(Actor):
                         "refused" if decision.refuse_sends else "accepted again")
         self.refuse_sends = decision.refuse_sends
         for start in decision.delete:
+            if start in decision.forced:
+                self.count_forced_deletion(start)
             segments.delete(start)
             log.info("retention: deleted segment %s", offset_to_file_name(start))
         if decision.delete:
@@ -330,6 +342,29 @@ class CommitLogWriterActor(Actor):
                     self.announce_deletions()
             except OSError as exc:  # harmless: the entries hide records that are gone; retried next time
                 log.error("cannot rewrite the deleted-topic table: %s", exc)
+
+    def count_forced_deletion(self, start: int) -> None:
+        """An unexpired segment goes (``disk_space_clean_forcibly``): log and count what it held.
+
+        The count runs in a background thread on a descriptor opened before the unlink."""
+        name = offset_to_file_name(start)
+        log.warning("retention: the disk is past disk_space_clean_forcibly_ratio: deleting the unexpired "
+                    "segment %s; its messages are counted in the background", name)
+        fd = os.open(self.log.segments.directory / name, os.O_RDONLY)
+        if self.forced_counter is None:
+            self.forced_counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forced-deletion")
+        self.forced_counter.submit(self._count_forced, fd, start)
+
+    def _count_forced(self, fd: int, start: int) -> None:
+        try:
+            summary = summarize_segment(fd, start)
+        finally:
+            os.close(fd)
+        self.forced_deleted_segments += 1
+        self.forced_deleted_messages += summary.messages
+        log.warning("retention: deleted unexpired segment %s: %d messages%s, stored from %s to %s",
+                    offset_to_file_name(start), summary.messages, "" if summary.complete else " (counted up to "
+                    "a damaged record)", _utc(summary.first_store_timestamp_ms), _utc(summary.last_store_timestamp_ms))
 
     def tick(self, now_ms: int) -> None:
         if now_ms - self.last_clean_ms >= self.config.clean_resource_interval_ms:
@@ -349,9 +384,13 @@ class CommitLogWriterActor(Actor):
     def detail(self) -> dict[str, int]:
         return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
                 "queues": len(self.next_queue_offset), "pending_sync_acks": len(self.pending),
-                "busy_refusals": self.busy_refusals}
+                "busy_refusals": self.busy_refusals, "retention_rounds": self.retention_rounds,
+                "forced_deleted_segments": self.forced_deleted_segments,
+                "forced_deleted_messages": self.forced_deleted_messages}
 
     def shutdown(self) -> None:
+        if self.forced_counter is not None:
+            self.forced_counter.shutdown(wait=True)
         self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)
         self.publish_offsets()
         self.log.close()
