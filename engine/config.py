@@ -69,6 +69,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     consumer_offset_persist_interval_ms: int = 5_000
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000
+    long_poll_wakes_per_turn_max: int = 512  # woken pulls an owner serves per loop turn; the rest next turn
+    catch_up_bytes_per_turn_max: int = 16 * MiB  # log an owner reads per loop turn when it missed dispatches
 
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"

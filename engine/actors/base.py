@@ -4,7 +4,9 @@ Lifecycle (forward only): INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED.
 
 * ``recover()`` runs before any socket serves requests;
 * the loop polls the actor's sockets, runs ``tick()`` on a timer and sends a
-  heartbeat to the supervisor every ``heartbeat_interval_ms``;
+  heartbeat to the supervisor every ``heartbeat_interval_ms``; every turn of it
+  does bounded work (at most 256 messages a socket, one slice of a backlog), so
+  no flood of requests keeps an actor from its heartbeat;
 * SIGTERM (also sent by the kernel when the supervisor dies, through
   PR_SET_PDEATHSIG) ends the loop; ``shutdown()`` then leaves files consistent.
 
@@ -97,6 +99,17 @@ class Actor:
     def detail(self) -> dict[str, int]:
         """Figures for the heartbeat (offsets, counts)."""
         return {}
+
+    def backlog(self) -> bool:
+        """True while work is left that a handler cut short to keep one loop turn bounded.
+
+        The loop then polls without waiting and calls ``work_backlog`` once a turn, so a
+        burst (thousands of woken long polls, a long catch-up) is served in slices with
+        heartbeats between them."""
+        return False
+
+    def work_backlog(self) -> None:
+        """Do one bounded slice of the backlog."""
 
     def shutdown(self) -> None:
         """Leave files consistent; runs once, after the loop ends."""
@@ -191,9 +204,12 @@ def _run(actor: Actor, heartbeat: zmq.Socket, parent: int) -> None:
         if now >= next_tick:
             actor.tick(now)
             next_tick = now + actor.tick_interval_ms
-        timeout = max(0, min(next_tick, next_beat, now + _POLL_SLICE_MS) - monotonic_ms())
+        busy = actor.backlog()
+        timeout = 0 if busy else max(0, min(next_tick, next_beat, now + _POLL_SLICE_MS) - monotonic_ms())
         for sock, _event in poller.poll(timeout):
             handlers[sock]()
+        if busy:
+            actor.work_backlog()
     actor.lifecycle = "STOPPING"
     _send_heartbeat(actor, heartbeat)
     actor.shutdown()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections import deque
 
 import msgspec
 import zmq
@@ -48,7 +49,7 @@ from engine.ipc.protocol import (
     safe_request_id,
 )
 from engine.layout import RecordError, decode_msg_id, tags_code
-from engine.long_poll import LongPolls
+from engine.long_poll import LongPolls, ParkedPull
 from engine.mapped_file import list_files
 from engine.pull import Subscription, pull
 from engine.queue_queries import offset_for_time, queue_stats
@@ -77,6 +78,8 @@ class ConsumeQueueOwnerActor(Actor):
         self.syncer = FileSyncer(ctx.name, self._publish_durable)  # flushes queue files off the loop
         self.last_flush_ms = monotonic_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
+        self.woken: deque[ParkedPull] = deque()  # unparked, served long_poll_wakes_per_turn_max a turn
+        self.behind = False  # catch-up stopped at its per-turn budget: the loop goes on with it
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.deleted_topics = DeletedTopics(ctx.store_dir)
 
@@ -124,6 +127,8 @@ class ConsumeQueueOwnerActor(Actor):
         start = min(safe_points, default=floor)
         self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
         self.catch_up(self.visible_end)
+        while self.behind:  # before serving, all of it: recovery has its own start timeout
+            self.catch_up(self.visible_end)
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
         for cq in self.queues.values():  # a killed predecessor may have left units unflushed
             for _start, path in list_files(cq.files.directory)[-2:]:
@@ -174,17 +179,28 @@ class ConsumeQueueOwnerActor(Actor):
         return dropped
 
     def catch_up(self, end: int) -> None:
-        """Apply every record of our queues in [applied_offset, end) straight from the log."""
-        if end <= self.applied_offset:
+        """Apply every record of our queues in [applied_offset, end) straight from the log.
+
+        At most ``catch_up_bytes_per_turn_max`` of log a call: past it, ``behind`` is set
+        and the loop calls again (``work_backlog``) until ``end``."""
+        start = self.applied_offset
+        self.behind = False
+        if end <= start:
             return
         touched: set[tuple[str, int]] = set()
-        for item in self.reader.scan(self.applied_offset, end, check_crc=False):
-            if isinstance(item, Damage) or not self.is_mine(item.topic, item.queue_id):
-                continue
-            if not self.apply(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset,
-                              item.total_size, tags_code(item.tags)):
+        for item in self.reader.scan(start, end, check_crc=False):
+            if isinstance(item, Damage):
+                reached = item.end
+            else:
+                if self.is_mine(item.topic, item.queue_id):
+                    if not self.apply(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset,
+                                      item.total_size, tags_code(item.tags)):
+                        break
+                    touched.add((item.topic, item.queue_id))
+                reached = item.commit_log_offset + item.total_size
+            if reached - start >= self.config.catch_up_bytes_per_turn_max and reached < end:
+                self.applied_offset, self.behind = reached, True
                 break
-            touched.add((item.topic, item.queue_id))
         else:
             self.applied_offset = end
         if touched and self.long_polls:
@@ -258,11 +274,13 @@ class ConsumeQueueOwnerActor(Actor):
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:
+            if self.behind:
+                return  # the backlog's catch-up reads this batch's records from the log
             log.info("owner %d missed [%d, %d); reading it from the log", self.instance, self.applied_offset,
                      batch.start)
             self.catch_up(batch.start)
-        if self.stalled:
-            return  # the tick retries from the record that could not be applied
+        if self.stalled or self.behind:
+            return  # the tick (or the next turn) goes on from the record it reached
         touched: set[tuple[str, int]] = set()
         for entry in batch.entries:
             if entry.commit_log_offset < self.applied_offset:
@@ -331,8 +349,15 @@ class ConsumeQueueOwnerActor(Actor):
                             max_offset=result.max_offset, messages=result.messages())
 
     def wake(self, queues: set[tuple[str, int]], now_ms: int) -> None:
-        """Answer parked pulls of ``queues`` that now find a message, and every expired one."""
-        for parked in self.long_polls.ready(queues, now_ms):
+        """Answer parked pulls of ``queues`` that now find a message, and every expired one.
+
+        At most ``long_poll_wakes_per_turn_max`` now; the rest in the next loop turns."""
+        self.woken.extend(self.long_polls.ready(queues, now_ms))
+        self.serve_woken(now_ms)
+
+    def serve_woken(self, now_ms: int) -> None:
+        for _ in range(min(len(self.woken), self.config.long_poll_wakes_per_turn_max)):
+            parked = self.woken.popleft()
             try:
                 reply = self.pull(parked.request, reply_to=parked.reply_to, final=parked.deadline_ms <= now_ms,
                                   deadline_ms=parked.deadline_ms)
@@ -411,6 +436,15 @@ class ConsumeQueueOwnerActor(Actor):
             self.catch_up(self.visible_end)
         if self.long_polls:
             self.wake(set(), now_ms)
+
+    def backlog(self) -> bool:
+        return bool(self.woken) or self.behind
+
+    def work_backlog(self) -> None:
+        if self.behind:
+            self.catch_up(self.visible_end)
+            self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.serve_woken(monotonic_ms())
         self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
 
     def detail(self) -> dict[str, int]:

@@ -126,3 +126,50 @@ def test_ten_thousand_pipelined_deletions_are_answered_and_saved(engine: EngineP
     assert "flood-1@g" not in offsets  # a deletion's dropped offsets are saved with the table
     with engine.client() as client:
         assert [t for t in client.list_topics() if t["topic"].startswith("flood-")] == []
+
+
+def owners_parked(engine: EngineProcess) -> int:
+    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, "status").actors)
+
+
+def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) -> None:
+    """One send wakes every pull parked on its queue; an owner serves them a slice per loop
+    turn (long_poll_wakes_per_turn_max), heartbeating between slices, and every one is answered.
+    (The front's queue to an owner holds socket_hwm_messages requests: a client that pipelines
+    far more than that before the owner parks them gets SERVICE_NOT_AVAILABLE for the rest.)"""
+    parked = 20_000
+    config = StoreConfig.test_min().replace(heartbeat_timeout_ms=1_000, long_poll_wait_ms_max=60_000)
+    engine = EngineProcess(tmp_path / "store", config=config)
+    engine.start()
+    try:
+        with engine.client() as client:
+            client.create_topic("parked", queue_count=1)
+        frames = [encode_request("pull", i, topic="parked", queue_id=0, offset=0, max_wait_ms=60_000)
+                  for i in range(parked)]
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(engine.endpoint)
+        try:
+            for frame in frames:
+                sock.send(frame)
+            deadline = time.monotonic() + 60
+            while owners_parked(engine) < parked:
+                assert time.monotonic() < deadline, f"only {owners_parked(engine)} pulls parked"
+                time.sleep(0.05)  # polling the supervisor's status, with a deadline
+            with engine.client() as client:
+                client.send("parked", [{"body": b"wake"}], queue_id=0)
+            statuses = Counter()
+            deadline = time.monotonic() + 60
+            while sum(statuses.values()) < parked:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                assert remaining_ms > 0 and sock.poll(remaining_ms), f"answered: {dict(statuses)}"
+                reply = msgspec.msgpack.decode(sock.recv())
+                statuses[reply.get("status") or reply["error"]["name"]] += 1
+        finally:
+            sock.close()
+        assert statuses == {"FOUND": parked}
+        assert_no_restarts(engine)
+    finally:
+        engine.stop()
