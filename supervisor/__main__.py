@@ -1,18 +1,23 @@
 """``python -m supervisor start|stop|status``: run and manage the engine.
 
-    python -m supervisor start [--store-dir DIR] [--endpoint URL] [--config FILE] [--detach]
+    python -m supervisor start [--store-dir DIR] [--endpoint URL] [--config FILE] [--detach | --die-with-parent PID]
     python -m supervisor stop [--store-dir DIR]
     python -m supervisor status [--store-dir DIR] [--json]
 
 ``start`` runs in the foreground and prints ``ready <endpoint>`` once every
 actor serves; Ctrl-C (SIGINT) or SIGTERM stops it cleanly, in order.
+``--die-with-parent PID`` (for scripts and tests, which pass their own pid)
+makes that stop happen when the process that started the engine dies, even by
+SIGKILL: see ``_die_with_parent``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -41,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_store(start)
     start.add_argument("--endpoint", help="client endpoint (default tcp://127.0.0.1:10911)")
     start.add_argument("--config", type=Path, help="TOML file of settings (see docs/configuration.md)")
-    start.add_argument("--detach", action="store_true", help="run in the background; return once ready")
+    mode = start.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="run in the background; return once ready")
+    mode.add_argument("--die-with-parent", type=int, metavar="PID",
+                      help="stop cleanly when process PID, which started this one, exits (for scripts)")
     stop = commands.add_parser("stop", help="stop the engine running on a store directory")
     _add_store(stop)
     status = commands.add_parser("status", help="actors, pids, states and offsets")
@@ -70,17 +78,46 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.detach:
         return _start_detached(args, config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
-    supervisor = Supervisor(args.store_dir, config)
+    supervisor = Supervisor(args.store_dir, config, parent_pid=args.die_with_parent)
     signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
     signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
+    if args.die_with_parent is not None and not _die_with_parent(args.die_with_parent):
+        print(f"error: process {args.die_with_parent}, which started the engine, is not its parent any more "
+              f"(it exited); not starting", file=sys.stderr)
+        return 1
     supervisor.start()
     print(f"ready {config.endpoint} store={supervisor.store_dir}", flush=True)
     try:
         supervisor.run()
     finally:
         clean = supervisor.shutdown()
-    print("stopped" if clean else "stopped (not cleanly; the next start recovers)", flush=True)
+    try:
+        print("stopped" if clean else "stopped (not cleanly; the next start recovers)", flush=True)
+    except BrokenPipeError:  # the process reading our output is gone (--die-with-parent)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> bool:
+    """Have the kernel send SIGTERM when the parent dies; False if it already has.
+
+    SIGTERM takes the same path as ``stop``: the actors stop in order and the
+    run directory is removed. The kernel's "parent" is the *thread* that forked
+    this process, so the launcher asks for this only from its main thread
+    (``EngineProcess``). The parent may die before the ``prctl``: then our
+    parent is no longer ``parent_pid`` and we do not start. The supervisor's
+    loop also compares ``getppid()`` with ``parent_pid`` (``Supervisor.run``).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    except OSError as exc:
+        logging.getLogger("supervisor").warning("%s; relying on parent pid checks", exc)
+    return os.getppid() == parent_pid
 
 
 def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:

@@ -7,6 +7,16 @@
 ``start()`` returns once the engine printed its ready line (or raises with the
 supervisor's output); ``stop()`` sends SIGINT, the same path as Ctrl-C, and
 waits for the whole process tree to exit.
+
+The engine dies with the process that started it, even if that process is
+SIGKILLed and runs no ``finally``: the supervisor is started with
+``--die-with-parent <our pid>``, so the kernel sends it SIGTERM when we die
+(PR_SET_PDEATHSIG) and it stops its actors in order. The kernel's "parent" is
+the thread that forked the supervisor, not the process: an engine started from
+another thread would be stopped when that thread ends. So by default only
+``start()`` on the main thread asks for it (the main thread lives as long as the
+process); ``die_with_parent=True`` asks for it from any thread whose caller
+knows the thread outlives the engine, ``False`` never.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,13 +63,14 @@ class EngineFailed(RuntimeError):
 
 class EngineProcess:
     def __init__(self, store_dir: Path, *, config: StoreConfig | None = None, port: int | None = None,
-                 start_timeout_s: float = 60.0) -> None:
+                 start_timeout_s: float = 60.0, die_with_parent: bool | None = None) -> None:
         self.store_dir = Path(store_dir).resolve()
         self.port = port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         base = config or StoreConfig.test_min()
         self.config = base.replace(endpoint=self.endpoint, store_port=self.port)
         self.start_timeout_s = start_timeout_s
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
         self.output = b""
         self.descendants: list[psutil.Process] = []
@@ -75,6 +87,11 @@ class EngineProcess:
         config_path = write_config(self.store_dir.parent / f"{self.store_dir.name}.toml", self.config)
         command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(self.store_dir),
                    "--config", str(config_path)]
+        die_with_parent = self.die_with_parent
+        if die_with_parent is None:
+            die_with_parent = threading.current_thread() is threading.main_thread()
+        if die_with_parent:
+            command += ["--die-with-parent", str(os.getpid())]
         self.output = b""
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)

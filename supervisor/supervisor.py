@@ -95,9 +95,10 @@ def _resources(pid: int) -> dict[str, int]:
 
 
 class Supervisor:
-    def __init__(self, store_dir: Path, config: StoreConfig) -> None:
+    def __init__(self, store_dir: Path, config: StoreConfig, *, parent_pid: int | None = None) -> None:
         self.store_dir = store_dir.resolve()
         self.config = config
+        self.parent_pid = parent_pid  # --die-with-parent: stop when our parent is no longer this process
         self.actors = {spec.name: ActorProcess(spec) for spec in actor_specs(config)}
         self.stopping = False
         self.crash_start = False
@@ -193,6 +194,9 @@ class Supervisor:
             if self.control in ready:
                 self._drain_control()
             self._reconcile(monotonic_ms())
+            if self.parent_pid is not None and not self.stopping and os.getppid() != self.parent_pid:
+                log.error("the process that started the engine (pid %d) is gone; stopping", self.parent_pid)
+                self.request_stop()
 
     def _drain_heartbeats(self) -> None:
         for _ in range(1000):
