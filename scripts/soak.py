@@ -2,13 +2,19 @@
 
     python scripts/soak.py --duration-s 600 --kill-interval-s 30
     python scripts/soak.py --duration-s 120 --flush-mode SYNC_FLUSH --json soak.json
+    python scripts/soak.py --duration-s 28800 --kill-interval-s 600 --rate-msgs-per-s 2000 --sample-interval-s 10
 
 Every ``--sample-interval-s`` it records each actor's private memory (RSS
 less shared file pages: the mapped log is page cache, not a leak) and open
 file descriptors (psutil); every ``--kill-interval-s`` it SIGKILLs a random actor.
 At the end it reads every queue back and checks every acknowledged message,
-runs ``check`` (in its own process, whose peak memory is reported apart), and compares each actor's memory and descriptors in the last
-fifth of the run with the first fifth after warm-up. Exit code 1 on lost or
+runs ``check`` (in its own process, whose peak memory is reported apart), and
+compares each actor's memory and descriptors in the last fifth of the run
+with the first fifth after warm-up. For long runs it also reports each actor's
+growth per hour (``private_mib_per_hour``, ``fds_per_hour``): the slope of a
+least-squares line through each process lifetime of at least
+``--slope-window-min-s`` (an actor restarted by a kill starts a new one; the
+supervisor, never killed, has one), the median over lifetimes. Exit code 1 on lost or
 corrupt data, on findings, or on growth beyond ``--rss-growth-max-mib`` /
 ``--fds-growth-max``, or if the script itself peaked above ``--self-rss-max-mib``.
 
@@ -49,18 +55,38 @@ from supervisor.workload import AckLog, Producer, ProducerThread, Verdict, verif
 TOPICS = {"soak-a": 4, "soak-b": 4}
 
 
-def sample(engine: EngineProcess, samples: dict[str, list[tuple[float, int, int]]], started: float) -> None:
-    for name, pid in engine.actor_pids().items():
+Sample = tuple[float, int, int, int]  # seconds since the start, private bytes, open fds, pid
+
+
+def sample(engine: EngineProcess, samples: dict[str, list[Sample]], started: float) -> None:
+    for name, pid in {**engine.actor_pids(), "supervisor": engine.pid}.items():
         try:
             process = psutil.Process(pid)
             memory = process.memory_info()
             # Private memory: RSS less the shared file pages (the mapped log and queues are page cache).
-            samples[name].append((time.monotonic() - started, memory.rss - memory.shared, process.num_fds()))
+            samples[name].append((time.monotonic() - started, memory.rss - memory.shared, process.num_fds(), pid))
         except psutil.Error:
             continue
 
 
-def growth(series: list[tuple[float, int, int]]) -> tuple[float, int]:
+def per_hour(series: list[Sample], window_min_s: float) -> tuple[float | None, float | None]:
+    """(private MiB per hour, fds per hour): the median slope over the process lifetimes long enough."""
+    lifetimes: dict[int, list[Sample]] = defaultdict(list)
+    for s in series:
+        lifetimes[s[3]].append(s)
+    rss_slopes, fd_slopes = [], []
+    for points in lifetimes.values():
+        if len(points) < 3 or points[-1][0] - points[0][0] < window_min_s:
+            continue
+        times = [p[0] / 3600 for p in points]
+        rss_slopes.append(statistics.linear_regression(times, [p[1] / (1 << 20) for p in points]).slope)
+        fd_slopes.append(statistics.linear_regression(times, [float(p[2]) for p in points]).slope)
+    if not rss_slopes:
+        return None, None
+    return statistics.median(rss_slopes), statistics.median(fd_slopes)
+
+
+def growth(series: list[Sample]) -> tuple[float, int]:
     """(RSS growth in MiB, fd growth) between the second fifth and the last fifth of a series."""
     if len(series) < 10:
         return 0.0, 0
@@ -115,6 +141,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--rss-growth-max-mib", type=float, default=32)
     parser.add_argument("--fds-growth-max", type=int, default=8)
+    parser.add_argument("--rate-msgs-per-s", type=float, default=0, help="pace the load (0: as fast as acked)")
+    parser.add_argument("--slope-window-min-s", type=float, default=1800,
+                        help="shortest process lifetime a per-hour slope is fitted over")
     parser.add_argument("--self-rss-max-mib", type=float, default=500, help="the script's own peak RSS")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args()
@@ -125,7 +154,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="soak-"))
     config = StoreConfig.test_min().replace(flush_mode=args.flush_mode, segment_size_bytes=64 << 20)
     engine = EngineProcess(base / "store", config=config)
-    samples: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
+    samples: dict[str, list[Sample]] = defaultdict(list)
     kills: list[str] = []
     try:
         engine.start()
@@ -139,16 +168,20 @@ def main() -> int:
         engine.stop()  # does nothing if already stopped
         shutil.rmtree(base, ignore_errors=True)
     self_rss_mib = self_peak_rss_mib()
-    report = {"seed": seed, "duration_s": args.duration_s, "kills": kills, "verdict": verdict.summary(),
+    report = {"seed": seed, "duration_s": args.duration_s, "kills": kills, "acked": verdict.acked,
+              "verdict": verdict.summary(),
               "check_findings": findings, "self_peak_rss_mib": round(self_rss_mib, 1),
               "check_peak_rss_mib": round(check_rss_mib, 1),
               "actors": {}}
     grew = []
     for name, series in sorted(samples.items()):
         rss_growth, fd_growth = growth(series)
+        mib_per_hour, fds_per_hour = per_hour(series, args.slope_window_min_s)
         report["actors"][name] = {"private_mib_last": round(series[-1][1] / (1 << 20), 1),
                                   "private_growth_mib": round(rss_growth, 1), "fds_last": series[-1][2],
-                                  "fds_growth": fd_growth}
+                                  "fds_growth": fd_growth, "lifetimes": len({s[3] for s in series}),
+                                  "private_mib_per_hour": None if mib_per_hour is None else round(mib_per_hour, 2),
+                                  "fds_per_hour": None if fds_per_hour is None else round(fds_per_hour, 2)}
         if rss_growth > args.rss_growth_max_mib or fd_growth > args.fds_growth_max:
             grew.append(name)
     ok = verdict.ok() and not findings and not grew and self_rss_mib <= args.self_rss_max_mib
@@ -160,13 +193,13 @@ def main() -> int:
 
 
 def soak(engine: EngineProcess, args: argparse.Namespace, seed: int, ack_dir: Path,
-         samples: dict[str, list[tuple[float, int, int]]], kills: list[str]) -> Verdict:
+         samples: dict[str, list[Sample]], kills: list[str]) -> Verdict:
     """Load, sample and kill for ``--duration-s``, then check every acknowledged message."""
     rng = random.Random(seed)
     ack_log = AckLog(ack_dir, "soak", TOPICS)
     producer = Producer("soak", engine.client(timeout_ms=3_000), TOPICS, random.Random(seed), batch_size=16,
                         ack_log=ack_log)
-    thread = ProducerThread(producer).start()
+    thread = ProducerThread(producer, batches_per_s=args.rate_msgs_per_s / producer.batch_size).start()
     try:
         started = time.monotonic()
         next_kill = started + args.kill_interval_s

@@ -399,8 +399,9 @@ def _verify_queue(client: StoreClient, topic: str, queue_id: int, logs: dict[str
 class ProducerThread:
     """Runs a Producer in a background thread until stopped; tests wait on its progress."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, *, batches_per_s: float = 0.0) -> None:
         self.producer = producer
+        self.batch_interval_s = 1 / batches_per_s if batches_per_s > 0 else 0.0  # 0: as fast as acks come
         self._stop = threading.Event()
         self._progress = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"producer-{producer.name}", daemon=True)
@@ -412,10 +413,14 @@ class ProducerThread:
 
     def _run(self) -> None:
         try:
+            next_batch = time.monotonic()
             while not self._stop.is_set():
                 self.producer.send_batch()
                 with self._progress:
                     self._progress.notify_all()
+                if self.batch_interval_s:  # a paced load (soak): wait for the next slot, or the stop
+                    next_batch = max(next_batch + self.batch_interval_s, time.monotonic() - 1.0)
+                    self._stop.wait(max(0.0, next_batch - time.monotonic()))
         except BaseException as exc:  # noqa: BLE001 - reported to the test thread by wait_acked/stop
             self.failure = exc
             with self._progress:
