@@ -12,6 +12,7 @@ queue files so that every test rolls files.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -131,6 +132,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (0 < self.properties_bytes_max <= PROPERTIES_MAX_BYTES, "properties_bytes_max is at most 32767"),
             (1 <= self.consume_queue_owner_count <= 256, "consume_queue_owner_count must be between 1 and 256"),
             (_is_ipv4(self.store_host), "store_host must be an IPv4 address (it is written into records)"),
+            (is_endpoint(self.endpoint), f"endpoint {self.endpoint!r} must be tcp://host:port or ipc://path"),
             (1 <= self.topic_queue_count_default <= self.topic_queue_count_max,
              "topic_queue_count_default must be between 1 and topic_queue_count_max"),
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
@@ -212,13 +214,22 @@ def is_loopback_endpoint(endpoint: str) -> bool:
 
 
 def _is_ipv4(host: str) -> bool:
-    import socket
+    """A dotted quad and nothing else (``inet_aton`` also takes "127.1" and "127.0.0.1 junk")."""
+    import ipaddress
 
     try:
-        socket.inet_aton(host)
-    except OSError:
+        ipaddress.IPv4Address(host)
+    except ValueError:
         return False
-    return host.count(".") == 3
+    return True
+
+
+# tcp://host:port (host a name, an IPv4 address, [IPv6] or *) or ipc://path; a full match.
+_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.*-]+):[0-9]{1,5}|ipc://[^\s\x00]+", re.ASCII)
+
+
+def is_endpoint(endpoint: str) -> bool:
+    return _ENDPOINT.fullmatch(endpoint) is not None
 
 
 def encode_config(config: StoreConfig) -> bytes:
