@@ -71,7 +71,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000
     long_poll_wakes_per_turn_max: int = 512  # woken pulls an owner serves per loop turn; the rest next turn
-    catch_up_bytes_per_turn_max: int = 16 * MiB  # log an owner reads per loop turn when it missed dispatches
+    catch_up_bytes_per_turn_max: int = 16 * MiB  # log an owner or the index reads per turn to catch up
 
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
@@ -102,6 +102,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # Actors.
     consume_queue_owner_count: int = 2
     dispatch_batch_records_max: int = 1_000
+    dispatch_batches_per_turn_max: int = 64  # the reput dispatcher publishes at most this many per loop turn
     dispatch_tick_interval_ms: int = 100
     heartbeat_interval_ms: int = 200
     heartbeat_timeout_ms: int = 5_000
@@ -138,6 +139,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
              "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
             (self.restart_count_max >= 0, "restart_count_max must not be negative"),
+            (min(self.long_poll_wakes_per_turn_max, self.catch_up_bytes_per_turn_max,
+                 self.dispatch_batches_per_turn_max) >= 1, "the per-turn limits must be positive"),
             (0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio
              <= self.disk_space_warning_level_ratio <= 1,
              "disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning_level <= 1"),

@@ -40,6 +40,7 @@ class IndexBuilderActor(Actor):
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
         self.stalled = False
+        self.behind = False  # catch-up stopped at its per-turn budget: the loop goes on with it
         self.log_min_offset = 0
         self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
         self.last_flush_ms = monotonic_ms()
@@ -58,6 +59,8 @@ class IndexBuilderActor(Actor):
         confirmed = self.ctx.offsets.get(CONFIRMED)
         self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
         self.catch_up(self.visible_end)
+        while self.behind:  # before serving, all of it: recovery has its own start timeout
+            self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
         if self.index.file_count:
             self.syncer.mark(self.index.directory / self.index.names[-1])  # a predecessor's last writes
@@ -69,15 +72,23 @@ class IndexBuilderActor(Actor):
         self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
 
     def catch_up(self, end: int) -> None:
-        if end <= self.applied_offset:
+        """Index [applied_offset, end) straight from the log, ``catch_up_bytes_per_turn_max`` a call."""
+        start = self.applied_offset
+        self.behind = False
+        if end <= start:
             return
-        for item in self.reader.scan(self.applied_offset, end, check_crc=False):
+        for item in self.reader.scan(start, end, check_crc=False):
             if isinstance(item, Damage):
-                continue
-            keys = item.keys
-            uniq = item.uniq_key
-            if (keys or uniq) and not self.apply(item.topic, [uniq, *keys] if uniq else keys,
-                                                  item.commit_log_offset, item.store_timestamp_ms):
+                reached = item.end
+            else:
+                keys = item.keys
+                uniq = item.uniq_key
+                if (keys or uniq) and not self.apply(item.topic, [uniq, *keys] if uniq else keys,
+                                                      item.commit_log_offset, item.store_timestamp_ms):
+                    return
+                reached = item.commit_log_offset + item.total_size
+            if reached - start >= self.config.catch_up_bytes_per_turn_max and reached < end:
+                self.applied_offset, self.behind = reached, True
                 return
         self.applied_offset = end
 
@@ -99,9 +110,11 @@ class IndexBuilderActor(Actor):
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:
+            if self.behind:
+                return  # the backlog's catch-up reads this batch's records from the log
             self.catch_up(batch.start)
-        if self.stalled:
-            return  # the tick retries from the record that could not be indexed
+        if self.stalled or self.behind:
+            return  # the tick (or the next turn) goes on from the record it reached
         for entry in batch.entries:
             if entry.commit_log_offset >= self.applied_offset and not self.apply(
                     entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp):
@@ -130,6 +143,13 @@ class IndexBuilderActor(Actor):
             self.flush_index()
         if self.stalled:
             self.catch_up(self.visible_end)
+        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+
+    def backlog(self) -> bool:
+        return self.behind
+
+    def work_backlog(self) -> None:
+        self.catch_up(self.visible_end)
         self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
 
     def detail(self) -> dict[str, int]:

@@ -90,11 +90,20 @@ class ReputDispatcherActor(Actor):
         return self.confirmed_offset
 
     def dispatch(self) -> None:
+        """Publish up to ``dispatch_batches_per_turn_max`` batches; the loop comes back for the rest."""
         end = self.end_offset
-        while self.reput_offset < end and not self.stopping:
+        for _ in range(self.config.dispatch_batches_per_turn_max):
+            if self.reput_offset >= end or self.stopping:
+                return
             per_owner, for_index, position = self.collect(self.reput_offset, end)
             self.publish(position, per_owner, for_index)
             self.reput_offset = position
+
+    def backlog(self) -> bool:
+        return self.reput_offset < self.end_offset and not self.stopping
+
+    def work_backlog(self) -> None:
+        self.dispatch()
 
     def collect(self, start: int, end: int) -> tuple[list[list], list, int]:
         """Parse up to ``dispatch_batch_records_max`` records from ``start``: the entries for

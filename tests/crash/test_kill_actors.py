@@ -97,10 +97,13 @@ def test_killing_the_supervisor_stops_every_actor_and_a_restart_recovers(store_d
         engine.stop()
 
 
-def test_an_owner_that_catches_up_in_small_slices_loses_nothing(store_dir: Path) -> None:
-    """A restarted owner reads what it missed from the log a slice per loop turn
-    (catch_up_bytes_per_turn_max, tiny here so that every catch-up takes many turns)."""
-    config = crash_config("ASYNC_FLUSH").replace(catch_up_bytes_per_turn_max=4096)
+@pytest.mark.parametrize("role", ["owner", "index", "reput"])
+def test_actors_that_catch_up_in_small_slices_lose_nothing(store_dir: Path, role: str) -> None:
+    """A restarted owner or index builder reads what it missed from the log a slice per loop turn
+    (catch_up_bytes_per_turn_max), and the reput dispatcher publishes a few batches per turn
+    (dispatch_batches_per_turn_max): tiny here, so that every catch-up takes many turns."""
+    config = crash_config("ASYNC_FLUSH").replace(catch_up_bytes_per_turn_max=4096, dispatch_batches_per_turn_max=1,
+                                                 dispatch_batch_records_max=16)
     engine = EngineProcess(store_dir, config=config)
     engine.start()
     try:
@@ -108,7 +111,7 @@ def test_an_owner_that_catches_up_in_small_slices_loses_nothing(store_dir: Path)
         producer = start_producer(engine, seed=11)
         for round_no in range(3):
             producer.wait_acked(producer.acked + 300)
-            name, _pid = kill_actor(store_dir, "owner", rng=random.Random(round_no))
+            name, _pid = kill_actor(store_dir, role, rng=random.Random(round_no))
             events.wait_for("recovery.done", name=name)
         producer.wait_acked(producer.acked + 300)
         events.close()
