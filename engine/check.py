@@ -12,13 +12,25 @@ Records of a deleted topic below its deletion offset (``deleted_topics.py``)
 belong to no queue, and a queue left from before its topic's deletion is
 not checked (its owner removes it when it starts).
 
+Memory does not grow with the store: the log is read once, and each intact
+record's unit is looked up at once (random access into the queue's mapped
+file); then each queue's units are read in order and each IndexFile is
+mapped, not read. What stays in memory is per queue (the open queue, and
+whether it was reported missing) plus the findings, of which at most
+``check_memory_bytes_max / 1 KiB`` are kept (the rest are counted in a last
+finding). A store 100 times that limit is checked within it
+(``tests/unit/test_check_bounded_memory.py``).
+
 Run it on a stopped engine's directory (``python -m engine check``); every
-crash test ends with it. It never writes.
+crash test ends with it. It never writes. ``progress(stage, done, total)``
+is called as it goes (the CLI draws a bar from it on a terminal).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +42,15 @@ from engine.deleted_topics import DeletedTopics
 from engine.index_file import INDEX_DIR
 from engine.inspect_store import detect_config
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
+from engine.names import is_decimal
+
+FINDING_BYTES = 1024  # what one kept finding is taken to cost, for check_memory_bytes_max
+Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes, "queues" in units, "index" in files
+RecordHeads = Iterable[tuple[str, int, int, int]]  # (topic, queue id, queue offset, commit log offset)
+
+
+def _quiet(_stage: str, _done: int, _total: int) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -42,115 +63,199 @@ class Finding:
         return f"{self.area} {self.where}: {self.problem}"
 
 
-def check_store(store_dir: Path, config: StoreConfig | None = None) -> list[Finding]:
+class Findings(list[Finding]):
+    """The findings kept (at most ``kept_max``) and a count of those that were not."""
+
+    def __init__(self, kept_max: int) -> None:
+        super().__init__()
+        self.kept_max = max(1, kept_max)
+        self.dropped = 0
+
+    def add(self, finding: Finding) -> None:
+        if len(self) < self.kept_max:
+            self.append(finding)
+        else:
+            self.dropped += 1
+
+    def closed(self) -> list[Finding]:
+        if not self.dropped:
+            return list(self)
+        return [*self, Finding("check", "findings", f"{self.dropped} more findings not listed "
+                                                    f"(check_memory_bytes_max keeps {self.kept_max})")]
+
+
+def check_store(store_dir: Path, config: StoreConfig | None = None, *, progress: Progress = _quiet) -> list[Finding]:
     config = detect_config(store_dir, config or StoreConfig())
     reader = CommitLogReader.for_config(store_dir, config)
+    deleted = DeletedTopics(store_dir)
+    findings = Findings(config.check_memory_bytes_max // FINDING_BYTES)
+    queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)
+              for key in list_queues(store_dir)}
     try:
-        findings, log_end, records = _check_log(reader, config)
-        deleted = DeletedTopics(store_dir)
-        records = [r for r in records if not deleted.hides(r[0], r[3])]
-        queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)
-                  for key in list_queues(store_dir)}
         for key, cq in list(queues.items()):
             if deleted.is_leftover(cq):
                 cq.close()
                 del queues[key]
-        try:
-            findings += check_queues(reader, queues, records, log_end)
-        finally:
-            for cq in queues.values():
-                cq.close()
-        findings += _check_index(store_dir, reader, config, log_end)
-        findings += check_checkpoint(store_dir, log_end)
-        return findings
+        units = UnitCheck(queues, findings)
+        log_end = _check_log(reader, config, findings, units, deleted, progress)
+        check_units(reader, queues, log_end, findings, progress)
+        _check_index(store_dir, reader, config, log_end, findings, progress)
+        for finding in check_checkpoint(store_dir, log_end):
+            findings.add(finding)
+        return findings.closed()
     finally:
+        for cq in queues.values():
+            cq.close()
         reader.segments.close()
 
 
-def _check_log(reader: CommitLogReader, config: StoreConfig) -> tuple[list[Finding], int, list[tuple]]:
+def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings, units: UnitCheck,
+               deleted: DeletedTopics, progress: Progress) -> int:
+    """Every record's checks, and its unit looked up at once; returns the end of the last record."""
     first, last = reader.segments.first_offset(), reader.segments.last_offset()
     if first is None or last is None:
-        return [], 0, []
-    findings: list[Finding] = []
-    records: list[tuple[str, int, int, int]] = []
-    pending: list[Damage] = []
+        return 0
+    end = last + config.segment_size_bytes
+    pending: list[Damage] = []  # damage after the last record so far: a finding only if a record follows
+    pending_more = 0  # ranges past the 64 kept in ``pending``
     log_end = first
-    for item in reader.scan(first, last + config.segment_size_bytes, check_crc=True):
+    reported = first
+    for item in reader.scan(first, end, check_crc=True):
         if isinstance(item, Damage):
-            pending.append(item)
+            if len(pending) < 64:
+                pending.append(item)
+            else:
+                pending_more += 1
             continue
-        findings += [Finding("commitlog", f"[{d.start}, {d.end})", d.reason) for d in pending]
-        pending = []
-        records.append((item.topic, item.queue_id, item.queue_offset, item.commit_log_offset))
+        for damage in pending:
+            findings.add(Finding("commitlog", f"[{damage.start}, {damage.end})", damage.reason))
+        if pending_more:
+            findings.add(Finding("commitlog", f"[{pending[-1].end}, {item.commit_log_offset})",
+                                 f"{pending_more} more damaged ranges"))
+        pending, pending_more = [], 0
+        if not deleted.hides(item.topic, item.commit_log_offset):
+            units.record(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset)
         log_end = item.commit_log_offset + item.total_size
+        if log_end - reported >= 1 << 24:
+            reported = log_end
+            progress("log", log_end - first, end - first)
+    progress("log", end - first, end - first)
     # Damage after the last record is the unwritten rest of the log unless it holds bytes.
     for damage in pending:
         segment = reader.segment_at(damage.start)
-        if segment is not None and segment.mm[damage.start - segment.start_offset:
-                                              damage.end - segment.start_offset].strip(b"\x00"):
-            findings.append(Finding("commitlog", f"[{damage.start}, {damage.end})",
-                                    f"{damage.reason} (non-zero bytes after the last record)"))
-    return findings, log_end, records
+        if segment is not None and _holds_bytes(segment.mm, damage.start - segment.start_offset,
+                                                damage.end - segment.start_offset):
+            findings.add(Finding("commitlog", f"[{damage.start}, {damage.end})",
+                                 f"{damage.reason} (non-zero bytes after the last record)"))
+    return log_end
 
 
-def check_queues(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue],
-                  records: list[tuple[str, int, int, int]], log_end: int) -> list[Finding]:
-    findings = []
+def _holds_bytes(mm: mmap.mmap, start: int, end: int) -> bool:
+    """True if any byte of ``mm[start:end]`` is not zero (read 64 KiB at a time)."""
+    for at in range(start, end, 1 << 16):
+        if mm[at:min(end, at + (1 << 16))].strip(b"\x00"):
+            return True
+    return False
+
+
+class UnitCheck:
+    """A record's side of the queue check: the unit at its queue offset must point back at it."""
+
+    def __init__(self, queues: dict[tuple[str, int], ConsumeQueue], findings: Findings | list[Finding]) -> None:
+        self.queues = queues
+        self.findings = findings
+        self.missing: set[tuple[str, int]] = set()  # queues reported missing: one finding each
+
+    def record(self, topic: str, queue_id: int, queue_offset: int, offset: int) -> None:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            if (topic, queue_id) not in self.missing:
+                self.missing.add((topic, queue_id))
+                _add(self.findings, Finding("consumequeue", f"{topic}/{queue_id}",
+                                            f"missing, but the log holds its records (first at {offset})"))
+            return
+        if not cq.min_offset <= queue_offset < cq.max_offset:
+            return  # not dispatched yet (or retention moved the queue's min)
+        unit = cq.get(queue_offset)
+        if unit is not None and not unit.is_blank and unit.commit_log_offset != offset:
+            _add(self.findings, Finding("consumequeue", f"{topic}/{queue_id}@{queue_offset}",
+                                        f"record at {offset} is not the one its unit points at "
+                                        f"({unit.commit_log_offset})"))
+
+
+def _add(findings: Findings | list[Finding], finding: Finding) -> None:
+    if isinstance(findings, Findings):
+        findings.add(finding)
+    else:
+        findings.append(finding)
+
+
+def check_units(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue], log_end: int,
+                findings: Findings | list[Finding], progress: Progress = _quiet) -> None:
+    """The unit's side: every unit points at an intact record of its queue, at its offset, of its size."""
     log_min = reader.min_offset()
+    total = sum(cq.max_offset - cq.min_offset for cq in queues.values())
+    done = 0
     for (topic, queue_id), cq in queues.items():
         for queue_offset in range(cq.min_offset, cq.max_offset):
             unit = cq.get(queue_offset)
             where = f"{topic}/{queue_id}@{queue_offset}"
             if unit is None or unit.is_blank:
-                findings.append(Finding("consumequeue", where, "hole (blank unit): its record was damaged"))
+                _add(findings, Finding("consumequeue", where, "hole (blank unit): its record was damaged"))
                 continue
             if unit.commit_log_offset < log_min:
                 continue  # the record's segment was removed by retention
             try:
                 record = reader.read(unit.commit_log_offset, limit=log_end, check_crc=True)
             except RecordError as exc:
-                findings.append(Finding("consumequeue", where, f"points at {unit.commit_log_offset}: {exc.reason}"))
+                _add(findings, Finding("consumequeue", where, f"points at {unit.commit_log_offset}: {exc.reason}"))
                 continue
             if (record.topic, record.queue_id, record.queue_offset, record.total_size) != \
                     (topic, queue_id, queue_offset, unit.size):
-                findings.append(Finding("consumequeue", where, f"points at a record of {record.topic}/"
-                                        f"{record.queue_id}@{record.queue_offset} (size {record.total_size})"))
-    missing: set[tuple[str, int]] = set()
+                _add(findings, Finding("consumequeue", where, f"points at a record of {record.topic}/"
+                                       f"{record.queue_id}@{record.queue_offset} (size {record.total_size})"))
+        done += cq.max_offset - cq.min_offset
+        progress("queues", done, total)
+
+
+def check_queues(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue],
+                 records: RecordHeads, log_end: int) -> list[Finding]:
+    """Both sides for the given queues and records (one queue's, in a Spark task)."""
+    findings: list[Finding] = []
+    check_units(reader, queues, log_end, findings)
+    units = UnitCheck(queues, findings)
     for topic, queue_id, queue_offset, offset in records:
-        cq = queues.get((topic, queue_id))
-        if cq is None:
-            if (topic, queue_id) not in missing:
-                missing.add((topic, queue_id))
-                findings.append(Finding("consumequeue", f"{topic}/{queue_id}",
-                                        f"missing, but the log holds its records (first at {offset})"))
-            continue
-        if not cq.min_offset <= queue_offset < cq.max_offset:
-            continue  # not dispatched yet (or retention moved the queue's min)
-        unit = cq.get(queue_offset)
-        if unit is not None and not unit.is_blank and unit.commit_log_offset != offset:
-            findings.append(Finding("consumequeue", f"{topic}/{queue_id}@{queue_offset}",
-                                    f"record at {offset} is not the one its unit points at ({unit.commit_log_offset})"))
+        units.record(topic, queue_id, queue_offset, offset)
     return findings
 
 
-def _check_index(store_dir: Path, reader: CommitLogReader, config: StoreConfig, log_end: int) -> list[Finding]:
+def _check_index(store_dir: Path, reader: CommitLogReader, config: StoreConfig, log_end: int,
+                 findings: Findings, progress: Progress) -> None:
     directory = store_dir / INDEX_DIR
     if not directory.is_dir():
-        return []
-    findings = []
-    for name in sorted(n for n in os.listdir(directory) if n.isdigit()):
-        findings += check_index_file(name, (directory / name).read_bytes(), reader, config, log_end)
-    return findings
+        return
+    names = sorted(n for n in os.listdir(directory) if is_decimal(n))
+    for done, name in enumerate(names, start=1):
+        with open(directory / name, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                found = check_index_file(name, b"", reader, config, log_end)
+            else:
+                with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as data:
+                    found = check_index_file(name, data, reader, config, log_end)
+        for finding in found:
+            findings.add(finding)
+        progress("index", done, len(names))
 
 
-def check_index_file(name: str, data: bytes, reader: CommitLogReader, config: StoreConfig,
+def check_index_file(name: str, data: bytes | mmap.mmap, reader: CommitLogReader, config: StoreConfig,
                      log_end: int) -> list[Finding]:
     """One IndexFile's items against the log (files can be checked in parallel)."""
-    *_, count = INDEX_HEADER.unpack_from(data, 0)
     if len(data) != index_file_bytes(hash_slot_count=config.index_hash_slot_count,
                                      index_count=config.index_item_count_max):
         return [Finding("index", name, f"{len(data)} bytes do not match the configured slot and item "
                                        f"counts; give the store's config")]
+    *_, count = INDEX_HEADER.unpack_from(data, 0)
     findings = []
     log_min = reader.min_offset()
     base = INDEX_HEADER.size + config.index_hash_slot_count * INDEX_SLOT.size

@@ -227,7 +227,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"rebuilt queues and index from {report.records} records (log end {report.log_end}, "
               f"{report.damaged_ranges} damaged ranges); the old files are in {report.evidence_dir}",
               file=sys.stderr)
-    findings = check_store(args.store_dir, config)
+    from engine.progress import StageBars
+
+    with StageBars(enabled=None if not args.json else False) as bars:
+        findings = check_store(args.store_dir, config, progress=bars)
     _emit(args, [f.__dict__ for f in findings],
           "\n".join(str(f) for f in findings) or f"{args.store_dir}: no problems found")
     return 1 if findings else 0

@@ -68,6 +68,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     pull_bytes_max: int = 4 * MiB
     query_result_count_max: int = 64
     consumer_offset_persist_interval_ms: int = 5_000
+    check_memory_bytes_max: int = 64 * MiB  # `engine check`: findings kept beyond the per-queue state
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000
     long_poll_wakes_per_turn_max: int = 512  # woken pulls an owner serves per loop turn; the rest next turn
