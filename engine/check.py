@@ -257,6 +257,10 @@ def check_index_file(name: str, data: bytes | mmap.mmap, reader: CommitLogReader
                                        f"counts; give the store's config")]
     *_, count = INDEX_HEADER.unpack_from(data, 0)
     findings = []
+    if not 0 <= count <= config.index_item_count_max:  # a damaged header: walk what the file can hold
+        findings.append(Finding("index", name, f"the header counts {count} items; the file holds "
+                                               f"{config.index_item_count_max}"))
+        count = min(max(count, 0), config.index_item_count_max)
     log_min = reader.min_offset()
     base = INDEX_HEADER.size + config.index_hash_slot_count * INDEX_SLOT.size
     for item in range(1, max(count, 1)):
