@@ -118,6 +118,64 @@ store_u64(uint8_t *p, uint64_t v)
     store_u32(p + 4, (uint32_t)v);
 }
 
+/*
+ * Publication in a shared mapping (the IndexFile, engine/key_lookup.py). The index
+ * builder writes while the front, another process, reads. What the writer stores before
+ * a release store is visible to a reader that sees that store through an acquire load:
+ * a release store is a store with a barrier before it (aarch64: stlr), an acquire load a
+ * load with a barrier after it (ldar); on x86-64 both are plain moves and only keep the
+ * compiler from moving accesses across them. Values are big-endian; a naturally aligned
+ * word (any mmap'd IndexFile field) is stored and loaded whole with C11 atomics, and a
+ * misaligned one (a test's bytearray) by bytes between fences.
+ */
+static inline void
+publish_u32(uint8_t *p, uint32_t v)
+{
+    if (((uintptr_t)p & 3) == 0) {
+        uint32_t word;
+        store_u32((uint8_t *)&word, v);
+        atomic_store_explicit((_Atomic uint32_t *)(void *)p, word, memory_order_release);
+    } else {
+        atomic_thread_fence(memory_order_release);
+        store_u32(p, v);
+    }
+}
+
+static inline uint32_t
+acquire_u32(const uint8_t *p)
+{
+    if (((uintptr_t)p & 3) == 0) {
+        uint32_t word = atomic_load_explicit((_Atomic uint32_t *)(void *)p, memory_order_acquire);
+        return load_u32((const uint8_t *)&word);
+    }
+    uint32_t v = load_u32(p);
+    atomic_thread_fence(memory_order_acquire);
+    return v;
+}
+
+/* A 64-bit header field, stored and loaded whole when aligned (a reader never sees half of it). */
+static inline void
+store_whole_u64(uint8_t *p, uint64_t v)
+{
+    if (((uintptr_t)p & 7) == 0) {
+        uint64_t word;
+        store_u64((uint8_t *)&word, v);
+        atomic_store_explicit((_Atomic uint64_t *)(void *)p, word, memory_order_relaxed);
+    } else {
+        store_u64(p, v);
+    }
+}
+
+static inline int64_t
+load_whole_i64(const uint8_t *p)
+{
+    if (((uintptr_t)p & 7) == 0) {
+        uint64_t word = atomic_load_explicit((_Atomic uint64_t *)(void *)p, memory_order_relaxed);
+        return load_i64((const uint8_t *)&word);
+    }
+    return load_i64(p);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Small helpers                                                            */
 /* ------------------------------------------------------------------------ */
@@ -1429,6 +1487,11 @@ done:
  * the state: read first, rewritten after every item, so
  * a kill between an item and its header leaves one uncounted item
  * (IndexFile.repair_after_kill unlinks it).
+ *
+ * Readers in other processes (engine/key_lookup.py): the item's fields are stored, then
+ * its slot is published (a release store); the header's fields are stored whole, then
+ * its count is published. index_select loads a slot, and index_header the count, with
+ * an acquire load before reading what it points at or counts.
  */
 enum { INDEX_HEADER_BYTES = 40, INDEX_SLOT_BYTES = 4, INDEX_ITEM_BYTES = 20 };
 
@@ -1498,12 +1561,7 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
         store_u64(item + 4, (uint64_t)offset);
         store_u32(item + 12, (uint32_t)time_diff);
         store_u32(item + 16, (uint32_t)previous);
-        /* A reader in another process walks slot -> item: the item must be stored before the
-         * slot, and the slot before the header (engine/key_lookup.py). x86-64 keeps stores in
-         * program order; these fences keep the compiler from reordering or merging them. */
-        atomic_signal_fence(memory_order_release);
-        store_u32(slot, (uint32_t)count);
-        atomic_signal_fence(memory_order_release);
+        publish_u32(slot, (uint32_t)count);  /* the item above is complete for whoever sees this */
         if (count <= 1) {
             begin_phy = offset;
             begin_ts = store_ts;
@@ -1513,12 +1571,12 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
         count++;
         end_phy = offset;
         end_ts = store_ts;
-        store_u64(buf, (uint64_t)begin_ts);
-        store_u64(buf + 8, (uint64_t)end_ts);
-        store_u64(buf + 16, (uint64_t)begin_phy);
-        store_u64(buf + 24, (uint64_t)end_phy);
+        store_whole_u64(buf, (uint64_t)begin_ts);
+        store_whole_u64(buf + 8, (uint64_t)end_ts);
+        store_whole_u64(buf + 16, (uint64_t)begin_phy);
+        store_whole_u64(buf + 24, (uint64_t)end_phy);
         store_u32(buf + 32, (uint32_t)slots_used);
-        store_u32(buf + 36, (uint32_t)count);
+        publish_u32(buf + 36, (uint32_t)count);
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(added);
@@ -1526,6 +1584,89 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
 fail:
     PyBuffer_Release(&view);
     return NULL;
+}
+
+/* index_header(buf): the six header fields, the count loaded with acquire first. */
+static PyObject *
+codec_index_header(PyObject *Py_UNUSED(module), PyObject *buffer)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len < INDEX_HEADER_BYTES) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than an index header");
+        return NULL;
+    }
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    int32_t count = (int32_t)acquire_u32(buf + 36);
+    PyObject *header = Py_BuildValue("(LLLLii)", (long long)load_whole_i64(buf), (long long)load_whole_i64(buf + 8),
+                                     (long long)load_whole_i64(buf + 16), (long long)load_whole_i64(buf + 24),
+                                     (int)load_i32(buf + 32), (int)count);
+    PyBuffer_Release(&view);
+    return header;
+}
+
+/*
+ * index_select(buf, hash_slot_count, index_count_max, key_hash, begin_ts, count_max, begin_ms, end_ms):
+ * the commit log offsets of the items in key_hash's chain, newest first (IndexFile#selectPhyOffset).
+ * The slot is loaded with acquire: every item it leads to was complete before it was published,
+ * and each item's prev was stored before the item itself was published. The walk is bounded by
+ * the file's capacity and by prev links that go strictly back.
+ */
+static PyObject *
+codec_index_select(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "index_select(buf, hash_slot_count, index_count_max, key_hash, begin_ts, "
+                                         "count_max, begin_ms, end_ms)");
+        return NULL;
+    }
+    long long slots, count_max, key_hash, begin_ts, found_max, begin_ms, end_ms;
+    if (int_arg(args[1], 1, INT32_MAX, "hash_slot_count", &slots) < 0
+        || int_arg(args[2], 0, INT32_MAX, "index_count_max", &count_max) < 0
+        || int_arg(args[3], 0, INT32_MAX, "key_hash", &key_hash) < 0
+        || int_arg(args[4], LLONG_MIN / 2, LLONG_MAX / 2, "begin_ts", &begin_ts) < 0
+        || int_arg(args[5], 0, INT32_MAX, "count_max", &found_max) < 0
+        || int_arg(args[6], LLONG_MIN, LLONG_MAX, "begin_ms", &begin_ms) < 0
+        || int_arg(args[7], LLONG_MIN, LLONG_MAX, "end_ms", &end_ms) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    long long items_base = INDEX_HEADER_BYTES + slots * INDEX_SLOT_BYTES;
+    if (view.len < items_base + count_max * INDEX_ITEM_BYTES) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than an index file of these dimensions");
+        return NULL;
+    }
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    PyObject *found = PyList_New(0);
+    if (found == NULL)
+        goto done;
+    int32_t item = (int32_t)acquire_u32(buf + INDEX_HEADER_BYTES + (key_hash % slots) * INDEX_SLOT_BYTES);
+    for (long long steps = 0; item > 0 && item < count_max && PyList_GET_SIZE(found) < found_max
+                              && steps < count_max; steps++) {
+        const uint8_t *at = buf + items_base + (long long)item * INDEX_ITEM_BYTES;
+        int32_t item_hash = load_i32(at), time_diff = load_i32(at + 12), prev = load_i32(at + 16);
+        int64_t offset = load_i64(at + 4);
+        long long stored_ms = begin_ts + (long long)time_diff * 1000;
+        if (item_hash == key_hash && begin_ms <= stored_ms && stored_ms <= end_ms) {
+            PyObject *value = PyLong_FromLongLong(offset);
+            if (value == NULL || PyList_Append(found, value) < 0) {
+                Py_XDECREF(value);
+                Py_CLEAR(found);
+                goto done;
+            }
+            Py_DECREF(value);
+        }
+        if (prev <= 0 || prev >= item || stored_ms < begin_ms)
+            break;
+        item = prev;
+    }
+done:
+    PyBuffer_Release(&view);
+    return found;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2481,6 +2622,10 @@ static PyMethodDef codec_methods[] = {
      "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
+    {"index_header", (PyCFunction)codec_index_header, METH_O,
+     "The IndexFile header's six fields, the count loaded with acquire (see engine/codec_py.py)."},
+    {"index_select", (PyCFunction)(void (*)(void))codec_index_select, METH_FASTCALL,
+     "Commit log offsets of a key hash's chain, newest first, the slot loaded with acquire."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,
      "The record at buf[pos:] as a reply's message map; None if it fails any check."},
     {"pull_run", (PyCFunction)(void (*)(void))codec_pull_run, METH_FASTCALL,

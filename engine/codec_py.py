@@ -185,6 +185,39 @@ def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str,
     return added
 
 
+def index_header(buf) -> tuple[int, int, int, int, int, int]:
+    """The IndexFile header: begin ts, end ts, begin phy, end phy, slots used, count.
+
+    The compiled twin loads the count with acquire, then the rest whole. Here they are
+    plain reads: this fallback relies on the interpreter and the processor keeping a
+    writer's stores in order, which x86-64 does and aarch64 does not promise."""
+    return INDEX_HEADER.unpack_from(buf, 0)
+
+
+def index_select(buf, hash_slot_count: int, index_count_max: int, key_hash: int, begin_ts: int, count_max: int,
+                 begin_ms: int, end_ms: int) -> list[int]:
+    """Commit log offsets of the items in ``key_hash``'s chain, newest first (IndexFile#selectPhyOffset).
+
+    Bounded by the file's capacity and by ``prev`` links that go strictly back. The compiled
+    twin loads the slot with acquire (see ``index_header`` for this fallback)."""
+    items_base = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
+    if len(buf) < items_base + index_count_max * INDEX_ITEM.size:
+        raise ValueError("the buffer is smaller than an index file of these dimensions")
+    (item,) = INDEX_SLOT.unpack_from(buf, INDEX_HEADER.size + (key_hash % hash_slot_count) * INDEX_SLOT.size)
+    found: list[int] = []
+    steps = 0
+    while 0 < item < index_count_max and len(found) < count_max and steps < index_count_max:
+        item_hash, offset, time_diff, prev = INDEX_ITEM.unpack_from(buf, items_base + item * INDEX_ITEM.size)
+        stored_ms = begin_ts + time_diff * 1000
+        if item_hash == key_hash and begin_ms <= stored_ms <= end_ms:
+            found.append(offset)
+        if prev <= 0 or prev >= item or stored_ms < begin_ms:
+            break
+        item = prev
+        steps += 1
+    return found
+
+
 _BLANK_UNIT_SIZE = 0x7FFFFFFF  # consume_queue.BLANK_UNIT_SIZE: a hole left by a damaged record
 _encoder = msgspec.msgpack.Encoder()
 

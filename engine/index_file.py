@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from engine.codec import index_key_hash, index_put_keys
+from engine.codec import index_header, index_key_hash, index_put_keys, index_select
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.mapped_file import MappedFile, create_preallocated
 from engine.names import is_decimal
@@ -100,7 +100,7 @@ class IndexFile:
         """Read the header into the attributes (at open, after puts, and in a reader following
         the builder); the item count, at least 1 (item 0 is never used)."""
         (self.begin_timestamp_ms, self.end_timestamp_ms, self.begin_phy_offset, self.end_phy_offset,
-         self.hash_slot_used, self.index_count) = INDEX_HEADER.unpack_from(self.mapped.mm, 0)
+         self.hash_slot_used, self.index_count) = index_header(self.mapped.mm)
         self.index_count = max(self.index_count, 1)
         return self.index_count
 
@@ -109,22 +109,10 @@ class IndexFile:
 
     def select(self, key: str, *, count_max: int, begin_ms: int, end_ms: int) -> list[int]:
         """Commit log offsets whose key hash matches, newest first (IndexFile#selectPhyOffset)."""
-        key_hash = index_key_hash(key)
-        (item,) = INDEX_SLOT.unpack_from(self.mapped.mm, self._slot_pos(key_hash))
-        found: list[int] = []
-        steps = 0
-        # Bounded by the capacity, not the count: a reader in another process may see a slot
-        # before the header that counts its item (engine/key_lookup.py); the item is complete.
-        while 0 < item < self.index_count_max and len(found) < count_max and steps < self.index_count_max:
-            item_hash, offset, time_diff, prev = INDEX_ITEM.unpack_from(self.mapped.mm, self._item_pos(item))
-            stored_ms = self.begin_timestamp_ms + time_diff * 1000
-            if item_hash == key_hash and begin_ms <= stored_ms <= end_ms:
-                found.append(offset)
-            if prev <= 0 or prev >= item or stored_ms < begin_ms:
-                break
-            item = prev
-            steps += 1
-        return found
+        # The slot is loaded with acquire (codec.index_select): a slot seen leads to complete
+        # items, even while the index builder appends in another process (engine/key_lookup.py).
+        return index_select(self.mapped.mm, self.hash_slot_count, self.index_count_max, index_key_hash(key),
+                            self.begin_timestamp_ms, count_max, begin_ms, end_ms)
 
     def flush(self) -> None:
         self.mapped.flush()

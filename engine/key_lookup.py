@@ -5,12 +5,15 @@ another actor paid two more process hops, which cost more than the lookup (with 
 flight, a request through a backend actor ran at a quarter of the rate of one the front
 answers alone). The index builder writes the files; readers map them read-only.
 
-Reading while the builder writes: the builder stores an item, then its slot, then the
-header (``codec.index_put_keys``), in that order, to a shared mapping. On x86-64 stores
-become visible in program order, so a slot a reader sees points at a complete item, and
-items are walked by their ``prev`` links, never past the file's capacity. A reader's
-header may lag its slots by a few items; it is reloaded before every lookup, and a full
-newest file makes the reader look for the next one.
+Reading while the builder writes: the builder stores an item, then publishes it with a
+release store of its slot, then the header's fields and, with a release store, its count
+(``codec.index_put_keys``). This reader loads a slot (``codec.index_select``) and the
+count (``codec.index_header``) with acquire loads before it reads what they lead to, so
+a slot it sees points at a complete item on any processor (C11 atomics in the codec;
+aarch64 needs them, x86-64 orders stores by itself). Items are walked by their ``prev``
+links, never past the file's capacity. A reader's header may lag its slots by a few
+items; it is reloaded before every lookup, and a full newest file makes the reader look
+for the next one.
 
 The index gives candidate offsets; each candidate record is read from the log and kept
 only if it passes its checks, lies below the visible end, belongs to the topic (records of
