@@ -120,7 +120,7 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
     pending_more = 0  # ranges past the 64 kept in ``pending``
     log_end = first
     reported = first
-    for item in reader.scan(first, end, check_crc=True):
+    for item in reader.scan_heads(first, end):  # every check; the properties are not decoded
         if isinstance(item, Damage):
             if len(pending) < 64:
                 pending.append(item)
@@ -206,7 +206,7 @@ def check_units(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQu
             if unit.commit_log_offset < log_min:
                 continue  # the record's segment was removed by retention
             try:
-                record = reader.read(unit.commit_log_offset, limit=log_end, check_crc=True)
+                record = reader.read_head(unit.commit_log_offset, limit=log_end)
             except RecordError as exc:
                 _add(findings, Finding("consumequeue", where, f"points at {unit.commit_log_offset}: {exc.reason}"))
                 continue
@@ -271,12 +271,12 @@ def check_index_file(name: str, data: bytes | mmap.mmap, reader: CommitLogReader
         if offset < log_min:
             continue
         try:
-            record = reader.read(offset, limit=log_end, check_crc=False)
+            record = reader.read_view(offset, limit=log_end, check_crc=False)
         except RecordError as exc:
             findings.append(Finding("index", where, f"points at {offset}: {exc.reason}"))
             continue
-        keys = [*record.keys, *([record.uniq_key] if record.uniq_key else [])]
-        if key_hash not in {index_key_hash(f"{record.topic}#{k}") for k in keys}:
+        keys = [*record["keys"], *([record["uniq_key"]] if record["uniq_key"] else [])]
+        if key_hash not in {index_key_hash(f"{record['topic']}#{k}") for k in keys}:
             findings.append(Finding("index", where, f"the record at {offset} carries no key with this hash"))
     return findings
 

@@ -113,15 +113,22 @@ class CommitLogReader:
                              base_offset=segment.start_offset, check_crc=check_crc,
                              require_record_crc=check_crc and self.require_record_crc)
 
-    def read_view(self, offset: int, *, limit: int) -> dict:
-        """The record at ``offset`` as a reply's message map, every check done (``codec.read_view``);
-        RecordError if it is damaged or reaches past ``limit``."""
+    def read_head(self, offset: int, *, limit: int) -> RecordHead:
+        """The head of the record at ``offset``, every check done but no properties decoded."""
         segment = self._holding(offset)
         end = min(segment.size_bytes, limit - segment.start_offset)
-        view = codec.read_view(segment.mm, offset - segment.start_offset, end, segment.start_offset, True,
-                               self.require_record_crc)
+        return verify_record(segment.mm, offset - segment.start_offset, limit=end, base_offset=segment.start_offset,
+                             require_record_crc=self.require_record_crc)
+
+    def read_view(self, offset: int, *, limit: int, check_crc: bool = True) -> dict:
+        """The record at ``offset`` as a reply's message map (``codec.read_view``), every check
+        done unless ``check_crc`` is off; RecordError if it is damaged or reaches past ``limit``."""
+        segment = self._holding(offset)
+        end = min(segment.size_bytes, limit - segment.start_offset)
+        view = codec.read_view(segment.mm, offset - segment.start_offset, end, segment.start_offset, check_crc,
+                               check_crc and self.require_record_crc)
         if view is None:
-            self.read(offset, limit=limit, check_crc=True)  # raises RecordError with the reason
+            self.read(offset, limit=limit, check_crc=check_crc)  # raises RecordError with the reason
             raise RecordError("record refused by the codec", offset)  # the two disagree: never serve it
         return view
 
