@@ -126,8 +126,14 @@ store_u64(uint8_t *p, uint64_t v)
  * load with a barrier after it (ldar); on x86-64 both are plain moves and only keep the
  * compiler from moving accesses across them. Values are big-endian; a naturally aligned
  * word (any mmap'd IndexFile field) is stored and loaded whole with C11 atomics, and a
- * misaligned one (a test's bytearray) by bytes between fences.
+ * misaligned one (a test's bytearray) by bytes between fences. The atomics must be
+ * lock-free: a lock would live in one process's memory and order nothing in the other's.
  */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2 && sizeof(_Atomic uint32_t) == 4,
+               "a 32-bit atomic in shared memory must be a lock-free plain word");
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && sizeof(_Atomic uint64_t) == 8,
+               "a 64-bit atomic in shared memory must be a lock-free plain word");
+
 static inline void
 publish_u32(uint8_t *p, uint32_t v)
 {
@@ -1488,12 +1494,17 @@ done:
  * a kill between an item and its header leaves one uncounted item
  * (IndexFile.repair_after_kill unlinks it).
  *
- * Readers in other processes (engine/key_lookup.py): the item's fields are stored, then
- * its slot is published (a release store); the header's fields are stored whole, then
- * its count is published. index_select loads a slot, and index_header the count, with
- * an acquire load before reading what it points at or counts.
+ * Readers in other processes (engine/key_lookup.py states the protocol): the item's
+ * fields are plain stores; its slot is a release store; the header's fields are stored
+ * whole, then its count is a release store, the one point where an item is added. A
+ * reader loads the count with acquire (index_header), then the slot with acquire
+ * (index_select), and answers only items below that count.
  */
-enum { INDEX_HEADER_BYTES = 40, INDEX_SLOT_BYTES = 4, INDEX_ITEM_BYTES = 20 };
+enum { INDEX_HEADER_BYTES = 40, INDEX_SLOT_BYTES = 4, INDEX_ITEM_BYTES = 20, INDEX_COUNT_AT = 36 };
+/* In a page-aligned mapping every slot and the count are aligned words, and each 64-bit
+ * header field an aligned double word: publish_u32 and acquire_u32 take their atomic path. */
+_Static_assert(INDEX_HEADER_BYTES % 8 == 0 && INDEX_SLOT_BYTES == 4 && INDEX_COUNT_AT % 4 == 0
+               && INDEX_COUNT_AT + 4 == INDEX_HEADER_BYTES, "IndexFile words must be naturally aligned");
 
 static PyObject *
 codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -1576,7 +1587,7 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
         store_whole_u64(buf + 16, (uint64_t)begin_phy);
         store_whole_u64(buf + 24, (uint64_t)end_phy);
         store_u32(buf + 32, (uint32_t)slots_used);
-        publish_u32(buf + 36, (uint32_t)count);
+        publish_u32(buf + INDEX_COUNT_AT, (uint32_t)count);  /* the item is added */
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(added);
@@ -1599,7 +1610,7 @@ codec_index_header(PyObject *Py_UNUSED(module), PyObject *buffer)
         return NULL;
     }
     const uint8_t *buf = (const uint8_t *)view.buf;
-    int32_t count = (int32_t)acquire_u32(buf + 36);
+    int32_t count = (int32_t)acquire_u32(buf + INDEX_COUNT_AT);
     PyObject *header = Py_BuildValue("(LLLLii)", (long long)load_whole_i64(buf), (long long)load_whole_i64(buf + 8),
                                      (long long)load_whole_i64(buf + 16), (long long)load_whole_i64(buf + 24),
                                      (int)load_i32(buf + 32), (int)count);
@@ -1608,28 +1619,35 @@ codec_index_header(PyObject *Py_UNUSED(module), PyObject *buffer)
 }
 
 /*
- * index_select(buf, hash_slot_count, index_count_max, key_hash, begin_ts, count_max, begin_ms, end_ms):
+ * index_select(buf, hash_slot_count, index_count_max, index_count, key_hash, begin_ts, count_max,
+ *              begin_ms, end_ms):
  * the commit log offsets of the items in key_hash's chain, newest first (IndexFile#selectPhyOffset).
- * The slot is loaded with acquire: every item it leads to was complete before it was published,
- * and each item's prev was stored before the item itself was published. The walk is bounded by
- * the file's capacity and by prev links that go strictly back.
+ *
+ * index_count and begin_ts come from a header the caller loaded with index_header (the count
+ * with acquire) before this call: only items below index_count are answered, all of them
+ * complete. The slot is loaded with acquire after that count, so it leads to every counted
+ * item of its bucket; an item at or past index_count (added after that header, or
+ * half-added by a killed builder) is not answered, its time does not end the walk, and only
+ * its prev is followed (the slot's release made it readable). The walk is bounded by the
+ * file's capacity and by prev links that go strictly back.
  */
 static PyObject *
 codec_index_select(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "index_select(buf, hash_slot_count, index_count_max, key_hash, begin_ts, "
-                                         "count_max, begin_ms, end_ms)");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "index_select(buf, hash_slot_count, index_count_max, index_count, key_hash, "
+                                         "begin_ts, count_max, begin_ms, end_ms)");
         return NULL;
     }
-    long long slots, count_max, key_hash, begin_ts, found_max, begin_ms, end_ms;
+    long long slots, count_max, counted, key_hash, begin_ts, found_max, begin_ms, end_ms;
     if (int_arg(args[1], 1, INT32_MAX, "hash_slot_count", &slots) < 0
         || int_arg(args[2], 0, INT32_MAX, "index_count_max", &count_max) < 0
-        || int_arg(args[3], 0, INT32_MAX, "key_hash", &key_hash) < 0
-        || int_arg(args[4], LLONG_MIN / 2, LLONG_MAX / 2, "begin_ts", &begin_ts) < 0
-        || int_arg(args[5], 0, INT32_MAX, "count_max", &found_max) < 0
-        || int_arg(args[6], LLONG_MIN, LLONG_MAX, "begin_ms", &begin_ms) < 0
-        || int_arg(args[7], LLONG_MIN, LLONG_MAX, "end_ms", &end_ms) < 0)
+        || int_arg(args[3], LLONG_MIN, LLONG_MAX, "index_count", &counted) < 0
+        || int_arg(args[4], 0, INT32_MAX, "key_hash", &key_hash) < 0
+        || int_arg(args[5], LLONG_MIN / 2, LLONG_MAX / 2, "begin_ts", &begin_ts) < 0
+        || int_arg(args[6], 0, INT32_MAX, "count_max", &found_max) < 0
+        || int_arg(args[7], LLONG_MIN, LLONG_MAX, "begin_ms", &begin_ms) < 0
+        || int_arg(args[8], LLONG_MIN, LLONG_MAX, "end_ms", &end_ms) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
@@ -1648,19 +1666,24 @@ codec_index_select(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     for (long long steps = 0; item > 0 && item < count_max && PyList_GET_SIZE(found) < found_max
                               && steps < count_max; steps++) {
         const uint8_t *at = buf + items_base + (long long)item * INDEX_ITEM_BYTES;
-        int32_t item_hash = load_i32(at), time_diff = load_i32(at + 12), prev = load_i32(at + 16);
-        int64_t offset = load_i64(at + 4);
-        long long stored_ms = begin_ts + (long long)time_diff * 1000;
-        if (item_hash == key_hash && begin_ms <= stored_ms && stored_ms <= end_ms) {
-            PyObject *value = PyLong_FromLongLong(offset);
-            if (value == NULL || PyList_Append(found, value) < 0) {
-                Py_XDECREF(value);
-                Py_CLEAR(found);
-                goto done;
+        int32_t prev = load_i32(at + 16);
+        if (item < counted) {
+            int32_t item_hash = load_i32(at), time_diff = load_i32(at + 12);
+            int64_t offset = load_i64(at + 4);
+            long long stored_ms = begin_ts + (long long)time_diff * 1000;
+            if (item_hash == key_hash && begin_ms <= stored_ms && stored_ms <= end_ms) {
+                PyObject *value = PyLong_FromLongLong(offset);
+                if (value == NULL || PyList_Append(found, value) < 0) {
+                    Py_XDECREF(value);
+                    Py_CLEAR(found);
+                    goto done;
+                }
+                Py_DECREF(value);
             }
-            Py_DECREF(value);
+            if (stored_ms < begin_ms)
+                break;
         }
-        if (prev <= 0 || prev >= item || stored_ms < begin_ms)
+        if (prev <= 0 || prev >= item)
             break;
         item = prev;
     }
@@ -2625,7 +2648,7 @@ static PyMethodDef codec_methods[] = {
     {"index_header", (PyCFunction)codec_index_header, METH_O,
      "The IndexFile header's six fields, the count loaded with acquire (see engine/codec_py.py)."},
     {"index_select", (PyCFunction)(void (*)(void))codec_index_select, METH_FASTCALL,
-     "Commit log offsets of a key hash's chain, newest first, the slot loaded with acquire."},
+     "Commit log offsets of a key hash's chain below a header's count, newest first (see engine/codec_py.py)."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,
      "The record at buf[pos:] as a reply's message map; None if it fails any check."},
     {"pull_run", (PyCFunction)(void (*)(void))codec_pull_run, METH_FASTCALL,

@@ -188,18 +188,24 @@ def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str,
 def index_header(buf) -> tuple[int, int, int, int, int, int]:
     """The IndexFile header: begin ts, end ts, begin phy, end phy, slots used, count.
 
-    The compiled twin loads the count with acquire, then the rest whole. Here they are
-    plain reads: this fallback relies on the interpreter and the processor keeping a
-    writer's stores in order, which x86-64 does and aarch64 does not promise."""
+    The compiled twin loads the count with acquire, then the rest whole; the writer's twin
+    (``index_put_keys`` above) stores with plain writes. This fallback, used only where the
+    C codec could not be built, relies on the processor making the writer's stores visible
+    in program order, which x86-64 does and aarch64 does not promise: on x86-64 a slot seen
+    leads to items stored before it, so even a count seen torn (``pack_into`` may store it a
+    byte at a time) admits only complete items."""
     return INDEX_HEADER.unpack_from(buf, 0)
 
 
-def index_select(buf, hash_slot_count: int, index_count_max: int, key_hash: int, begin_ts: int, count_max: int,
-                 begin_ms: int, end_ms: int) -> list[int]:
+def index_select(buf, hash_slot_count: int, index_count_max: int, index_count: int, key_hash: int, begin_ts: int,
+                 count_max: int, begin_ms: int, end_ms: int) -> list[int]:
     """Commit log offsets of the items in ``key_hash``'s chain, newest first (IndexFile#selectPhyOffset).
 
-    Bounded by the file's capacity and by ``prev`` links that go strictly back. The compiled
-    twin loads the slot with acquire (see ``index_header`` for this fallback)."""
+    ``index_count`` and ``begin_ts`` come from a header read before this call (``index_header``):
+    only items below ``index_count`` are answered. An item at or past it (written after that
+    header, or half-added by a killed builder) is passed over: not answered, its time does not
+    end the walk, only its ``prev`` is followed. Bounded by the file's capacity and by ``prev``
+    links that go strictly back. See ``index_header`` for what this fallback relies on."""
     items_base = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
     if len(buf) < items_base + index_count_max * INDEX_ITEM.size:
         raise ValueError("the buffer is smaller than an index file of these dimensions")
@@ -208,10 +214,13 @@ def index_select(buf, hash_slot_count: int, index_count_max: int, key_hash: int,
     steps = 0
     while 0 < item < index_count_max and len(found) < count_max and steps < index_count_max:
         item_hash, offset, time_diff, prev = INDEX_ITEM.unpack_from(buf, items_base + item * INDEX_ITEM.size)
-        stored_ms = begin_ts + time_diff * 1000
-        if item_hash == key_hash and begin_ms <= stored_ms <= end_ms:
-            found.append(offset)
-        if prev <= 0 or prev >= item or stored_ms < begin_ms:
+        if item < index_count:
+            stored_ms = begin_ts + time_diff * 1000
+            if item_hash == key_hash and begin_ms <= stored_ms <= end_ms:
+                found.append(offset)
+            if stored_ms < begin_ms:
+                break
+        if prev <= 0 or prev >= item:
             break
         item = prev
         steps += 1

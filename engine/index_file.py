@@ -12,7 +12,9 @@ Invariants:
   everything below it is indexed;
 * an item is written before its slot, and the slot before the header, so a
   kill leaves at most one half-added item, at ``index_count``, which
-  ``repair_after_kill`` unlinks.
+  ``repair_after_kill`` unlinks;
+* an item is added when the header's count covers it: readers answer only
+  items below the count they loaded (engine/key_lookup.py).
 
 Hash collisions are expected: callers must check the stored record's keys.
 """
@@ -108,11 +110,13 @@ class IndexFile:
         return not (end_ms < self.begin_timestamp_ms or begin_ms > self.end_timestamp_ms)
 
     def select(self, key: str, *, count_max: int, begin_ms: int, end_ms: int) -> list[int]:
-        """Commit log offsets whose key hash matches, newest first (IndexFile#selectPhyOffset)."""
-        # The slot is loaded with acquire (codec.index_select): a slot seen leads to complete
-        # items, even while the index builder appends in another process (engine/key_lookup.py).
-        return index_select(self.mapped.mm, self.hash_slot_count, self.index_count_max, index_key_hash(key),
-                            self.begin_timestamp_ms, count_max, begin_ms, end_ms)
+        """Commit log offsets whose key hash matches, newest first (IndexFile#selectPhyOffset),
+        among the items the last ``reload_header`` counted."""
+        # That reload loaded the count with acquire; the walk answers only items below it, so
+        # every item answered is complete while the index builder appends in another process
+        # (engine/key_lookup.py).
+        return index_select(self.mapped.mm, self.hash_slot_count, self.index_count_max, self.index_count,
+                            index_key_hash(key), self.begin_timestamp_ms, count_max, begin_ms, end_ms)
 
     def flush(self) -> None:
         self.mapped.flush()
@@ -145,6 +149,7 @@ class IndexService:
             self.newest().repair_after_kill()
 
     def refresh(self) -> None:
+        """List ``index/`` again, and read again the headers of the files kept mapped."""
         self._writing = None
         names = sorted(e.name for e in os.scandir(self.directory) if is_decimal(e.name)) \
             if self.directory.is_dir() else []
@@ -156,6 +161,8 @@ class IndexService:
                 with open(self.directory / name, "rb") as f:
                     begin_ts, end_ts, begin_phy, end_phy, _slots, _count = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
                 self.headers[name] = (begin_ts, end_ts, begin_phy, end_phy)
+        for index in self.mapped.values():  # a reader answers only what a header counts
+            index.reload_header()
 
     def open(self, name: str) -> IndexFile:
         index = self.mapped.pop(name, None)
@@ -260,8 +267,6 @@ class IndexService:
         header), and look for a new file when there is none yet or the newest is full."""
         if not self.names or self.newest().reload_header() >= self.index_count_max:
             self.refresh()
-            for index in self.mapped.values():
-                index.reload_header()
 
     def flush(self) -> None:
         if self.names:

@@ -5,15 +5,25 @@ another actor paid two more process hops, which cost more than the lookup (with 
 flight, a request through a backend actor ran at a quarter of the rate of one the front
 answers alone). The index builder writes the files; readers map them read-only.
 
-Reading while the builder writes: the builder stores an item, then publishes it with a
-release store of its slot, then the header's fields and, with a release store, its count
-(``codec.index_put_keys``). This reader loads a slot (``codec.index_select``) and the
-count (``codec.index_header``) with acquire loads before it reads what they lead to, so
-a slot it sees points at a complete item on any processor (C11 atomics in the codec;
-aarch64 needs them, x86-64 orders stores by itself). Items are walked by their ``prev``
-links, never past the file's capacity. A reader's header may lag its slots by a few
-items; it is reloaded before every lookup, and a full newest file makes the reader look
-for the next one.
+Reading while the builder writes (the publication protocol; ``engine/_codec.c``):
+
+* the builder (``codec.index_put_keys``) stores an item with plain stores, then its slot
+  with a release store, then the header's fields (64-bit ones whole) and, last, the
+  header's count with a release store: an item is added when the count covers it;
+* this reader loads the count with an acquire load (``codec.index_header``, before every
+  lookup), then the slot with an acquire load (``codec.index_select``), and answers only
+  items below that count. The count's acquire makes every item below it complete, and the
+  slot loaded after it leads to all of them. An item at or past the count (added since, or
+  half-added by a killed builder, which ``repair_after_kill`` then rewrites) is never
+  answered; only its ``prev`` is followed, readable because the slot's release came after
+  it (read while ``repair_after_kill`` rewrites it, a ``prev`` can only lead to an older
+  item, checked like any). Walks never go past the file's capacity; ``prev`` only goes back.
+
+Release and acquire are C11 atomics on naturally aligned words (``stlr``/``ldar`` on
+aarch64, ordered moves on x86-64). The pure-Python fallback codec, used only where the C
+codec could not be built, reads and writes with plain ``struct`` calls: it relies on
+x86-64 making stores visible in program order, and is not safe on aarch64. A full newest
+file makes the reader look for the next one.
 
 The index gives candidate offsets; each candidate record is read from the log and kept
 only if it passes its checks, lies below the visible end, belongs to the topic (records of

@@ -1,10 +1,12 @@
 """IndexFiles read while they are written: the publication protocol of engine/key_lookup.py.
 
-The index builder stores an item, publishes its slot (a release store), then the header's
-count; the front loads a slot or the count with an acquire load before it reads what it
-leads to (``codec.index_select``, ``codec.index_header``). These tests hold the compiled
-reader to its Python twin, and run a real writer process against a reader: every key the
-reader's acquired header counts must be found, with its offset.
+The index builder stores an item, its slot (a release store), then the header and its count
+(a release store): the count is the one point where an item is added. The front loads the
+count with acquire, then the slot with acquire, and answers only items below that count
+(``codec.index_header``, ``codec.index_select``). These tests show an item with its slot but
+no count is not answered until the count covers it, hold the compiled reader to its Python
+twin, and run a real writer process against a reader: every key the reader's acquired count
+covers is found with its offset, and none past it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 
 from engine import codec_py as py
 from engine.index_file import IndexService
-from engine.layout import INDEX_HEADER, index_file_bytes, index_key_hash
+from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
 
 try:
     from engine import _codec as c
@@ -46,9 +48,10 @@ def test_the_compiled_reader_agrees_with_its_twin() -> None:
     for keys in (0, 1, 40, 3_000):
         buf = filled(rng, keys)
         assert c.index_header(buf) == py.index_header(buf) == INDEX_HEADER.unpack_from(buf, 0)
-        begin_ts = INDEX_HEADER.unpack_from(buf, 0)[0]
+        begin_ts, count = INDEX_HEADER.unpack_from(buf, 0)[0], INDEX_HEADER.unpack_from(buf, 0)[5]
         for _ in range(200):
-            args = (SLOTS, ITEMS, index_key_hash(f"t#k{rng.randint(0, 60)}"), begin_ts, rng.randint(0, 64),
+            counted = rng.choice([count, rng.randint(0, count + 2)])  # a header read before the last items
+            args = (SLOTS, ITEMS, counted, index_key_hash(f"t#k{rng.randint(0, 60)}"), begin_ts, rng.randint(0, 64),
                     rng.choice([0, 1_700_000_000_000 + rng.randint(0, 30_000)]),
                     rng.choice([1 << 62, 1_700_000_000_000 + rng.randint(0, 30_000)]))
             assert c.index_select(buf, *args) == py.index_select(buf, *args)
@@ -59,10 +62,94 @@ def test_the_compiled_reader_survives_garbage_as_its_twin_does() -> None:
     rng = random.Random(6)
     for _ in range(200):
         buf = bytearray(rng.randbytes(index_file_bytes(hash_slot_count=SLOTS, index_count=64)))
-        args = (SLOTS, 64, rng.randint(0, 1 << 31 - 1), rng.randint(-(1 << 40), 1 << 40), 16, 0, 1 << 62)
+        args = (SLOTS, 64, rng.randint(-5, 70), rng.randint(0, 1 << 31 - 1), rng.randint(-(1 << 40), 1 << 40), 16,
+                0, 1 << 62)
         assert c.index_select(buf, *args) == py.index_select(buf, *args)
     with pytest.raises(ValueError):
-        c.index_select(bytearray(100), SLOTS, ITEMS, 1, 0, 4, 0, 1)
+        c.index_select(bytearray(100), SLOTS, ITEMS, ITEMS, 1, 0, 4, 0, 1)
+
+
+T0 = 1_700_000_000_000
+TWINS = [pytest.param(py, id="python"), pytest.param(c, id="compiled", marks=compiled)]
+
+
+def half_add(buf, key: str, offset: int, store_ms: int) -> int:
+    """What ``index_put_keys`` stores before the count: the item, then its slot; the item's number."""
+    begin_ts, *_rest, count = INDEX_HEADER.unpack_from(buf, 0)
+    key_hash = index_key_hash(key)
+    slot_pos = INDEX_HEADER.size + key_hash % SLOTS * INDEX_SLOT.size
+    (previous,) = INDEX_SLOT.unpack_from(buf, slot_pos)
+    INDEX_ITEM.pack_into(buf, INDEX_HEADER.size + SLOTS * INDEX_SLOT.size + count * INDEX_ITEM.size, key_hash, offset,
+                         (store_ms - begin_ts) // 1000, previous)
+    INDEX_SLOT.pack_into(buf, slot_pos, count)
+    return count
+
+
+def publish(buf, offset: int, store_ms: int) -> None:
+    """What ``index_put_keys`` stores last: the header that counts the half-added item."""
+    begin_ts, _end_ts, begin_phy, _end_phy, used, count = INDEX_HEADER.unpack_from(buf, 0)
+    INDEX_HEADER.pack_into(buf, 0, begin_ts, store_ms, begin_phy, offset, used, count + 1)
+
+
+def same_bucket(key: str) -> str:
+    return next(f"t#{n}" for n in range(10_000) if f"t#{n}" != key and
+                index_key_hash(f"t#{n}") % SLOTS == index_key_hash(key) % SLOTS)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_an_item_with_its_slot_is_answered_only_once_the_count_covers_it(twin) -> None:
+    buf = bytearray(index_file_bytes(hash_slot_count=SLOTS, index_count=ITEMS))
+    older, newer = "t#older", same_bucket("t#older")
+    assert twin.index_put_keys(buf, SLOTS, ITEMS, "", [older], 100, T0) == 1
+
+    def answer(key: str) -> list[int]:
+        begin_ts, *_rest, count = twin.index_header(buf)
+        return twin.index_select(buf, SLOTS, ITEMS, count, index_key_hash(key), begin_ts, 8, 0, 1 << 62)
+
+    item = half_add(buf, newer, 200, T0 - 5_000)  # a half-added item may hold any time
+    assert INDEX_SLOT.unpack_from(buf, INDEX_HEADER.size + index_key_hash(newer) % SLOTS * INDEX_SLOT.size)[0] == item
+    assert answer(newer) == []      # the slot leads to it, the count does not cover it
+    assert answer(older) == [100]   # reached through the uncounted item's prev
+    # the uncounted item's time, before the range, does not end the walk
+    assert twin.index_select(buf, SLOTS, ITEMS, item, index_key_hash(older), T0, 8, T0, 1 << 62) == [100]
+    publish(buf, 200, T0 - 5_000)
+    assert answer(newer) == [200]
+    assert answer(older) == [100]
+
+
+def test_the_front_answers_a_key_after_the_builder_publishes_its_count(tmp_path: Path) -> None:
+    builder = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=ITEMS, writable=True)
+    front = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=ITEMS, writable=False)
+    assert builder.build("t", ["a"], 100, T0) == 1
+    mm = builder.newest().mapped.mm
+    half_add(mm, "t#b", 200, T0 + 1_000)
+    front.follow_writer()
+    assert front.query("t", "b", count_max=4, begin_ms=0, end_ms=1 << 62) == []
+    assert front.query("t", "a", count_max=4, begin_ms=0, end_ms=1 << 62) == [100]
+    publish(mm, 200, T0 + 1_000)
+    assert front.query("t", "b", count_max=4, begin_ms=0, end_ms=1 << 62) == []  # the header it last read
+    front.follow_writer()
+    assert front.query("t", "b", count_max=4, begin_ms=0, end_ms=1 << 62) == [200]
+    front.close()
+    builder.close()
+
+
+def test_a_relisting_reads_again_the_headers_of_the_files_kept_mapped(tmp_path: Path) -> None:
+    builder = IndexService(tmp_path, hash_slot_count=8, index_count_max=6, writable=True)
+    front = IndexService(tmp_path, hash_slot_count=8, index_count_max=6, writable=False)
+    for n in range(3):
+        builder.build("t", [f"k{n}"], n * 100, T0 + n)
+    front.follow_writer()
+    assert front.query("t", "k2", count_max=4, begin_ms=0, end_ms=1 << 62) == [200]
+    for n in range(3, 7):  # fills the first file (items 1..5) and starts a second
+        builder.build("t", [f"k{n}"], n * 100, T0 + n)
+    assert builder.file_count == 2
+    front.refresh()  # as after retention: the first file, mapped, is no longer the newest
+    front.follow_writer()
+    assert front.query("t", "k4", count_max=4, begin_ms=0, end_ms=1 << 62) == [400]
+    assert front.query("t", "k6", count_max=4, begin_ms=0, end_ms=1 << 62) == [600]
+    front.close()
+    builder.close()
 
 
 WRITER = """
@@ -79,7 +166,7 @@ index.flush()
 """
 
 
-def test_a_reader_finds_every_key_the_header_counts_while_a_writer_appends(tmp_path: Path) -> None:
+def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_writer_appends(tmp_path: Path) -> None:
     keys = 19_000
     writer = subprocess.Popen([sys.executable, "-c", WRITER.format(slots=SLOTS, items=ITEMS), str(tmp_path),
                                str(keys)], cwd=REPO, stdout=subprocess.PIPE)
@@ -98,6 +185,9 @@ def test_a_reader_finds_every_key_the_header_counts_while_a_writer_appends(tmp_p
             n = rng.randrange(counted)
             found = reader.query("t", f"key-{n}", count_max=4, begin_ms=0, end_ms=1 << 62)
             assert found == [n * 100 + 7], f"key-{n} of {counted} counted: {found}"
+            n = counted + rng.randrange(3)  # written or not by now: past the count read, never answered
+            found = reader.query("t", f"key-{n}", count_max=4, begin_ms=0, end_ms=1 << 62)
+            assert found == [], f"key-{n} of {counted} counted: {found}"
             checked += 1
             while_writing += writer.poll() is None
         assert writer.wait(30) == 0
