@@ -62,12 +62,14 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     topic_queue_count_default: int = 4
     topic_queue_count_max: int = 1024
     auto_create_topic: bool = True
+    topic_count_max: int = 100_000  # the front's table and topics.json, rewritten whole on a change
 
     # Reads.
     pull_message_count_max: int = 1024
     pull_bytes_max: int = 4 * MiB
     query_result_count_max: int = 64
     consumer_offset_persist_interval_ms: int = 5_000
+    consumer_offset_entries_max: int = 1_000_000  # (group, topic) pairs with committed offsets
     check_memory_bytes_max: int = 64 * MiB  # `engine check`: findings kept beyond the per-queue state
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000

@@ -18,14 +18,16 @@ from pathlib import Path
 import msgspec
 
 from engine.atomic_file import read_with_backup, write_atomically
+from engine.errors import ErrorCode, RequestError
 from engine.names import validate_group
 
 OFFSETS_FILE = Path("config") / "consumerOffset.json"
 
 
 class ConsumerOffsets:
-    def __init__(self, store_dir: Path) -> None:
+    def __init__(self, store_dir: Path, *, entries_max: int = 1 << 31) -> None:
         self.path = store_dir / OFFSETS_FILE
+        self.entries_max = entries_max
         self.table: dict[str, dict[str, int]] = read_with_backup(self.path, _parse) or {}
         self.keys_by_topic: dict[str, set[str]] = {}  # topic -> its "topic@group" keys: deletion is per topic
         for key in self.table:
@@ -36,6 +38,9 @@ class ConsumerOffsets:
         key = f"{topic}@{validate_group(group)}"
         queues = self.table.get(key)
         if queues is None:
+            if len(self.table) >= self.entries_max:
+                raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"{len(self.table)} group-and-topic offset entries "
+                                                             f"are stored (consumer_offset_entries_max)")
             queues = self.table[key] = {}
             self.keys_by_topic.setdefault(topic, set()).add(key)
         queues[str(queue_id)] = offset

@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     DISK_FULL = 18  # the store's disk has no room for a new file; nothing was stored
     FLUSH_FAILED = 19  # the disk refused a flush; the writer restarts and recovers
     BUSY = 20  # the writer is overloaded: the send waited too long in its queue and was not stored
+    LIMIT_EXCEEDED = 21  # a count limit of the store (topics, consumer offsets) would be passed
 
 
 class RequestError(Exception):

@@ -48,12 +48,16 @@ class TopicTable:
     def get(self, name: str) -> TopicConfig | None:
         return self.topics.get(name)
 
-    def create(self, name: str, queue_count: int | None, *, default_queue_count: int = 4) -> TopicConfig:
+    def create(self, name: str, queue_count: int | None, *, default_queue_count: int = 4,
+               topic_count_max: int = 1 << 31) -> TopicConfig:
         """Create a topic, or grow an existing one to ``queue_count`` queues (never shrink)."""
         validate_topic(name)
         existing = self.topics.get(name)
         if existing is not None and (queue_count is None or queue_count == existing.write_queue_nums):
             return existing
+        if existing is None and len(self.topics) >= topic_count_max:
+            raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"the store holds {len(self.topics)} topics "
+                                                         f"(topic_count_max); delete some or raise the limit")
         queue_count = queue_count or default_queue_count
         if existing is not None:
             if queue_count < existing.write_queue_nums:

@@ -69,7 +69,7 @@ class FrontActor(Actor):
     def __init__(self, ctx: ActorContext) -> None:
         super().__init__(ctx)
         self.topics = TopicTable(ctx.store_dir)
-        self.consumer_offsets = ConsumerOffsets(ctx.store_dir)
+        self.consumer_offsets = ConsumerOffsets(ctx.store_dir, entries_max=ctx.config.consumer_offset_entries_max)
         self.last_persist_ms = 0
         self.round_robin: dict[str, itertools.count[int]] = {}
         self.owner_count = ctx.config.consume_queue_owner_count
@@ -261,7 +261,8 @@ class FrontActor(Actor):
         topic = envelope.topic
         if not (self.config.auto_create_topic and isinstance(topic, str) and self.topics.get(topic) is None):
             return False
-        self.topics.create(validate_topic(topic), self.config.topic_queue_count_default)
+        self.topics.create(validate_topic(topic), self.config.topic_queue_count_default,
+                           topic_count_max=self.config.topic_count_max)
         return True
 
     def create_topic(self, envelope: Envelope, raw: bytes) -> bool:
@@ -274,7 +275,8 @@ class FrontActor(Actor):
         if count is not None and count > self.config.topic_queue_count_max:
             raise RequestError(ErrorCode.INVALID_FIELD,
                                f"queue_count {count} exceeds topic_queue_count_max {self.config.topic_queue_count_max}")
-        self.topics.create(request.topic, count, default_queue_count=self.config.topic_queue_count_default)
+        self.topics.create(request.topic, count, default_queue_count=self.config.topic_queue_count_default,
+                           topic_count_max=self.config.topic_count_max)
         return request.topic in self.topics.unsaved
 
     def choose_queue(self, envelope: Envelope) -> int:

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 import zmq
 
+from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.consumer_offsets import OFFSETS_FILE
 from engine.deleted_topics import DELETED_TOPICS_FILE
@@ -170,6 +171,32 @@ def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) 
         finally:
             sock.close()
         assert statuses == {"FOUND": parked}
+        assert_no_restarts(engine)
+    finally:
+        engine.stop()
+
+
+def test_topic_and_group_counts_are_bounded_with_a_clear_error(tmp_path) -> None:
+    config = StoreConfig.test_min().replace(topic_count_max=3, consumer_offset_entries_max=2)
+    engine = EngineProcess(tmp_path / "store", config=config)
+    engine.start()
+    try:
+        with engine.client() as client:
+            for name in ("a", "b", "c"):
+                client.create_topic(name)
+            for call in (lambda: client.create_topic("d"), lambda: client.send("e", [{"body": b"x"}])):
+                with pytest.raises(EngineError) as info:
+                    call()
+                assert info.value.name == "LIMIT_EXCEEDED" and info.value.code == 21
+            client.create_topic("a", queue_count=8)  # growing an existing topic is not a new one
+            client.commit_offset("g1", "a", 0, 1)
+            client.commit_offset("g2", "a", 0, 1)
+            client.commit_offset("g1", "a", 1, 5)  # a known (group, topic): another queue is fine
+            with pytest.raises(EngineError) as info:
+                client.commit_offset("g3", "a", 0, 1)
+            assert info.value.name == "LIMIT_EXCEEDED"
+            client.delete_topic("c")
+            client.create_topic("d")  # room again
         assert_no_restarts(engine)
     finally:
         engine.stop()
