@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClient
-from engine.ipc.endpoints import NotRunning, read_engine_state
 from engine.ipc.curve import CurveKeys, keygen
+from engine.ipc.endpoints import NotRunning, read_engine_state
 
 
 def _endpoint(args: argparse.Namespace) -> str:
@@ -197,7 +197,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from engine.inspect_store import inspect_store, render
+    from engine.offline.inspect_store import inspect_store, render
 
     if not args.store_dir:
         print("error: inspect reads a store directory offline; give --store-dir", file=sys.stderr)
@@ -209,15 +209,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from engine.check import check_store
     from engine.config import StoreConfig
+    from engine.offline.check import check_store
 
     if not args.store_dir:
         print("error: check reads a store directory offline; give --store-dir", file=sys.stderr)
         return 2
     config = StoreConfig.load(args.config)
     if args.repair:
-        from engine.repair import StoreBusy, rebuild_derived
+        from engine.offline.repair import StoreBusy, rebuild_derived
 
         try:
             report = rebuild_derived(args.store_dir, config)

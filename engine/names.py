@@ -14,7 +14,7 @@ with a newline. Every check here is ``fullmatch`` on an ASCII class.
 File and queue directory names are ASCII decimal (``is_decimal``).
 
 Keys, tags and property names are free text except RocketMQ's separators
-(``engine/records.py``): a newline in a key is data, not a path.
+(``engine/store/records.py``): a newline in a key is data, not a path.
 """
 
 from __future__ import annotations

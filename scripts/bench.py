@@ -287,9 +287,9 @@ def actor_memory(engine: EngineProcess) -> None:
 # -- recovery scan -------------------------------------------------------------------------------
 
 def bench_recovery_scan(workdir: Path, *, size_bytes: int, reps: int) -> None:
-    from engine.commit_log import CommitLogWriter
-    from engine.layout import HostAddress, RecordFields, encode_properties
-    from engine.recovery import plan_commit_log_recovery
+    from engine.services.recovery import plan_commit_log_recovery
+    from engine.store.commit_log import CommitLogWriter
+    from engine.store.layout import HostAddress, RecordFields, encode_properties
 
     store = workdir / "recovery-store"
     config = StoreConfig().replace(segment_size_bytes=256 * MiB)

@@ -41,9 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.commit_log import CommitLogReader, Damage  # noqa: E402
 from engine.config import KiB, MiB, StoreConfig  # noqa: E402
-from engine.inspect_store import detect_config  # noqa: E402
+from engine.offline.inspect_store import detect_config  # noqa: E402
+from engine.store.commit_log import CommitLogReader, Damage  # noqa: E402
 from supervisor.launcher import EngineProcess  # noqa: E402
 
 Measure = Callable[[], tuple[int, int]]  # -> (messages, stored bytes)

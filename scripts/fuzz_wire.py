@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.check import check_store  # noqa: E402
 from engine.config import StoreConfig  # noqa: E402
+from engine.offline.check import check_store  # noqa: E402
 from supervisor import wire_fuzz  # noqa: E402
 from supervisor.launcher import EngineProcess  # noqa: E402
 

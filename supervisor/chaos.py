@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 
-from engine.check import Finding, check_store
 from engine.client import ClientError
 from engine.config import StoreConfig
+from engine.offline.check import Finding, check_store
 from supervisor.control import EventStream
 from supervisor.faults import actor_pids, kill_actor
 from supervisor.launcher import EngineProcess

@@ -13,8 +13,8 @@ from pathlib import Path
 import zmq
 
 from engine.ipc import endpoints
-from engine.ipc.messages import ControlReply, ControlRequest, Event, control_reply_decoder, encoder, event_decoder
 from engine.ipc.endpoints import NotRunning, read_engine_state
+from engine.ipc.messages import ControlReply, ControlRequest, Event, control_reply_decoder, encoder, event_decoder
 
 __all__ = ["ControlTimeout", "EventStream", "NotRunning", "control", "supervisor_state"]
 

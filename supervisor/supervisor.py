@@ -43,7 +43,7 @@ from engine.ipc.messages import (
     encoder,
     heartbeat_decoder,
 )
-from engine.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
+from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
 from supervisor.spec import ActorSpec, actor_specs
 
 log = logging.getLogger("supervisor")

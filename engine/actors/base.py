@@ -33,7 +33,7 @@ import zmq
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
 from engine.ipc.messages import Heartbeat, encoder
-from engine.shared_offsets import SharedOffsets
+from engine.store.shared_offsets import SharedOffsets
 
 if not __debug__:
     raise SystemExit("the engine's actors rely on assertions; do not run them with python -O")

@@ -7,7 +7,7 @@ segment, then announces the new confirmed offset (PUB ``writer-pub.sock``)
 and answers.
 
 It also decides where a topic deletion falls in the log (``delete_topic``,
-see ``engine/deleted_topics.py``): the front forwards the request here so
+see ``engine/store/deleted_topics.py``): the front forwards the request here so
 that every send routed before it lies below the deletion offset.
 
 Under ASYNC_FLUSH a send is answered once its records are in the mapping.
@@ -29,15 +29,13 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
 from engine import codec
+from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
 from engine.codec import send_results
-from engine.commit_log import CommitLogWriter
-from engine.deleted_topics import DeletedTopics
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder, route_decoder
+from engine.ipc.messages import Confirmed, Flushed, FlushFailed, encoder, offsets_decoder, route_decoder
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
@@ -46,11 +44,13 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
-from engine.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
-from engine.recovery import plan_commit_log_recovery
-from engine.records import build_items
-from engine.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
+from engine.services.recovery import plan_commit_log_recovery
+from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
+from engine.store.commit_log import CommitLogWriter
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
+from engine.store.records import build_items
+from engine.store.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,6 @@ import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import CommitLogReader, Damage
-from engine.consume_queue import ConsumeQueue, list_queues
-from engine.deleted_topics import DeletedTopics
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
@@ -48,13 +44,17 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.layout import RecordError, decode_msg_id, tags_code
-from engine.long_poll import LongPolls, ParkedPull
-from engine.mapped_file import list_files
-from engine.pull import Subscription, pull
-from engine.queue_queries import offset_for_time, queue_stats
-from engine.records import owner_of
-from engine.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
+from engine.services.long_poll import LongPolls, ParkedPull
+from engine.services.pull import Subscription, pull
+from engine.services.queue_queries import offset_for_time, queue_stats
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.consume_queue import ConsumeQueue, list_queues
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.layout import RecordError, decode_msg_id, tags_code
+from engine.store.mapped_file import list_files
+from engine.store.records import owner_of
+from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)
 _HEAL_LOOKBACK_UNITS = 1000

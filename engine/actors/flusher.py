@@ -20,19 +20,19 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from collections import deque
+from dataclasses import replace
 
 import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
-from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
-from engine.commit_log import COMMIT_LOG_DIR
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, FlushFailed, Flushed, encoder, offsets_decoder
-from engine.layout import offset_to_file_name
-from engine.mapped_file import PAGE_BYTES
-from engine.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
+from engine.ipc.messages import Confirmed, Flushed, FlushFailed, encoder, offsets_decoder
+from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.layout import offset_to_file_name
+from engine.store.mapped_file import PAGE_BYTES
+from engine.store.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
 
 log = logging.getLogger(__name__)
 _TIMESTAMPS_KEPT = 4096

@@ -7,7 +7,7 @@ queue against the topic table it owns (``config/topics.json``), and then:
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
 * ``query_by_key``: answered here, from the IndexFiles and the log mapped read-only
-  (``engine/key_lookup.py``): the index builder writes them;
+  (``engine/services/key_lookup.py``): the index builder writes them;
 * ``delete_topic`` -> the writer, which records where the deletion falls in the
   log; on its answer the topic leaves the table and its consumer offsets go;
 * ``create_topic``, ``list_topics``, ``ping``, ``status``, and consumer groups'
@@ -36,7 +36,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
-from engine.consumer_offsets import ConsumerOffsets
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveServer
@@ -52,12 +51,13 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.key_lookup import KeyLookup
-from engine.layout import decode_msg_id, java_string_hash
 from engine.names import validate_topic
-from engine.records import owner_of
-from engine.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
-from engine.topics import TopicTable
+from engine.services.key_lookup import KeyLookup
+from engine.store.consumer_offsets import ConsumerOffsets
+from engine.store.layout import decode_msg_id, java_string_hash
+from engine.store.records import owner_of
+from engine.store.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
+from engine.store.topics import TopicTable
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Applies ``DispatchBatch``es from the reput dispatcher (SUB ``ix``): every
 record's UNIQ_KEY and KEYS become items ``topic#key``. Lookups are answered by
-the front, which maps the files read-only (``engine/key_lookup.py``). Records
+the front, which maps the files read-only (``engine/services/key_lookup.py``). Records
 of a deleted topic written before its deletion stay in the IndexFiles
 (RocketMQ never drops items); lookups never return them.
 
@@ -21,12 +21,12 @@ import zmq
 
 from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import CommitLogReader, Damage
-from engine.index_file import IndexService
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
-from engine.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.index_file import IndexService
+from engine.store.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ import zmq
 
 from engine import codec
 from engine.actors.base import Actor, ActorContext, drain, main
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import CommitLogReader, Damage
 from engine.ipc import endpoints
 from engine.ipc.messages import Confirmed, DispatchBatch, Flushed, encoder, offsets_decoder
-from engine.layout import END_FILE_MIN_BLANK_BYTES
-from engine.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.layout import END_FILE_MIN_BLANK_BYTES
+from engine.store.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-from engine.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.config import StoreConfig, decode_config, encode_config
-from engine.deleted_topics import DeletedTopics
-from engine.layout import tags_code
-from engine.mapped_file import list_files
 from engine.spark.options import OptionError, get_str
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.layout import tags_code
+from engine.store.mapped_file import list_files
 
 SOURCE_NAME = "rmq_log_heads"
 RECORD, DAMAGE = "record", "damage"
@@ -131,7 +131,7 @@ def _damage_row(segment: int, damage: Damage, *, holds_bytes: bool) -> dict[str,
 
 
 def _holds_bytes(reader: CommitLogReader, damage: Damage) -> bool:
-    """Whether a damaged range after the last record holds anything but zeros (engine.check)."""
+    """Whether a damaged range after the last record holds anything but zeros (engine.offline.check)."""
     segment = reader.segment_at(damage.start)
     if segment is None:
         return False

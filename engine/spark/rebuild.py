@@ -11,7 +11,7 @@
    order, rolled as the engine rolls them), and every file on disk checked;
 4. on the driver: the CommitLog findings and the checkpoint check.
 
-The findings are those ``engine.check.check_store`` reports for the same
+The findings are those ``engine.offline.check.check_store`` reports for the same
 store and config (the per-queue and per-item checks are the engine's own
 code, run in parallel). The rebuilt files equal the engine's when the
 engine dispatched every record once, in order; differences are listed.
@@ -38,17 +38,17 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-from engine.check import Finding, check_checkpoint
 from engine.config import StoreConfig, encode_config
-from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, list_queues
-from engine.deleted_topics import DeletedTopics
-from engine.index_file import INDEX_DIR, index_file_name
-from engine.inspect_store import detect_config
 from engine.names import is_decimal
-from engine.repair import StoreBusy, mark_dispatched, move_derived_aside, store_locked
+from engine.offline.check import Finding, check_checkpoint
+from engine.offline.inspect_store import detect_config
+from engine.offline.repair import StoreBusy, mark_dispatched, move_derived_aside, store_locked
 from engine.spark import rebuild_tasks, task_sink
 from engine.spark.log_heads import DAMAGE, RECORD, LogHeadsDataSource
 from engine.spark.rebuild_tasks import BUILT, DIFFERENCE, FINDING, IndexPlan, JobContext, ResultRow
+from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue, list_queues
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.index_file import INDEX_DIR, index_file_name
 
 _QUEUE_ROW = StructType([
     StructField("topic", StringType(), nullable=False), StructField("queue_id", IntegerType(), nullable=False),
@@ -60,7 +60,7 @@ _QUEUE_ROW = StructType([
 
 @dataclass
 class RebuildReport:
-    findings: list[Finding] = field(default_factory=list)  # what engine.check.check_store reports
+    findings: list[Finding] = field(default_factory=list)  # what engine.offline.check.check_store reports
     queue_differences: list[str] = field(default_factory=list)  # rebuilt ConsumeQueue files vs the store's
     index_differences: list[str] = field(default_factory=list)  # rebuilt IndexFiles vs the store's
     records: int = 0
@@ -106,7 +106,7 @@ def rebuild_store(spark: SparkSession, store_dir: str | os.PathLike[str], output
 
 
 def _check_log(heads: DataFrame, store: Path, report: RebuildReport) -> None:
-    """engine.check._check_log from the heads: damage before a record is a finding; after the last
+    """engine.offline.check._check_log from the heads: damage before a record is a finding; after the last
     record, only if it holds bytes."""
     records = heads.filter(F.col("kind") == RECORD)
     summary = records.agg(F.count("*").alias("n"), F.max("commit_log_offset").alias("last"),
@@ -132,7 +132,7 @@ def _rebuild_queues(spark: SparkSession, heads: DataFrame, store: Path, context:
     on_disk = []
     for topic, queue_id in list_queues(store):
         cq = ConsumeQueue(store, topic, queue_id, file_units=context.config.consume_queue_file_units, writable=False)
-        if not deleted.is_leftover(cq):  # engine.check leaves these out too
+        if not deleted.is_leftover(cq):  # engine.offline.check leaves these out too
             on_disk.append((topic, queue_id, 0, -1, 0, 0, True))
         cq.close()
     rows = (heads.filter((F.col("kind") == RECORD) & ~F.col("hidden"))
@@ -229,7 +229,7 @@ def _compare_index_files(spark: SparkSession, context: JobContext, theirs: list[
 
 
 def _check_index_files(spark: SparkSession, context: JobContext, names: list[str], report: RebuildReport) -> None:
-    """engine.check._check_index, one task per group of files."""
+    """engine.offline.check._check_index, one task per group of files."""
     if not names:
         return
     rows = spark.sparkContext.parallelize(names, _tasks(spark, len(names))).flatMap(
@@ -240,7 +240,7 @@ def _check_index_files(spark: SparkSession, context: JobContext, names: list[str
 def install_rebuilt(store_dir: str | os.PathLike[str], report: RebuildReport) -> Path:
     """Swap the rebuilt files in; the old ``consumequeue/`` and ``index/`` go to ``broken-<time>/``.
 
-    As ``engine.repair``: the store lock is taken first (StoreBusy if an engine runs), and
+    As ``engine.offline.repair``: the store lock is taken first (StoreBusy if an engine runs), and
     the checkpoint's dispatched offset becomes the end of the log. Returns the evidence directory.
     """
     store = Path(store_dir).resolve()

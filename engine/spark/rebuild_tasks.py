@@ -12,7 +12,7 @@
 * ``check_index_file``: ``check._check_index`` for one file.
 
 Every task returns result rows (``ResultRow``): findings (as
-``engine.check.Finding``), differences from the files on disk, or counts.
+``engine.offline.check.Finding``), differences from the files on disk, or counts.
 The queue and index tasks run as Spark write tasks of the internal sink in
 ``task_sink`` (a Python data source writer gets its partition as Arrow
 batches without needing pandas, unlike ``mapInArrow``).
@@ -26,12 +26,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.check import Finding, check_index_file as check_one_index_file, check_queues
-from engine.commit_log import CommitLogReader
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueue, queue_dir
-from engine.index_file import INDEX_DIR, IndexFile
-from engine.mapped_file import list_files
+from engine.offline.check import Finding, check_queues
+from engine.offline.check import check_index_file as check_one_index_file
+from engine.store.commit_log import CommitLogReader
+from engine.store.consume_queue import ConsumeQueue, queue_dir
+from engine.store.index_file import INDEX_DIR, IndexFile
+from engine.store.mapped_file import list_files
 
 FINDING, DIFFERENCE, BUILT = "finding", "difference", "built"
 ResultRow = tuple[str, str, str, str]  # kind, area, where, problem (for BUILT: a count)
@@ -183,7 +184,7 @@ def _close_index(index: IndexFile, plan: IndexPlan, number: int) -> ResultRow:
 
 
 def check_index_file(context: JobContext, name: str) -> list[ResultRow]:
-    """``engine.check``'s check of one IndexFile (so that files are checked in parallel)."""
+    """``engine.offline.check``'s check of one IndexFile (so that files are checked in parallel)."""
     data = (Path(context.store_dir) / INDEX_DIR / name).read_bytes()
     reader = CommitLogReader.for_config(Path(context.store_dir), context.config)
     try:

@@ -20,12 +20,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from engine.commit_log import COMMIT_LOG_DIR
-from engine.consume_queue import ConsumeQueue, Unit, list_queues
-from engine.layout import MAGIC_V1, MAGIC_V2, RECORD_HEADER
-from engine.mapped_file import list_files
 from engine.spark.record_filter import RecordFilter
 from engine.spark.store_view import StoreSnapshot
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
+from engine.store.layout import MAGIC_V1, MAGIC_V2, RECORD_HEADER
+from engine.store.mapped_file import list_files
 
 FOREIGN_TIME_SLACK_MS = 1000
 

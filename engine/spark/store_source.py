@@ -35,12 +35,12 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
-from engine.commit_log import CommitLogReader, Damage
 from engine.spark.arrow_rows import MESSAGE_SCHEMA, MessageColumns
 from engine.spark.options import OptionError, check_known, get_bool, get_choice, get_int, get_str, get_topics
 from engine.spark.record_filter import RecordFilter
 from engine.spark.segment_plan import SegmentRange, plan_segments
 from engine.spark.store_view import StoreSnapshot, take_snapshot
+from engine.store.commit_log import CommitLogReader, Damage
 
 SOURCE_NAME = "rmq_store"
 KNOWN_OPTIONS = frozenset({"path", "topics", "starttimestamp", "endtimestamp", "includebody", "verifycrc",

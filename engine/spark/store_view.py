@@ -26,7 +26,7 @@ RocketMQ broker dispatches in log order, so in its stopped store every
 record below the end of the highest unit of any queue has its unit
 (``dispatched_end`` is None: derive it from the queues).
 
-Records of deleted topics (``engine.deleted_topics``) written before their
+Records of deleted topics (``engine.store.deleted_topics``) written before their
 deletion are hidden, as the engine hides them.
 
 The bounds are taken on the driver and shipped inside each partition, so an
@@ -42,13 +42,13 @@ from pathlib import Path
 
 import psutil
 
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import COMMIT_LOG_DIR
 from engine.config import ConfigError, StoreConfig, decode_config
-from engine.deleted_topics import DeletedTopics
-from engine.inspect_store import detect_config
 from engine.ipc import endpoints
-from engine.shared_offsets import CONFIRMED, FLUSHED, OFFSETS_FILE, SLOT, owner_slot
+from engine.offline.inspect_store import detect_config
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.shared_offsets import CONFIRMED, FLUSHED, OFFSETS_FILE, SLOT, owner_slot
 
 ABORT_FILE = "abort"
 RUN_CONFIG_FILE = "config.json"  # the supervisor's copy of the config it gave its actors
@@ -80,7 +80,7 @@ class StoreSnapshot:
         return Path(self.store_dir)
 
     def hides(self, topic: str, commit_log_offset: int) -> bool:
-        """True for a record of a deleted topic written before the deletion (engine.deleted_topics)."""
+        """True for a record of a deleted topic written before the deletion (engine.store.deleted_topics)."""
         deletion = self.deletion_offsets.get(topic)
         return deletion is not None and commit_log_offset < deletion
 
@@ -138,7 +138,7 @@ def _live_engine(store_dir: Path) -> tuple[Path, StoreConfig] | None:
 
 
 def read_offset_slots(run_dir: Path, slots: list[int]) -> list[int]:
-    """Values of the engine's shared offsets (engine.shared_offsets), read without creating anything."""
+    """Values of the engine's shared offsets (engine.store.shared_offsets), read without creating anything."""
     fd = os.open(run_dir / OFFSETS_FILE, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check_store
 from engine.client import EngineError
-from engine.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueue, list_queues
-from engine.layout import CQ_UNIT_BYTES, HostAddress, Record, RecordFields, encode_properties
-from engine.mapped_file import list_files
-from engine.recovery import plan_commit_log_recovery
-from engine.repair import rebuild_derived
+from engine.offline.check import check_store
+from engine.offline.repair import rebuild_derived
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter
+from engine.store.consume_queue import ConsumeQueue, list_queues
+from engine.store.layout import CQ_UNIT_BYTES, HostAddress, Record, RecordFields, encode_properties
+from engine.store.mapped_file import list_files
 from supervisor.launcher import EngineProcess
 from supervisor.workload import Producer, parse_body, read_everything, verify, wait_dispatched
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check_store
 from engine.config import StoreConfig
+from engine.offline.check import check_store
 from supervisor.control import EventStream
 from supervisor.faults import actor_pids
 from supervisor.launcher import EngineProcess

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.check import check_store
 from engine.config import StoreConfig
+from engine.offline.check import check_store
 from supervisor.control import EventStream
 from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess

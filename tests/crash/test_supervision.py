@@ -9,7 +9,7 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
-from engine.records import owner_of
+from engine.store.records import owner_of
 from supervisor.control import EventStream, control
 from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess

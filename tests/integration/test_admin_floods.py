@@ -21,10 +21,10 @@ import zmq
 
 from engine.client import EngineError
 from engine.config import StoreConfig
-from engine.consumer_offsets import OFFSETS_FILE
-from engine.deleted_topics import DELETED_TOPICS_FILE
 from engine.ipc.protocol import encode_request
-from engine.topics import TOPICS_FILE
+from engine.store.consumer_offsets import OFFSETS_FILE
+from engine.store.deleted_topics import DELETED_TOPICS_FILE
+from engine.store.topics import TOPICS_FILE
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check_store
 from engine.config import StoreConfig
+from engine.offline.check import check_store
 from supervisor import wire_fuzz
 from supervisor.launcher import EngineProcess
 

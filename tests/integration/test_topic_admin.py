@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.check import check_store
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
-from engine.consume_queue import CONSUME_QUEUE_DIR
-from engine.deleted_topics import DELETED_TOPICS_FILE
+from engine.offline.check import check_store
+from engine.store.consume_queue import CONSUME_QUEUE_DIR
+from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from supervisor.launcher import EngineProcess
 from supervisor.workload import wait_dispatched
 

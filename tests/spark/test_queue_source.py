@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
-from engine.commit_log import COMMIT_LOG_DIR
-from engine.mapped_file import list_files
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.mapped_file import list_files
 from tests.helpers import wait_dispatched
 from tests.spark.conftest import Store, copy_store
 from tests.spark.dataset import DATASET_TOPICS, Sent, pull_all, pull_topics, rows_by_position, send_batches

@@ -17,8 +17,8 @@ from engine import codec_py as py
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage, SendResult
-from engine.layout import HostAddress
-from engine.records import build_items, explain_refusal
+from engine.store.layout import HostAddress
+from engine.store.records import build_items, explain_refusal
 
 try:
     from engine import _codec as c

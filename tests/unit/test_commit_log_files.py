@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
 from engine.config import ConfigError, StoreConfig
-from engine.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
-from engine.layout import (
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
+from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
+from engine.store.layout import (
     HostAddress,
     Record,
     RecordFields,
@@ -22,7 +23,6 @@ from engine.layout import (
     encode_record,
     tags_code,
 )
-from engine.recovery import plan_commit_log_recovery
 
 pytestmark = pytest.mark.timeout(30)
 

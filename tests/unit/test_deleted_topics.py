@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.deleted_topics import DELETED_TOPICS_FILE, DeletedTopics
+from engine.store.deleted_topics import DELETED_TOPICS_FILE, DeletedTopics
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import codec_py as py
-from engine.check import check_index_file
-from engine.commit_log import CommitLogReader
 from engine.config import StoreConfig
-from engine.consume_queue import Unit
-from engine.layout import (
+from engine.offline.check import check_index_file
+from engine.store.commit_log import CommitLogReader
+from engine.store.consume_queue import Unit
+from engine.store.layout import (
     CQ_UNIT,
     INDEX_HEADER,
     RecordError,

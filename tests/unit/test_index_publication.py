@@ -1,4 +1,4 @@
-"""IndexFiles read while they are written: the publication protocol of engine/key_lookup.py.
+"""IndexFiles read while they are written: the publication protocol of engine/services/key_lookup.py.
 
 The index builder stores an item, its slot (a release store), then the header and its count
 (a release store): the count is the one point where an item is added. The front loads the
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine import codec_py as py
-from engine.index_file import IndexService
-from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
+from engine.store.index_file import IndexService
+from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
 
 try:
     from engine import _codec as c
@@ -155,7 +155,7 @@ def test_a_relisting_reads_again_the_headers_of_the_files_kept_mapped(tmp_path: 
 WRITER = """
 import sys
 from pathlib import Path
-from engine.index_file import IndexService
+from engine.store.index_file import IndexService
 index = IndexService(Path(sys.argv[1]), hash_slot_count={slots}, index_count_max={items}, writable=True)
 for n in range(int(sys.argv[2])):
     assert index.build("t", [f"key-{{n}}"], n * 100 + 7, 1_700_000_000_000 + n) == 1

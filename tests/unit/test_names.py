@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.consume_queue import list_queues
 from engine.errors import ErrorCode, RequestError
 from engine.names import is_decimal, validate_group, validate_topic
+from engine.store.consume_queue import list_queues
 
 pytestmark = pytest.mark.timeout(30)
 

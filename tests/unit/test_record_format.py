@@ -2,7 +2,7 @@
 
 The expected bytes are built here by hand, field by field, from the reference
 (shared/reference/rocketmq-store.md section 1.1, 1.3, 1.4), never from
-engine.layout's own struct definitions; the engine's output is then compared
+engine.store.layout's own struct definitions; the engine's output is then compared
 to them and decoded back.
 """
 
@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from engine.layout import (
+from engine.store.layout import (
     HostAddress,
     RecordError,
     RecordFields,

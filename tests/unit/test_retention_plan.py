@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from engine.commit_log import COMMIT_LOG_DIR
 from engine.config import StoreConfig
-from engine.retention import SegmentFact, plan_deletions, summarize_segment
+from engine.services.retention import SegmentFact, plan_deletions, summarize_segment
+from engine.store.commit_log import COMMIT_LOG_DIR
 from tests.unit.test_commit_log_files import SEG, build_log
 
 pytestmark = pytest.mark.timeout(30)

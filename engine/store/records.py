@@ -15,7 +15,7 @@ from engine import codec
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage
-from engine.layout import (
+from engine.store.layout import (
     CRC32_RESERVED_BYTES,
     KEY_SEPARATOR,
     NAME_VALUE_SEPARATOR,

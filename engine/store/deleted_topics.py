@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from engine.atomic_file import read_with_backup, write_atomically
+from engine.store.atomic_file import read_with_backup, write_atomically
 
 if TYPE_CHECKING:
-    from engine.consume_queue import ConsumeQueue
+    from engine.store.consume_queue import ConsumeQueue
 
 DELETED_TOPICS_FILE = Path("config") / "deletedTopics.json"
 

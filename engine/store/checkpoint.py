@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.layout import (
+from engine.store.layout import (
     CHECKPOINT,
     CHECKPOINT_CRC,
     CHECKPOINT_CRC_POSITION,
@@ -28,7 +28,7 @@ from engine.layout import (
     CHECKPOINT_EXT_VERSION,
     CHECKPOINT_FILE_BYTES,
 )
-from engine.mapped_file import fsync_dir
+from engine.store.mapped_file import fsync_dir
 
 CHECKPOINT_FILE = "checkpoint"
 

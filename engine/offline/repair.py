@@ -19,14 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
-from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
-from engine.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
-from engine.deleted_topics import DeletedTopics
-from engine.index_file import INDEX_DIR, IndexService
-from engine.inspect_store import detect_config
-from engine.layout import tags_code
+from engine.offline.inspect_store import detect_config
+from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.index_file import INDEX_DIR, IndexService
+from engine.store.layout import tags_code
 
 
 class StoreBusy(RuntimeError):

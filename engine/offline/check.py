@@ -34,15 +34,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueue, list_queues
-from engine.deleted_topics import DeletedTopics
-from engine.index_file import INDEX_DIR
-from engine.inspect_store import detect_config
-from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
 from engine.names import is_decimal
+from engine.offline.inspect_store import detect_config
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.consume_queue import ConsumeQueue, list_queues
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.index_file import INDEX_DIR
+from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
 
 FINDING_BYTES = 1024  # what one kept finding is taken to cost, for check_memory_bytes_max
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes, "queues" in units, "index" in files

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import msgspec
 
-from engine.atomic_file import read_with_backup, write_atomically
 from engine.errors import ErrorCode, RequestError
 from engine.names import validate_group
+from engine.store.atomic_file import read_with_backup, write_atomically
 
 OFFSETS_FILE = Path("config") / "consumerOffset.json"
 

@@ -24,12 +24,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import CommitLogReader, Damage
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueue, list_queues
-from engine.deleted_topics import DeletedTopics
-from engine.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, peek_size_and_magic
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.consume_queue import ConsumeQueue, list_queues
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, peek_size_and_magic
 
 log = logging.getLogger(__name__)
 

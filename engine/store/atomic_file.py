@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.mapped_file import fsync_dir
+from engine.store.mapped_file import fsync_dir
 
 T = TypeVar("T")
 

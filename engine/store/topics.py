@@ -16,9 +16,9 @@ from pathlib import Path
 
 import msgspec
 
-from engine.atomic_file import read_with_backup, write_atomically
 from engine.errors import ErrorCode, RequestError
 from engine.names import validate_topic
+from engine.store.atomic_file import read_with_backup, write_atomically
 
 TOPICS_FILE = Path("config") / "topics.json"
 PERM_READ_WRITE = 6

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.commit_log import CommitLogReader
 from engine.config import StoreConfig
-from engine.deleted_topics import DeletedTopics
-from engine.index_file import IndexService
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_reply
-from engine.layout import RecordError
+from engine.store.commit_log import CommitLogReader
+from engine.store.deleted_topics import DeletedTopics
+from engine.store.index_file import IndexService
+from engine.store.layout import RecordError
 
 
 class KeyLookup:

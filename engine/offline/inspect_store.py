@@ -14,15 +14,15 @@ from typing import Any
 
 import msgspec
 
-from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.config import StoreConfig
-from engine.consume_queue import ConsumeQueue, list_queues, queue_dir
-from engine.index_file import INDEX_DIR
-from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER
-from engine.mapped_file import list_files
 from engine.names import is_decimal
-from engine.recovery import plan_commit_log_recovery
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
+from engine.store.consume_queue import ConsumeQueue, list_queues, queue_dir
+from engine.store.index_file import INDEX_DIR
+from engine.store.layout import CQ_UNIT_BYTES, INDEX_HEADER
+from engine.store.mapped_file import list_files
 
 
 def _file_size(files: list[tuple[int, Path]]) -> int | None:

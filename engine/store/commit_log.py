@@ -26,7 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.layout import (
+from engine import codec
+from engine.config import StoreConfig
+from engine.store.layout import (
     CRC32_PROPERTY_PREFIX,
     CRC32_RESERVED_BYTES,
     END_FILE_MIN_BLANK_BYTES,
@@ -40,15 +42,13 @@ from engine.layout import (
     RecordHead,
     decode_record,
     encode_blank,
-    offset_to_file_name,
     encoded_size,
+    offset_to_file_name,
     peek_size_and_magic,
     record_size,
     verify_record,
 )
-from engine import codec
-from engine.config import StoreConfig
-from engine.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
+from engine.store.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
 

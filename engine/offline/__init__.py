@@ -1,0 +1,1 @@
+"""Offline tools over a store directory: inspect, check and repair."""
