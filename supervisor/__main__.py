@@ -28,6 +28,7 @@ import psutil
 
 from engine.config import ConfigError, StoreConfig
 from engine.ipc.curve import check_authorized_keys_dir, load_server_keys
+from engine.ipc.messages import StatusQuery, StopCommand
 from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
 from supervisor.supervisor import EngineError, Supervisor
 
@@ -138,7 +139,7 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
             print(f"the engine failed to start; see {log_path}", file=sys.stderr)
             return 1
         try:
-            reply = control(store_dir, "status", timeout_ms=500)
+            reply = control(store_dir, StatusQuery(), timeout_ms=500)
         except (NotRunning, ControlTimeout):
             time.sleep(0.05)  # waiting on another process to appear; no event to wait on yet
             continue
@@ -152,7 +153,7 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
 def cmd_stop(args: argparse.Namespace) -> int:
     try:
         pid = int(supervisor_state(args.store_dir)["pid"])  # type: ignore[arg-type]
-        control(args.store_dir, "stop")
+        control(args.store_dir, StopCommand())
     except NotRunning as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -169,11 +170,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     try:
-        reply = control(args.store_dir, "status")
+        reply = control(args.store_dir, StatusQuery())
     except NotRunning as exc:
         print(json.dumps({"state": "STOPPED"}) if args.json else exc)
         return 3
-    offsets = json.loads(reply.message or "{}")
+    offsets = reply.offsets
     if args.json:
         print(json.dumps({"state": reply.state, "endpoint": reply.endpoint, "offsets": offsets,
                           "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,

@@ -28,15 +28,16 @@ def supervisor_state(store_dir: Path) -> dict[str, object]:
     return read_engine_state(store_dir)
 
 
-def control(store_dir: Path, command: str, *, name: str = "", timeout_ms: int = 5000) -> ControlReply:
+def control(store_dir: Path, request: ControlRequest, *, timeout_ms: int = 5000) -> ControlReply:
+    """Send one control request (``StatusQuery``, ``StopCommand``, ``KillCommand``) and wait for the reply."""
     supervisor_state(store_dir)
     ctx = zmq.Context.instance()
     sock = endpoints.configure(ctx.socket(zmq.DEALER), hwm=16)
     try:
         sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_CONTROL))
-        sock.send(encoder.encode(ControlRequest(command, name)))
+        sock.send(encoder.encode(request))
         if not sock.poll(timeout_ms):
-            raise ControlTimeout(f"the supervisor did not answer {command!r} within {timeout_ms} ms")
+            raise ControlTimeout(f"the supervisor did not answer {request!r} within {timeout_ms} ms")
         return control_reply_decoder.decode(sock.recv())
     finally:
         sock.close()

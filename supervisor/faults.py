@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from engine.ipc import endpoints
+from engine.ipc.messages import StatusQuery
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.layout import CQ_UNIT, CQ_UNIT_BYTES
@@ -33,7 +34,7 @@ ROLES = ("writer", "flusher", "owner", "index", "reput", "front", "supervisor")
 
 def actor_pids(store_dir: Path) -> dict[str, int]:
     """Actor name -> pid (and ``supervisor``) of the engine running on ``store_dir``."""
-    pids = {a.name: a.pid for a in control(store_dir, "status").actors if a.pid}
+    pids = {a.name: a.pid for a in control(store_dir, StatusQuery()).actors if a.pid}
     pids["supervisor"] = int(endpoints.read_engine_state(store_dir)["pid"])  # type: ignore[arg-type]
     return pids
 

@@ -39,6 +39,9 @@ from engine.ipc.messages import (
     ControlReply,
     ControlRequest,
     Event,
+    KillCommand,
+    StatusQuery,
+    StopCommand,
     control_request_decoder,
     encoder,
     heartbeat_decoder,
@@ -231,18 +234,18 @@ class Supervisor:
             self.control.send_multipart([identity, encoder.encode(reply)])
 
     def control_command(self, request: ControlRequest) -> ControlReply:
-        if request.command == "status":
-            return self.status()
-        if request.command == "stop":
-            self.request_stop()
-            return ControlReply(ok=True, message="stopping")
-        if request.command == "kill":
-            actor = self.actors.get(request.name)
-            if actor is None or actor.process is None:
-                return ControlReply(ok=False, message=f"no actor named {request.name!r}")
-            actor.process.kill()
-            return ControlReply(ok=True, message=f"killed {request.name} (pid {actor.pid})")
-        return ControlReply(ok=False, message=f"unknown command {request.command!r}")
+        match request:
+            case StatusQuery():
+                return self.status()
+            case StopCommand():
+                self.request_stop()
+                return ControlReply(ok=True, message="stopping")
+            case KillCommand(name=name):
+                actor = self.actors.get(name)
+                if actor is None or actor.process is None:
+                    return ControlReply(ok=False, message=f"no actor named {name!r}")
+                actor.process.kill()
+                return ControlReply(ok=True, message=f"killed {name} (pid {actor.pid})")
 
     def status(self) -> ControlReply:
         actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts,
@@ -250,8 +253,7 @@ class Supervisor:
                   for a in self.actors.values()]
         degraded = any(a.lifecycle != "RUNNING" for a in self.actors.values())
         return ControlReply(ok=True, state="DEGRADED" if degraded else "RUNNING", endpoint=self.config.endpoint,
-                            actors=actors, message=json.dumps(self.offsets.snapshot(
-                                self.config.consume_queue_owner_count)))
+                            actors=actors, offsets=self.offsets.snapshot(self.config.consume_queue_owner_count))
 
     def _reconcile(self, now: int) -> None:
         for actor in self.actors.values():

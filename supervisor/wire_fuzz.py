@@ -35,6 +35,7 @@ import zmq
 from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import PROTOCOL_VERSION, REQUEST_TYPES
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
@@ -338,7 +339,7 @@ def store_known(client: StoreClient) -> list[list[bytes]]:
 def after_checks(engine: EngineProcess, known: list[list[bytes]], *, search_dirs: list[Path]) -> list[str]:
     """No restart, bounded memory, no file made outside the store, the known messages intact."""
     problems = []
-    status = control(engine.store_dir, "status")
+    status = control(engine.store_dir, StatusQuery())
     problems += [f"actor {a.name} restarted {a.restarts} times" for a in status.actors if a.restarts]
     problems += [f"actor {a.name} is {a.lifecycle}" for a in status.actors if a.lifecycle != "RUNNING"]
     for name, pid in engine.actor_pids().items():

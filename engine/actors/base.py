@@ -132,6 +132,15 @@ def drain(sock: zmq.Socket, handle_one: Callable[[list[bytes]], None]) -> None:
         handle_one(frames)
 
 
+def drain_wakes(sock: zmq.Socket) -> None:
+    """Empty a socket of ``Wake``s: what they announce is read from the shared offsets."""
+    drain(sock, _ignore)
+
+
+def _ignore(_frames: list[bytes]) -> None:
+    pass
+
+
 def _die_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)

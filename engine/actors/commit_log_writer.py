@@ -3,8 +3,8 @@
 Receives sends forwarded by the front (ROUTER ``writer.sock``), validates
 them, assigns queue offsets (one counter per topic-queue, rebuilt from the
 log at start) and commit log offsets, appends the batch into the mapped
-segment, then announces the new confirmed offset (PUB ``writer-pub.sock``)
-and answers.
+segment, then stores the new confirmed offset in the shared offsets, wakes
+its followers (PUB ``writer-pub.sock``) and answers.
 
 It also decides where a topic deletion falls in the log (``delete_topic``,
 see ``engine/store/deleted_topics.py``): the front forwards the request here so
@@ -35,7 +35,16 @@ from engine.codec import send_results
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import Confirmed, Flushed, FlushFailed, encoder, offsets_decoder, route_decoder
+from engine.ipc.messages import (
+    DeleteTopic,
+    FlushFailed,
+    Send,
+    TopicDeletion,
+    Wake,
+    encoder,
+    progress_decoder,
+    writer_request_decoder,
+)
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
@@ -50,9 +59,17 @@ from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
 from engine.store.records import build_items
-from engine.store.shared_offsets import CONFIRMED, LAST_STORE_TIMESTAMP, MIN_OFFSET, TOPIC_DELETIONS, WRITTEN
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    FLUSHED,
+    LAST_STORE_TIMESTAMP,
+    MIN_OFFSET,
+    TOPIC_DELETIONS,
+    WRITTEN,
+)
 
 log = logging.getLogger(__name__)
+_WAKE = encoder.encode(Wake())
 
 
 @dataclass
@@ -114,7 +131,7 @@ class CommitLogWriterActor(Actor):
         self.pending: deque[PendingAck] = deque()
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
         self.busy_refusals = 0
-        self.announce_due = False  # appended since the last Confirmed announcement
+        self.announce_due = False  # appended since the followers were last woken
         self.last_clean_ms = monotonic_ms()
         self.unsaved_deletions: list[UnsavedDeletion] = []  # recorded in memory, answered after the save
         self.forced_counter: ThreadPoolExecutor | None = None  # counts what forced deletions took
@@ -163,28 +180,31 @@ class CommitLogWriterActor(Actor):
         offsets.set(MIN_OFFSET, self.min_offset)
 
     def publish_offsets(self) -> None:
+        """Store the offsets, then wake the dispatcher and the flusher to read them."""
         self.store_offsets()
         self.announce_due = False
-        message = Confirmed(self.confirmed_offset, self.min_offset, self.last_store_timestamp_ms)
-        self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, encoder.encode(message)])
+        self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, _WAKE])
 
     def on_requests(self) -> None:
-        """Handle the queued requests, then announce the new confirmed offset once for all of them:
+        """Handle the queued requests, then wake the followers once for all of them:
         a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches."""
-        drain(self.requests, self.handle_send)
+        drain(self.requests, self.handle_request)
         if self.unsaved_deletions:
             self.save_deletions()
         if self.announce_due:
             self.publish_offsets()
 
-    def handle_send(self, frames: list[bytes]) -> None:
-        reply_to = frames[:3]
-        raw = frames[3]
-        if frames[5:6] == [b"delete_topic"]:
-            self.delete_topic(reply_to, raw)
-            return
+    def handle_request(self, frames: list[bytes]) -> None:
+        """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
+        reply_to, raw = frames[:3], frames[4]
+        match writer_request_decoder.decode(frames[3]):
+            case Send() as send:
+                self.send(reply_to, send, raw)
+            case DeleteTopic():
+                self.delete_topic(reply_to, raw)
+
+    def send(self, reply_to: list[bytes], route: Send, raw: bytes) -> None:
         try:
-            route = route_decoder.decode(frames[4])
             waited_ms = monotonic_ms() - route.received_ms
             if route.received_ms and waited_ms > self.config.send_queue_wait_ms_max:
                 self.busy_refusals += 1
@@ -254,9 +274,8 @@ class CommitLogWriterActor(Actor):
     def save_deletions(self) -> None:
         """Group commit of the deletion table: one write for the batch, then every answer.
 
-        The reply carries an extra frame, ``deleted:<topic>`` or ``kept:<topic>``: the front
-        drops the topic from its table (and its consumer offsets) only once the deletion is on
-        disk here."""
+        The reply carries a ``TopicDeletion`` frame: the front drops the topic from its table
+        (and its consumer offsets) only once the deletion is on disk here."""
         batch, self.unsaved_deletions = self.unsaved_deletions, []
         try:
             self.deleted_topics.save()
@@ -267,7 +286,8 @@ class CommitLogWriterActor(Actor):
             for deletion in batch:
                 reply = encode_error(deletion.request_id, ErrorCode.SERVICE_NOT_AVAILABLE,
                                      f"cannot record the deletion: {exc}")
-                self.requests.send_multipart([*deletion.reply_to, reply, b"kept:" + deletion.topic.encode()])
+                kept = encoder.encode(TopicDeletion(deletion.topic, recorded=False))
+                self.requests.send_multipart([*deletion.reply_to, reply, kept])
             return
         for deletion in batch:
             queues = [key for key in self.next_queue_offset if key[0] == deletion.topic]
@@ -278,19 +298,20 @@ class CommitLogWriterActor(Actor):
         self.announce_deletions()
         for deletion in batch:
             reply = encode_reply(deletion.request_id, topic=deletion.topic, deletion_offset=deletion.deletion_offset)
-            self.requests.send_multipart([*deletion.reply_to, reply, b"deleted:" + deletion.topic.encode()])
+            recorded = encoder.encode(TopicDeletion(deletion.topic, recorded=True))
+            self.requests.send_multipart([*deletion.reply_to, reply, recorded])
 
     def announce_deletions(self) -> None:
         """Owners and the index builder reread ``config/deletedTopics.json`` when this count moves."""
         self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
 
     def handle_flushed(self, frames: list[bytes]) -> None:
-        message = offsets_decoder.decode(frames[1])
-        if isinstance(message, Flushed):
-            self.flushed_offset = max(self.flushed_offset, message.flushed_offset)
-            self.release_pending(monotonic_ms())
-        elif isinstance(message, FlushFailed):
-            self.fail_stop(message)
+        match progress_decoder.decode(frames[1]):
+            case Wake():
+                self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
+                self.release_pending(monotonic_ms())
+            case FlushFailed() as failure:
+                self.fail_stop(failure)
 
     def fail_stop(self, failure: FlushFailed) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""

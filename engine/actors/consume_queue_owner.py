@@ -32,7 +32,16 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
-from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.ipc.messages import (
+    DispatchBatch,
+    GetById,
+    GetByOffset,
+    OffsetForTime,
+    Pull,
+    QueueStats,
+    dispatch_decoder,
+    owner_request_decoder,
+)
 from engine.ipc.protocol import (
     GetByIdRequest,
     GetByOffsetRequest,
@@ -47,6 +56,7 @@ from engine.ipc.protocol import (
 from engine.services.long_poll import LongPolls, ParkedPull
 from engine.services.pull import Subscription, pull
 from engine.services.queue_queries import offset_for_time, queue_stats
+from engine.services.restart_points import QueueTail, owner_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
@@ -115,17 +125,12 @@ class ConsumeQueueOwnerActor(Actor):
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
             checkpoint = None
-        floor = checkpoint.dispatched_offset if checkpoint else 0
-        # Every queue holds everything below the checkpoint's dispatched offset and below the
-        # end of its own last unit; re-apply from the smallest of those (as the writer scans).
-        # A queue whose tail had to be dropped no longer holds what the checkpoint promised:
-        # it is complete only up to its own (new) last unit.
-        safe_points = []
+        tails = []
         for cq in self.queues.values():
             dropped = self.repair_tail(cq, confirmed)
-            safe_points.append(cq.max_physical_end if dropped else max(floor, cq.max_physical_end))
-        start = min(safe_points, default=floor)
-        self.applied_offset = max(self.reader.min_offset(), min(start, confirmed))
+            tails.append(QueueTail(cq.max_physical_end, dropped))
+        self.applied_offset = owner_restart(tails, dispatched=checkpoint.dispatched_offset if checkpoint else 0,
+                                            log_min=self.reader.min_offset(), confirmed=confirmed)
         self.catch_up(self.visible_end)
         while self.behind:  # before serving, all of it: recovery has its own start timeout
             self.catch_up(self.visible_end)
@@ -295,19 +300,24 @@ class ConsumeQueueOwnerActor(Actor):
             self.wake(touched, monotonic_ms())
 
     def handle_request(self, frames: list[bytes]) -> None:
-        reply_to = frames[:3]
-        raw = frames[3]
-        envelope_op = frames[5].decode() if len(frames) > 5 else "pull"
+        """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
+        reply_to, raw = frames[:3], frames[4]
         self.follow_deletions()
+        reply: bytes | None
         try:
-            if envelope_op in ("get_by_id", "get_by_offset"):
-                reply = self.get_by_id(raw, by_offset=envelope_op == "get_by_offset")
-            elif envelope_op in ("queue_stats", "offset_for_time"):
-                reply = self.queue_question(envelope_op, raw)
-            else:
-                request = decode_request("pull", raw)
-                assert isinstance(request, PullRequest)
-                reply = self.pull(request, reply_to=reply_to)
+            match owner_request_decoder.decode(frames[3]):
+                case Pull():
+                    request = decode_request("pull", raw)
+                    assert isinstance(request, PullRequest)
+                    reply = self.pull(request, reply_to=reply_to)
+                case GetById():
+                    reply = self.get_by_id(raw, by_offset=False)
+                case GetByOffset():
+                    reply = self.get_by_id(raw, by_offset=True)
+                case QueueStats():
+                    reply = self.queue_question("queue_stats", raw)
+                case OffsetForTime():
+                    reply = self.queue_question("offset_for_time", raw)
         except RequestError as exc:
             reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
         if reply is not None:

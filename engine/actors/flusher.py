@@ -4,7 +4,8 @@
   ``flush_least_pages`` pages are dirty, and everything every
   ``flush_thorough_interval_ms``. SYNC_FLUSH flushes as soon as the writer
   confirms new bytes; confirmations that arrive during a flush are covered
-  by the next one (group commit). Each flush is announced (PUB ``flushed``).
+  by the next one (group commit). Each flush is stored in the shared offsets
+  and its readers are woken (PUB ``flushed``).
 * Queues and index: their owners flush their own files every
   ``flush_consume_queue_interval_ms`` and publish how far that made them
   durable; the smallest of those becomes the checkpoint's ``dispatched_offset``.
@@ -25,9 +26,10 @@ from dataclasses import replace
 
 import zmq
 
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.actors.base import Actor, ActorContext, drain_wakes, main, monotonic_ms
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, Flushed, FlushFailed, encoder, offsets_decoder
+from engine.ipc.messages import FlushFailed, Wake, encoder
+from engine.services.restart_points import checkpoint_dispatched, flusher_restart
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.layout import offset_to_file_name
@@ -36,6 +38,7 @@ from engine.store.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_
 
 log = logging.getLogger(__name__)
 _TIMESTAMPS_KEPT = 4096
+_WAKE = encoder.encode(Wake())
 
 
 class FlusherActor(Actor):
@@ -58,12 +61,12 @@ class FlusherActor(Actor):
         except CheckpointError as exc:
             log.error("checkpoint unusable (%s); starting a new one", exc)
         self.confirmed_offset = self.ctx.offsets.get(CONFIRMED)  # the writer recovered first
-        self.flushed_offset = min(self.checkpoint.flushed_offset, self.confirmed_offset)
+        self.flushed_offset = flusher_restart(self.checkpoint.flushed_offset, self.confirmed_offset)
         self.confirmed = self.ctx.socket(zmq.SUB)
         self.confirmed.connect(self.ctx.ipc(endpoints.WRITER_PUB))
         if self.sync_flush:
             # Group commit flushes as soon as bytes are confirmed. Under ASYNC_FLUSH the
-            # interval decides, and the ticks read the writer's offsets from the shared file.
+            # interval decides, and only the ticks read the writer's offsets.
             self.confirmed.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
         self.announce = self.ctx.socket(zmq.PUB)
         self.announce.bind(self.ctx.ipc(endpoints.FLUSHER_PUB))
@@ -73,19 +76,24 @@ class FlusherActor(Actor):
         self.flush_commit_log(self.confirmed_offset)
 
     def on_confirmed(self) -> None:
-        drain(self.confirmed, self.handle_confirmed)
+        drain_wakes(self.confirmed)
+        self.follow_confirmed()
         if self.sync_flush and self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
 
-    def handle_confirmed(self, frames: list[bytes]) -> None:
-        message = offsets_decoder.decode(frames[1])
-        assert isinstance(message, Confirmed)
-        if message.confirmed_offset < self.confirmed_offset:
+    def follow_confirmed(self) -> None:
+        """Read the writer's confirmed offset and the store time of its last record."""
+        # The time first: the writer stores it before the offset, so the pair never
+        # gives an offset a later record's time.
+        store_timestamp = self.ctx.offsets.get(LAST_STORE_TIMESTAMP)
+        confirmed = self.ctx.offsets.get(CONFIRMED)
+        if confirmed == self.confirmed_offset:
+            return
+        if confirmed < self.confirmed_offset:
             # A restarted writer cut a torn tail; nothing below it was ever confirmed to us.
-            self.flushed_offset = min(self.flushed_offset, message.confirmed_offset)
-        self.confirmed_offset = message.confirmed_offset
-        if not self.timestamps or self.timestamps[-1][0] != message.confirmed_offset:
-            self.timestamps.append((message.confirmed_offset, message.last_store_timestamp))
+            self.flushed_offset = min(self.flushed_offset, confirmed)
+        self.confirmed_offset = confirmed
+        self.timestamps.append((confirmed, store_timestamp))
 
     def _segment_fd(self, start: int) -> int | None:
         fd = self.segment_fds.get(start)
@@ -101,8 +109,7 @@ class FlusherActor(Actor):
     def flush_commit_log(self, target: int) -> None:
         """fdatasync every segment between the flushed offset and ``target``; exit on failure."""
         if target <= self.flushed_offset:
-            self.ctx.offsets.set(FLUSHED, self.flushed_offset)
-            self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(Flushed(self.flushed_offset))])
+            self.publish_flushed()
             return
         size = self.config.segment_size_bytes
         start = self.flushed_offset - self.flushed_offset % size
@@ -117,8 +124,11 @@ class FlusherActor(Actor):
         for segment in [s for s in self.segment_fds if s + size <= target - target % size and s < start]:
             os.close(self.segment_fds.pop(segment))
         self.flushed_offset = target
-        self.ctx.offsets.set(FLUSHED, target)
-        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(Flushed(target))])
+        self.publish_flushed()
+
+    def publish_flushed(self) -> None:
+        self.ctx.offsets.set(FLUSHED, self.flushed_offset)
+        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, _WAKE])
 
     def fail_stop(self, reason: str) -> None:
         """Never retry a failed flush (fsyncgate): tell the writer, then exit so recovery runs."""
@@ -141,15 +151,12 @@ class FlusherActor(Actor):
         the checkpoint's dispatched offset never promises units that are not on disk.
         """
         owners = [self.ctx.offsets.get(owner_durable_slot(k)) for k in range(self.config.consume_queue_owner_count)]
-        return min([*owners, self.ctx.offsets.get(INDEX_DURABLE)])
+        return checkpoint_dispatched([*owners, self.ctx.offsets.get(INDEX_DURABLE)],
+                                     self.checkpoint.dispatched_offset)
 
     def tick(self, now_ms: int) -> None:
         cfg = self.config
-        if not self.sync_flush:
-            confirmed = self.ctx.offsets.get(CONFIRMED)
-            if confirmed != self.confirmed_offset:
-                self.confirmed_offset = confirmed
-                self.timestamps.append((confirmed, self.ctx.offsets.get(LAST_STORE_TIMESTAMP)))
+        self.follow_confirmed()
         if not self.sync_flush and self.confirmed_offset > self.flushed_offset:
             thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
             dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
@@ -187,12 +194,11 @@ class FlusherActor(Actor):
                 "dispatched_offset": self.checkpoint.dispatched_offset}
 
     def shutdown(self) -> None:
-        drain(self.confirmed, self.handle_confirmed)
-        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
+        self.follow_confirmed()
         if self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(self.confirmed_offset)
         applied = self.durable_dispatched_offset()
-        self.checkpoint = replace(self.checkpoint, dispatched_offset=max(applied, self.checkpoint.dispatched_offset),
+        self.checkpoint = replace(self.checkpoint, dispatched_offset=applied,
                                    logics_msg_timestamp_ms=self._timestamp_at(applied) or
                                    self.checkpoint.logics_msg_timestamp_ms)
         self.write_checkpoint()

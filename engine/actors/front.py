@@ -21,8 +21,9 @@ of creates costs one write per batch, not one per create, and never keeps
 the loop from its heartbeat.
 
 The client frame is forwarded untouched (bodies are not decoded or copied
-here): [client id, REQ flag, request, Route, op]. Replies come back as
-[client id, REQ flag, reply] and go out as they are.
+here) behind a typed envelope that tells the backend what to do with it
+(``engine/ipc/messages.py``): [client id, REQ flag, envelope, request].
+Replies come back as [client id, REQ flag, reply] and go out as they are.
 """
 
 from __future__ import annotations
@@ -39,7 +40,19 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveServer
-from engine.ipc.messages import Route, encoder
+from engine.ipc.messages import (
+    DeleteTopic,
+    GetById,
+    GetByOffset,
+    OffsetForTime,
+    OwnerRequest,
+    Pull,
+    QueueStats,
+    Send,
+    WriterRequest,
+    encoder,
+    topic_deletion_decoder,
+)
 from engine.ipc.protocol import (
     CommitOffsetRequest,
     CreateTopicRequest,
@@ -128,10 +141,10 @@ class FrontActor(Actor):
         client, flag, reply = frames[0], frames[1], frames[2]
         out = [client, b"", reply] if flag == _REQ else [client, reply]
         if len(frames) > 3:  # the writer's word on a topic deletion
-            outcome, _, topic = frames[3].decode().partition(":")
-            self.deleting.discard(topic)
-            if outcome == "deleted":
-                self.finish_deletion(topic)
+            deletion = topic_deletion_decoder.decode(frames[3])
+            self.deleting.discard(deletion.topic)
+            if deletion.recorded:
+                self.finish_deletion(deletion.topic)
                 self.held.append(partial(self.clients.send_multipart, out))
                 return
         self.clients.send_multipart(out)
@@ -166,11 +179,9 @@ class FrontActor(Actor):
                 self.hold(client, flag, raw)
                 return
             queue_id = self.choose_queue(envelope)
-            self.forward(self.writer, client, flag, raw, queue_id, op)
+            self.forward(self.writer, client, flag, Send(queue_id, monotonic_ms()), raw)
         elif op == "pull":
-            queue_id = self.check_queue(envelope)
-            self.forward(self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)],
-                         client, flag, raw, queue_id, op)
+            self.forward(self.queue_owner(envelope), client, flag, Pull(), raw)
         elif op == "query_by_key":
             self.check_topic(envelope)
             offsets = self.ctx.offsets
@@ -178,17 +189,17 @@ class FrontActor(Actor):
             self.answer(client, flag, self.lookup.answer(raw, visible_end=visible_end,
                                                          deletions=offsets.get(TOPIC_DELETIONS)))
         elif op == "get_by_id":
-            self.forward(self.owners[self.owner_for_id(raw)], client, flag, raw, -1, op)
-        elif op in ("queue_stats", "offset_for_time"):
-            queue_id = self.check_queue(envelope)
-            self.forward(self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)],
-                         client, flag, raw, queue_id, op)
+            self.forward(self.owners[self.owner_for_id(raw)], client, flag, GetById(), raw)
+        elif op == "queue_stats":
+            self.forward(self.queue_owner(envelope), client, flag, QueueStats(), raw)
+        elif op == "offset_for_time":
+            self.forward(self.queue_owner(envelope), client, flag, OffsetForTime(), raw)
         elif op == "get_by_offset":
-            self.forward(self.owners[0], client, flag, raw, -1, op)
+            self.forward(self.owners[0], client, flag, GetByOffset(), raw)
         elif op == "delete_topic":
             topic = self.check_topic(envelope, deleting_ok=True)
             decode_request(op, raw)
-            self.forward(self.writer, client, flag, raw, -1, op)
+            self.forward(self.writer, client, flag, DeleteTopic(), raw)
             self.deleting.add(topic)
         elif op == "create_topic":
             if self.create_topic(envelope, raw):
@@ -201,15 +212,21 @@ class FrontActor(Actor):
         else:
             self.answer(client, flag, self.local(op, envelope, raw))
 
-    def forward(self, backend: zmq.Socket, client: bytes, flag: bytes, raw: bytes, queue_id: int,
-                op: str) -> None:
-        frames = [client, flag, raw, encoder.encode(Route(queue_id, monotonic_ms())), op.encode()]
+    def queue_owner(self, envelope: Envelope) -> zmq.Socket:
+        """The socket of the owner of the request's (topic, queue), once both are checked."""
+        queue_id = self.check_queue(envelope)
+        return self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)]
+
+    def forward(self, backend: zmq.Socket, client: bytes, flag: bytes, request: WriterRequest | OwnerRequest,
+                raw: bytes) -> None:
+        frames = [client, flag, encoder.encode(request), raw]
         try:
             backend.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             if backend is self.writer and self.writer_up:
                 raise RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
                                                    f"waiting for the writer; retry later") from None
+            op = type(request).__struct_config__.tag
             raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                f"the actor serving {op!r} is not available; retry later") from None
 

@@ -23,6 +23,7 @@ from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
 from engine.actors.file_syncer import FileSyncer
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.services.restart_points import index_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.index_file import IndexService
@@ -55,9 +56,9 @@ class IndexBuilderActor(Actor):
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
             checkpoint = None
-        floor = checkpoint.dispatched_offset if checkpoint else 0
-        confirmed = self.ctx.offsets.get(CONFIRMED)
-        self.applied_offset = max(self.reader.min_offset(), min(max(floor, self.index.end_phy_offset), confirmed))
+        self.applied_offset = index_restart(self.index.end_phy_offset,
+                                            dispatched=checkpoint.dispatched_offset if checkpoint else 0,
+                                            log_min=self.reader.min_offset(), confirmed=self.ctx.offsets.get(CONFIRMED))
         self.catch_up(self.visible_end)
         while self.behind:  # before serving, all of it: recovery has its own start timeout
             self.catch_up(self.visible_end)

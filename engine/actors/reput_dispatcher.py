@@ -1,7 +1,7 @@
 """The reput dispatcher: follows the log and tells queue owners and the index.
 
-Woken by the writer's ``Confirmed`` announcements (never a sleep loop), it
-parses every record from its reput offset up to the confirmed offset (under
+Woken by the writer after appends (never a sleep loop), it reads the
+confirmed offset from the shared offsets and parses every record from its reput offset up to the confirmed offset (under
 SYNC_FLUSH, up to the flushed offset: readers never see unflushed data) and
 publishes ``DispatchBatch``es: to owner k (topic ``cq.<k>.``) the records of
 its queues, to the index builder (``ix``) the records that carry keys.
@@ -19,9 +19,10 @@ import logging
 import zmq
 
 from engine import codec
-from engine.actors.base import Actor, ActorContext, drain, main
+from engine.actors.base import Actor, ActorContext, drain_wakes, main
 from engine.ipc import endpoints
-from engine.ipc.messages import Confirmed, DispatchBatch, Flushed, encoder, offsets_decoder
+from engine.ipc.messages import DispatchBatch, encoder
+from engine.services.restart_points import reput_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.layout import END_FILE_MIN_BLANK_BYTES
@@ -52,10 +53,9 @@ class ReputDispatcherActor(Actor):
             checkpoint = load_checkpoint(self.ctx.store_dir)
         except CheckpointError:
             checkpoint = None
-        floor = checkpoint.dispatched_offset if checkpoint else 0
-        self.reput_offset = max(self.reader.min_offset(), min(applied) if min(applied) > 0 else floor)
-        self.confirmed_offset = offsets.get(CONFIRMED)
-        self.flushed_offset = offsets.get(FLUSHED)
+        self.reput_offset = reput_restart(applied, dispatched=checkpoint.dispatched_offset if checkpoint else 0,
+                                          log_min=self.reader.min_offset())
+        self.follow_log()
         self.publisher = self.ctx.socket(zmq.PUB, hwm=max(self.config.socket_hwm_messages, 100_000))
         self.publisher.bind(self.ctx.ipc(endpoints.REPUT_PUB))
         self.announcements = self.ctx.socket(zmq.SUB)
@@ -69,18 +69,19 @@ class ReputDispatcherActor(Actor):
         log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
 
     def on_announcement(self) -> None:
-        drain(self.announcements, self.handle_announcement)
+        drain_wakes(self.announcements)
+        self.follow_log()
         self.dispatch()
 
-    def handle_announcement(self, frames: list[bytes]) -> None:
-        message = offsets_decoder.decode(frames[1])
-        if isinstance(message, Confirmed):
-            if message.confirmed_offset < self.reput_offset:
-                # A restarted writer cut a torn tail we had not dispatched past; follow it.
-                self.reput_offset = max(message.confirmed_offset, self.reader.min_offset())
-            self.confirmed_offset = message.confirmed_offset
-        elif isinstance(message, Flushed):
-            self.flushed_offset = message.flushed_offset
+    def follow_log(self) -> None:
+        """Read how far the log is confirmed (and flushed) from the shared offsets."""
+        offsets = self.ctx.offsets
+        confirmed = offsets.get(CONFIRMED)
+        if confirmed < self.reput_offset:
+            # A restarted writer cut a torn tail we had not dispatched past; follow it.
+            self.reput_offset = max(confirmed, self.reader.min_offset())
+        self.confirmed_offset = confirmed
+        self.flushed_offset = offsets.get(FLUSHED)
 
     @property
     def end_offset(self) -> int:
@@ -174,8 +175,7 @@ class ReputDispatcherActor(Actor):
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
             self.log_min_offset = log_min
             self.reader.segments.refresh()
-        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
-        self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
+        self.follow_log()
         self.dispatch()
         empty: list[list] = [[] for _ in range(self.owner_count)]
         self.publish(self.reput_offset, empty, [], tick=True)
@@ -186,8 +186,7 @@ class ReputDispatcherActor(Actor):
 
     def shutdown(self) -> None:
         self.stopping = False
-        drain(self.announcements, self.handle_announcement)
-        self.confirmed_offset = max(self.confirmed_offset, self.ctx.offsets.get(CONFIRMED))
+        self.follow_log()
         self.dispatch()
         self.publish(self.reput_offset, [[] for _ in range(self.owner_count)], [], tick=True)
         self.stopping = True

@@ -1,44 +1,105 @@
 """Every internal message between actors, as typed msgspec Structs.
 
 Bodies never cross these sockets: what moves is offsets and small metadata;
-message bytes stay in the mmap'd CommitLog. Client frames are forwarded
-as they came (see ``protocol.py``) with a ``Route`` frame beside them.
+message bytes stay in the mmap'd CommitLog. A client request is forwarded as
+it came (see ``protocol.py``), behind a typed envelope that says what the
+receiver is asked to do: the receiver routes on the envelope's type, never on
+a string.
+
+Facts that only grow (how far the log is confirmed, flushed, applied) travel
+in the shared offset slots (``engine/store/shared_offsets.py``); a ``Wake``
+only tells readers to look at them again. ``docs/design.md`` has the table of
+facts and channels.
 
 Each docstring says sender -> receiver, the socket pattern and the reply.
+
+Frames, front -> writer or owner (DEALER to ROUTER)::
+
+    [client id, REQ flag, envelope (one of ``WriterRequest`` / ``OwnerRequest``), client request]
+
+and back: ``[client id, REQ flag, client reply]``, plus a ``TopicDeletion``
+frame when the writer answers a ``DeleteTopic``.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+# -- front -> writer ------------------------------------------------------------------------------
 
-class Route(msgspec.Struct, array_like=True):
-    """front -> writer / owner / index, beside a forwarded client frame.
 
-    ``queue_id`` is the queue the front chose for a send (-1 elsewhere).
-    No reply of its own: the backend answers the client frame.
+class Send(msgspec.Struct, array_like=True, tag="send"):
+    """front -> writer: store the batch of the client ``send`` request behind this envelope.
+
+    ``queue_id`` is the queue the front chose (given, by sharding key or round robin);
+    ``received_ms`` is when the front received it (monotonic ms): a send that waited in the
+    writer's queue longer than ``send_queue_wait_ms_max`` is refused with BUSY.
+    Reply: the client reply (results, or an error).
     """
 
-    queue_id: int = -1
-    received_ms: int = 0  # when the front received the request (monotonic ms): sends that waited too long are refused
+    queue_id: int
+    received_ms: int
 
 
-class Confirmed(msgspec.Struct, array_like=True, tag="confirmed"):
-    """writer -> reput, flusher, owners (PUB ``confirmed``), after every append and every tick.
+class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):
+    """front -> writer: decide where the deletion of the request's topic falls in the log.
 
-    Complete records lie below ``confirmed_offset``. ``min_offset`` is the
-    start of the oldest segment. Also sent periodically for late joiners.
+    Reply: the client reply, then a ``TopicDeletion`` frame for the front.
     """
 
-    confirmed_offset: int
-    min_offset: int
-    last_store_timestamp: int  # store time of the last confirmed record, ms
+
+WriterRequest = Send | DeleteTopic
 
 
-class Flushed(msgspec.Struct, array_like=True, tag="flushed"):
-    """flusher -> writer, reput (PUB ``flushed``): the log is on disk below ``flushed_offset``."""
+class TopicDeletion(msgspec.Struct, array_like=True, tag="topic_deletion"):
+    """writer -> front, beside the reply to a ``DeleteTopic``.
 
-    flushed_offset: int
+    ``recorded``: the deletion is in ``config/deletedTopics.json`` on disk, and the front
+    drops the topic from its table and its groups' offsets; False: nothing changed.
+    """
+
+    topic: str
+    recorded: bool
+
+
+# -- front -> ConsumeQueue owner ------------------------------------------------------------------
+
+
+class Pull(msgspec.Struct, array_like=True, tag="pull"):
+    """front -> owner of (topic, queue): serve the client ``pull`` behind this envelope.
+
+    Reply: the client reply, at once or, for a long poll, when a message arrives or the wait ends.
+    """
+
+
+class QueueStats(msgspec.Struct, array_like=True, tag="queue_stats"):
+    """front -> owner of (topic, queue): the queue's offsets and store times. Reply: the client reply."""
+
+
+class OffsetForTime(msgspec.Struct, array_like=True, tag="offset_for_time"):
+    """front -> owner of (topic, queue): the first offset stored at or after a time. Reply: the client reply."""
+
+
+class GetById(msgspec.Struct, array_like=True, tag="get_by_id"):
+    """front -> the owner chosen by the id's segment: read one record by message id."""
+
+
+class GetByOffset(msgspec.Struct, array_like=True, tag="get_by_offset"):
+    """front -> owner 0: read one record by CommitLog offset."""
+
+
+OwnerRequest = Pull | QueueStats | OffsetForTime | GetById | GetByOffset
+
+# -- progress of the log --------------------------------------------------------------------------
+
+
+class Wake(msgspec.Struct, array_like=True, tag="wake"):
+    """writer -> reput, flusher (PUB ``confirmed``) after appends and every tick;
+    flusher -> writer, reput (PUB ``flushed``) after every flush.
+
+    Carries no offset: the receiver reads the slots it follows (confirmed, min offset and
+    last store time; or flushed) from the shared offsets, which the sender wrote first.
+    """
 
 
 class FlushFailed(msgspec.Struct, array_like=True, tag="flush_failed"):
@@ -46,6 +107,8 @@ class FlushFailed(msgspec.Struct, array_like=True, tag="flush_failed"):
 
     reason: str
 
+
+Progress = Wake | FlushFailed
 
 class DispatchEntry(msgspec.Struct, array_like=True):
     """One record as the reput dispatcher found it in the log."""
@@ -82,14 +145,21 @@ class Heartbeat(msgspec.Struct, array_like=True, tag="heartbeat"):
     detail: dict[str, int]
 
 
-class ControlRequest(msgspec.Struct, tag="control"):
-    """CLI / tests -> supervisor (DEALER to ROUTER). Reply: ``ControlReply``.
+class StatusQuery(msgspec.Struct, tag="status"):
+    """CLI / tests -> supervisor (DEALER to ROUTER): every actor's state. Reply: ``ControlReply``."""
 
-    ``command``: ``status``, ``stop``, ``kill`` (``name`` of an actor).
-    """
 
-    command: str
-    name: str = ""
+class StopCommand(msgspec.Struct, tag="stop"):
+    """CLI / tests -> supervisor: stop the engine in order. Reply: ``ControlReply``."""
+
+
+class KillCommand(msgspec.Struct, tag="kill"):
+    """tests / fault scripts -> supervisor: SIGKILL the actor ``name``. Reply: ``ControlReply``."""
+
+    name: str
+
+
+ControlRequest = StatusQuery | StopCommand | KillCommand
 
 
 class ActorStatus(msgspec.Struct):
@@ -101,11 +171,15 @@ class ActorStatus(msgspec.Struct):
 
 
 class ControlReply(msgspec.Struct, tag="control_reply"):
+    """supervisor -> CLI / tests. ``state``, ``endpoint``, ``actors`` and ``offsets`` (the shared
+    offset slots by name) answer a ``StatusQuery``; ``message`` says what a command did or why not."""
+
     ok: bool
     message: str = ""
     state: str = ""
     endpoint: str = ""
     actors: list[ActorStatus] = []
+    offsets: dict[str, int] = {}
 
 
 class Event(msgspec.Struct, tag="event"):
@@ -125,8 +199,10 @@ class Event(msgspec.Struct, tag="event"):
 
 
 encoder = msgspec.msgpack.Encoder()
-route_decoder = msgspec.msgpack.Decoder(Route)
-offsets_decoder = msgspec.msgpack.Decoder(Confirmed | Flushed | FlushFailed)
+writer_request_decoder = msgspec.msgpack.Decoder(WriterRequest)
+owner_request_decoder = msgspec.msgpack.Decoder(OwnerRequest)
+topic_deletion_decoder = msgspec.msgpack.Decoder(TopicDeletion)
+progress_decoder = msgspec.msgpack.Decoder(Progress)
 dispatch_decoder = msgspec.msgpack.Decoder(DispatchBatch)
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 control_request_decoder = msgspec.msgpack.Decoder(ControlRequest)

@@ -5,13 +5,9 @@ anything, so ``python -m engine inspect`` can print it; the writer then
 applies it by opening the log at ``end_offset`` (zeroing torn bytes past it,
 never shrinking a file).
 
-Where the scan starts: every queue is complete up to the end of its last
-unit (units are written in log order), and every queue is complete up to the
-checkpoint's ``dispatched_offset``; so the queues need the scan to start no
-later than the smallest ``max(dispatched_offset, queue's last unit end)``.
-The log itself is durable up to the checkpoint's ``flushed_offset`` (a record
-boundary), so the scan starts at the smaller of the two: it never starts past
-what a power cut could have lost. Each valid record after that raises its
+Where the scan starts (``restart_points.commit_log_scan_start``): early enough
+to find every queue's next offset, and no later than the checkpoint's
+``flushed_offset``, so it never starts past what a power cut could have lost. Each valid record after that raises its
 queue's next offset; a queue whose units point past the recovered end (they
 outlived the log in a power cut) counts only the units below it. Damage
 followed by valid records is reported loudly and skipped, never cut
@@ -25,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import StoreConfig
+from engine.services.restart_points import commit_log_scan_start
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
@@ -109,8 +106,8 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
         checkpoint = None
     dispatched = checkpoint.dispatched_offset if checkpoint else 0
     durable = checkpoint.flushed_offset if checkpoint else 0
-    needed = min((max(dispatched, end) for _nxt, end in queues.values()), default=dispatched)
-    start = max(first, min(needed, durable))
+    start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable,
+                                  queue_ends=(end for _nxt, end in queues.values()))
     plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted)
     plan.min_offset = first
     for (topic, queue_id), (nxt, end) in queues.items():

@@ -22,6 +22,7 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.messages import StatusQuery
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from supervisor.workload import Producer, read_everything, verify, wait_dispatched
@@ -79,7 +80,7 @@ def test_disk_full_refuses_sends_clearly_and_recovers_when_space_is_freed(small_
         wait_dispatched(client, timeout_ms=30_000)
         verdict = verify([producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
-        status = control(engine.store_dir, "status")
+        status = control(engine.store_dir, StatusQuery())
         assert all(actor.restarts == 0 for actor in status.actors), [(a.name, a.restarts) for a in status.actors]
         client.close()
     finally:
@@ -87,7 +88,7 @@ def test_disk_full_refuses_sends_clearly_and_recovers_when_space_is_freed(small_
 
 
 def writer_detail(engine: EngineProcess) -> dict[str, int]:
-    [writer] = [a for a in control(engine.store_dir, "status").actors if a.name == "writer"]
+    [writer] = [a for a in control(engine.store_dir, StatusQuery()).actors if a.name == "writer"]
     return writer.detail
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.messages import StatusQuery
 from engine.store.records import owner_of
 from supervisor.control import EventStream, control
 from supervisor.faults import kill_actor
@@ -32,7 +33,7 @@ def test_a_flapping_actor_is_left_down_and_requests_get_service_not_available(st
                 events.wait_for("recovery.done", name=owner)
             kill_actor(store_dir, owner)
             events.wait_for("actor.gave_up", name=owner)
-            status = control(store_dir, "status")
+            status = control(store_dir, StatusQuery())
             assert status.state == "DEGRADED"
             assert {a.name: a.lifecycle for a in status.actors}[owner] == "GAVE_UP"
             with pytest.raises(EngineError) as info:

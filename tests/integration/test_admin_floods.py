@@ -21,6 +21,7 @@ import zmq
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import encode_request
 from engine.store.consumer_offsets import OFFSETS_FILE
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
@@ -78,7 +79,7 @@ def assert_all_ok(replies: list[dict[str, Any]]) -> None:
 
 
 def assert_no_restarts(engine: EngineProcess) -> None:
-    status = control(engine.store_dir, "status")
+    status = control(engine.store_dir, StatusQuery())
     assert [(a.name, a.restarts) for a in status.actors if a.restarts] == []
     assert all(a.lifecycle == "RUNNING" for a in status.actors), [(a.name, a.lifecycle) for a in status.actors]
 
@@ -130,7 +131,7 @@ def test_ten_thousand_pipelined_deletions_are_answered_and_saved(engine: EngineP
 
 
 def owners_parked(engine: EngineProcess) -> int:
-    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, "status").actors)
+    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
 
 
 def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) -> None:
@@ -167,7 +168,7 @@ def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) 
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 assert remaining_ms > 0 and sock.poll(remaining_ms), f"answered: {dict(statuses)}"
                 reply = msgspec.msgpack.decode(sock.recv())
-                statuses[reply.get("status") or reply["error"]["name"]] += 1
+                statuses[reply.get(StatusQuery()) or reply["error"]["name"]] += 1
         finally:
             sock.close()
         assert statuses == {"FOUND": parked}

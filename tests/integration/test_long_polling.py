@@ -38,9 +38,10 @@ def test_a_waiting_pull_is_answered_when_a_message_arrives(engine: EngineProcess
 
 
 def engine_parked(engine: EngineProcess) -> int:
+    from engine.ipc.messages import StatusQuery
     from supervisor.control import control
 
-    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, "status").actors)
+    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
 
 
 def test_a_waiting_pull_times_out_with_no_new_message(engine: EngineProcess) -> None:

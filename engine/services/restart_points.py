@@ -1,0 +1,93 @@
+"""Where each actor starts again after a crash: the store's cross-actor invariant, in one place.
+
+Every offset here is a CommitLog offset (bytes). While the engine runs:
+
+    log_min <= checkpoint.dispatched <= durable(r) <= applied(r) <= confirmed      for every receiver r
+    checkpoint.flushed <= flushed <= confirmed
+
+where a *receiver* is a ConsumeQueue owner or the index builder, ``applied(r)`` is how
+far it has put the log into its files, and ``durable(r)`` how far those files are
+flushed (each receiver publishes both in the shared offsets). Recovery rests on three
+facts that the writers of the files keep:
+
+I1. A receiver's files hold every entry of [log_min, durable(r)) on disk. The flusher
+    writes ``checkpoint.dispatched = min over r of durable(r)`` (never lowered), so after
+    any crash every receiver holds everything below ``checkpoint.dispatched``.
+I2. A ConsumeQueue is written in log order: it holds every record of its queue below the
+    end of the record its last unit points at (``queue end``), unless recovery had to drop
+    torn units from its tail; then it is complete only up to its new last unit.
+I3. The log is on disk below ``checkpoint.flushed``, a record boundary.
+
+A receiver's *restart point* is the smallest offset below which I1 and I2 prove its files
+complete; it applies the log again from there (puts are idempotent by queue offset; an
+index item added twice is harmless), never from below ``log_min`` (retention took it) and
+never past ``confirmed`` (the recovered end of the log). The functions below compute
+every restart point and assert these bounds; the actors only call them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class QueueTail:
+    """What recovery found at the end of one ConsumeQueue."""
+
+    end: int  # end of the record its last unit points at (0 for an empty queue)
+    dropped: bool  # recovery dropped torn units from its tail
+
+
+def _clamp(point: int, log_min: int, confirmed: int) -> int:
+    restart = max(log_min, min(point, confirmed))
+    assert log_min <= restart <= max(log_min, confirmed), (point, log_min, confirmed)
+    return restart
+
+
+def queue_safe_point(tail: QueueTail, dispatched: int) -> int:
+    """Below this a queue holds every record of its own (I1 and I2)."""
+    return tail.end if tail.dropped else max(dispatched, tail.end)
+
+
+def commit_log_scan_start(*, log_min: int, dispatched: int, flushed: int, queue_ends: Iterable[int]) -> int:
+    """Where the writer's recovery scans from: early enough to find the next offset of every queue
+    (no queue is complete past its safe point) and to check every byte a power cut may have lost (I3)."""
+    needed = min((max(dispatched, end) for end in queue_ends), default=dispatched)
+    start = max(log_min, min(needed, flushed))
+    assert start <= max(log_min, flushed)
+    return start
+
+
+def owner_restart(tails: Iterable[QueueTail], *, dispatched: int, log_min: int, confirmed: int) -> int:
+    """A ConsumeQueue owner applies again from the smallest safe point of its queues."""
+    return _clamp(min((queue_safe_point(tail, dispatched) for tail in tails), default=dispatched),
+                  log_min, confirmed)
+
+
+def index_restart(index_end: int, *, dispatched: int, log_min: int, confirmed: int) -> int:
+    """The index builder applies again from past what its newest IndexFile already holds (I1)."""
+    return _clamp(max(dispatched, index_end), log_min, confirmed)
+
+
+def reput_restart(applied: Iterable[int], *, dispatched: int, log_min: int) -> int:
+    """The dispatcher starts at the least progress of its receivers (all of them restart at or
+    after it), or at the checkpoint when none has published any yet (the whole engine restarted).
+
+    Starting early is harmless: receivers skip what they already hold."""
+    least = min(applied, default=0)
+    restart = max(log_min, least if least > 0 else dispatched)
+    assert restart >= log_min
+    return restart
+
+
+def flusher_restart(checkpoint_flushed: int, confirmed: int) -> int:
+    """The flusher trusts only what the checkpoint says was flushed, and flushes the rest at once."""
+    restart = min(checkpoint_flushed, confirmed)
+    assert 0 <= restart <= confirmed or confirmed == 0
+    return restart
+
+
+def checkpoint_dispatched(durable: Iterable[int], previous: int) -> int:
+    """The checkpoint's dispatched offset: what every receiver holds on disk (I1); never lowered."""
+    return max(previous, min(durable))
