@@ -1,17 +1,23 @@
-"""The skeleton every actor process runs: lifecycle, poll loop, heartbeats, stop.
+"""The runtime every actor process runs: its sockets, slots, clock, threads, loop and stop.
+
+An actor's logic is a plain object (``Actor``): it declares the ports it talks
+on, and its handlers turn each message into effects (``engine/actors/effects.py``).
+Everything else is here, in one place:
+
+* the sockets behind the ports (created after ``recover``, so nothing is served before);
+* the shared offsets (``Env.slots``), the clock (``Env.clock``) and the background
+  flush threads (``Env.syncer``), which the simulation replaces with its own;
+* the loop: it polls the sockets, hands every message to ``Actor.handle`` and carries
+  out the effects, runs ``tick`` every ``tick_interval_ms`` and sends a heartbeat to the
+  supervisor every ``heartbeat_interval_ms``; every turn does bounded work (at most 256
+  messages a socket, one slice of a backlog), so no flood keeps an actor from its heartbeat;
+* the stop: SIGTERM (also sent by the kernel when the supervisor dies, through
+  PR_SET_PDEATHSIG) ends the loop; the ports named in ``drain_at_stop`` are emptied,
+  then ``shutdown`` leaves files consistent.
 
 Lifecycle (forward only): INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED.
-
-* ``recover()`` runs before any socket serves requests;
-* the loop polls the actor's sockets, runs ``tick()`` on a timer and sends a
-  heartbeat to the supervisor every ``heartbeat_interval_ms``; every turn of it
-  does bounded work (at most 256 messages a socket, one slice of a backlog), so
-  no flood of requests keeps an actor from its heartbeat;
-* SIGTERM (also sent by the kernel when the supervisor dies, through
-  PR_SET_PDEATHSIG) ends the loop; ``shutdown()`` then leaves files consistent.
-
-An unexpected exception ends the process with a traceback: the supervisor
-restarts the actor and its ``recover()`` repairs what was left half done.
+An unexpected exception ends the process with a traceback: the supervisor restarts
+the actor and its ``recover`` repairs what was left half done.
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.actors.file_syncer import FileSyncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
+from engine.ipc.curve import CurveServer
 from engine.ipc.messages import Heartbeat, encoder
 from engine.store.shared_offsets import SharedOffsets
 
@@ -43,57 +53,94 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 _POLL_SLICE_MS = 50
 _DRAIN_MESSAGES_MAX = 256
+_EXIT_LINGER_MS = 1000
+
+# Port kinds (ZeroMQ socket types).
+ROUTER, DEALER, PUB, SUB = "ROUTER", "DEALER", "PUB", "SUB"
+_ZMQ_KINDS = {ROUTER: zmq.ROUTER, DEALER: zmq.DEALER, PUB: zmq.PUB, SUB: zmq.SUB}
+
+
+class Clock:
+    """The host's clocks, in ms: monotonic for deadlines and waits, wall for store times."""
+
+    def mono_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
 
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+SyncerFactory = Callable[[str, Callable[[int], None]], FileSyncer]
 
 
 @dataclass(frozen=True)
-class ActorContext:
+class Env:
+    """What an actor is given: who it is, its store and settings, and the runtime's services."""
+
     name: str
     instance: int
     store_dir: Path
     run_dir: Path
     config: StoreConfig
-    zmq_context: zmq.Context
-    offsets: SharedOffsets
-
-    def ipc(self, endpoint_name: str) -> str:
-        return endpoints.ipc(self.run_dir, endpoint_name)
-
-    def socket(self, kind: int, *, hwm: int | None = None, max_message_bytes: int = -1) -> zmq.Socket:
-        sock = self.zmq_context.socket(kind)
-        return endpoints.configure(sock, hwm=hwm or self.config.socket_hwm_messages,
-                                   max_message_bytes=max_message_bytes)
+    slots: SharedOffsets
+    clock: Clock = field(default_factory=Clock)
+    syncer: SyncerFactory = FileSyncer
+    background: bool = True  # may the store objects prepare files in background threads
 
 
-Handler = Callable[[], None]
+@dataclass(frozen=True)
+class Port:
+    """One socket an actor talks on. ``endpoint`` is an internal name (an ipc file in the run
+    directory) or a full address; ``subscribe`` the topics of a SUB."""
+
+    name: str
+    kind: str
+    endpoint: str
+    bind: bool
+    subscribe: tuple[bytes, ...] = ()
+    hwm: int | None = None
+    max_message_bytes: int = -1
+    immediate: bool = False  # DEALER: queue nothing for a peer that is not connected
+    reconnect_ivl_ms: int | None = None
+    monitor: bool = False  # report connects and disconnects (``Actor.connection``)
+    curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
 
 
 class Actor:
-    """Subclasses set ``tick_interval_ms`` and override the hooks they need."""
+    """An actor's logic. Subclasses declare ``ports`` and override the hooks they need."""
 
     tick_interval_ms = 100
+    drain_at_stop: tuple[str, ...] = ()  # ports whose queued messages are handled before ``shutdown``
 
-    def __init__(self, ctx: ActorContext) -> None:
-        self.ctx = ctx
-        self.config = ctx.config
-        self.handlers: list[tuple[zmq.Socket, Handler]] = []
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.config = env.config
+        self.slots = env.slots
+        self.clock = env.clock
         self.lifecycle = "INIT"
         self.stopping = False
 
-    def on_readable(self, sock: zmq.Socket, handler: Handler) -> None:
-        self.handlers.append((sock, handler))
+    def ports(self) -> list[Port]:
+        """The sockets to open once ``recover`` is done."""
+        return []
 
-    def recover(self) -> None:
-        """Repair and load state; runs before any request is served."""
+    def recover(self, out: Effects) -> None:
+        """Repair and load state; runs before any port is open (its effects are carried out after)."""
 
-    def tick(self, now_ms: int) -> None:
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        """One message from ``port``."""
+
+    def drained(self, port: str, out: Effects) -> None:
+        """Every message queued on ``port`` for this turn was handled (group commits go here)."""
+
+    def connection(self, port: str, up: bool) -> None:
+        """A monitored port connected to (or lost) its peer."""
+
+    def tick(self, out: Effects) -> None:
         """Periodic work; runs every ``tick_interval_ms``."""
 
     def detail(self) -> dict[str, int]:
@@ -108,37 +155,138 @@ class Actor:
         heartbeats between them."""
         return False
 
-    def work_backlog(self) -> None:
+    def work_backlog(self, out: Effects) -> None:
         """Do one bounded slice of the backlog."""
 
-    def shutdown(self) -> None:
+    def shutdown(self, out: Effects) -> None:
         """Leave files consistent; runs once, after the loop ends."""
 
-    def request_stop(self) -> None:
-        self.stopping = True
 
+class Runtime:
+    """Runs one actor in this process over ZeroMQ."""
 
-def drain(sock: zmq.Socket, handle_one: Callable[[list[bytes]], None]) -> None:
-    """Handle up to ``_DRAIN_MESSAGES_MAX`` queued multipart messages without blocking.
+    def __init__(self, actor: Actor, zmq_context: zmq.Context) -> None:
+        self.actor = actor
+        self.env = actor.env
+        self.zctx = zmq_context
+        self.sockets: dict[str, zmq.Socket] = {}
+        self.readers: dict[zmq.Socket, tuple[str, Callable[[], None]]] = {}
+        self.curve: CurveServer | None = None
+        self.stopping = False
 
-    Frames arrive as bytes: for the small frames that make up most traffic a copy is
-    cheaper than pyzmq's zero-copy Frame objects (about 11 us against 15 us a message).
-    """
-    for _ in range(_DRAIN_MESSAGES_MAX):
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return
-        handle_one(frames)
+    def open(self, port: Port) -> None:
+        cfg = self.env.config
+        sock = endpoints.configure(self.zctx.socket(_ZMQ_KINDS[port.kind]), hwm=port.hwm or cfg.socket_hwm_messages,
+                                   max_message_bytes=port.max_message_bytes)
+        for topic in port.subscribe:
+            sock.setsockopt(zmq.SUBSCRIBE, topic)
+        if port.immediate:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+        if port.reconnect_ivl_ms is not None:
+            sock.setsockopt(zmq.RECONNECT_IVL, port.reconnect_ivl_ms)
+        if port.curve:  # encryption, and only the clients of the allow-list get in
+            self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
+            self.curve.secure(sock)
+        if port.monitor:  # watch before connecting, so the first connection is not missed
+            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self.readers[monitor] = (port.name, lambda: self.on_monitor(port.name, monitor))
+        address = port.endpoint if "://" in port.endpoint else endpoints.ipc(self.env.run_dir, port.endpoint)
+        if port.bind:
+            sock.bind(address)
+        else:
+            sock.connect(address)
+        self.sockets[port.name] = sock
+        if port.kind != PUB:
+            self.readers[sock] = (port.name, lambda: self.on_readable(port.name, sock))
 
+    def carry_out(self, out: Effects) -> None:
+        for effect in out:
+            if isinstance(effect, Send):
+                self.sockets[effect.port].send_multipart(effect.frames)
+            elif isinstance(effect, Forward):
+                try:
+                    self.sockets[effect.port].send_multipart(effect.frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    self.sockets[effect.refused.port].send_multipart(effect.refused.frames)
+            else:
+                assert isinstance(effect, Exit)
+                log.critical("exiting (%d): %s", effect.code, effect.reason)
+                self.zctx.destroy(linger=_EXIT_LINGER_MS)  # let the sends before it reach their peers
+                os._exit(effect.code)  # no clean shutdown: nothing more may be written by this process
+        out.clear()
 
-def drain_wakes(sock: zmq.Socket) -> None:
-    """Empty a socket of ``Wake``s: what they announce is read from the shared offsets."""
-    drain(sock, _ignore)
+    def on_readable(self, port: str, sock: zmq.Socket) -> None:
+        """Handle up to ``_DRAIN_MESSAGES_MAX`` queued messages without blocking, then ``drained``.
 
+        Frames arrive as bytes: for the small frames that make up most traffic a copy is
+        cheaper than pyzmq's zero-copy Frame objects (about 11 us against 15 us a message)."""
+        actor, out = self.actor, Effects()
+        for _ in range(_DRAIN_MESSAGES_MAX):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            actor.handle(port, frames, out)
+            if out:
+                self.carry_out(out)
+        actor.drained(port, out)
+        self.carry_out(out)
 
-def _ignore(_frames: list[bytes]) -> None:
-    pass
+    def on_monitor(self, port: str, monitor: zmq.Socket) -> None:
+        for _ in range(64):
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
+                self.actor.connection(port, event["event"] == zmq.EVENT_CONNECTED)
+
+    def run(self, heartbeat: zmq.Socket, parent: int) -> None:
+        actor, clock = self.actor, self.env.clock
+        out = Effects()
+        actor.lifecycle = "RECOVERING"
+        _send_heartbeat(actor, heartbeat)
+        actor.recover(out)
+        for port in actor.ports():
+            self.open(port)
+        self.carry_out(out)
+        actor.lifecycle = "RUNNING"
+        poller = zmq.Poller()
+        for sock in self.readers:
+            poller.register(sock, zmq.POLLIN)
+        next_tick = next_beat = clock.mono_ms()
+        while not self.stopping:
+            now = clock.mono_ms()
+            if now >= next_beat:
+                _send_heartbeat(actor, heartbeat)
+                next_beat = now + self.env.config.heartbeat_interval_ms
+                if os.getppid() != parent:
+                    log.error("the supervisor is gone; stopping")
+                    break
+            if now >= next_tick:
+                actor.tick(out)
+                self.carry_out(out)
+                if self.curve is not None and self.curve.reload_allow_list():
+                    log.info("CURVE allow-list read from %s", self.env.config.curve_authorized_keys_dir)
+                next_tick = now + actor.tick_interval_ms
+            busy = actor.backlog()
+            timeout = 0 if busy else max(0, min(next_tick, next_beat, now + _POLL_SLICE_MS) - clock.mono_ms())
+            for sock, _event in poller.poll(timeout):
+                self.readers[sock][1]()
+            if busy:
+                actor.work_backlog(out)
+                self.carry_out(out)
+        actor.stopping = True
+        actor.lifecycle = "STOPPING"
+        _send_heartbeat(actor, heartbeat)
+        for name in actor.drain_at_stop:
+            self.on_readable(name, self.sockets[name])
+        actor.shutdown(out)
+        self.carry_out(out)
+        if self.curve is not None:
+            self.curve.stop()
+        actor.lifecycle = "STOPPED"
+        _send_heartbeat(actor, heartbeat)
 
 
 def _die_with_parent() -> None:
@@ -168,59 +316,24 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     _die_with_parent()
     # The supervisor sends SIGUSR1 before killing a hung actor: its stacks land in the actor's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
     zctx = zmq.Context()
-    offsets = SharedOffsets(args.run_dir)
-    ctx = ActorContext(args.name, args.instance, args.store_dir.resolve(), args.run_dir,
-                       decode_config(args.config.read_bytes()), zctx, offsets)
-    actor = actor_cls(ctx)
-    heartbeat = ctx.socket(zmq.PUSH, hwm=16)
-    heartbeat.connect(ctx.ipc(endpoints.SUPERVISOR_HEARTBEATS))
+    env = Env(args.name, args.instance, args.store_dir.resolve(), args.run_dir,
+              decode_config(args.config.read_bytes()), SharedOffsets(args.run_dir))
+    runtime = Runtime(actor_cls(env), zctx)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(runtime, "stopping", True))
+    heartbeat = endpoints.configure(zctx.socket(zmq.PUSH), hwm=16)
+    heartbeat.connect(endpoints.ipc(args.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
     try:
-        _run(actor, heartbeat, parent)
+        runtime.run(heartbeat, parent)
     finally:
         zctx.destroy(linger=0)  # closes every socket the actor opened
     return 0
 
 
 def _send_heartbeat(actor: Actor, heartbeat: zmq.Socket) -> None:
-    beat = Heartbeat(actor.ctx.name, os.getpid(), actor.lifecycle, actor.detail())
+    beat = Heartbeat(actor.env.name, os.getpid(), actor.lifecycle, actor.detail())
     try:
         heartbeat.send(encoder.encode(beat), zmq.NOBLOCK)
     except zmq.Again:
         pass
-
-
-def _run(actor: Actor, heartbeat: zmq.Socket, parent: int) -> None:
-    actor.lifecycle = "RECOVERING"
-    _send_heartbeat(actor, heartbeat)
-    actor.recover()
-    actor.lifecycle = "RUNNING"
-    poller = zmq.Poller()
-    for sock, _ in actor.handlers:
-        poller.register(sock, zmq.POLLIN)
-    handlers = dict(actor.handlers)
-    next_tick = next_beat = monotonic_ms()
-    while not actor.stopping:
-        now = monotonic_ms()
-        if now >= next_beat:
-            _send_heartbeat(actor, heartbeat)
-            next_beat = now + actor.config.heartbeat_interval_ms
-            if os.getppid() != parent:
-                log.error("the supervisor is gone; stopping")
-                break
-        if now >= next_tick:
-            actor.tick(now)
-            next_tick = now + actor.tick_interval_ms
-        busy = actor.backlog()
-        timeout = 0 if busy else max(0, min(next_tick, next_beat, now + _POLL_SLICE_MS) - monotonic_ms())
-        for sock, _event in poller.poll(timeout):
-            handlers[sock]()
-        if busy:
-            actor.work_backlog()
-    actor.lifecycle = "STOPPING"
-    _send_heartbeat(actor, heartbeat)
-    actor.shutdown()
-    actor.lifecycle = "STOPPED"
-    _send_heartbeat(actor, heartbeat)

@@ -27,18 +27,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import msgspec
-import zmq
 
 from engine import codec
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms, wall_ms
+from engine.actors.base import PUB, ROUTER, SUB, Actor, Env, Port, main
+from engine.actors.effects import Effects
 from engine.codec import send_results
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import (
+    Append,
     DeleteTopic,
     FlushFailed,
-    Send,
     TopicDeletion,
     Wake,
     encoder,
@@ -113,17 +113,21 @@ class UnsavedDeletion:
 
 
 class CommitLogWriterActor(Actor):
+    """Takes ``Append`` and ``DeleteTopic`` on ``requests``, ``Wake`` and ``FlushFailed`` on ``flushes``;
+    gives client replies (and ``TopicDeletion``s) on ``requests`` and ``Wake``s on ``announce``."""
+
     tick_interval_ms = 100
 
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        cfg = ctx.config
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
         self.store_host = HostAddress.parse(cfg.store_host, cfg.store_port)
         self.msg_id_prefix = encode_msg_id(self.store_host, 0)[:-16]  # ip and port; the offset follows
-        self.log = CommitLogWriter(ctx.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
-                                   with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments)
+        self.log = CommitLogWriter(env.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
+                                   with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments,
+                                   background=env.background)
         self.next_queue_offset: dict[tuple[str, int], int] = {}
-        self.deleted_topics = DeletedTopics(ctx.store_dir)
+        self.deleted_topics = DeletedTopics(env.store_dir)
         self.last_store_timestamp_ms = 0
         self.min_offset = 0
         self.flushed_offset = 0
@@ -132,16 +136,21 @@ class CommitLogWriterActor(Actor):
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
         self.busy_refusals = 0
         self.announce_due = False  # appended since the followers were last woken
-        self.last_clean_ms = monotonic_ms()
+        self.last_clean_ms = self.clock.mono_ms()
         self.unsaved_deletions: list[UnsavedDeletion] = []  # recorded in memory, answered after the save
         self.forced_counter: ThreadPoolExecutor | None = None  # counts what forced deletions took
         self.forced_deleted_segments = 0
         self.retention_rounds = 0
         self.forced_deleted_messages = 0
 
-    def recover(self) -> None:
-        plan = plan_commit_log_recovery(self.ctx.store_dir, self.config)
-        crash_mark = self.ctx.run_dir / CRASH_START_FILE
+    def ports(self) -> list[Port]:
+        return [Port("requests", ROUTER, endpoints.WRITER, bind=True),
+                Port("announce", PUB, endpoints.WRITER_PUB, bind=True),
+                Port("flushes", SUB, endpoints.FLUSHER_PUB, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,))]
+
+    def recover(self, out: Effects) -> None:
+        plan = plan_commit_log_recovery(self.env.store_dir, self.config)
+        crash_mark = self.env.run_dir / CRASH_START_FILE
         self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists())
         crash_mark.unlink(missing_ok=True)  # swept once; a later restart in this run follows a kill
         try:
@@ -155,17 +164,8 @@ class CommitLogWriterActor(Actor):
         log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges; "
                  "codec: %s", plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
                  len(self.next_queue_offset), len(plan.damage), "compiled" if codec.COMPILED else "python")
-        self.requests = self.ctx.socket(zmq.ROUTER)
-        self.requests.bind(self.ctx.ipc(endpoints.WRITER))
-        self.announce = self.ctx.socket(zmq.PUB)
-        self.announce.bind(self.ctx.ipc(endpoints.WRITER_PUB))
-        self.on_readable(self.requests, self.on_requests)
-        self.flushes = self.ctx.socket(zmq.SUB)
-        self.flushes.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
-        self.flushes.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
-        self.on_readable(self.flushes, lambda: drain(self.flushes, self.handle_flushed))
-        self.clean_expired_segments()  # also decides at once whether the disk is too full for sends
-        self.publish_offsets()
+        self.clean_expired_segments(out)  # also decides at once whether the disk is too full for sends
+        self.publish_offsets(out)
 
     @property
     def confirmed_offset(self) -> int:
@@ -173,39 +173,46 @@ class CommitLogWriterActor(Actor):
 
     def store_offsets(self) -> None:
         """The shared slots: what get_by_id and the owners' checks read, before any reply goes out."""
-        offsets = self.ctx.offsets
+        offsets = self.slots
         offsets.set(LAST_STORE_TIMESTAMP, self.last_store_timestamp_ms)
         offsets.set(WRITTEN, self.log.written_offset)
         offsets.set(CONFIRMED, self.confirmed_offset)
         offsets.set(MIN_OFFSET, self.min_offset)
 
-    def publish_offsets(self) -> None:
+    def publish_offsets(self, out: Effects) -> None:
         """Store the offsets, then wake the dispatcher and the flusher to read them."""
         self.store_offsets()
         self.announce_due = False
-        self.announce.send_multipart([endpoints.TOPIC_CONFIRMED, _WAKE])
+        out.send("announce", [endpoints.TOPIC_CONFIRMED, _WAKE])
 
-    def on_requests(self) -> None:
-        """Handle the queued requests, then wake the followers once for all of them:
-        a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches."""
-        drain(self.requests, self.handle_request)
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        if port == "requests":
+            self.handle_request(frames, out)
+        else:
+            self.handle_flushed(frames, out)
+
+    def drained(self, port: str, out: Effects) -> None:
+        """After the queued requests: one write of the deletion table, one wake-up for all of them
+        (a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches)."""
+        if port != "requests":
+            return
         if self.unsaved_deletions:
-            self.save_deletions()
+            self.save_deletions(out)
         if self.announce_due:
-            self.publish_offsets()
+            self.publish_offsets(out)
 
-    def handle_request(self, frames: list[bytes]) -> None:
+    def handle_request(self, frames: list[bytes], out: Effects) -> None:
         """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
         reply_to, raw = frames[:3], frames[4]
         match writer_request_decoder.decode(frames[3]):
-            case Send() as send:
-                self.send(reply_to, send, raw)
+            case Append() as append:
+                self.send(reply_to, append, raw, out)
             case DeleteTopic():
                 self.delete_topic(reply_to, raw)
 
-    def send(self, reply_to: list[bytes], route: Send, raw: bytes) -> None:
+    def send(self, reply_to: list[bytes], route: Append, raw: bytes, out: Effects) -> None:
         try:
-            waited_ms = monotonic_ms() - route.received_ms
+            waited_ms = self.clock.mono_ms() - route.received_ms
             if route.received_ms and waited_ms > self.config.send_queue_wait_ms_max:
                 self.busy_refusals += 1
                 raise RequestError(ErrorCode.BUSY, f"the send waited {waited_ms} ms for the writer (limit "
@@ -215,16 +222,16 @@ class CommitLogWriterActor(Actor):
             assert isinstance(request, SendRequest)
             stored, end_offset = self.append(request, route.queue_id)
         except RequestError as exc:
-            self.requests.send_multipart([*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
+            out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
             return
         self.store_offsets()
         self.announce_due = True
         if self.sync_flush and request.wait_store and end_offset > self.flushed_offset:
-            deadline = monotonic_ms() + self.config.sync_flush_timeout_ms
+            deadline = self.clock.mono_ms() + self.config.sync_flush_timeout_ms
             self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, stored))
             return
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
-        self.requests.send_multipart([*reply_to, encode_reply(request.id, results=results)])
+        out.send("requests", [*reply_to, encode_reply(request.id, results=results)])
 
     def append(self, request: SendRequest, queue_id: int) -> tuple[Stored, int]:
         """Validate and append a whole batch (all or nothing); RequestError if refused."""
@@ -234,7 +241,7 @@ class CommitLogWriterActor(Actor):
             raise RequestError(ErrorCode.DISK_FULL, f"the disk is more than "
                                                     f"{self.config.disk_space_warning_level_ratio:.0%} full; "
                                                     f"sends are refused until retention frees space")
-        now_ms = wall_ms()
+        now_ms = self.clock.wall_ms()
         topic = request.topic.encode()
         batch = build_items(request.messages, config=self.config, born_host=self.store_host, now_ms=now_ms)
         batch_bytes = self.log.items_size(topic, len(batch.items), batch.payload_bytes)
@@ -271,7 +278,7 @@ class CommitLogWriterActor(Actor):
                                                       self.deleted_topics.deletion_offsets.get(request.topic)))
         self.deleted_topics.record(request.topic, deletion_offset)
 
-    def save_deletions(self) -> None:
+    def save_deletions(self, out: Effects) -> None:
         """Group commit of the deletion table: one write for the batch, then every answer.
 
         The reply carries a ``TopicDeletion`` frame: the front drops the topic from its table
@@ -287,7 +294,7 @@ class CommitLogWriterActor(Actor):
                 reply = encode_error(deletion.request_id, ErrorCode.SERVICE_NOT_AVAILABLE,
                                      f"cannot record the deletion: {exc}")
                 kept = encoder.encode(TopicDeletion(deletion.topic, recorded=False))
-                self.requests.send_multipart([*deletion.reply_to, reply, kept])
+                out.send("requests", [*deletion.reply_to, reply, kept])
             return
         for deletion in batch:
             queues = [key for key in self.next_queue_offset if key[0] == deletion.topic]
@@ -299,40 +306,39 @@ class CommitLogWriterActor(Actor):
         for deletion in batch:
             reply = encode_reply(deletion.request_id, topic=deletion.topic, deletion_offset=deletion.deletion_offset)
             recorded = encoder.encode(TopicDeletion(deletion.topic, recorded=True))
-            self.requests.send_multipart([*deletion.reply_to, reply, recorded])
+            out.send("requests", [*deletion.reply_to, reply, recorded])
 
     def announce_deletions(self) -> None:
         """Owners and the index builder reread ``config/deletedTopics.json`` when this count moves."""
-        self.ctx.offsets.set(TOPIC_DELETIONS, self.ctx.offsets.get(TOPIC_DELETIONS) + 1)
+        self.slots.set(TOPIC_DELETIONS, self.slots.get(TOPIC_DELETIONS) + 1)
 
-    def handle_flushed(self, frames: list[bytes]) -> None:
+    def handle_flushed(self, frames: list[bytes], out: Effects) -> None:
         match progress_decoder.decode(frames[1]):
             case Wake():
-                self.flushed_offset = max(self.flushed_offset, self.ctx.offsets.get(FLUSHED))
-                self.release_pending(monotonic_ms())
+                self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
+                self.release_pending(out, self.clock.mono_ms())
             case FlushFailed() as failure:
-                self.fail_stop(failure)
+                self.fail_stop(out, failure)
 
-    def fail_stop(self, failure: FlushFailed) -> None:
+    def fail_stop(self, out: Effects, failure: FlushFailed) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
         log.critical("the log could not be flushed past %d (%s); refusing acks and exiting",
                      self.flushed_offset, failure.reason)
         for ack in self.pending:
-            self.requests.send_multipart([*ack.reply_to, encode_error(
+            out.send("requests", [*ack.reply_to, encode_error(
                 ack.request_id, ErrorCode.FLUSH_FAILED, f"the disk refused a flush: {failure.reason}")])
         self.pending.clear()
-        self.ctx.zmq_context.destroy(linger=1000)  # let the refusals reach the clients
-        os._exit(70)  # no clean shutdown: nothing more may be written or flushed by this process
+        out.exit(70, f"the log could not be flushed: {failure.reason}")  # the refusals go out first
 
-    def release_pending(self, now_ms: int) -> None:
+    def release_pending(self, out: Effects, now_ms: int) -> None:
         while self.pending and (self.pending[0].end_offset <= self.flushed_offset
                                 or self.pending[0].deadline_ms <= now_ms):
             ack = self.pending.popleft()
             status = PutStatus.PUT_OK if ack.end_offset <= self.flushed_offset else PutStatus.FLUSH_DISK_TIMEOUT
             results = ack.stored.results(self.msg_id_prefix, status)
-            self.requests.send_multipart([*ack.reply_to, encode_reply(ack.request_id, results=results)])
+            out.send("requests", [*ack.reply_to, encode_reply(ack.request_id, results=results)])
 
-    def clean_expired_segments(self) -> None:
+    def clean_expired_segments(self, out: Effects) -> None:
         """Retention: delete expired segments (and, with disk_space_clean_forcibly, unexpired ones)."""
         self.retention_rounds += 1
         segments = self.log.segments
@@ -344,8 +350,8 @@ class CommitLogWriterActor(Actor):
             except FileNotFoundError:
                 continue
         active = self.log.written_offset - self.log.written_offset % self.config.segment_size_bytes
-        decision = plan_deletions(self.config, facts, active_start=active, now_s=time.time(),
-                                  used_ratio=disk_used_ratio(self.ctx.store_dir))
+        decision = plan_deletions(self.config, facts, active_start=active, now_s=self.clock.wall_ms() / 1000,
+                                  used_ratio=disk_used_ratio(self.env.store_dir))
         if decision.refuse_sends != self.refuse_sends:
             log.warning("disk %.0f %% used: sends are %s", decision.disk_used_ratio * 100,
                         "refused" if decision.refuse_sends else "accepted again")
@@ -357,7 +363,7 @@ class CommitLogWriterActor(Actor):
             log.info("retention: deleted segment %s", offset_to_file_name(start))
         if decision.delete:
             self.min_offset = segments.first_offset() or self.log.written_offset
-            self.publish_offsets()
+            self.publish_offsets(out)
             try:
                 if self.deleted_topics.forget_below(self.min_offset):
                     self.announce_deletions()
@@ -372,6 +378,9 @@ class CommitLogWriterActor(Actor):
         log.warning("retention: the disk is past disk_space_clean_forcibly_ratio: deleting the unexpired "
                     "segment %s; its messages are counted in the background", name)
         fd = os.open(self.log.segments.directory / name, os.O_RDONLY)
+        if not self.env.background:
+            self._count_forced(fd, start)
+            return
         if self.forced_counter is None:
             self.forced_counter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forced-deletion")
         self.forced_counter.submit(self._count_forced, fd, start)
@@ -387,13 +396,14 @@ class CommitLogWriterActor(Actor):
                     offset_to_file_name(start), summary.messages, "" if summary.complete else " (counted up to "
                     "a damaged record)", _utc(summary.first_store_timestamp_ms), _utc(summary.last_store_timestamp_ms))
 
-    def tick(self, now_ms: int) -> None:
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
         if now_ms - self.last_clean_ms >= self.config.clean_resource_interval_ms:
             self.last_clean_ms = now_ms
-            self.clean_expired_segments()
-        self.publish_offsets()
+            self.clean_expired_segments(out)
+        self.publish_offsets(out)
         if self.pending:
-            self.release_pending(now_ms)
+            self.release_pending(out, now_ms)
         # As soon as a segment takes appends, the next one is prepared in the background
         # (RocketMQ's AllocateMappedFileService): zeroing a warm segment takes about as long
         # as 4 KiB batches take to fill half of one, and a roll must never wait for it.
@@ -409,11 +419,11 @@ class CommitLogWriterActor(Actor):
                 "forced_deleted_segments": self.forced_deleted_segments,
                 "forced_deleted_messages": self.forced_deleted_messages}
 
-    def shutdown(self) -> None:
+    def shutdown(self, out: Effects) -> None:
         if self.forced_counter is not None:
             self.forced_counter.shutdown(wait=True)
         self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)
-        self.publish_offsets()
+        self.publish_offsets(out)
         self.log.close()
 
 

@@ -26,10 +26,9 @@ import logging
 from collections import deque
 
 import msgspec
-import zmq
 
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
-from engine.actors.file_syncer import FileSyncer
+from engine.actors.base import ROUTER, SUB, Actor, Env, Port, main
+from engine.actors.effects import Effects
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import (
@@ -73,25 +72,30 @@ _NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 
 
 class ConsumeQueueOwnerActor(Actor):
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        cfg = ctx.config
-        self.instance = ctx.instance
+    """Takes ``DispatchBatch``es on ``dispatches``, and ``Pull``, ``QueueStats``, ``OffsetForTime``,
+    ``GetById``, ``GetByOffset`` on ``requests``; gives client replies on ``requests``."""
+
+    drain_at_stop = ("dispatches",)
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
+        self.instance = env.instance
         self.owner_count = cfg.consume_queue_owner_count
-        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
+        self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self.applied_offset = 0
         self.stalled = False  # a unit could not be written (disk full); retried on every tick
         self.unhealable: set[tuple[str, int, int]] = set()
         self.subscriptions: dict[str, Subscription] = {}
         self.log_min_offset = 0
-        self.syncer = FileSyncer(ctx.name, self._publish_durable)  # flushes queue files off the loop
-        self.last_flush_ms = monotonic_ms()
+        self.syncer = env.syncer(env.name, self._publish_durable)  # flushes queue files off the loop
+        self.last_flush_ms = self.clock.mono_ms()
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.woken: deque[ParkedPull] = deque()  # unparked, served long_poll_wakes_per_turn_max a turn
         self.behind = False  # catch-up stopped at its per-turn budget: the loop goes on with it
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
-        self.deleted_topics = DeletedTopics(ctx.store_dir)
+        self.deleted_topics = DeletedTopics(env.store_dir)
 
     def is_mine(self, topic: str, queue_id: int) -> bool:
         return owner_of(topic, queue_id, self.owner_count) == self.instance
@@ -100,29 +104,34 @@ class ConsumeQueueOwnerActor(Actor):
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None and create:
-            cq = ConsumeQueue(self.ctx.store_dir, topic, queue_id,
+            cq = ConsumeQueue(self.env.store_dir, topic, queue_id,
                               file_units=self.config.consume_queue_file_units, writable=True)
             self.queues[key] = cq
         return cq
 
     @property
     def visible_end(self) -> int:
-        return self.ctx.offsets.visible_end(sync_flush=self.sync_flush)
+        return self.slots.visible_end(sync_flush=self.sync_flush)
 
-    def recover(self) -> None:
-        self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
-        for topic, queue_id in list_queues(self.ctx.store_dir):
+    def ports(self) -> list[Port]:
+        return [Port("requests", ROUTER, endpoints.owner_endpoint_name(self.instance), bind=True),
+                Port("dispatches", SUB, endpoints.REPUT_PUB, bind=False,
+                     subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000)]
+
+    def recover(self, out: Effects) -> None:
+        self.deleted_topics.follow(self.slots.get(TOPIC_DELETIONS))
+        for topic, queue_id in list_queues(self.env.store_dir):
             if self.is_mine(topic, queue_id):
                 cq = self.queue(topic, queue_id, create=True)
                 assert cq is not None
                 if self.deleted_topics.is_leftover(cq):  # the topic was deleted before we removed it
                     self.drop_queue(cq)
-        confirmed = self.ctx.offsets.get(CONFIRMED)
+        confirmed = self.slots.get(CONFIRMED)
         self.log_min_offset = self.reader.min_offset()
         for cq in self.queues.values():  # retention may have removed segments since the queue was written
             cq.drop_before(self.log_min_offset)
         try:
-            checkpoint = load_checkpoint(self.ctx.store_dir)
+            checkpoint = load_checkpoint(self.env.store_dir)
         except CheckpointError:
             checkpoint = None
         tails = []
@@ -134,20 +143,13 @@ class ConsumeQueueOwnerActor(Actor):
         self.catch_up(self.visible_end)
         while self.behind:  # before serving, all of it: recovery has its own start timeout
             self.catch_up(self.visible_end)
-        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.slots.set(owner_slot(self.instance), self.applied_offset)
         for cq in self.queues.values():  # a killed predecessor may have left units unflushed
             for _start, path in list_files(cq.files.directory)[-2:]:
                 self.syncer.mark(path)
         self.flush_queues(wait=True)
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(self.queues),
                  self.applied_offset)
-        self.requests = self.ctx.socket(zmq.ROUTER)
-        self.requests.bind(self.ctx.ipc(endpoints.owner_endpoint_name(self.instance)))
-        self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
-        self.dispatches.setsockopt(zmq.SUBSCRIBE, endpoints.owner_topic(self.instance))
-        self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
-        self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
-        self.on_readable(self.requests, lambda: drain(self.requests, self.handle_request))
 
     def drop_queue(self, cq: ConsumeQueue) -> None:
         del self.queues[(cq.topic, cq.queue_id)]
@@ -159,7 +161,7 @@ class ConsumeQueueOwnerActor(Actor):
 
         Every unit they hold points below the deletion offset: units at or past it are dispatched
         only after the writer bumped ``TOPIC_DELETIONS``, and this runs before each dispatch."""
-        changed = self.deleted_topics.follow(self.ctx.offsets.get(TOPIC_DELETIONS))
+        changed = self.deleted_topics.follow(self.slots.get(TOPIC_DELETIONS))
         for cq in [cq for (topic, _queue_id), cq in self.queues.items() if topic in changed]:
             self.drop_queue(cq)
 
@@ -209,7 +211,7 @@ class ConsumeQueueOwnerActor(Actor):
         else:
             self.applied_offset = end
         if touched and self.long_polls:
-            self.wake(touched, monotonic_ms())
+            self.wake(touched, self.clock.mono_ms())  # answered at the end of this handler call
 
     def apply(self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int,
               code: int) -> bool:
@@ -273,6 +275,14 @@ class ConsumeQueueOwnerActor(Actor):
         return (record.topic, record.queue_id, record.queue_offset, record.total_size) == \
             (cq.topic, cq.queue_id, queue_offset, unit.size)
 
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        if port == "requests":
+            self.handle_request(frames, out)
+        else:
+            self.handle_dispatch(frames)
+        if self.woken:
+            self.serve_woken(out, self.clock.mono_ms())
+
     def handle_dispatch(self, frames: list[bytes]) -> None:
         batch: DispatchBatch = dispatch_decoder.decode(frames[1])
         self.follow_deletions()
@@ -295,11 +305,11 @@ class ConsumeQueueOwnerActor(Actor):
                 return
             touched.add((entry.topic, entry.queue_id))
         self.applied_offset = batch.end
-        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        self.slots.set(owner_slot(self.instance), self.applied_offset)
         if touched and self.long_polls:
-            self.wake(touched, monotonic_ms())
+            self.wake(touched, self.clock.mono_ms())
 
-    def handle_request(self, frames: list[bytes]) -> None:
+    def handle_request(self, frames: list[bytes], out: Effects) -> None:
         """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
         reply_to, raw = frames[:3], frames[4]
         self.follow_deletions()
@@ -321,7 +331,7 @@ class ConsumeQueueOwnerActor(Actor):
         except RequestError as exc:
             reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
         if reply is not None:
-            self.requests.send_multipart([*reply_to, reply])
+            out.send("requests", [*reply_to, reply])
 
     def pull(self, request: PullRequest, *, reply_to: list[bytes] | None = None, final: bool = False,
              deadline_ms: int | None = None) -> bytes | None:
@@ -329,7 +339,7 @@ class ConsumeQueueOwnerActor(Actor):
         cq = self.queue(request.topic, request.queue_id, create=False)
         limits = {"offset": request.offset, "visible_end": self.visible_end,
                   "subscription": self.subscription(request.subscription),
-                  "written_end": self.ctx.offsets.get(CONFIRMED),
+                  "written_end": self.slots.get(CONFIRMED),
                   "max_messages": min(request.max_messages, self.config.pull_message_count_max),
                   "max_bytes": min(request.max_bytes, self.config.pull_bytes_max)}
         result = pull(cq, self.reader, **limits)
@@ -352,20 +362,19 @@ class ConsumeQueueOwnerActor(Actor):
             result.status == GetStatus.NO_MATCHED_MESSAGE and cq is not None and result.next_offset >= cq.max_offset)
         if not final and nothing_yet and request.max_wait_ms > 0 and reply_to is not None:
             waiting = msgspec.structs.replace(request, offset=max(request.offset, result.next_offset))
-            if self.long_polls.park(reply_to, waiting, now_ms=monotonic_ms(), deadline_ms=deadline_ms):
+            if self.long_polls.park(reply_to, waiting, now_ms=self.clock.mono_ms(), deadline_ms=deadline_ms):
                 return None  # answered when a (matching) message arrives, or at the deadline
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
                             max_offset=result.max_offset, messages=result.messages())
 
     def wake(self, queues: set[tuple[str, int]], now_ms: int) -> None:
-        """Answer parked pulls of ``queues`` that now find a message, and every expired one.
-
-        At most ``long_poll_wakes_per_turn_max`` now; the rest in the next loop turns."""
+        """Unpark the pulls of ``queues`` that may now find a message, and every expired one;
+        ``serve_woken`` answers them."""
         self.woken.extend(self.long_polls.ready(queues, now_ms))
-        self.serve_woken(now_ms)
 
-    def serve_woken(self, now_ms: int) -> None:
+    def serve_woken(self, out: Effects, now_ms: int) -> None:
+        """Answer up to ``long_poll_wakes_per_turn_max`` woken pulls; the rest in the next loop turns."""
         for _ in range(min(len(self.woken), self.config.long_poll_wakes_per_turn_max)):
             parked = self.woken.popleft()
             try:
@@ -375,7 +384,7 @@ class ConsumeQueueOwnerActor(Actor):
                 reply = encode_error(parked.request.id, exc.code, exc.message, **exc.details)
             if reply is None:
                 continue  # still nothing: parked again, with its original deadline
-            self.requests.send_multipart([*parked.reply_to, reply])
+            out.send("requests", [*parked.reply_to, reply])
 
     def queue_question(self, op: str, raw: bytes) -> bytes:
         request = decode_request(op, raw)
@@ -424,11 +433,11 @@ class ConsumeQueueOwnerActor(Actor):
             self.syncer.request(self.applied_offset)
 
     def _publish_durable(self, offset: int) -> None:
-        self.ctx.offsets.set(owner_durable_slot(self.instance), offset)
+        self.slots.set(owner_durable_slot(self.instance), offset)
 
     def apply_retention(self) -> None:
         """The writer deleted old segments: forget their mappings, drop units that point only there."""
-        log_min = self.ctx.offsets.get(MIN_OFFSET)
+        log_min = self.slots.get(MIN_OFFSET)
         if log_min <= self.log_min_offset:
             return
         self.log_min_offset = log_min
@@ -436,7 +445,8 @@ class ConsumeQueueOwnerActor(Actor):
         deleted = sum(cq.drop_before(log_min) for cq in self.queues.values())
         log.info("retention: log starts at %d; %d queue files deleted", log_min, deleted)
 
-    def tick(self, now_ms: int) -> None:
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
         self.follow_deletions()
         self.apply_retention()
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
@@ -446,27 +456,31 @@ class ConsumeQueueOwnerActor(Actor):
             self.catch_up(self.visible_end)
         if self.long_polls:
             self.wake(set(), now_ms)
+        self.serve_woken(out, now_ms)
 
     def backlog(self) -> bool:
         return bool(self.woken) or self.behind
 
-    def work_backlog(self) -> None:
+    def work_backlog(self, out: Effects) -> None:
         if self.behind:
             self.catch_up(self.visible_end)
-            self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
-        self.serve_woken(monotonic_ms())
-        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+            self.slots.set(owner_slot(self.instance), self.applied_offset)
+        self.serve_woken(out, self.clock.mono_ms())
+        self.slots.set(owner_slot(self.instance), self.applied_offset)
 
     def detail(self) -> dict[str, int]:
         return {"applied_offset": self.applied_offset, "queues": len(self.queues),
                 "parked_pulls": len(self.long_polls)}
 
-    def shutdown(self) -> None:
-        drain(self.dispatches, self.handle_dispatch)
+    def shutdown(self, out: Effects) -> None:
         self.catch_up(self.visible_end)
-        far_future = monotonic_ms() + 10 * self.config.long_poll_wait_ms_max
+        while self.behind:
+            self.catch_up(self.visible_end)
+        far_future = self.clock.mono_ms() + 10 * self.config.long_poll_wait_ms_max
         self.wake(set(), far_future)  # answer every parked pull with what there is now
-        self.ctx.offsets.set(owner_slot(self.instance), self.applied_offset)
+        while self.woken:
+            self.serve_woken(out, far_future)
+        self.slots.set(owner_slot(self.instance), self.applied_offset)
         self.flush_queues(wait=True)
         self.syncer.close()
         for cq in self.queues.values():

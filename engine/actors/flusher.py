@@ -24,9 +24,8 @@ import os
 from collections import deque
 from dataclasses import replace
 
-import zmq
-
-from engine.actors.base import Actor, ActorContext, drain_wakes, main, monotonic_ms
+from engine.actors.base import PUB, SUB, Actor, Env, Port, main
+from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
 from engine.services.restart_points import checkpoint_dispatched, flusher_restart
@@ -42,9 +41,11 @@ _WAKE = encoder.encode(Wake())
 
 
 class FlusherActor(Actor):
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        cfg = ctx.config
+    """Takes ``Wake``s on ``wakes`` (SYNC_FLUSH); gives ``Wake``s and ``FlushFailed`` on ``flushes``."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.tick_interval_ms = min(cfg.flush_interval_ms, cfg.flush_consume_queue_interval_ms,
                                     cfg.checkpoint_interval_ms)
@@ -53,40 +54,42 @@ class FlusherActor(Actor):
         self.timestamps: deque[tuple[int, int]] = deque(maxlen=_TIMESTAMPS_KEPT)
         self.segment_fds: dict[int, int] = {}
         self.checkpoint = Checkpoint()
-        self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = monotonic_ms()
+        self.failed = False  # a flush failed: the process ends once this call's effects are out
+        self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = self.clock.mono_ms()
 
-    def recover(self) -> None:
-        try:
-            self.checkpoint = load_checkpoint(self.ctx.store_dir) or Checkpoint()
-        except CheckpointError as exc:
-            log.error("checkpoint unusable (%s); starting a new one", exc)
-        self.confirmed_offset = self.ctx.offsets.get(CONFIRMED)  # the writer recovered first
-        self.flushed_offset = flusher_restart(self.checkpoint.flushed_offset, self.confirmed_offset)
-        self.confirmed = self.ctx.socket(zmq.SUB)
-        self.confirmed.connect(self.ctx.ipc(endpoints.WRITER_PUB))
+    def ports(self) -> list[Port]:
+        ports = [Port("flushes", PUB, endpoints.FLUSHER_PUB, bind=True)]
         if self.sync_flush:
             # Group commit flushes as soon as bytes are confirmed. Under ASYNC_FLUSH the
             # interval decides, and only the ticks read the writer's offsets.
-            self.confirmed.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
-        self.announce = self.ctx.socket(zmq.PUB)
-        self.announce.bind(self.ctx.ipc(endpoints.FLUSHER_PUB))
-        self.on_readable(self.confirmed, self.on_confirmed)
+            ports.append(Port("wakes", SUB, endpoints.WRITER_PUB, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)))
+        return ports
+
+    def recover(self, out: Effects) -> None:
+        try:
+            self.checkpoint = load_checkpoint(self.env.store_dir) or Checkpoint()
+        except CheckpointError as exc:
+            log.error("checkpoint unusable (%s); starting a new one", exc)
+        self.confirmed_offset = self.slots.get(CONFIRMED)  # the writer recovered first
+        self.flushed_offset = flusher_restart(self.checkpoint.flushed_offset, self.confirmed_offset)
         # What the writer recovered may never have been flushed (a killed engine): flush it now,
         # and publish the flushed offset, which readers under SYNC_FLUSH wait for.
-        self.flush_commit_log(self.confirmed_offset)
+        self.flush_commit_log(out, self.confirmed_offset)
 
-    def on_confirmed(self) -> None:
-        drain_wakes(self.confirmed)
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
+
+    def drained(self, port: str, out: Effects) -> None:
         self.follow_confirmed()
-        if self.sync_flush and self.confirmed_offset > self.flushed_offset:
-            self.flush_commit_log(self.confirmed_offset)
+        if self.confirmed_offset > self.flushed_offset:
+            self.flush_commit_log(out, self.confirmed_offset)
 
     def follow_confirmed(self) -> None:
         """Read the writer's confirmed offset and the store time of its last record."""
         # The time first: the writer stores it before the offset, so the pair never
         # gives an offset a later record's time.
-        store_timestamp = self.ctx.offsets.get(LAST_STORE_TIMESTAMP)
-        confirmed = self.ctx.offsets.get(CONFIRMED)
+        store_timestamp = self.slots.get(LAST_STORE_TIMESTAMP)
+        confirmed = self.slots.get(CONFIRMED)
         if confirmed == self.confirmed_offset:
             return
         if confirmed < self.confirmed_offset:
@@ -98,7 +101,7 @@ class FlusherActor(Actor):
     def _segment_fd(self, start: int) -> int | None:
         fd = self.segment_fds.get(start)
         if fd is None:
-            path = self.ctx.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
+            path = self.env.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -106,10 +109,10 @@ class FlusherActor(Actor):
             self.segment_fds[start] = fd
         return fd
 
-    def flush_commit_log(self, target: int) -> None:
+    def flush_commit_log(self, out: Effects, target: int) -> None:
         """fdatasync every segment between the flushed offset and ``target``; exit on failure."""
         if target <= self.flushed_offset:
-            self.publish_flushed()
+            self.publish_flushed(out)
             return
         size = self.config.segment_size_bytes
         start = self.flushed_offset - self.flushed_offset % size
@@ -120,22 +123,23 @@ class FlusherActor(Actor):
             try:
                 os.fdatasync(fd)
             except OSError as exc:
-                self.fail_stop(f"fdatasync of segment {segment}: {exc}")
+                self.fail_stop(out, f"fdatasync of segment {segment}: {exc}")
+                return
         for segment in [s for s in self.segment_fds if s + size <= target - target % size and s < start]:
             os.close(self.segment_fds.pop(segment))
         self.flushed_offset = target
-        self.publish_flushed()
+        self.publish_flushed(out)
 
-    def publish_flushed(self) -> None:
-        self.ctx.offsets.set(FLUSHED, self.flushed_offset)
-        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, _WAKE])
+    def publish_flushed(self, out: Effects) -> None:
+        self.slots.set(FLUSHED, self.flushed_offset)
+        out.send("flushes", [endpoints.TOPIC_FLUSHED, _WAKE])
 
-    def fail_stop(self, reason: str) -> None:
+    def fail_stop(self, out: Effects, reason: str) -> None:
         """Never retry a failed flush (fsyncgate): tell the writer, then exit so recovery runs."""
         log.critical("flush failed: %s; the writer stops acknowledging and both restart", reason)
-        self.announce.send_multipart([endpoints.TOPIC_FLUSHED, encoder.encode(FlushFailed(reason))])
-        self.ctx.zmq_context.destroy(linger=1000)
-        os._exit(71)
+        out.send("flushes", [endpoints.TOPIC_FLUSHED, encoder.encode(FlushFailed(reason))])
+        out.exit(71, f"flush failed: {reason}")
+        self.failed = True
 
     def _timestamp_at(self, offset: int) -> int:
         best = 0
@@ -150,18 +154,21 @@ class FlusherActor(Actor):
         Each of them flushes its own files and publishes this in the shared offsets, so
         the checkpoint's dispatched offset never promises units that are not on disk.
         """
-        owners = [self.ctx.offsets.get(owner_durable_slot(k)) for k in range(self.config.consume_queue_owner_count)]
-        return checkpoint_dispatched([*owners, self.ctx.offsets.get(INDEX_DURABLE)],
+        owners = [self.slots.get(owner_durable_slot(k)) for k in range(self.config.consume_queue_owner_count)]
+        return checkpoint_dispatched([*owners, self.slots.get(INDEX_DURABLE)],
                                      self.checkpoint.dispatched_offset)
 
-    def tick(self, now_ms: int) -> None:
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
         cfg = self.config
         self.follow_confirmed()
         if not self.sync_flush and self.confirmed_offset > self.flushed_offset:
             thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
             dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
             if thorough or dirty_pages >= cfg.flush_least_pages:
-                self.flush_commit_log(self.confirmed_offset)
+                self.flush_commit_log(out, self.confirmed_offset)
+                if self.failed:
+                    return
                 if thorough:
                     self.last_thorough_ms = now_ms
         if now_ms - self.last_queue_flush_ms >= cfg.flush_consume_queue_interval_ms:
@@ -182,7 +189,7 @@ class FlusherActor(Actor):
                            self.checkpoint.physic_msg_timestamp_ms)
         if updated != self.checkpoint:
             try:
-                store_checkpoint(self.ctx.store_dir, updated)
+                store_checkpoint(self.env.store_dir, updated)
             except OSError as exc:
                 # The checkpoint only shortens recovery; without it recovery scans further.
                 log.error("cannot write the checkpoint: %s", exc)
@@ -193,10 +200,10 @@ class FlusherActor(Actor):
         return {"flushed_offset": self.flushed_offset, "confirmed_offset": self.confirmed_offset,
                 "dispatched_offset": self.checkpoint.dispatched_offset}
 
-    def shutdown(self) -> None:
+    def shutdown(self, out: Effects) -> None:
         self.follow_confirmed()
         if self.confirmed_offset > self.flushed_offset:
-            self.flush_commit_log(self.confirmed_offset)
+            self.flush_commit_log(out, self.confirmed_offset)
         applied = self.durable_dispatched_offset()
         self.checkpoint = replace(self.checkpoint, dispatched_offset=applied,
                                    logics_msg_timestamp_ms=self._timestamp_at(applied) or

@@ -33,14 +33,12 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-import zmq
-from zmq.utils.monitor import recv_monitor_message
-
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
+from engine.actors.base import DEALER, ROUTER, Actor, Env, Port, main
+from engine.actors.effects import Effects, Forward, Send
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
-from engine.ipc.curve import CurveServer
 from engine.ipc.messages import (
+    Append,
     DeleteTopic,
     GetById,
     GetByOffset,
@@ -48,7 +46,6 @@ from engine.ipc.messages import (
     OwnerRequest,
     Pull,
     QueueStats,
-    Send,
     WriterRequest,
     encoder,
     topic_deletion_decoder,
@@ -79,77 +76,73 @@ _REQ = b"\x01"
 
 
 class FrontActor(Actor):
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        self.topics = TopicTable(ctx.store_dir)
-        self.consumer_offsets = ConsumerOffsets(ctx.store_dir, entries_max=ctx.config.consumer_offset_entries_max)
+    """Takes client requests on ``clients`` and backend replies on ``writer`` and ``owner-<k>``;
+    gives client replies on ``clients`` and enveloped requests (``Append``, ``DeleteTopic``,
+    ``Pull``, ...) on the backends' ports."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.topics = TopicTable(env.store_dir)
+        self.consumer_offsets = ConsumerOffsets(env.store_dir, entries_max=env.config.consumer_offset_entries_max)
         self.last_persist_ms = 0
         self.round_robin: dict[str, itertools.count[int]] = {}
-        self.owner_count = ctx.config.consume_queue_owner_count
+        self.owner_count = env.config.consume_queue_owner_count
+        self.owner_ports = [f"owner-{k}" for k in range(self.owner_count)]
         self.requests_served = 0
         self.deleting: set[str] = set()  # deletions forwarded to the writer, not yet answered
-        self.lookup = KeyLookup(ctx.store_dir, ctx.config)
-        self.sync_flush = ctx.config.flush_mode == "SYNC_FLUSH"
+        self.lookup = KeyLookup(env.store_dir, env.config)
+        self.sync_flush = env.config.flush_mode == "SYNC_FLUSH"
         self.log_min_offset = 0
-        self.held: list[Callable[[], None]] = []  # what waits for the topic table to be on disk
+        self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
+        self.held: list[Callable[[Effects], None]] = []  # what waits for the topic table to be on disk
 
-    def recover(self) -> None:
+    def ports(self) -> list[Port]:
         cfg = self.config
-        self.clients = self.ctx.socket(zmq.ROUTER, max_message_bytes=cfg.client_frame_bytes_max)
-        self.clients.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.curve: CurveServer | None = None
-        if cfg.curve_enabled:  # encryption, and only the clients of the allow-list get in
-            self.curve = CurveServer(self.ctx.zmq_context, cfg.curve_server_secret_key_file,
-                                     cfg.curve_authorized_keys_dir)
-            self.curve.secure(self.clients)
-        self.clients.bind(cfg.endpoint)
-        self.writer = self._backend(endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitored=True)
-        self.owners = [self._backend(endpoints.owner_endpoint_name(k)) for k in range(self.owner_count)]
-        self.on_readable(self.clients, partial(self.on_batch, self.clients, self.handle_client))
-        for backend in (self.writer, *self.owners):
-            self.on_readable(backend, partial(self.on_batch, backend, self.handle_backend_reply))
 
-    def _backend(self, name: str, *, hwm: int | None = None, monitored: bool = False) -> zmq.Socket:
-        sock = self.ctx.socket(zmq.DEALER, hwm=hwm)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # refuse, rather than queue for, an actor that is down
-        sock.setsockopt(zmq.RECONNECT_IVL, 10)  # find a restarted actor within ~10 ms
-        if monitored:  # watch before connecting, so the first connection is not missed
-            self.writer_up = False
-            self.writer_monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self.on_readable(self.writer_monitor, self.on_writer_event)
-        sock.connect(self.ctx.ipc(name))
-        return sock
+        def backend(name: str, endpoint: str, **options: object) -> Port:
+            # IMMEDIATE: refuse, rather than queue for, an actor that is down; find a restarted one in ~10 ms.
+            return Port(name, DEALER, endpoint, bind=False, immediate=True, reconnect_ivl_ms=10, **options)
 
-    def on_batch(self, sock: zmq.Socket, handle_one: Callable[[list[bytes]], None]) -> None:
-        drain(sock, handle_one)
-        self.after_batch()
+        return [Port("clients", ROUTER, cfg.endpoint, bind=True, max_message_bytes=cfg.client_frame_bytes_max,
+                     curve=cfg.curve_enabled),
+                backend("writer", endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitor=True),
+                *(backend(name, endpoints.owner_endpoint_name(k)) for k, name in enumerate(self.owner_ports))]
 
-    def after_batch(self) -> None:
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        if port == "clients":
+            self.handle_client(frames, out)
+        else:
+            self.handle_backend_reply(frames, out)
+
+    def drained(self, port: str, out: Effects) -> None:
         """Group commit: write the topic table once for the batch, then let what waited on it go."""
         if self.topics.unsaved:
             self.topics.save()
             self.consumer_offsets.persist()  # a deletion's dropped offsets go to disk with the table
         held, self.held = self.held, []
         for action in held:
-            action()
+            action(out)
+
+    def connection(self, port: str, up: bool) -> None:
+        self.writer_up = up
 
     def hold(self, client: bytes, flag: bytes, raw: bytes) -> None:
         """Route this request again once the topic table is on disk."""
         self.held.append(partial(self.serve, client, flag, raw))
 
-    def handle_backend_reply(self, frames: list[bytes]) -> None:
+    def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
         client, flag, reply = frames[0], frames[1], frames[2]
-        out = [client, b"", reply] if flag == _REQ else [client, reply]
+        relay = [client, b"", reply] if flag == _REQ else [client, reply]
         if len(frames) > 3:  # the writer's word on a topic deletion
             deletion = topic_deletion_decoder.decode(frames[3])
             self.deleting.discard(deletion.topic)
             if deletion.recorded:
                 self.finish_deletion(deletion.topic)
-                self.held.append(partial(self.clients.send_multipart, out))
+                self.held.append(lambda later: later.send("clients", relay))
                 return
-        self.clients.send_multipart(out)
+        out.send("clients", relay)
 
-    def handle_client(self, frames: list[bytes]) -> None:
+    def handle_client(self, frames: list[bytes], out: Effects) -> None:
         if len(frames) == 3 and not frames[1]:
             client, flag, raw = frames[0], _REQ, frames[2]
         elif len(frames) == 2:
@@ -157,18 +150,22 @@ class FrontActor(Actor):
         else:
             return  # not our framing; nothing sensible to answer
         self.requests_served += 1
-        self.serve(client, flag, raw)
+        self.serve(client, flag, raw, out)
 
-    def serve(self, client: bytes, flag: bytes, raw: bytes) -> None:
+    def serve(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
         try:
-            self.route(client, flag, raw)
+            self.route(client, flag, raw, out)
         except RequestError as exc:
-            self.answer(client, flag, encode_error(safe_request_id(raw), exc.code, exc.message))
+            out.append(self.error_reply(client, flag, raw, exc))
 
-    def answer(self, client: bytes, flag: bytes, reply: bytes) -> None:
-        self.clients.send_multipart([client, b"", reply] if flag == _REQ else [client, reply])
+    def error_reply(self, client: bytes, flag: bytes, raw: bytes, exc: RequestError) -> Send:
+        return self.reply(client, flag, encode_error(safe_request_id(raw), exc.code, exc.message))
 
-    def route(self, client: bytes, flag: bytes, raw: bytes) -> None:
+    @staticmethod
+    def reply(client: bytes, flag: bytes, reply: bytes) -> Send:
+        return Send("clients", [client, b"", reply] if flag == _REQ else [client, reply])
+
+    def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
         envelope = decode_envelope(raw)
         op = envelope.op
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
@@ -179,27 +176,26 @@ class FrontActor(Actor):
                 self.hold(client, flag, raw)
                 return
             queue_id = self.choose_queue(envelope)
-            self.forward(self.writer, client, flag, Send(queue_id, monotonic_ms()), raw)
+            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms()), raw))
         elif op == "pull":
-            self.forward(self.queue_owner(envelope), client, flag, Pull(), raw)
+            out.append(self.forward(self.queue_owner(envelope), client, flag, Pull(), raw))
         elif op == "query_by_key":
             self.check_topic(envelope)
-            offsets = self.ctx.offsets
-            visible_end = offsets.visible_end(sync_flush=self.sync_flush)
-            self.answer(client, flag, self.lookup.answer(raw, visible_end=visible_end,
-                                                         deletions=offsets.get(TOPIC_DELETIONS)))
+            visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
+            out.append(self.reply(client, flag, self.lookup.answer(raw, visible_end=visible_end,
+                                                                   deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "get_by_id":
-            self.forward(self.owners[self.owner_for_id(raw)], client, flag, GetById(), raw)
+            out.append(self.forward(self.owner_ports[self.owner_for_id(raw)], client, flag, GetById(), raw))
         elif op == "queue_stats":
-            self.forward(self.queue_owner(envelope), client, flag, QueueStats(), raw)
+            out.append(self.forward(self.queue_owner(envelope), client, flag, QueueStats(), raw))
         elif op == "offset_for_time":
-            self.forward(self.queue_owner(envelope), client, flag, OffsetForTime(), raw)
+            out.append(self.forward(self.queue_owner(envelope), client, flag, OffsetForTime(), raw))
         elif op == "get_by_offset":
-            self.forward(self.owners[0], client, flag, GetByOffset(), raw)
+            out.append(self.forward(self.owner_ports[0], client, flag, GetByOffset(), raw))
         elif op == "delete_topic":
             topic = self.check_topic(envelope, deleting_ok=True)
             decode_request(op, raw)
-            self.forward(self.writer, client, flag, DeleteTopic(), raw)
+            out.append(self.forward("writer", client, flag, DeleteTopic(), raw))
             self.deleting.add(topic)
         elif op == "create_topic":
             if self.create_topic(envelope, raw):
@@ -207,40 +203,27 @@ class FrontActor(Actor):
             else:
                 config = self.topics.get(envelope.topic or "")
                 assert config is not None
-                self.answer(client, flag, encode_reply(envelope.id, topic=config.topic_name,
-                                                       queue_count=config.write_queue_nums))
+                out.append(self.reply(client, flag, encode_reply(envelope.id, topic=config.topic_name,
+                                                                 queue_count=config.write_queue_nums)))
         else:
-            self.answer(client, flag, self.local(op, envelope, raw))
+            out.append(self.reply(client, flag, self.local(op, envelope, raw)))
 
-    def queue_owner(self, envelope: Envelope) -> zmq.Socket:
-        """The socket of the owner of the request's (topic, queue), once both are checked."""
+    def queue_owner(self, envelope: Envelope) -> str:
+        """The port of the owner of the request's (topic, queue), once both are checked."""
         queue_id = self.check_queue(envelope)
-        return self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)]
+        return self.owner_ports[owner_of(envelope.topic or "", queue_id, self.owner_count)]
 
-    def forward(self, backend: zmq.Socket, client: bytes, flag: bytes, request: WriterRequest | OwnerRequest,
-                raw: bytes) -> None:
-        frames = [client, flag, encoder.encode(request), raw]
-        try:
-            backend.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            if backend is self.writer and self.writer_up:
-                raise RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
-                                                   f"waiting for the writer; retry later") from None
+    def forward(self, port: str, client: bytes, flag: bytes, request: WriterRequest | OwnerRequest,
+                raw: bytes) -> Forward:
+        """The request, enveloped, for the actor behind ``port``; refused at once when its queue is full."""
+        if port == "writer" and self.writer_up:
+            refusal = RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
+                                                   f"waiting for the writer; retry later")
+        else:
             op = type(request).__struct_config__.tag
-            raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
-                               f"the actor serving {op!r} is not available; retry later") from None
-
-    def on_writer_event(self) -> None:
-        """Connection events of the writer's socket: a full queue to a connected writer is BUSY."""
-        for _ in range(64):
-            try:
-                event = recv_monitor_message(self.writer_monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_CONNECTED:
-                self.writer_up = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self.writer_up = False
+            refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
+                                   f"the actor serving {op!r} is not available; retry later")
+        return Forward(port, [client, flag, encoder.encode(request), raw], self.error_reply(client, flag, raw, refusal))
 
     def finish_deletion(self, topic: str) -> None:
         """The writer recorded the deletion: the topic and its groups' offsets go."""
@@ -333,18 +316,17 @@ class FrontActor(Actor):
             return encode_reply(envelope.id, offset=self.consumer_offsets.fetch(request.group, request.topic,
                                                                                 request.queue_id))
         assert op == "status"
-        offsets: SharedOffsets = self.ctx.offsets
+        offsets: SharedOffsets = self.slots
         return encode_reply(envelope.id, offsets=offsets.snapshot(self.owner_count),
                             topics=len(self.topics.topics), flush_mode=self.config.flush_mode)
 
-    def tick(self, now_ms: int) -> None:
-        self.after_batch()  # a held request that changed the table again
-        log_min = self.ctx.offsets.get(MIN_OFFSET)
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
+        self.drained("clients", out)  # a held request that changed the table again
+        log_min = self.slots.get(MIN_OFFSET)
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
             self.log_min_offset = log_min
             self.lookup.after_retention()
-        if self.curve is not None and self.curve.reload_allow_list():
-            log.info("CURVE allow-list read from %s", self.config.curve_authorized_keys_dir)
         if now_ms - self.last_persist_ms >= self.config.consumer_offset_persist_interval_ms:
             self.last_persist_ms = now_ms
             self.persist_offsets()
@@ -355,11 +337,9 @@ class FrontActor(Actor):
         except OSError as exc:
             log.error("cannot persist consumer offsets: %s; kept in memory, retried", exc)
 
-    def shutdown(self) -> None:
+    def shutdown(self, out: Effects) -> None:
         self.persist_offsets()
         self.lookup.close()
-        if self.curve is not None:
-            self.curve.stop()
 
     def detail(self) -> dict[str, int]:
         return {"requests": self.requests_served, "topics": len(self.topics.topics)}

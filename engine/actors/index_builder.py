@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import logging
 
-import zmq
-
-from engine.actors.base import Actor, ActorContext, drain, main, monotonic_ms
-from engine.actors.file_syncer import FileSyncer
+from engine.actors.base import SUB, Actor, Env, Port, main
+from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
 from engine.services.restart_points import index_restart
@@ -33,44 +31,48 @@ log = logging.getLogger(__name__)
 
 
 class IndexBuilderActor(Actor):
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        cfg = ctx.config
-        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
-        self.index = IndexService(ctx.store_dir, hash_slot_count=cfg.index_hash_slot_count,
+    """Takes ``DispatchBatch``es on ``dispatches``; gives no replies."""
+
+    drain_at_stop = ("dispatches",)
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
+        self.reader = CommitLogReader.for_config(env.store_dir, cfg)
+        self.index = IndexService(env.store_dir, hash_slot_count=cfg.index_hash_slot_count,
                                   index_count_max=cfg.index_item_count_max, writable=True)
         self.applied_offset = 0
         self.stalled = False
         self.behind = False  # catch-up stopped at its per-turn budget: the loop goes on with it
         self.log_min_offset = 0
-        self.syncer = FileSyncer(ctx.name, lambda offset: ctx.offsets.set(INDEX_DURABLE, offset))
-        self.last_flush_ms = monotonic_ms()
+        self.syncer = env.syncer(env.name, lambda offset: env.slots.set(INDEX_DURABLE, offset))
+        self.last_flush_ms = self.clock.mono_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+
+    def ports(self) -> list[Port]:
+        return [Port("dispatches", SUB, endpoints.REPUT_PUB, bind=False, subscribe=(endpoints.TOPIC_INDEX,),
+                     hwm=100_000)]
 
     @property
     def visible_end(self) -> int:
-        return self.ctx.offsets.visible_end(sync_flush=self.sync_flush)
+        return self.slots.visible_end(sync_flush=self.sync_flush)
 
-    def recover(self) -> None:
+    def recover(self, out: Effects) -> None:
         try:
-            checkpoint = load_checkpoint(self.ctx.store_dir)
+            checkpoint = load_checkpoint(self.env.store_dir)
         except CheckpointError:
             checkpoint = None
         self.applied_offset = index_restart(self.index.end_phy_offset,
                                             dispatched=checkpoint.dispatched_offset if checkpoint else 0,
-                                            log_min=self.reader.min_offset(), confirmed=self.ctx.offsets.get(CONFIRMED))
+                                            log_min=self.reader.min_offset(), confirmed=self.slots.get(CONFIRMED))
         self.catch_up(self.visible_end)
         while self.behind:  # before serving, all of it: recovery has its own start timeout
             self.catch_up(self.visible_end)
-        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.slots.set(INDEX_APPLIED, self.applied_offset)
         if self.index.file_count:
             self.syncer.mark(self.index.directory / self.index.names[-1])  # a predecessor's last writes
         self.flush_index(wait=True)
         log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
-        self.dispatches = self.ctx.socket(zmq.SUB, hwm=100_000)
-        self.dispatches.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_INDEX)
-        self.dispatches.connect(self.ctx.ipc(endpoints.REPUT_PUB))
-        self.on_readable(self.dispatches, lambda: drain(self.dispatches, self.handle_dispatch))
 
     def catch_up(self, end: int) -> None:
         """Index [applied_offset, end) straight from the log, ``catch_up_bytes_per_turn_max`` a call."""
@@ -106,7 +108,8 @@ class IndexBuilderActor(Actor):
         self.stalled = False
         return True
 
-    def handle_dispatch(self, frames: list[bytes]) -> None:
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        assert port == "dispatches"
         batch: DispatchBatch = dispatch_decoder.decode(frames[1])
         if batch.end <= self.applied_offset:
             return
@@ -121,7 +124,7 @@ class IndexBuilderActor(Actor):
                     entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp):
                 return
         self.applied_offset = batch.end
-        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.slots.set(INDEX_APPLIED, self.applied_offset)
 
     def flush_index(self, *, wait: bool = False) -> None:
         """Flush the index files written since the last flush (in the background); then say so."""
@@ -132,8 +135,9 @@ class IndexBuilderActor(Actor):
         else:
             self.syncer.request(self.applied_offset)
 
-    def tick(self, now_ms: int) -> None:
-        log_min = self.ctx.offsets.get(MIN_OFFSET)
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
+        log_min = self.slots.get(MIN_OFFSET)
         if log_min > self.log_min_offset:
             self.log_min_offset = log_min
             self.reader.segments.refresh()
@@ -144,22 +148,23 @@ class IndexBuilderActor(Actor):
             self.flush_index()
         if self.stalled:
             self.catch_up(self.visible_end)
-        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.slots.set(INDEX_APPLIED, self.applied_offset)
 
     def backlog(self) -> bool:
         return self.behind
 
-    def work_backlog(self) -> None:
+    def work_backlog(self, out: Effects) -> None:
         self.catch_up(self.visible_end)
-        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        self.slots.set(INDEX_APPLIED, self.applied_offset)
 
     def detail(self) -> dict[str, int]:
         return {"applied_offset": self.applied_offset, "index_files": self.index.file_count}
 
-    def shutdown(self) -> None:
-        drain(self.dispatches, self.handle_dispatch)
+    def shutdown(self, out: Effects) -> None:
         self.catch_up(self.visible_end)
-        self.ctx.offsets.set(INDEX_APPLIED, self.applied_offset)
+        while self.behind:
+            self.catch_up(self.visible_end)
+        self.slots.set(INDEX_APPLIED, self.applied_offset)
         self.flush_index(wait=True)
         self.syncer.close()
         self.index.close()

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import logging
 
-import zmq
-
 from engine import codec
-from engine.actors.base import Actor, ActorContext, drain_wakes, main
+from engine.actors.base import PUB, SUB, Actor, Env, Port, main
+from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, encoder
 from engine.services.restart_points import reput_restart
@@ -32,12 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class ReputDispatcherActor(Actor):
-    def __init__(self, ctx: ActorContext) -> None:
-        super().__init__(ctx)
-        cfg = ctx.config
+    """Takes ``Wake``s on ``wakes``; gives ``DispatchBatch``es on ``dispatches``."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
         self.tick_interval_ms = cfg.dispatch_tick_interval_ms
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
-        self.reader = CommitLogReader.for_config(ctx.store_dir, cfg)
+        self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.owner_count = cfg.consume_queue_owner_count
         self.owner_topics = [endpoints.owner_topic(k) for k in range(self.owner_count)]
         self.reput_offset = 0
@@ -46,36 +47,37 @@ class ReputDispatcherActor(Actor):
         self.damaged_ranges = 0
         self.log_min_offset = 0
 
-    def recover(self) -> None:
-        offsets = self.ctx.offsets
-        applied = [offsets.get(owner_slot(k)) for k in range(self.owner_count)] + [offsets.get(INDEX_APPLIED)]
+    def ports(self) -> list[Port]:
+        wakes = [Port("wakes", SUB, endpoints.WRITER_PUB, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
+        if self.sync_flush:  # readers see only flushed bytes: wake on flushes too
+            wakes.append(Port("flush_wakes", SUB, endpoints.FLUSHER_PUB, bind=False,
+                              subscribe=(endpoints.TOPIC_FLUSHED,)))
+        return [Port("dispatches", PUB, endpoints.REPUT_PUB, bind=True,
+                     hwm=max(self.config.socket_hwm_messages, 100_000)), *wakes]
+
+    def recover(self, out: Effects) -> None:
+        slots = self.slots
+        applied = [slots.get(owner_slot(k)) for k in range(self.owner_count)] + [slots.get(INDEX_APPLIED)]
         try:
-            checkpoint = load_checkpoint(self.ctx.store_dir)
+            checkpoint = load_checkpoint(self.env.store_dir)
         except CheckpointError:
             checkpoint = None
         self.reput_offset = reput_restart(applied, dispatched=checkpoint.dispatched_offset if checkpoint else 0,
                                           log_min=self.reader.min_offset())
         self.follow_log()
-        self.publisher = self.ctx.socket(zmq.PUB, hwm=max(self.config.socket_hwm_messages, 100_000))
-        self.publisher.bind(self.ctx.ipc(endpoints.REPUT_PUB))
-        self.announcements = self.ctx.socket(zmq.SUB)
-        self.announcements.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_CONFIRMED)
-        self.announcements.connect(self.ctx.ipc(endpoints.WRITER_PUB))
-        if self.sync_flush:
-            self.announcements.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_FLUSHED)
-            self.announcements.connect(self.ctx.ipc(endpoints.FLUSHER_PUB))
-        self.on_readable(self.announcements, self.on_announcement)
         self.sent_end = [self.reput_offset] * (self.owner_count + 1)  # per owner, then the index
         log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
 
-    def on_announcement(self) -> None:
-        drain_wakes(self.announcements)
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
+
+    def drained(self, port: str, out: Effects) -> None:
         self.follow_log()
-        self.dispatch()
+        self.dispatch(out)
 
     def follow_log(self) -> None:
         """Read how far the log is confirmed (and flushed) from the shared offsets."""
-        offsets = self.ctx.offsets
+        offsets = self.slots
         confirmed = offsets.get(CONFIRMED)
         if confirmed < self.reput_offset:
             # A restarted writer cut a torn tail we had not dispatched past; follow it.
@@ -90,21 +92,21 @@ class ReputDispatcherActor(Actor):
             return min(self.confirmed_offset, self.flushed_offset)
         return self.confirmed_offset
 
-    def dispatch(self) -> None:
+    def dispatch(self, out: Effects) -> None:
         """Publish up to ``dispatch_batches_per_turn_max`` batches; the loop comes back for the rest."""
         end = self.end_offset
         for _ in range(self.config.dispatch_batches_per_turn_max):
-            if self.reput_offset >= end or self.stopping:
+            if self.reput_offset >= end:
                 return
             per_owner, for_index, position = self.collect(self.reput_offset, end)
-            self.publish(position, per_owner, for_index)
+            self.publish(out, position, per_owner, for_index)
             self.reput_offset = position
 
     def backlog(self) -> bool:
-        return self.reput_offset < self.end_offset and not self.stopping
+        return self.reput_offset < self.end_offset
 
-    def work_backlog(self) -> None:
-        self.dispatch()
+    def work_backlog(self, out: Effects) -> None:
+        self.dispatch(out)
 
     def collect(self, start: int, end: int) -> tuple[list[list], list, int]:
         """Parse up to ``dispatch_batch_records_max`` records from ``start``: the entries for
@@ -152,7 +154,7 @@ class ReputDispatcherActor(Actor):
         if keys or uniq:
             for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
 
-    def publish(self, end: int, per_owner: list[list], for_index: list, *, tick: bool = False) -> None:
+    def publish(self, out: Effects, end: int, per_owner: list[list], for_index: list, *, tick: bool = False) -> None:
         """Send each receiver what it has in the log up to ``end``; a receiver with nothing new
         hears nothing until the next tick (its batch then starts where its last one ended).
 
@@ -161,35 +163,33 @@ class ReputDispatcherActor(Actor):
         for k, (topic, entries) in enumerate(receivers):
             if entries or tick:
                 batch = DispatchBatch(self.sent_end[k], end, entries)
-                self.publisher.send_multipart([topic, encoder.encode(batch)])
+                out.send("dispatches", [topic, encoder.encode(batch)])
                 self.sent_end[k] = end
-        self.ctx.offsets.set(DISPATCHED, end)
+        self.slots.set(DISPATCHED, end)
 
     def report_damage(self, damage: Damage) -> None:
         self.damaged_ranges += 1
         log.error("DAMAGED COMMIT LOG: bytes [%d, %d) hold no valid record (%s); skipped, later records dispatched",
                   damage.start, damage.end, damage.reason)
 
-    def tick(self, now_ms: int) -> None:
-        log_min = self.ctx.offsets.get(MIN_OFFSET)
+    def tick(self, out: Effects) -> None:
+        log_min = self.slots.get(MIN_OFFSET)
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
             self.log_min_offset = log_min
             self.reader.segments.refresh()
         self.follow_log()
-        self.dispatch()
+        self.dispatch(out)
         empty: list[list] = [[] for _ in range(self.owner_count)]
-        self.publish(self.reput_offset, empty, [], tick=True)
+        self.publish(out, self.reput_offset, empty, [], tick=True)
 
     def detail(self) -> dict[str, int]:
         return {"reput_offset": self.reput_offset, "confirmed_offset": self.confirmed_offset,
                 "damaged_ranges": self.damaged_ranges}
 
-    def shutdown(self) -> None:
-        self.stopping = False
+    def shutdown(self, out: Effects) -> None:
         self.follow_log()
-        self.dispatch()
-        self.publish(self.reput_offset, [[] for _ in range(self.owner_count)], [], tick=True)
-        self.stopping = True
+        self.dispatch(out)
+        self.publish(out, self.reput_offset, [[] for _ in range(self.owner_count)], [], tick=True)
 
 
 if __name__ == "__main__":

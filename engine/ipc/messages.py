@@ -28,8 +28,8 @@ import msgspec
 # -- front -> writer ------------------------------------------------------------------------------
 
 
-class Send(msgspec.Struct, array_like=True, tag="send"):
-    """front -> writer: store the batch of the client ``send`` request behind this envelope.
+class Append(msgspec.Struct, array_like=True, tag="append"):
+    """front -> writer: append the batch of the client ``send`` request behind this envelope.
 
     ``queue_id`` is the queue the front chose (given, by sharding key or round robin);
     ``received_ms`` is when the front received it (monotonic ms): a send that waited in the
@@ -48,7 +48,7 @@ class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):
     """
 
 
-WriterRequest = Send | DeleteTopic
+WriterRequest = Append | DeleteTopic
 
 
 class TopicDeletion(msgspec.Struct, array_like=True, tag="topic_deletion"):

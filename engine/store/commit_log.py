@@ -307,12 +307,13 @@ class CommitLogWriter:
     keep reading through their mappings: one page cache backs both."""
 
     def __init__(self, store_dir: Path, segment_size_bytes: int, *, store_host: HostAddress,
-                 with_record_crc: bool, warm_segments: bool = False) -> None:
+                 with_record_crc: bool, warm_segments: bool = False, background: bool = True) -> None:
         self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=True)
         self.segment_size_bytes = segment_size_bytes
         self.store_host = store_host
         self.with_record_crc = with_record_crc
         self.warm_segments = warm_segments
+        self.background = background  # prepare the next segment in a thread (off in the simulation)
         self.written_offset = 0
         self._fds: dict[int, int] = {}  # segment start -> descriptor for appends
         self._scratch = bytearray()  # a batch is encoded here, then written with one pwrite
@@ -426,6 +427,10 @@ class CommitLogWriter:
         if self.segments.get(nxt) is not None:
             return
         path = self.segments.directory / offset_to_file_name(nxt)
+        if not self.background:
+            self._preallocate(path)
+            self._preallocation_error = None  # a roll creates it again, and reports the error then
+            return
         self._preallocation = threading.Thread(target=self._preallocate, args=(path,), daemon=True,
                                                name="segment-preallocation")
         self._preallocation.start()

@@ -168,7 +168,7 @@ def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) 
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 assert remaining_ms > 0 and sock.poll(remaining_ms), f"answered: {dict(statuses)}"
                 reply = msgspec.msgpack.decode(sock.recv())
-                statuses[reply.get(StatusQuery()) or reply["error"]["name"]] += 1
+                statuses[reply.get("status") or reply["error"]["name"]] += 1
         finally:
             sock.close()
         assert statuses == {"FOUND": parked}
