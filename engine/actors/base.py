@@ -271,7 +271,9 @@ class Runtime:
                 next_tick = now + actor.tick_interval_ms
             busy = actor.backlog()
             timeout = 0 if busy else max(0, min(next_tick, next_beat, now + _POLL_SLICE_MS) - clock.mono_ms())
-            for sock, _event in poller.poll(timeout):
+            if not self.readers:  # an empty poll returns at once: wait here instead
+                time.sleep(timeout / 1000)
+            for sock, _event in poller.poll(timeout) if self.readers else ():
                 self.readers[sock][1]()
             if busy:
                 actor.work_backlog(out)
