@@ -133,6 +133,8 @@ class Supervisor:
         for actor in self.actors.values():
             self._spawn(actor)
             self._await_running(actor)
+        # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
+        (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
         self.publish("engine.ready")
 
     def _lock(self) -> None:

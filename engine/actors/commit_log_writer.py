@@ -151,8 +151,7 @@ class CommitLogWriterActor(Actor):
     def recover(self, out: Effects) -> None:
         plan = plan_commit_log_recovery(self.env.store_dir, self.config)
         crash_mark = self.env.run_dir / CRASH_START_FILE
-        self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists())
-        crash_mark.unlink(missing_ok=True)  # swept once; a later restart in this run follows a kill
+        self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists() or plan.dropped_unflushed)
         try:
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
         except OSError as exc:

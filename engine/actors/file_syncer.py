@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from engine.store import sync
+
 log = logging.getLogger(__name__)
 
 
@@ -88,7 +90,7 @@ def _fdatasync(path: Path) -> bool:
     except FileNotFoundError:
         return True
     try:
-        os.fdatasync(fd)
+        sync.fdatasync(fd, path)
     except OSError as exc:
         log.error("cannot flush %s: %s; its units stay above the durable offset", path, exc)
         return False

@@ -23,12 +23,14 @@ import logging
 import os
 from collections import deque
 from dataclasses import replace
+from pathlib import Path
 
 from engine.actors.base import PUB, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
-from engine.services.restart_points import checkpoint_dispatched, flusher_restart
+from engine.services.restart_points import checkpoint_dispatched, checkpoint_within_log, flusher_restart
+from engine.store import sync
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.layout import offset_to_file_name
@@ -53,7 +55,8 @@ class FlusherActor(Actor):
         self.flushed_offset = 0
         self.timestamps: deque[tuple[int, int]] = deque(maxlen=_TIMESTAMPS_KEPT)
         self.segment_fds: dict[int, int] = {}
-        self.checkpoint = Checkpoint()
+        self.checkpoint = Checkpoint()  # what the next write stores
+        self.stored = Checkpoint()  # what the file holds
         self.failed = False  # a flush failed: the process ends once this call's effects are out
         self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = self.clock.mono_ms()
 
@@ -67,7 +70,7 @@ class FlusherActor(Actor):
 
     def recover(self, out: Effects) -> None:
         try:
-            self.checkpoint = load_checkpoint(self.env.store_dir) or Checkpoint()
+            self.checkpoint = self.stored = load_checkpoint(self.env.store_dir) or Checkpoint()
         except CheckpointError as exc:
             log.error("checkpoint unusable (%s); starting a new one", exc)
         self.confirmed_offset = self.slots.get(CONFIRMED)  # the writer recovered first
@@ -75,6 +78,13 @@ class FlusherActor(Actor):
         # What the writer recovered may never have been flushed (a killed engine): flush it now,
         # and publish the flushed offset, which readers under SYNC_FLUSH wait for.
         self.flush_commit_log(out, self.confirmed_offset)
+        dispatched = checkpoint_within_log(self.checkpoint.dispatched_offset, self.confirmed_offset)
+        if dispatched != self.checkpoint.dispatched_offset:
+            log.warning("the log ends at %d, before the checkpoint's dispatched offset %d (a power cut took "
+                        "its tail): the checkpoint follows it down", self.confirmed_offset,
+                        self.checkpoint.dispatched_offset)
+            self.checkpoint = replace(self.checkpoint, dispatched_offset=dispatched)
+        self.write_checkpoint()  # before the owners and the index builder read it
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
@@ -98,12 +108,14 @@ class FlusherActor(Actor):
         self.confirmed_offset = confirmed
         self.timestamps.append((confirmed, store_timestamp))
 
+    def segment_path(self, start: int) -> Path:
+        return self.env.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
+
     def _segment_fd(self, start: int) -> int | None:
         fd = self.segment_fds.get(start)
         if fd is None:
-            path = self.env.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(self.segment_path(start), os.O_RDONLY)
             except FileNotFoundError:
                 return None
             self.segment_fds[start] = fd
@@ -121,7 +133,7 @@ class FlusherActor(Actor):
             if fd is None:
                 continue
             try:
-                os.fdatasync(fd)
+                sync.fdatasync(fd, self.segment_path(segment))
             except OSError as exc:
                 self.fail_stop(out, f"fdatasync of segment {segment}: {exc}")
                 return
@@ -187,14 +199,14 @@ class FlusherActor(Actor):
         updated = replace(self.checkpoint, flushed_offset=flushed, confirm_phy_offset=flushed,
                            physic_msg_timestamp_ms=self._timestamp_at(flushed) or
                            self.checkpoint.physic_msg_timestamp_ms)
-        if updated != self.checkpoint:
+        if updated != self.stored:  # the dispatched offset may have moved alone since the last write
             try:
                 store_checkpoint(self.env.store_dir, updated)
             except OSError as exc:
                 # The checkpoint only shortens recovery; without it recovery scans further.
                 log.error("cannot write the checkpoint: %s", exc)
                 return
-            self.checkpoint = updated
+            self.checkpoint = self.stored = updated
 
     def detail(self) -> dict[str, int]:
         return {"flushed_offset": self.flushed_offset, "confirmed_offset": self.confirmed_offset,

@@ -8,7 +8,9 @@ of a deleted topic written before its deletion stay in the IndexFiles
 
 Recovery: the newest file's half-added item (if a kill left one) is unlinked;
 then records from ``max(checkpoint dispatched offset, end_phy_offset)`` are
-indexed again from the log (``IndexService.build`` skips what is below the
+indexed again from the log. After an unclean stop (a power cut may have lost
+or torn items, or left items pointing at records the log lost) the newest
+files are deleted instead and indexed again (``IndexService.drop_unsynced``) (``IndexService.build`` skips what is below the
 newest file's ``end_phy_offset``; a record indexed twice is harmless, as
 queries return each offset once).
 """
@@ -20,8 +22,9 @@ import logging
 from engine.actors.base import SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import endpoints
+from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
-from engine.services.restart_points import index_restart
+from engine.services.restart_points import index_restart, index_restart_unclean
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.index_file import IndexService
@@ -62,11 +65,20 @@ class IndexBuilderActor(Actor):
             checkpoint = load_checkpoint(self.env.store_dir)
         except CheckpointError:
             checkpoint = None
-        self.applied_offset = index_restart(self.index.end_phy_offset,
-                                            dispatched=checkpoint.dispatched_offset if checkpoint else 0,
-                                            log_min=self.reader.min_offset(), confirmed=self.slots.get(CONFIRMED))
+        dispatched = checkpoint.dispatched_offset if checkpoint else 0
+        unclean = (self.env.run_dir / CRASH_START_FILE).exists()
+        if unclean:  # a power cut may have lost, torn or outdated the newest files' items
+            kept_end = self.index.drop_unsynced(dispatched)
+            log.warning("unclean stop: index files past %d deleted; indexing again from there", kept_end)
+            self.applied_offset = index_restart_unclean(kept_end, log_min=self.reader.min_offset(),
+                                                        confirmed=self.slots.get(CONFIRMED))
+        else:
+            self.applied_offset = index_restart(self.index.end_phy_offset, dispatched=dispatched,
+                                                log_min=self.reader.min_offset(), confirmed=self.slots.get(CONFIRMED))
         self.catch_up(self.visible_end)
-        while self.behind:  # before serving, all of it: recovery has its own start timeout
+        # After a kill the catch-up is short: all of it before running. After an unclean stop it
+        # may be a whole file's worth; the loop's backlog does it in slices, with heartbeats.
+        while self.behind and not unclean:
             self.catch_up(self.visible_end)
         self.slots.set(INDEX_APPLIED, self.applied_offset)
         if self.index.file_count:

@@ -25,7 +25,7 @@ SUPERVISOR_EVENTS = "events.sock"
 SUPERVISOR_HEARTBEATS = "heartbeats.sock"
 
 ENGINE_STATE_FILE = "supervisor.json"
-CRASH_START_FILE = "crash-start"  # present when the engine started after an unclean stop
+CRASH_START_FILE = "crash-start"  # after an unclean stop, until every actor has recovered once
 
 TOPIC_CONFIRMED = b"confirmed"
 TOPIC_FLUSHED = b"flushed"

@@ -147,7 +147,7 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
                                                 damage.end - segment.start_offset):
             findings.add(Finding("commitlog", f"[{damage.start}, {damage.end})",
                                  f"{damage.reason} (non-zero bytes after the last record)"))
-    return log_end
+    return reader.past_blank_marker(log_end)
 
 
 def _holds_bytes(mm: mmap.mmap, start: int, end: int) -> bool:

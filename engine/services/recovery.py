@@ -26,7 +26,6 @@ from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
-from engine.store.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, peek_size_and_magic
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +38,7 @@ class CommitLogRecoveryPlan:
     next_queue_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     damage: list[Damage] = field(default_factory=list)
     torn_tail: Damage | None = None
+    dropped_unflushed: bool = False  # valid records past a torn range were dropped: sweep the rest
     records_scanned: int = 0
     bytes_scanned: int = 0
     last_store_timestamp_ms: int = 0
@@ -106,8 +106,7 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
         checkpoint = None
     dispatched = checkpoint.dispatched_offset if checkpoint else 0
     durable = checkpoint.flushed_offset if checkpoint else 0
-    start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable,
-                                  queue_ends=(end for _nxt, end in queues.values()))
+    start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable)
     plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted)
     plan.min_offset = first
     for (topic, queue_id), (nxt, end) in queues.items():
@@ -135,6 +134,13 @@ def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int,
         if isinstance(item, Damage):
             pending.append(item)
             continue
+        if pending and pending[0].start >= durable:
+            # Unflushed bytes a power cut tore in the middle: what follows was never flushed
+            # either, and keeping it would leave holes in its queues. The log ends here.
+            log.warning("unflushed records after damage at %d (%s) are dropped with it",
+                        pending[0].start, pending[0].reason)
+            plan.dropped_unflushed = True
+            break
         _report(plan, pending)
         pending = []
         if not (deleted and deleted.hides(item.topic, item.commit_log_offset)):
@@ -173,11 +179,4 @@ def _holds_bytes(reader: CommitLogReader, damage: Damage) -> bool:
 
 def _skip_blank_marker(reader: CommitLogReader, plan: CommitLogRecoveryPlan) -> None:
     """A blank marker right after the last record moves the end to the next segment."""
-    segment = reader.segments.find(plan.end_offset)
-    if segment is None or plan.end_offset == segment.start_offset:
-        return
-    pos = plan.end_offset - segment.start_offset
-    if segment.size_bytes - pos >= END_FILE_MIN_BLANK_BYTES:
-        size, magic = peek_size_and_magic(segment.mm, pos)
-        if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
-            plan.end_offset = segment.end_offset
+    plan.end_offset = reader.past_blank_marker(plan.end_offset)

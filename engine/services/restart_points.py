@@ -50,12 +50,15 @@ def queue_safe_point(tail: QueueTail, dispatched: int) -> int:
     return tail.end if tail.dropped else max(dispatched, tail.end)
 
 
-def commit_log_scan_start(*, log_min: int, dispatched: int, flushed: int, queue_ends: Iterable[int]) -> int:
-    """Where the writer's recovery scans from: early enough to find the next offset of every queue
-    (no queue is complete past its safe point) and to check every byte a power cut may have lost (I3)."""
-    needed = min((max(dispatched, end) for end in queue_ends), default=dispatched)
-    start = max(log_min, min(needed, flushed))
-    assert start <= max(log_min, flushed)
+def commit_log_scan_start(*, log_min: int, dispatched: int, flushed: int) -> int:
+    """Where the writer's recovery scans from: early enough to find the next offset of every queue,
+    and to check every byte a power cut may have lost (I3).
+
+    Not past the checkpoint's dispatched offset, even when every queue on disk holds more: a
+    queue whose first records were not dispatched yet has no directory, and only the log knows
+    its offsets (I1 says nothing of it below its first unit)."""
+    start = max(log_min, min(dispatched, flushed))
+    assert start <= max(log_min, flushed) and start <= max(log_min, dispatched)
     return start
 
 
@@ -68,6 +71,12 @@ def owner_restart(tails: Iterable[QueueTail], *, dispatched: int, log_min: int, 
 def index_restart(index_end: int, *, dispatched: int, log_min: int, confirmed: int) -> int:
     """The index builder applies again from past what its newest IndexFile already holds (I1)."""
     return _clamp(max(dispatched, index_end), log_min, confirmed)
+
+
+def index_restart_unclean(kept_end: int, *, log_min: int, confirmed: int) -> int:
+    """After an unclean stop the newest IndexFiles are deleted (their items past the durable point
+    may be lost or torn); the index builder indexes again from the end of the files it kept."""
+    return _clamp(kept_end, log_min, confirmed)
 
 
 def reput_restart(applied: Iterable[int], *, dispatched: int, log_min: int) -> int:
@@ -86,6 +95,14 @@ def flusher_restart(checkpoint_flushed: int, confirmed: int) -> int:
     restart = min(checkpoint_flushed, confirmed)
     assert 0 <= restart <= confirmed or confirmed == 0
     return restart
+
+
+def checkpoint_within_log(dispatched: int, confirmed: int) -> int:
+    """At the flusher's restart: under ASYNC_FLUSH receivers apply (and flush) what the log has not
+    flushed yet, so a power cut can take the log's tail below the checkpoint's dispatched offset.
+    The checkpoint then follows the log down, before any receiver reads it: past the new end, new
+    records will take those offsets, and nothing holds them yet."""
+    return min(dispatched, confirmed)
 
 
 def checkpoint_dispatched(durable: Iterable[int], previous: int) -> int:

@@ -48,6 +48,7 @@ from engine.store.layout import (
     record_size,
     verify_record,
 )
+from engine.store import sync
 from engine.store.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,19 @@ class CommitLogReader:
                 yield head
                 pos += head.total_size
             offset = segment.end_offset
+
+    def past_blank_marker(self, offset: int) -> int:
+        """``offset``, or the next segment's start if a blank marker there fills the rest of its segment
+        (the end of a log whose last batch rolled to a segment it has not written yet)."""
+        segment = self.segments.find(offset)
+        if segment is None or offset == segment.start_offset:
+            return offset
+        pos = offset - segment.start_offset
+        if segment.size_bytes - pos >= END_FILE_MIN_BLANK_BYTES:
+            size, magic = peek_size_and_magic(segment.mm, pos)
+            if magic == MAGIC_BLANK and size == segment.size_bytes - pos:
+                return segment.end_offset
+        return offset
 
     def scan(self, start: int, end: int, *, check_crc: bool = False) -> Iterator[ScanItem]:
         """Walk [start, end) record by record, yielding records and damaged ranges.
@@ -466,7 +480,7 @@ class CommitLogWriter:
             cached = self._fds.get(segment.start_offset)
             fd = cached if cached is not None else os.open(segment.path, os.O_RDONLY)
             try:
-                os.fdatasync(fd)
+                sync.fdatasync(fd, segment.path)
             finally:
                 if cached is None:
                     os.close(fd)

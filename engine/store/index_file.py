@@ -28,7 +28,7 @@ from pathlib import Path
 from engine.codec import index_header, index_key_hash, index_put_keys, index_select
 from engine.names import is_decimal
 from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
-from engine.store.mapped_file import MappedFile, create_preallocated
+from engine.store.mapped_file import MappedFile, create_preallocated, fsync_dir
 
 INDEX_DIR = "index"
 
@@ -230,6 +230,32 @@ class IndexService:
         if added:
             self.dirty.add(self.names[-1])
         return added
+
+    def drop_unsynced(self, durable_offset: int) -> int:
+        """After an unclean stop: delete the files that may hold items a power cut lost, tore or left
+        pointing at records the log lost (the newest, and any that reach past ``durable_offset``);
+        returns where indexing must start again (the end of the newest file kept; 0 if none).
+
+        Files wholly below the durable offset were flushed whole, header included (RocketMQ
+        likewise destroys the index files newer than its checkpoint after an abnormal stop)."""
+        assert self.writable
+        dropped = 0
+        while self.names:
+            name = self.names[-1]
+            if dropped and self.headers[name][3] <= durable_offset:
+                break
+            mapped = self.mapped.pop(name, None)
+            if mapped is not None:
+                mapped.close()
+            self._writing = None
+            (self.directory / name).unlink()
+            self.headers.pop(name, None)
+            self.names.pop()
+            self.dirty.discard(name)
+            dropped += 1
+        if dropped:
+            fsync_dir(self.directory)
+        return self.headers[self.names[-1]][3] if self.names else 0
 
     def _time_range(self, name: str) -> tuple[int, int]:
         index = self.mapped.get(name)

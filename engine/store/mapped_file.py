@@ -17,6 +17,7 @@ import mmap
 import os
 from pathlib import Path
 
+from engine.store import sync
 from engine.store.layout import file_name_to_offset, offset_to_file_name
 
 PAGE_BYTES = 4096
@@ -51,6 +52,7 @@ def create_preallocated(path: Path, size_bytes: int, *, warm: bool = False) -> N
     os.close(fd)
     os.rename(tmp, path)
     fsync_dir(path.parent)
+    sync.created(path)
 
 
 def prefetch(path: Path) -> None:
@@ -108,7 +110,7 @@ class MappedFile:
         end = self.size_bytes if end is None else end
         aligned = start - start % PAGE_BYTES
         if end > aligned:
-            self.mm.flush(aligned, end - aligned)
+            sync.msync(self.mm, aligned, end - aligned, self.path)
 
     def zero(self, start: int, end: int) -> None:
         """Zero [start, end) through the mapping (never shrink a mapped file)."""
