@@ -1,0 +1,106 @@
+"""The simulated network: the engine's socket topology as queues, delivered in a seeded order.
+
+Ports are matched by endpoint as ZeroMQ matches them: a DEALER that connects to a
+ROUTER's endpoint reaches it with its name as identity and gets the ROUTER's
+replies to that identity; a PUB reaches every SUB connected to its endpoint whose
+subscription prefixes the topic frame. Each (receiver, port, sender) pair is one
+FIFO queue, as one ZeroMQ connection is; the world picks which queue delivers
+next, so deliveries from different senders interleave in every order. Publications
+may be dropped (a full high-water mark), and whatever was queued for an actor that
+crashes is lost with it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.actors.base import DEALER, PUB, ROUTER, SUB, Port
+from engine.actors.effects import Forward, Send
+
+CLIENT = "client"  # the name the simulated clients go by
+
+
+@dataclass(frozen=True)
+class Address:
+    actor: str
+    port: str
+
+
+QueueKey = tuple[str, str, str]  # receiver, port, sender
+
+
+class Network:
+    def __init__(self, rng: random.Random, *, publication_loss_ratio: float) -> None:
+        self.rng = rng
+        self.publication_loss_ratio = publication_loss_ratio
+        self.ports: dict[str, dict[str, Port]] = {}  # actor -> port name -> port
+        self.up: set[str] = set()
+        self.queues: dict[QueueKey, deque[list[bytes]]] = {}
+        self.to_client: Callable[[list[bytes]], None] = lambda frames: None
+        self.publications_lost = 0
+
+    def attach(self, actor: str, ports: list[Port]) -> None:
+        self.ports[actor] = {port.name: port for port in ports}
+        self.up.add(actor)
+
+    def detach(self, actor: str) -> None:
+        """The actor's process is gone: what was queued for it is lost."""
+        self.up.discard(actor)
+        for key in [key for key in self.queues if key[0] == actor]:
+            del self.queues[key]
+
+    def bound(self, endpoint: str) -> Address | None:
+        for actor, ports in self.ports.items():
+            for port in ports.values():
+                if port.bind and port.endpoint == endpoint and actor in self.up:
+                    return Address(actor, port.name)
+        return None
+
+    def push(self, receiver: str, port: str, sender: str, frames: list[bytes]) -> None:
+        if receiver in self.up:
+            self.queues.setdefault((receiver, port, sender), deque()).append(frames)
+
+    def carry(self, sender: str, effect: Send | Forward) -> bool:
+        """Deliver one ``Send`` or ``Forward`` of ``sender``; False if a Forward's peer is down."""
+        port = self.ports[sender][effect.port]
+        frames = effect.frames
+        if port.kind == DEALER:
+            peer = self.bound(port.endpoint)
+            if peer is None:
+                return False  # IMMEDIATE: nothing is queued for an actor that is not there
+            self.push(peer.actor, peer.port, sender, [sender.encode(), *frames])
+        elif port.kind == ROUTER:
+            identity, rest = frames[0].decode(), frames[1:]
+            if effect.port == "clients":
+                self.to_client(rest if rest[0] != b"" else rest[1:])
+            elif identity in self.up:
+                dealer = next(p for p in self.ports[identity].values()
+                              if p.kind == DEALER and p.endpoint == port.endpoint)
+                self.push(identity, dealer.name, sender, rest)
+        else:
+            assert port.kind == PUB
+            for actor, ports in self.ports.items():
+                for sub in ports.values():
+                    if sub.kind == SUB and sub.endpoint == port.endpoint and any(
+                            frames[0].startswith(topic) for topic in sub.subscribe):
+                        if self.rng.random() < self.publication_loss_ratio:
+                            self.publications_lost += 1
+                            continue
+                        self.push(actor, sub.name, sender, frames)
+        return True
+
+    def from_client(self, front: str, client_id: bytes, frame: bytes) -> bool:
+        if front not in self.up:
+            return False
+        self.push(front, "clients", CLIENT, [client_id, frame])
+        return True
+
+    def busy(self) -> list[QueueKey]:
+        return [key for key, queue in self.queues.items() if queue]
+
+    def take(self, key: QueueKey, count: int) -> list[list[bytes]]:
+        queue = self.queues[key]
+        return [queue.popleft() for _ in range(min(count, len(queue)))]

@@ -1,0 +1,122 @@
+"""The simulated client: sends and pulls through the front, and remembers what the store promised.
+
+What must survive depends on the flush mode, as the README promises: a send answered
+``PUT_OK`` under SYNC_FLUSH is on disk; under ASYNC_FLUSH (or after a FLUSH_DISK_TIMEOUT)
+only what lay below the flushed offset when the power went is. A process kill loses
+nothing that was answered. Under SYNC_FLUSH a pulled message was flushed, so it too
+survives every power cut.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.ipc.protocol import encode_request
+from engine.simulation.network import Network
+
+TOPICS = {"sim-a": 2, "sim-b": 3}
+PULL_MESSAGES_MAX = 16
+
+Position = tuple[str, int, int]  # topic, queue id, queue offset
+
+
+@dataclass(frozen=True)
+class Stored:
+    body: bytes
+    key: str
+    commit_log_offset: int
+
+
+@dataclass
+class Workload:
+    rng: random.Random
+    network: Network
+    sync_flush: bool
+    front: str = "front"
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    waiting: dict[int, tuple] = field(default_factory=dict)  # request id -> what it was
+    durable: dict[Position, Stored] = field(default_factory=dict)  # must survive everything
+    unsettled: dict[Position, Stored] = field(default_factory=dict)  # answered, but a power cut may take it
+    seen: dict[Position, bytes] = field(default_factory=dict)  # pulled (SYNC_FLUSH: must survive too)
+    next_pull: dict[tuple[str, int], int] = field(default_factory=dict)
+    sent_messages: int = 0
+    acked: int = 0
+    pulled: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.network.to_client = self.on_reply
+
+    def request(self, op: str, what: tuple, **fields: object) -> None:
+        request_id = next(self.ids)
+        if self.network.from_client(self.front, b"c1", encode_request(op, request_id, **fields)):
+            self.waiting[request_id] = what
+
+    def create_topics(self) -> None:
+        for topic, count in TOPICS.items():
+            self.request("create_topic", ("create",), topic=topic, queue_count=count)
+
+    def send(self) -> None:
+        topic = self.rng.choice(sorted(TOPICS))
+        batch = []
+        for _ in range(self.rng.randint(1, 4)):
+            n = self.sent_messages = self.sent_messages + 1
+            body = f"m{n}:".encode() + self.rng.randbytes(self.rng.randrange(8, 700))
+            batch.append({"body": body, "keys": [f"k{n}"], "tags": self.rng.choice("AB")})
+        self.request("send", ("send", topic, [(m["body"], m["keys"][0]) for m in batch]), topic=topic,
+                     messages=batch, queue_id=self.rng.randrange(TOPICS[topic]))
+
+    def pull(self) -> None:
+        topic = self.rng.choice(sorted(TOPICS))
+        queue_id = self.rng.randrange(TOPICS[topic])
+        offset = self.next_pull.get((topic, queue_id), 0)
+        self.request("pull", ("pull", topic, queue_id), topic=topic, queue_id=queue_id, offset=offset,
+                     max_messages=PULL_MESSAGES_MAX)
+
+    def on_reply(self, frames: list[bytes]) -> None:
+        reply = msgspec.msgpack.decode(frames[-1])
+        what = self.waiting.pop(reply.get("id"), None)
+        if what is None or not reply.get("ok"):
+            return  # refused (BUSY, not available, ...): nothing was promised
+        if what[0] == "send":
+            _, topic, messages = what
+            for (body, key), result in zip(messages, reply["results"], strict=True):
+                position = (topic, result["queue_id"], result["queue_offset"])
+                stored = Stored(body, key, result["commit_log_offset"])
+                self.acked += 1
+                if self.sync_flush and result["status"] == "PUT_OK":
+                    self.durable[position] = stored
+                else:
+                    self.unsettled[position] = stored
+        elif what[0] == "pull":
+            _, topic, queue_id = what
+            for message in reply.get("messages", []):
+                position = (topic, queue_id, message["queue_offset"])
+                body = bytes(message["body"])
+                self.pulled += 1
+                expected = self.durable.get(position) or self.unsettled.get(position)
+                if expected is not None and expected.body != body:
+                    self.violations.append(f"pull {position}: a different message than the one stored there")
+                if self.seen.get(position, body) != body:
+                    self.violations.append(f"pull {position}: changed since it was first pulled")
+                self.seen[position] = body
+            self.next_pull[(topic, queue_id)] = reply.get("next_offset", 0)
+
+    def power_cut(self, flushed_offset: int) -> None:
+        """Answered sends below the flushed offset are on disk; the rest may be gone."""
+        for position, stored in self.unsettled.items():
+            if stored.commit_log_offset < flushed_offset:
+                self.durable[position] = stored
+        self.unsettled.clear()
+        self.waiting.clear()  # the replies died with the engine
+        if not self.sync_flush:
+            self.seen.clear()  # under ASYNC_FLUSH a reader may have seen what the cut took
+            self.next_pull.clear()
+
+    def kill(self, actor: str) -> None:
+        if actor == self.front:
+            self.waiting.clear()  # what the front held or was relaying is lost with it

@@ -1,0 +1,285 @@
+"""The simulated engine: every actor's logic in one process, driven step by step from one seed.
+
+A step is one of: deliver a few queued messages to an actor (then its ``drained``),
+run an actor's tick, run one pending background flush, give an actor a slice of its
+backlog, let the client send or pull, kill an actor, restart a killed one, or cut the
+power (every actor dies, the disk loses or tears what was not synced, and the engine
+starts again in the supervisor's order). Time is simulated; nothing runs in a thread;
+the same seed gives the same run, byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.actors.base import Actor, Env
+from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.config import KiB, StoreConfig
+from engine.ipc.endpoints import CRASH_START_FILE
+from engine.simulation.disk import SimDisk
+from engine.simulation.network import Network
+from engine.store.checkpoint import load_checkpoint
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    FLUSHED,
+    INDEX_APPLIED,
+    INDEX_DURABLE,
+    SLOT_COUNT,
+    SharedOffsets,
+    owner_durable_slot,
+    owner_slot,
+)
+from supervisor.spec import ActorSpec, actor_specs
+
+DELIVERIES_PER_STEP_MAX = 8
+
+
+class SimClock:
+    """Both clocks of the host, moved by the world only."""
+
+    def __init__(self, wall_ms: int) -> None:
+        self.mono = 1_000_000
+        self.wall = wall_ms
+
+    def mono_ms(self) -> int:
+        return self.mono
+
+    def wall_ms(self) -> int:
+        return self.wall
+
+    def advance(self, ms: int) -> None:
+        self.mono += ms
+        self.wall += ms
+
+
+@dataclass
+class SyncJob:
+    actor: str
+    paths: set[Path]
+    offset: int
+    on_durable: Callable[[int], None]
+
+
+class SimSyncer:
+    """``FileSyncer`` without its thread: a requested flush becomes a job the world runs at a
+    step of its choosing (or loses, if the actor dies first)."""
+
+    def __init__(self, world: World, actor: str, on_durable: Callable[[int], None]) -> None:
+        self.world = world
+        self.actor = actor
+        self.on_durable = on_durable
+        self.dirty: set[Path] = set()
+
+    def mark(self, path: Path) -> None:
+        self.dirty.add(path)
+
+    def request(self, durable_offset: int) -> None:
+        self.world.jobs.append(SyncJob(self.actor, self.dirty, durable_offset, self.on_durable))
+        self.dirty = set()
+
+    def flush_now(self, durable_offset: int) -> None:
+        self.request(durable_offset)
+        for job in [job for job in self.world.jobs if job.actor == self.actor]:
+            self.world.run_job(job)
+
+    def close(self) -> None:
+        pass
+
+
+def sim_config(flush_mode: str) -> StoreConfig:
+    """Small files, so that a short run rolls segments, queue files and index files."""
+    return StoreConfig(
+        segment_size_bytes=64 * KiB, consume_queue_file_units=64, index_hash_slot_count=64, index_item_count_max=128,
+        message_body_bytes_max=8 * KiB, properties_bytes_max=4 * KiB, send_batch_bytes_max=32 * KiB,
+        client_frame_bytes_max=128 * KiB, flush_mode=flush_mode,  # type: ignore[arg-type]
+        flush_interval_ms=50, flush_consume_queue_interval_ms=100, checkpoint_interval_ms=150,
+        flush_thorough_interval_ms=400, sync_flush_timeout_ms=60_000, send_queue_wait_ms_max=60_000,
+        consume_queue_owner_count=2, topic_queue_count_default=2,
+    ).validate()
+
+
+@dataclass
+class Counts:
+    steps: int = 0
+    deliveries: int = 0
+    kills: int = 0
+    power_cuts: int = 0
+    restarts: int = 0
+    sync_jobs: int = 0
+    trace: list[str] = field(default_factory=list)
+
+
+class World:
+    def __init__(self, root: Path, rng: random.Random, config: StoreConfig, *, publication_loss_ratio: float) -> None:
+        self.rng = rng
+        self.config = config
+        self.store_dir = root / "store"
+        self.run_dir = root / "run"
+        self.store_dir.mkdir(parents=True)
+        self.run_dir.mkdir(parents=True)
+        self.clock = SimClock(1_790_000_000_000)
+        self.disk = SimDisk(self.store_dir)
+        self.network = Network(rng, publication_loss_ratio=publication_loss_ratio)
+        self.slots = SharedOffsets(self.run_dir)
+        self.specs = {spec.name: spec for spec in actor_specs(config)}
+        self.actors: dict[str, Actor] = {}
+        self.next_tick: dict[str, int] = {}
+        self.down: dict[str, int] = {}  # killed actor -> step it died at
+        self.jobs: list[SyncJob] = []
+        self.counts = Counts()
+
+    # -- actors --------------------------------------------------------------------------------
+
+    def start(self, name: str) -> None:
+        spec: ActorSpec = self.specs[name]
+        module = importlib.import_module(spec.module)
+        actor_cls = next(v for v in vars(module).values()
+                         if isinstance(v, type) and issubclass(v, Actor) and v is not Actor)
+        env = Env(name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
+                  syncer=lambda actor, on_durable: SimSyncer(self, actor, on_durable), background=False)
+        actor = actor_cls(env)
+        out = Effects()
+        actor.lifecycle = "RECOVERING"
+        actor.recover(out)
+        self.network.attach(name, actor.ports())
+        actor.lifecycle = "RUNNING"
+        self.actors[name] = actor
+        self.down.pop(name, None)
+        self.next_tick[name] = self.clock.mono_ms()
+        self.carry_out(name, out)
+
+    def start_all(self) -> None:
+        for name in self.specs:  # the supervisor's order: each recovers before the next starts
+            self.start(name)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the process and its queues are gone; the page cache keeps what it wrote."""
+        self.actors.pop(name, None)
+        self.network.detach(name)
+        self.jobs = [job for job in self.jobs if job.actor != name]
+        self.down[name] = self.counts.steps
+        self.counts.kills += 1
+
+    def power_cut(self) -> None:
+        for name in list(self.actors):
+            self.kill(name)
+        self.disk.power_cut(self.rng)
+        self.slots.mm[:SLOT_COUNT * 8] = bytes(SLOT_COUNT * 8)  # the supervisor starts on an empty run dir
+        marker = self.run_dir / CRASH_START_FILE
+        marker.touch()
+        self.counts.power_cuts += 1
+        self.start_all()
+        marker.unlink()  # as the supervisor does once every actor recovered
+
+    def carry_out(self, name: str, out: Effects, *, may_die: bool = False) -> None:
+        """Carry out an actor's effects in order; with ``may_die``, it may be killed part way."""
+        cut = self.rng.randrange(len(out) + 1) if may_die and out else None
+        for i, effect in enumerate(out):
+            if i == cut:
+                self.trace(f"kill {name} after {i} of {len(out)} effects")
+                self.kill(name)
+                return
+            if isinstance(effect, Exit):
+                self.trace(f"{name} exits: {effect.reason}")
+                self.kill(name)
+                return
+            if isinstance(effect, Forward):
+                if not self.network.carry(name, effect):
+                    self.network.carry(name, effect.refused)
+            else:
+                assert isinstance(effect, Send)
+                self.network.carry(name, effect)
+        out.clear()
+
+    def run_job(self, job: SyncJob) -> None:
+        self.jobs.remove(job)
+        for path in sorted(job.paths):
+            try:
+                self.disk.on_sync(path, 0, None)
+            except IsADirectoryError:
+                continue
+        job.on_durable(job.offset)
+        self.counts.sync_jobs += 1
+
+    def trace(self, line: str) -> None:
+        self.counts.trace.append(f"{self.counts.steps:5d} {line}")
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def deliver(self, may_die: bool) -> bool:
+        busy = self.network.busy()
+        if not busy:
+            return False
+        key = busy[self.rng.randrange(len(busy))]
+        receiver, port, _sender = key
+        actor = self.actors[receiver]
+        out = Effects()
+        for frames in self.network.take(key, self.rng.randint(1, DELIVERIES_PER_STEP_MAX)):
+            actor.handle(port, frames, out)
+            self.counts.deliveries += 1
+        actor.drained(port, out)
+        self.carry_out(receiver, out, may_die=may_die and self.rng.random() < 0.05)
+        return True
+
+    def tick_one(self) -> None:
+        """Move time to the next due tick (and up to 20 ms more) and run it."""
+        name = min(self.actors, key=lambda n: (self.next_tick[n], self.rng.random()))
+        due = self.next_tick[name]
+        if due > self.clock.mono_ms():
+            self.clock.advance(due - self.clock.mono_ms())
+        self.clock.advance(self.rng.randrange(0, 20))
+        actor = self.actors[name]
+        out = Effects()
+        actor.tick(out)
+        self.next_tick[name] = self.clock.mono_ms() + actor.tick_interval_ms
+        self.carry_out(name, out)
+
+    def backlog_one(self) -> bool:
+        busy = [name for name, actor in self.actors.items() if actor.backlog()]
+        if not busy:
+            return False
+        name = busy[self.rng.randrange(len(busy))]
+        out = Effects()
+        self.actors[name].work_backlog(out)
+        self.carry_out(name, out)
+        return True
+
+    def job_one(self) -> bool:
+        """Run the oldest pending flush of one actor: each actor's flushes run in order, as its
+        ``FileSyncer`` thread runs them; different actors' flushes interleave in any order."""
+        if not self.jobs:
+            return False
+        actor = self.rng.choice(sorted({job.actor for job in self.jobs}))
+        self.run_job(next(job for job in self.jobs if job.actor == actor))
+        return True
+
+    def settle(self, steps_max: int = 5_000) -> bool:
+        """Run without faults or new requests until nothing is left to do; False if it never ends."""
+        for name in list(self.down):
+            self.start(name)
+        for _ in range(steps_max):
+            if self.deliver(may_die=False) or self.backlog_one() or self.job_one():
+                continue
+            if self.quiet():
+                return True
+            self.tick_one()
+        return False
+
+    def quiet(self) -> bool:
+        """Every receiver applied and flushed the log up to its end, and the checkpoint says so."""
+        end = self.slots.get(CONFIRMED)
+        owners = range(self.config.consume_queue_owner_count)
+        progress = [self.slots.get(owner_slot(k)) for k in owners] + [self.slots.get(INDEX_APPLIED)]
+        durables = [self.slots.get(owner_durable_slot(k)) for k in owners] + [self.slots.get(INDEX_DURABLE)]
+        checkpoint = load_checkpoint(self.store_dir)
+        dispatched, flushed = (checkpoint.dispatched_offset, checkpoint.flushed_offset) if checkpoint else (0, 0)
+        return (self.slots.get(FLUSHED) == end and all(p == end for p in progress) and all(d == end for d in durables)
+                and dispatched == end and flushed == end)
+
+    def state(self) -> str:
+        """The slots that ``quiet`` compares, for a report."""
+        return str(self.slots.snapshot(self.config.consume_queue_owner_count))
