@@ -120,7 +120,7 @@ def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
         keys = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
         uniq = props.get(PROPERTY_UNIQ_KEY)
         if uniq or keys:
-            for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
+            for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
         pos += record.total_size
         count += 1
     return per_owner, for_index, count, pos, SCAN_MORE

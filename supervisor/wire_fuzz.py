@@ -63,7 +63,7 @@ def _deep(depth: int) -> bytes:
 def bad_names(rng: random.Random, seed: int) -> list[str]:
     return [f"../../{ESCAPE_MARK}-{seed}", f"/tmp/{ESCAPE_MARK}-{seed}", f"..\\{ESCAPE_MARK}", "..", ".",
             "name\n", "name\r\n", "\nname", "na\x00me", "тема", "name٣", "x" * rng.randint(128, 300), "",
-            "a b", "a/b", "TBW102", "rmq_sys_x", "%RETRY%g", "%DLQ%g", "😀", "ｎａｍｅ", "a\tb"]
+            "a b", "a/b", "TBW102", "rmq_sys_x", "%RETRY%g", "%DLQ%g", "😀", "ｎａｍｅ", "a\tb"]  # noqa: RUF001 - fullwidth on purpose
 
 
 def _wrong_values(rng: random.Random) -> list[Any]:
@@ -251,7 +251,7 @@ def _await(sock: zmq.Socket, report: FuzzReport, case: Case, request_id: int, ti
             report.violations.append(f"{case.kind}: no reply within {timeout_s:.0f} s: {case.frames[0][:120].hex()}")
             return
         got = _judge(report, case, sock.recv())
-        if request_id == 0 or got == request_id:
+        if request_id in (0, got):
             return
         report.violations.append(f"{case.kind}: a reply with id {got} while waiting for {request_id}")
 

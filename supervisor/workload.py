@@ -421,7 +421,7 @@ class ProducerThread:
                 if self.batch_interval_s:  # a paced load (soak): wait for the next slot, or the stop
                     next_batch = max(next_batch + self.batch_interval_s, time.monotonic() - 1.0)
                     self._stop.wait(max(0.0, next_batch - time.monotonic()))
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread by wait_acked/stop
+        except BaseException as exc:  # reported to the test thread by wait_acked/stop
             self.failure = exc
             with self._progress:
                 self._progress.notify_all()

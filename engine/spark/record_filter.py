@@ -107,7 +107,7 @@ def _intersect(a: frozenset | None, b: frozenset | None) -> frozenset | None:
     return a if b is None else a & b
 
 
-def _pick(choose, a: int | None, b: int | None) -> int | None:  # noqa: ANN001 - max or min
+def _pick(choose, a: int | None, b: int | None) -> int | None:  # choose: max or min
     if a is None:
         return b
     return a if b is None else choose(a, b)

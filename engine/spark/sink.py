@@ -217,5 +217,5 @@ class QueueStreamWriter(DataSourceStreamWriter):
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
         return write_rows(self.settings, iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # batchId: Spark's name
         """Nothing to do: every message of the batch was acknowledged before its task ended."""
