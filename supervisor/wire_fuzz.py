@@ -76,7 +76,7 @@ def _valid(op: str, rng: random.Random, request_id: int, topic: str) -> dict[str
     """A plausible request of ``op`` on a fuzz topic (never the known one)."""
     fields: dict[str, Any] = {"v": PROTOCOL_VERSION, "op": op, "id": request_id}
     body = {"body": rng.randbytes(rng.randint(1, 64)), "keys": [f"k{rng.randint(0, 9)}"], "tags": "t"}
-    extra = {
+    extras: dict[str, dict[str, Any]] = {
         "send": {"topic": topic, "messages": [body]},
         "pull": {"topic": topic, "queue_id": rng.randint(0, 3), "offset": rng.randint(0, 5), "max_wait_ms": 0},
         "query_by_key": {"topic": topic, "key": "k1"},
@@ -89,8 +89,8 @@ def _valid(op: str, rng: random.Random, request_id: int, topic: str) -> dict[str
         "offset_for_time": {"topic": topic, "queue_id": 0, "timestamp": rng.randint(0, 1 << 41)},
         "get_by_offset": {"commit_log_offset": rng.randint(0, 1 << 20)},
         "delete_topic": {"topic": topic},
-    }.get(op, {})
-    fields.update(extra)
+    }
+    fields.update(extras.get(op, {}))
     return fields
 
 
@@ -162,6 +162,7 @@ def cases(rng: random.Random, count: int, config: StoreConfig, seed: int) -> Ite
 def _oversized_content(rng: random.Random, config: StoreConfig, request_id: int, topic: str) -> Case:
     """A body or properties past their limits, in a frame that still fits (an error reply, not a drop)."""
     choice = rng.choice(["body", "properties", "keys", "batch"])
+    message: dict[str, Any]
     if choice == "body":
         message = {"body": b"b" * (config.message_body_bytes_max + 1)}
     elif choice == "properties":
@@ -210,7 +211,7 @@ class FuzzReport:
 
 
 def _dealer(endpoint: str, *, linger_ms: int = 0) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
