@@ -48,6 +48,9 @@ SCAN_MORE = 0     # stopped at ``limit`` (less than a blank marker left) or afte
 SCAN_BLANK = 1    # the end-of-segment blank marker is at ``pos``
 SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine.store.layout`` for the reason
 
+# A ``DispatchEntry``'s fields as a tuple (see ``scan_dispatch``).
+DispatchTuple = tuple[str, int, int, int, int, int, int, list[str]]
+
 _HIDDEN_PROPERTIES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
 
 
@@ -114,13 +117,13 @@ def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
         tags = props.get(PROPERTY_TAGS)
         code = tags_code(tags)
         topic, queue_id = record.topic, record.queue_id
-        entry = (topic, queue_id, record.queue_offset, record.commit_log_offset, record.total_size, code,
+        entry: DispatchTuple = (topic, queue_id, record.queue_offset, record.commit_log_offset, record.total_size, code,
                  record.store_timestamp_ms, [])
         per_owner[owner_index(topic, queue_id, owner_count)].append(entry)
         keys = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
         uniq = props.get(PROPERTY_UNIQ_KEY)
         if uniq or keys:
-            for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
+            for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
         pos += record.total_size
         count += 1
     return per_owner, for_index, count, pos, SCAN_MORE

@@ -193,8 +193,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         values.update({k: v for k, v in overrides.items() if v is not None})
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir"):
-            if isinstance(values.get(key), str) and values[key]:
-                values[key] = str(base / Path(values[key]).expanduser())  # an absolute path stays as it is
+            value = values.get(key)
+            if isinstance(value, str) and value:
+                values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is
         try:
             return msgspec.convert(values, cls).validate()
         except msgspec.ValidationError as exc:

@@ -41,10 +41,10 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import MiB, StoreConfig  # noqa: E402
-from engine.ipc.protocol import PROTOCOL_VERSION  # noqa: E402
-from supervisor.faults import actor_pids  # noqa: E402
-from supervisor.launcher import EngineProcess  # noqa: E402
+from engine.config import MiB, StoreConfig
+from engine.ipc.protocol import PROTOCOL_VERSION
+from supervisor.faults import actor_pids
+from supervisor.launcher import EngineProcess
 
 encode = msgspec.msgpack.encode
 decode = msgspec.msgpack.decode
@@ -161,7 +161,7 @@ def bench_key_lookups(engine: EngineProcess, topic: str, keys: int, *, reps: int
         rates.append(len(frames) / seconds)
         latencies = []
         with engine.client() as client:
-            for n in range(500):
+            for _ in range(500):
                 t0 = time.perf_counter()
                 client.query_by_key(topic, f"key-{rng.randrange(keys)}")
                 latencies.append((time.perf_counter() - t0) * 1000)
@@ -202,7 +202,7 @@ def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: in
         latencies: list[float] = []
         done = threading.Event()
 
-        def consume(topic: str = topic, latencies: list[float] = latencies) -> None:
+        def consume(topic: str = topic, latencies: list[float] = latencies, done: threading.Event = done) -> None:
             with engine.client(timeout_ms=30_000) as consumer:
                 offset = 0
                 while len(latencies) < count:
@@ -281,7 +281,8 @@ def actor_memory(engine: EngineProcess) -> None:
         memory = psutil.Process(pid).memory_info()
         RESULTS[f"memory {name}"] = {"median": (memory.rss - memory.shared) / MiB, "min": memory.rss / MiB,
                                      "max": memory.rss / MiB, "unit": "MiB private (rss in min/max)", "runs": 1}
-        print(f"memory {name:<12} private {(memory.rss - memory.shared) / MiB:6.1f} MiB, rss {memory.rss / MiB:6.1f} MiB")
+        print(f"memory {name:<12} private {(memory.rss - memory.shared) / MiB:6.1f} MiB, "
+              f"rss {memory.rss / MiB:6.1f} MiB")
 
 
 # -- recovery scan -------------------------------------------------------------------------------
@@ -407,7 +408,10 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, help="where stores go (default: a temporary directory)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
-    want = (lambda part: not only or part in only)
+
+    def want(part: str) -> bool:
+        return not only or part in only
+
     scale = 0.25 if args.quick else 1.0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

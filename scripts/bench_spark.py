@@ -41,10 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import KiB, MiB, StoreConfig  # noqa: E402
-from engine.offline.inspect_store import detect_config  # noqa: E402
-from engine.store.commit_log import CommitLogReader, Damage  # noqa: E402
-from supervisor.launcher import EngineProcess  # noqa: E402
+from engine.config import KiB, MiB, StoreConfig
+from engine.offline.inspect_store import detect_config
+from engine.store.commit_log import CommitLogReader, Damage
+from supervisor.launcher import EngineProcess
 
 Measure = Callable[[], tuple[int, int]]  # -> (messages, stored bytes)
 
@@ -79,7 +79,7 @@ def engine_reader(store_dir: Path) -> Measure:
     return run
 
 
-def spark_scan(spark, store_dir: Path, **options: str) -> Measure:  # noqa: ANN001 - a SparkSession
+def spark_scan(spark, store_dir: Path, **options: str) -> Measure:  # spark: a SparkSession
     from pyspark.sql import functions as F
 
     def run() -> tuple[int, int]:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import StoreConfig  # noqa: E402
-from engine.offline.check import check_store  # noqa: E402
-from supervisor import wire_fuzz  # noqa: E402
-from supervisor.launcher import EngineProcess  # noqa: E402
+from engine.config import StoreConfig
+from engine.offline.check import check_store
+from supervisor import wire_fuzz
+from supervisor.launcher import EngineProcess
 
 
 def main() -> int:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.spark.jobs import export_parquet  # noqa: E402
-from engine.spark.session import build_session, stop_session  # noqa: E402
+from engine.spark.jobs import export_parquet
+from engine.spark.session import build_session, stop_session
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.config import StoreConfig  # noqa: E402
-from engine.spark.rebuild import install_rebuilt, rebuild_store  # noqa: E402
-from engine.spark.session import build_session, stop_session  # noqa: E402
+from engine.config import StoreConfig
+from engine.spark.rebuild import install_rebuilt, rebuild_store
+from engine.spark.session import build_session, stop_session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report.clean else 1
 
 
-def render(report) -> str:  # noqa: ANN001 - a RebuildReport
+def render(report) -> str:  # report: a RebuildReport
     lines = [f"{report.records} records, {report.damaged_ranges} damaged ranges, log end {report.log_end}",
              f"{report.queues} queues and {report.index_files} index files ({report.index_items} items) "
              f"rebuilt in {report.output_dir}",

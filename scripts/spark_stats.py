@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.spark.jobs import queue_statistics, topic_statistics  # noqa: E402
-from engine.spark.session import build_session, stop_session  # noqa: E402
+from engine.spark.jobs import queue_statistics, topic_statistics
+from engine.spark.session import build_session, stop_session
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,7 +152,8 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     try:
-        pid = int(supervisor_state(args.store_dir)["pid"])  # type: ignore[arg-type]
+        pid = supervisor_state(args.store_dir)["pid"]
+        assert isinstance(pid, int), pid  # written as os.getpid()
         control(args.store_dir, StopCommand())
     except NotRunning as exc:
         print(exc, file=sys.stderr)

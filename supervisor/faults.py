@@ -35,7 +35,9 @@ ROLES = ("writer", "flusher", "owner", "index", "reput", "front", "supervisor")
 def actor_pids(store_dir: Path) -> dict[str, int]:
     """Actor name -> pid (and ``supervisor``) of the engine running on ``store_dir``."""
     pids = {a.name: a.pid for a in control(store_dir, StatusQuery()).actors if a.pid}
-    pids["supervisor"] = int(endpoints.read_engine_state(store_dir)["pid"])  # type: ignore[arg-type]
+    pid = endpoints.read_engine_state(store_dir)["pid"]
+    assert isinstance(pid, int), pid  # written as os.getpid()
+    pids["supervisor"] = pid
     return pids
 
 

@@ -64,7 +64,7 @@ def _deep(depth: int) -> bytes:
 def bad_names(rng: random.Random, seed: int) -> list[str]:
     return [f"../../{ESCAPE_MARK}-{seed}", f"/tmp/{ESCAPE_MARK}-{seed}", f"..\\{ESCAPE_MARK}", "..", ".",
             "name\n", "name\r\n", "\nname", "na\x00me", "тема", "name٣", "x" * rng.randint(128, 300), "",
-            "a b", "a/b", "TBW102", "rmq_sys_x", "%RETRY%g", "%DLQ%g", "😀", "ｎａｍｅ", "a\tb"]
+            "a b", "a/b", "TBW102", "rmq_sys_x", "%RETRY%g", "%DLQ%g", "😀", "ｎａｍｅ", "a\tb"]  # noqa: RUF001 - fullwidth on purpose
 
 
 def _wrong_values(rng: random.Random) -> list[Any]:
@@ -77,7 +77,7 @@ def _valid(op: str, rng: random.Random, request_id: int, topic: str) -> dict[str
     """A plausible request of ``op`` on a fuzz topic (never the known one)."""
     fields: dict[str, Any] = {"v": PROTOCOL_VERSION, "op": op, "id": request_id}
     body = {"body": rng.randbytes(rng.randint(1, 64)), "keys": [f"k{rng.randint(0, 9)}"], "tags": "t"}
-    extra = {
+    extras: dict[str, dict[str, Any]] = {
         "send": {"topic": topic, "messages": [body]},
         "pull": {"topic": topic, "queue_id": rng.randint(0, 3), "offset": rng.randint(0, 5), "max_wait_ms": 0},
         "query_by_key": {"topic": topic, "key": "k1"},
@@ -90,8 +90,8 @@ def _valid(op: str, rng: random.Random, request_id: int, topic: str) -> dict[str
         "offset_for_time": {"topic": topic, "queue_id": 0, "timestamp": rng.randint(0, 1 << 41)},
         "get_by_offset": {"commit_log_offset": rng.randint(0, 1 << 20)},
         "delete_topic": {"topic": topic},
-    }.get(op, {})
-    fields.update(extra)
+    }
+    fields.update(extras.get(op, {}))
     return fields
 
 
@@ -163,6 +163,7 @@ def cases(rng: random.Random, count: int, config: StoreConfig, seed: int) -> Ite
 def _oversized_content(rng: random.Random, config: StoreConfig, request_id: int, topic: str) -> Case:
     """A body or properties past their limits, in a frame that still fits (an error reply, not a drop)."""
     choice = rng.choice(["body", "properties", "keys", "batch"])
+    message: dict[str, Any]
     if choice == "body":
         message = {"body": b"b" * (config.message_body_bytes_max + 1)}
     elif choice == "properties":
@@ -211,7 +212,7 @@ class FuzzReport:
 
 
 def _dealer(endpoint: str, *, linger_ms: int = 0) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
@@ -252,7 +253,7 @@ def _await(sock: zmq.Socket, report: FuzzReport, case: Case, request_id: int, ti
             report.violations.append(f"{case.kind}: no reply within {timeout_s:.0f} s: {case.frames[0][:120].hex()}")
             return
         got = _judge(report, case, sock.recv())
-        if request_id == 0 or got == request_id:
+        if request_id in (0, got):
             return
         report.violations.append(f"{case.kind}: a reply with id {got} while waiting for {request_id}")
 

@@ -323,10 +323,10 @@ def verify(producers: list[Producer], read: dict[tuple[str, int], QueueRead]) ->
             seen[message_id] = 1
             if message["queue_offset"] != expected_offset and not queue.holes:
                 verdict.order_violations.append(f"{where}: expected offset {expected_offset}")
-            producer, seq = message_id
-            if last_seq.get(producer, -1) >= seq:
-                verdict.order_violations.append(f"{where}: {producer} seq {seq} after {last_seq[producer]}")
-            last_seq[producer] = seq
+            producer_name, seq = message_id
+            if last_seq.get(producer_name, -1) >= seq:
+                verdict.order_violations.append(f"{where}: {producer_name} seq {seq} after {last_seq[producer_name]}")
+            last_seq[producer_name] = seq
             if message_id in acked and acked[message_id] != (topic, queue_id, message["queue_offset"]):
                 verdict.misplaced.append(f"{message_id} acked at {acked[message_id]}, read at {where}")
             if message_id not in acked:
@@ -421,7 +421,7 @@ class ProducerThread:
                 if self.batch_interval_s:  # a paced load (soak): wait for the next slot, or the stop
                     next_batch = max(next_batch + self.batch_interval_s, time.monotonic() - 1.0)
                     self._stop.wait(max(0.0, next_batch - time.monotonic()))
-        except BaseException as exc:  # noqa: BLE001 - reported to the test thread by wait_acked/stop
+        except BaseException as exc:  # reported to the test thread by wait_acked/stop
             self.failure = exc
             with self._progress:
                 self._progress.notify_all()

@@ -152,10 +152,7 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
 
 def _holds_bytes(mm: mmap.mmap, start: int, end: int) -> bool:
     """True if any byte of ``mm[start:end]`` is not zero (read 64 KiB at a time)."""
-    for at in range(start, end, 1 << 16):
-        if mm[at:min(end, at + (1 << 16))].strip(b"\x00"):
-            return True
-    return False
+    return any(mm[at:min(end, at + (1 << 16))].strip(b"\x00") for at in range(start, end, 1 << 16))
 
 
 class UnitCheck:

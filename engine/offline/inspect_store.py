@@ -71,7 +71,8 @@ def _records(store_dir: Path, config: StoreConfig, records_max: int,
         return [], []
     size = config.segment_size_bytes
     reader = CommitLogReader.for_config(store_dir, config)
-    records, damage = [], []
+    records: list[dict[str, Any]] = []
+    damage: list[dict[str, Any]] = []
     end = segments[-1][0] + size
     for item in reader.scan(segments[0][0], end, check_crc=True):
         if isinstance(item, Damage):

@@ -64,7 +64,7 @@ class KeyLookup:
         candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
                                       begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
         log_min = self.reader.min_offset()
-        messages = []
+        messages: list[dict] = []
         reply_bytes = 0
         for offset in candidates:  # newest first: a capped answer keeps the newest matches
             if not log_min <= offset < visible_end or self.deleted_topics.hides(request.topic, offset):

@@ -109,7 +109,8 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
     start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable)
     plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted)
     plan.min_offset = first
-    for (topic, queue_id), (nxt, end) in queues.items():
+    for (topic, queue_id), (queue_next, end) in queues.items():
+        nxt = queue_next
         if end > plan.end_offset:
             log.warning("queue %s/%d points past the recovered log end %d; counting only the units below it",
                         topic, queue_id, plan.end_offset)

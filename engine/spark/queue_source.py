@@ -17,7 +17,7 @@ query restarted from its checkpoint neither skips nor repeats a message.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -79,7 +79,7 @@ class QueuePartition(InputPartition):
         self.include_body = include_body
 
 
-def make_transport(options: dict[str, str], *, fail_on_data_loss: bool) -> Transport:
+def make_transport(options: Mapping[str, str], *, fail_on_data_loss: bool) -> Transport:
     path, endpoint = get_str(options, "path"), get_str(options, "endpoint")
     if (path is None) == (endpoint is None):
         raise OptionError(f"{SOURCE_NAME} needs exactly one of the options 'path' (a store directory, read as "
@@ -92,7 +92,7 @@ def make_transport(options: dict[str, str], *, fail_on_data_loss: bool) -> Trans
                              pull_batch=get_int(options, "pullBatchSize", default=256, minimum=1) or 256)
 
 
-def read_settings(options: dict[str, str], *, streaming: bool) -> ReadSettings:
+def read_settings(options: Mapping[str, str], *, streaming: bool) -> ReadSettings:
     topics = get_topics(options, required=True)
     starting = get_offsets(options, "startingOffsets", topics=topics, default=LATEST if streaming else EARLIEST)
     if not streaming and starting == LATEST:
@@ -165,7 +165,7 @@ class QueueBatchReader(DataSourceReader):
     """Pushed-down filters narrow the plan: ``topic`` and ``queue_id`` select queues, and
     ``store_timestamp`` bounds become offsets (store times only grow along a queue)."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.settings = read_settings(options, streaming=False)
         self.wanted = RecordFilter()
         self.ending = get_offsets(options, "endingOffsets", topics=self.settings.topics, default=LATEST)
@@ -208,7 +208,7 @@ def narrow(wanted: RecordFilter, transport: Transport, start: Offsets, end: Offs
 
 
 class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         self.settings = read_settings(options, streaming=True)
         self.max_per_trigger = get_int(options, "maxOffsetsPerTrigger", default=None, minimum=1)
         self.transport = make_transport(options, fail_on_data_loss=self.settings.fail_on_data_loss)

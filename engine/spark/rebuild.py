@@ -111,8 +111,11 @@ def _check_log(heads: DataFrame, store: Path, report: RebuildReport) -> None:
     records = heads.filter(F.col("kind") == RECORD)
     summary = records.agg(F.count("*").alias("n"), F.max("commit_log_offset").alias("last"),
                           F.max(F.col("commit_log_offset") + F.col("size")).alias("end")).first()
+    assert summary is not None  # a global aggregate has one row, even over no rows
     last_offset = summary["last"] if summary["n"] else -1
-    first_segment = heads.agg(F.min("segment")).first()[0]
+    first_row = heads.agg(F.min("segment")).first()
+    assert first_row is not None
+    first_segment = first_row[0]
     report.records = summary["n"]
     report.log_end = summary["end"] if summary["n"] else (first_segment or 0)
     damages = heads.filter(F.col("kind") == DAMAGE).orderBy("commit_log_offset").collect()

@@ -127,7 +127,7 @@ def first_difference(a: Path, b: Path, chunk_bytes: int = 1 << 20) -> int | None
         for _ in range(1 << 40):
             left, right = fa.read(chunk_bytes), fb.read(chunk_bytes)
             if left != right:
-                return position + next((i for i, (x, y) in enumerate(zip(left, right)) if x != y),
+                return position + next((i for i, (x, y) in enumerate(zip(left, right, strict=False)) if x != y),
                                        min(len(left), len(right)))
             if not left:
                 return None

@@ -57,15 +57,20 @@ class RecordFilter:
 
     def with_pushed(self, pushed: Filter) -> RecordFilter | None:
         """This filter narrowed by one pushed-down filter; None if it is not one we use."""
-        column = pushed.attribute[0] if len(pushed.attribute) == 1 else None
+        attribute: tuple[str, ...] = getattr(pushed, "attribute", ())  # Not (and other combinators) carry none
+        column = attribute[0] if len(attribute) == 1 else None
         if column == "topic":
             values = _values(pushed)
-            if values is not None and all(isinstance(v, str) for v in values):
-                return self.narrowed(topics=frozenset(values))
+            if values is not None:
+                topics = [v for v in values if isinstance(v, str)]
+                if len(topics) == len(values):
+                    return self.narrowed(topics=frozenset(topics))
         elif column == "queue_id":
             values = _values(pushed)
-            if values is not None and all(isinstance(v, int) for v in values):
-                return self.narrowed(queue_ids=frozenset(values))
+            if values is not None:
+                queue_ids = [v for v in values if isinstance(v, int)]
+                if len(queue_ids) == len(values):
+                    return self.narrowed(queue_ids=frozenset(queue_ids))
         elif column == "store_timestamp":
             value = getattr(pushed, "value", None)
             # Spark hands over aware datetimes; a naive one has an unknown zone and is left to Spark.
@@ -107,7 +112,7 @@ def _intersect(a: frozenset | None, b: frozenset | None) -> frozenset | None:
     return a if b is None else a & b
 
 
-def _pick(choose, a: int | None, b: int | None) -> int | None:  # noqa: ANN001 - max or min
+def _pick(choose, a: int | None, b: int | None) -> int | None:  # choose: max or min
     if a is None:
         return b
     return a if b is None else choose(a, b)

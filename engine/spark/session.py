@@ -42,7 +42,7 @@ def build_session(*, master: str = "local[*]", app_name: str = "rmq", driver_mem
 def stop_session(spark: SparkSession) -> None:
     """Stop ``spark`` and wait for its JVM to exit."""
     context = spark.sparkContext
-    gateway = context._gateway  # noqa: SLF001 - the only handle on the JVM PySpark launched
+    gateway = context._gateway  # the only handle on the JVM PySpark launched
     process = getattr(gateway, "proc", None)
     spark.stop()
     if gateway is not None:
@@ -51,5 +51,5 @@ def stop_session(spark: SparkSession) -> None:
         if process.stdin is not None:
             process.stdin.close()  # the launcher's JVM exits when its stdin closes
         process.wait(JVM_EXIT_TIMEOUT_S)
-    type(context)._gateway = None  # noqa: SLF001 - so that a new session starts a new JVM
-    type(context)._jvm = None  # noqa: SLF001
+    type(context)._gateway = None  # so that a new session starts a new JVM
+    type(context)._jvm = None

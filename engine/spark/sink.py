@@ -26,7 +26,7 @@ store a row twice: deduplicate downstream (by a key of your own) if needed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +84,7 @@ class SinkCommit(WriterCommitMessage):
     requests: int = 0
 
 
-def sink_settings(options: dict[str, str], schema: StructType, *, overwrite: bool) -> SinkSettings:
+def sink_settings(options: Mapping[str, str], schema: StructType, *, overwrite: bool) -> SinkSettings:
     if overwrite:
         raise OptionError("the rmq sink appends messages; it cannot overwrite a store. Use mode('append')")
     endpoint = get_str(options, "endpoint")
@@ -203,7 +203,7 @@ def _send(client: StoreClient, settings: SinkSettings, topic: str, queue_id: int
 
 
 class QueueWriter(DataSourceWriter):
-    def __init__(self, options: dict[str, str], schema: StructType, *, overwrite: bool) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, *, overwrite: bool) -> None:
         self.settings = sink_settings(options, schema, overwrite=overwrite)
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
@@ -211,11 +211,11 @@ class QueueWriter(DataSourceWriter):
 
 
 class QueueStreamWriter(DataSourceStreamWriter):
-    def __init__(self, options: dict[str, str], schema: StructType, *, overwrite: bool) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, *, overwrite: bool) -> None:
         self.settings = sink_settings(options, schema, overwrite=False)
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
         return write_rows(self.settings, iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 - Spark's name
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # batchId: Spark's name
         """Nothing to do: every message of the batch was acknowledged before its task ended."""

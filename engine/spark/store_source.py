@@ -28,7 +28,7 @@ Filters on ``topic``, ``queue_id`` and ``store_timestamp`` are pushed down
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -84,7 +84,7 @@ class StoreDataSource(DataSource):
 
 
 class StoreReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         check_known(options, KNOWN_OPTIONS, SOURCE_NAME)
         path = get_str(options, "path")
         if path is None:

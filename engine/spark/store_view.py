@@ -112,9 +112,9 @@ def take_snapshot(path: str | os.PathLike[str], config: StoreConfig | None = Non
     flushed, dispatched = _checkpoint_offsets(store_dir)
     ours = bool(flushed or dispatched)  # our checkpoint extension is there
     if (store_dir / ABORT_FILE).exists():
-        read_end = flushed if flushed else None
+        crashed_end = flushed if flushed else None
         return StoreSnapshot(str(store_dir), CRASHED, sized.segment_size_bytes, sized.consume_queue_file_units,
-                             read_end, min(dispatched, flushed), deletion_offsets, ours=ours)
+                             crashed_end, min(dispatched, flushed), deletion_offsets, ours=ours)
     return StoreSnapshot(str(store_dir), STOPPED, sized.segment_size_bytes, sized.consume_queue_file_units,
                          None, EVERYTHING if ours else None, deletion_offsets, ours=ours)
 

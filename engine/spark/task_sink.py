@@ -51,7 +51,7 @@ def decode_plan(text: str) -> IndexPlan:
 
 def read_results(path: str) -> list[ResultRow]:
     with open(path) as f:
-        return [tuple(row) for row in json.load(f)]  # type: ignore[misc]
+        return [tuple(row) for row in json.load(f)]
 
 
 @dataclass

@@ -71,7 +71,7 @@ class CheckpointError(ValueError):
 def decode_checkpoint(data: bytes) -> Checkpoint:
     if len(data) != CHECKPOINT_FILE_BYTES:
         raise CheckpointError(f"checkpoint is {len(data)} bytes, expected {CHECKPOINT_FILE_BYTES}")
-    fields = CHECKPOINT.unpack_from(data, 0)
+    fields: tuple[int, int, int, int, int] = CHECKPOINT.unpack_from(data, 0)
     magic, version, flushed, dispatched, _reserved = CHECKPOINT_EXT.unpack_from(data, CHECKPOINT_EXT_POSITION)
     if magic != CHECKPOINT_EXT_MAGIC:
         if any(data[CHECKPOINT_EXT_POSITION:]):

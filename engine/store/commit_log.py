@@ -80,7 +80,7 @@ class CommitLogReader:
         if self._require_record_crc is None:
             first = self.segments.first_offset()
             segment = self.segments.get(first) if first is not None else None
-            if segment is None:
+            if first is None or segment is None:
                 return False  # nothing written yet: decide when there is
             try:
                 record = decode_record(segment.mm, 0, limit=segment.size_bytes, base_offset=first, check_crc=False)

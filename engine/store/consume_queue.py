@@ -55,7 +55,7 @@ def queue_dir(store_dir: Path, topic: str, queue_id: int) -> Path:
 def list_queues(store_dir: Path) -> list[tuple[str, int]]:
     """Every (topic, queue_id) that has a ConsumeQueue directory."""
     root = store_dir / CONSUME_QUEUE_DIR
-    found = []
+    found: list[tuple[str, int]] = []
     if not root.is_dir():
         return found
     for topic_entry in os.scandir(root):

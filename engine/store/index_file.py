@@ -159,7 +159,8 @@ class IndexService:
         for name in names:
             if name not in self.headers or name in names[-2:]:  # the newest two may still have grown
                 with open(self.directory / name, "rb") as f:
-                    begin_ts, end_ts, begin_phy, end_phy, _slots, _count = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
+                    header = INDEX_HEADER.unpack(f.read(INDEX_HEADER.size))
+                begin_ts, end_ts, begin_phy, end_phy, _slots, _count = header
                 self.headers[name] = (begin_ts, end_ts, begin_phy, end_phy)
         for index in self.mapped.values():  # a reader answers only what a header counts
             index.reload_header()

@@ -11,10 +11,15 @@ Nothing here does I/O: these are pure encoders and decoders over buffers
 from __future__ import annotations
 
 import functools
+import mmap
 import socket
 import struct
 import zlib
 from typing import NamedTuple
+
+# The buffers the decoders read and the encoders write (the docstring's list).
+ReadBuffer = bytes | bytearray | memoryview | mmap.mmap
+WriteBuffer = bytearray | memoryview | mmap.mmap
 
 # --------------------------------------------------------------------------
 # CommitLog record (S/MessageExtEncoder.java, S/CommitLog.java)
@@ -175,7 +180,7 @@ def encoded_size(fields: RecordFields, *, with_record_crc: bool) -> int:
                        properties_bytes=len(fields.properties) + extra)
 
 
-def encode_record_into(buf: bytearray | memoryview, pos: int, fields: RecordFields, *,
+def encode_record_into(buf: WriteBuffer, pos: int, fields: RecordFields, *,
                        queue_offset: int, commit_log_offset: int, store_timestamp_ms: int,
                        store_host: HostAddress, with_record_crc: bool) -> int:
     """Write one complete record at ``buf[pos:]`` and return its TOTALSIZE."""
@@ -221,7 +226,7 @@ def encode_record(fields: RecordFields, *, queue_offset: int, commit_log_offset:
     return bytes(buf)
 
 
-def encode_blank(buf: bytearray | memoryview, pos: int, remaining: int) -> None:
+def encode_blank(buf: WriteBuffer, pos: int, remaining: int) -> None:
     """The end-of-file marker: [TOTALSIZE = remaining][BLANK magic] (doAppend END_OF_FILE)."""
     assert remaining >= END_FILE_MIN_BLANK_BYTES
     TOTAL_SIZE_AND_MAGIC.pack_into(buf, pos, remaining, MAGIC_BLANK)
@@ -291,7 +296,7 @@ class _Layout(NamedTuple):
     props_len: int
 
 
-def _layout(buf: bytes | bytearray | memoryview, pos: int, limit: int, here: int) -> _Layout:
+def _layout(buf: ReadBuffer, pos: int, limit: int, here: int) -> _Layout:
     """Check every length and fixed field of the record at ``pos``; RecordError if any is wrong."""
     if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
         raise RecordError("truncated header", here)
@@ -342,7 +347,7 @@ def _topic(view: memoryview, parts: _Layout, here: int) -> str:
         raise RecordError("topic is not UTF-8", here) from None
 
 
-def decode_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int,
+def decode_record(buf: ReadBuffer, pos: int, *, limit: int,
                   base_offset: int = 0, check_crc: bool = True, require_record_crc: bool = False) -> Record:
     """Decode and verify the record at ``buf[pos:]``; ``limit`` bounds what may be read.
 
@@ -377,7 +382,7 @@ class RecordHead(NamedTuple):
     topic: str
 
 
-def verify_record(buf: bytes | bytearray | memoryview, pos: int, *, limit: int, base_offset: int = 0,
+def verify_record(buf: ReadBuffer, pos: int, *, limit: int, base_offset: int = 0,
                   require_record_crc: bool = False) -> RecordHead:
     """Check one record as ``decode_record`` does, but return only its head (no properties)."""
     here = base_offset + pos
@@ -407,7 +412,7 @@ def _check_record_crc(view: memoryview, pos: int, size: int, props_raw: memoryvi
     return True
 
 
-def peek_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+def peek_size_and_magic(buf: ReadBuffer, pos: int) -> tuple[int, int]:
     """TOTALSIZE and MAGICCODE at ``pos`` without any check."""
     return TOTAL_SIZE_AND_MAGIC.unpack_from(buf, pos)
 

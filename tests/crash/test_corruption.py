@@ -80,7 +80,7 @@ def write_log(directory: Path, count: int) -> list[tuple[int, int]]:
                              with_record_crc=True)
     positions = []
     for i in range(count):
-        fields = RecordFields(b"torn", 0, b"body-%d" % i * 7, encode_properties({"KEYS": f"k{i}"}), 0, 1, 
+        fields = RecordFields(b"torn", 0, b"body-%d" % i * 7, encode_properties({"KEYS": f"k{i}"}), 0, 1,
                               HostAddress.parse("10.0.0.1", 1))
         positions += writer.append([fields], first_queue_offset=i, store_timestamp_ms=1000 + i).positions
     writer.close()
@@ -178,7 +178,7 @@ def test_bit_flips_in_queue_units_are_never_served_and_units_are_rebuilt(store_d
         count = cq.max_offset
         files = list_files(cq.files.directory)
         cq.close()
-        for queue_offset in rng.sample(range(count), 6) + [count - 1]:
+        for queue_offset in [*rng.sample(range(count), 6), count - 1]:
             byte = queue_offset * CQ_UNIT_BYTES
             start, path = [(s, p) for s, p in files if s <= byte][-1]
             flip_bit(path, byte - start + rng.randrange(CQ_UNIT_BYTES), rng.randrange(8))

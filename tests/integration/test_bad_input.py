@@ -222,7 +222,7 @@ def test_an_overloaded_writer_answers_busy_and_stores_nothing_it_refused(tmp_pat
         sock.connect(busy_engine.endpoint)
         batch = [{"body": b"b" * 1000, "keys": [f"k{i}"]} for i in range(200)]
         try:
-            for n in range(100):  # all at once: the later ones wait in the writer's queue
+            for _ in range(100):  # all at once: the later ones wait in the writer's queue
                 sock.send(encode(op="send", topic="busy", queue_id=0, messages=batch))
             replies = []
             while len(replies) < 100:

@@ -32,7 +32,7 @@ if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyar
     # A clear message instead of a skip: CI must run these tests.
     raise ImportError("tests/spark need the spark extra: pip install -e '.[spark]'")
 
-from engine.config import KiB, StoreConfig  # noqa: E402 - after the check above
+from engine.config import KiB, StoreConfig  # after the check above
 from engine.spark.session import build_session, stop_session
 from supervisor.launcher import EngineProcess
 from tests.spark.dataset import DATASET_TOPICS, Sent, send_dataset

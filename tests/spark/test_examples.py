@@ -28,14 +28,14 @@ def test_the_batch_and_streaming_examples_work_as_written(spark, live: Store, tm
     batch = example("batch").replace('"store"', repr(str(live.path)))
     assert len(batch.strip().splitlines()) == 5
     namespace: dict[str, object] = {}
-    exec(compile(batch, "docs/spark.md: batch", "exec"), namespace)  # noqa: S102 - the documented example
+    exec(compile(batch, "docs/spark.md: batch", "exec"), namespace)  # the documented example
     assert namespace["orders"].count() == live.sent.count("orders")
 
     stream = example("stream").replace('"tcp://127.0.0.1:10911"', repr(live.endpoint))
     for name in ("orders-parquet", "orders-checkpoint"):
         stream = stream.replace(f'"{name}"', repr(str(tmp_path / name)))
     stream = stream.replace("query.awaitTermination()", "query.processAllAvailable(); query.stop()")
-    exec(compile(stream, "docs/spark.md: stream", "exec"), namespace)  # noqa: S102
+    exec(compile(stream, "docs/spark.md: stream", "exec"), namespace)
     written = spark.read.parquet(str(tmp_path / "orders-parquet"))
     assert written.count() == live.sent.count("orders")
     assert written.columns == ["queue_id", "queue_offset", "text"]

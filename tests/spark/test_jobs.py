@@ -25,7 +25,7 @@ def test_an_export_to_parquet_holds_every_message_partitioned_by_topic_and_date(
     assert rows_by_position(exported.select(*live_columns(spark, live)).collect()) == pulled
 
 
-def live_columns(spark, live: Store) -> list[str]:  # noqa: ANN001 - a SparkSession
+def live_columns(spark, live: Store) -> list[str]:  # spark: a SparkSession
     return spark.read.format("rmq_store").load(str(live.path)).columns
 
 

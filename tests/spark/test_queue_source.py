@@ -18,7 +18,7 @@ from tests.spark.dataset import DATASET_TOPICS, Sent, pull_all, pull_topics, row
 pytestmark = pytest.mark.timeout(180)
 
 
-def queue_reader(spark, **options: str):  # noqa: ANN001, ANN201 - a SparkSession, a DataFrameReader
+def queue_reader(spark, **options: str):  # spark: a SparkSession; returns a DataFrameReader
     reader = spark.read.format("rmq")
     for name, value in options.items():
         reader = reader.option(name, value)
@@ -104,7 +104,7 @@ def test_a_stream_over_the_endpoint_picks_up_new_messages_and_resumes_without_lo
             send_batches(client, rng, "stream-e", count, sent, queue_count=3, first=first)
             wait_dispatched(client)  # the queues have the units: the next trigger sees them
 
-        def start():  # noqa: ANN202 - a StreamingQuery
+        def start():  # returns a StreamingQuery
             stream = (spark.readStream.format("rmq").option("endpoint", live.endpoint).option("topics", "stream-e")
                       .option("startingOffsets", "earliest").load())
             return (stream.writeStream.format("parquet").option("path", str(tmp_path / "out"))
@@ -134,7 +134,7 @@ def test_a_stream_over_the_endpoint_picks_up_new_messages_and_resumes_without_lo
     assert {k: m["body"] for k, m in rows_by_position(rows).items()} == {k: m["body"] for k, m in pulled.items()}
 
 
-def output_positions(spark, tmp_path: Path) -> list[tuple[str, int, int]]:  # noqa: ANN001 - a SparkSession
+def output_positions(spark, tmp_path: Path) -> list[tuple[str, int, int]]:  # spark: a SparkSession
     rows = spark.read.parquet(str(tmp_path / "out")).select("topic", "queue_id", "queue_offset").collect()
     return sorted((r[0], r[1], r[2]) for r in rows)
 

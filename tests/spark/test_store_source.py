@@ -21,7 +21,7 @@ from tests.spark.dataset import DATASET_TOPICS, Sent, pull_topics, rows_by_posit
 pytestmark = pytest.mark.timeout(180)
 
 
-def read_store(spark, path: Path, **options: str):  # noqa: ANN001, ANN201 - a SparkSession, a DataFrame
+def read_store(spark, path: Path, **options: str):  # spark: a SparkSession; returns a DataFrame
     reader = spark.read.format("rmq_store")
     for name, value in options.items():
         reader = reader.option(name, value)

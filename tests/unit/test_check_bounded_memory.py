@@ -38,7 +38,7 @@ QUEUES = [("big", 0), ("big", 1), ("other", 0)]
 def build_store(store_dir: Path, config: StoreConfig, log_bytes: int) -> int:
     """Append records of 1 KiB bodies with keys until the log holds ``log_bytes``; how many."""
     writer = CommitLogWriter(store_dir, config.segment_size_bytes, store_host=HOST, with_record_crc=True)
-    next_offsets = {q: 0 for q in QUEUES}
+    next_offsets = dict.fromkeys(QUEUES, 0)
     count = 0
     try:
         while writer.written_offset < log_bytes:

@@ -324,7 +324,7 @@ def test_limit_in_the_middle_of_records():
     rng = random.Random(7)
     seg, starts = build_segment(rng, 8 * 1024, batches=5, fill=0.5)
     end = starts[-1] + struct.unpack_from(">i", seg, starts[-1])[0]
-    for limit in range(0, end + 2):
+    for limit in range(end + 2):
         same_scan(seg, 0, limit)
     for start in starts:
         for limit in range(start, min(end, start + 700)):
@@ -343,7 +343,7 @@ def test_max_records_and_owner_counts():
 
 def test_wrong_base_offset_is_damage():
     rng = random.Random(9)
-    seg, starts = build_segment(rng, 8 * 1024, batches=2)
+    seg, _starts = build_segment(rng, 8 * 1024, batches=2)
     for base in (0, BASE + 1, BASE - 20, 2 ** 63 - 10, 2 ** 64, -2 ** 70):
         assert same_scan(seg, 0, len(seg), base=base)[4] == py.SCAN_DAMAGE
         same_views(seg, 0, len(seg), base=base)
@@ -395,7 +395,7 @@ def test_flipped_bytes_in_a_small_record():
 def test_record_crc_property_damage_heuristics():
     """A damaged __CRC32# name (two bytes at most), malformed digits, a missing property."""
     seg_py, seg_c = bytearray(1024), bytearray(1024)
-    offsets, end = encode_both(seg_py, seg_c, 0, BASE, b"TopicC", 0, 0, T0, STORE_HOST, BORN_HOST, True,
+    _offsets, end = encode_both(seg_py, seg_c, 0, BASE, b"TopicC", 0, 0, T0, STORE_HOST, BORN_HOST, True,
                                [(b"body", b"KEYS\x01k\x02", 0, T0)])
     tail = end - 20
     variants = []
@@ -681,9 +681,9 @@ def test_pull_run_random_queues_agree():
         for _ in range(20):
             start = rng.randint(0, n) if rng.random() < 0.1 else rng.randint(0, max(n - 1, 0))
             count = min(n - start, rng.choice([n - start, n - start, n - start, rng.randint(0, n - start), 1]))
-            args = dict(seg=seg, seg_start=seg_start, visible_end=seg_start + len(seg), log_min=0,
-                        topic=topic.decode(), queue_id=queue_id, queue_offset=first + start, max_bytes=1 << 40,
-                        taken=0, require=False)
+            args = {"seg": seg, "seg_start": seg_start, "visible_end": seg_start + len(seg), "log_min": 0,
+                    "topic": topic.decode(), "queue_id": queue_id, "queue_offset": first + start,
+                    "max_bytes": 1 << 40, "taken": 0, "require": False}
             change = rng.choice(["none"] * 8 + ["visible_end", "log_min", "segment", "seg_start", "identity",
                                                 "max_bytes", "max_bytes", "require"])
             if change == "visible_end" and ends:
@@ -705,7 +705,7 @@ def test_pull_run_random_queues_agree():
             elif change == "require":
                 args["require"] = True
             a = args
-            maps, got_count, got_taken = same_pull(blob, len(prefix) + start * 20, count, a["seg"], a["seg_start"],
+            maps, got_count, _got_taken = same_pull(blob, len(prefix) + start * 20, count, a["seg"], a["seg_start"],
                                                    a["visible_end"], a["log_min"], a["topic"], a["queue_id"],
                                                    a["queue_offset"], a["max_bytes"], a["taken"], a["require"])
             if got_count:
@@ -808,7 +808,7 @@ def test_pull_run_large_fields_and_buffers():
         mm_units[:] = units
         for seg, unit_buf in ((seg_c, units), (bytes(seg_c), memoryview(units)), (mm, mm_units),
                               (memoryview(seg_c), bytearray(units))):
-            maps, count, taken = same_pull(unit_buf, 0, 3, seg, 0, end, 0, "L" * 300, 9, 2 ** 33, 1 << 30, 0, True)
+            maps, count, _taken = same_pull(unit_buf, 0, 3, seg, 0, end, 0, "L" * 300, 9, 2 ** 33, 1 << 30, 0, True)
             assert count == 3
             assert decoded_run(maps, count) == expected_views(units, 3, seg_c, 0, end, True)
 

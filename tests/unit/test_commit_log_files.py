@@ -394,7 +394,7 @@ def test_the_next_segment_is_preallocated_in_the_background_and_a_roll_uses_it(t
     assert (segment_dir / f"{SEG:020d}").stat().st_size == SEG
     writer.close()
     reader = CommitLogReader(tmp_path, SEG)
-    records = [item for item in reader.scan(0, writer.written_offset, check_crc=True)]
+    records = list(reader.scan(0, writer.written_offset, check_crc=True))
     assert all(not isinstance(item, Damage) for item in records)
     assert [r.queue_offset for r in records] == list(range(queue_offset))
     reader.segments.close()

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import codec_py as py
 from engine.config import StoreConfig
 from engine.offline.check import check_index_file
 from engine.store.commit_log import CommitLogReader

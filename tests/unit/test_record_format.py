@@ -315,7 +315,7 @@ def test_structural_errors_raise():
 def test_properties_encode_decode():
     assert encode_properties({}) == b""
     assert encode_properties({"a": "b"}) == b"a\x01b\x02"
-    assert encode_properties({"k": "日本"}) == b"k\x01" + "日本".encode("utf-8") + b"\x02"
+    assert encode_properties({"k": "日本"}) == b"k\x01" + "日本".encode() + b"\x02"
     assert decode_properties(PROPS) == PROPS_DICT
     assert decode_properties(b"a\x01b\x02") == {"a": "b"}
     # a last entry without a trailing separator is still parsed
