@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: start test setup system-tools clients bench clean
+.PHONY: start test lint setup system-tools clients bench clean
 
 # The install also compiles engine/_codec.c (the hot loops) when gcc and zlib's headers are there;
 # without them the engine runs on the Python codec, slower.
@@ -41,7 +41,12 @@ clients:
 	@command -v npm >/dev/null || { echo "the Node client needs node and npm (Node 18 or later)"; exit 1; }
 	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
-test: $(TEST_STAMP) system-tools clients
+# Lint and types are part of the tests: ruff's rules and mypy's settings are in pyproject.toml.
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check engine supervisor tests scripts
+	$(PY) -m mypy engine supervisor
+
+test: $(TEST_STAMP) system-tools clients lint
 	@$(PY) -c 'import engine.codec as c; assert c.COMPILED, "engine/_codec.c did not build: gcc and zlib1g-dev needed"'
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.simulation import Plan, simulate  # noqa: E402 - after the path of a source checkout
+from engine.simulation import Plan, simulate
 
 
 def main() -> int:

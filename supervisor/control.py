@@ -31,7 +31,7 @@ def supervisor_state(store_dir: Path) -> dict[str, object]:
 def control(store_dir: Path, request: ControlRequest, *, timeout_ms: int = 5000) -> ControlReply:
     """Send one control request (``StatusQuery``, ``StopCommand``, ``KillCommand``) and wait for the reply."""
     supervisor_state(store_dir)
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     sock = endpoints.configure(ctx.socket(zmq.DEALER), hwm=16)
     try:
         sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_CONTROL))

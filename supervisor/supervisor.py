@@ -128,8 +128,8 @@ class Supervisor:
         self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)
         self.events = self._bind(zmq.PUB, endpoints.SUPERVISOR_EVENTS)
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
-        (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps({"pid": os.getpid(), "endpoint": self.config.endpoint,
-                                                           "store_dir": str(self.store_dir)}))
+        state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir)}
+        (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
         for actor in self.actors.values():
             self._spawn(actor)
             self._await_running(actor)
@@ -229,7 +229,7 @@ class Supervisor:
                 continue
             try:
                 request = control_request_decoder.decode(raw)
-            except Exception as exc:  # noqa: BLE001 - any undecodable control frame gets an error reply
+            except Exception as exc:
                 reply = ControlReply(ok=False, message=f"bad control request: {exc}")
             else:
                 reply = self.control_command(request)

@@ -38,7 +38,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from engine.actors.effects import Effects, Exit, Forward, Send
-from engine.actors.file_syncer import FileSyncer
+from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveServer
@@ -74,7 +74,7 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-SyncerFactory = Callable[[str, Callable[[int], None]], FileSyncer]
+SyncerFactory = Callable[[str, Callable[[int], None]], Syncer]
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from engine.ipc.protocol import (
     safe_request_id,
 )
 from engine.services.long_poll import LongPolls, ParkedPull
-from engine.services.pull import Subscription, pull
+from engine.services.pull import PullResult, Subscription, pull
 from engine.services.queue_queries import offset_for_time, queue_stats
 from engine.services.restart_points import QueueTail, owner_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
@@ -337,16 +337,20 @@ class ConsumeQueueOwnerActor(Actor):
              deadline_ms: int | None = None) -> bytes | None:
         """Serve a pull; None when it was parked to wait for a new message (long polling)."""
         cq = self.queue(request.topic, request.queue_id, create=False)
-        limits = {"offset": request.offset, "visible_end": self.visible_end,
-                  "subscription": self.subscription(request.subscription),
-                  "written_end": self.slots.get(CONFIRMED),
-                  "max_messages": min(request.max_messages, self.config.pull_message_count_max),
-                  "max_bytes": min(request.max_bytes, self.config.pull_bytes_max)}
-        result = pull(cq, self.reader, **limits)
+        subscription = self.subscription(request.subscription)
+        visible_end, written_end = self.visible_end, self.slots.get(CONFIRMED)
+        max_messages = min(request.max_messages, self.config.pull_message_count_max)
+        max_bytes = min(request.max_bytes, self.config.pull_bytes_max)
+
+        def pull_now() -> PullResult:
+            return pull(cq, self.reader, offset=request.offset, visible_end=visible_end, subscription=subscription,
+                        written_end=written_end, max_messages=max_messages, max_bytes=max_bytes)
+
+        result = pull_now()
         suspect = (request.topic, request.queue_id, result.suspect_offset)
         if result.suspect_offset >= 0 and cq is not None and suspect not in self.unhealable:
             if self.heal(cq, result.suspect_offset):
-                result = pull(cq, self.reader, **limits)
+                result = pull_now()
             else:
                 self.unhealable.add(suspect)  # a damaged record, not a unit: do not rescan on every pull
         if result.suspect_offset >= 0 and not result.message_count:

@@ -15,10 +15,20 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from engine.store import sync
 
 log = logging.getLogger(__name__)
+
+
+class Syncer(Protocol):
+    """What an actor asks of its flush thread (the simulation gives it one without a thread)."""
+
+    def mark(self, path: Path) -> None: ...
+    def request(self, durable_offset: int) -> None: ...
+    def flush_now(self, durable_offset: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class FileSyncer:

@@ -99,9 +99,10 @@ class FrontActor(Actor):
     def ports(self) -> list[Port]:
         cfg = self.config
 
-        def backend(name: str, endpoint: str, **options: object) -> Port:
+        def backend(name: str, endpoint: str, *, hwm: int | None = None, monitor: bool = False) -> Port:
             # IMMEDIATE: refuse, rather than queue for, an actor that is down; find a restarted one in ~10 ms.
-            return Port(name, DEALER, endpoint, bind=False, immediate=True, reconnect_ivl_ms=10, **options)
+            return Port(name, DEALER, endpoint, bind=False, immediate=True, reconnect_ivl_ms=10, hwm=hwm,
+                        monitor=monitor)
 
         return [Port("clients", ROUTER, cfg.endpoint, bind=True, max_message_bytes=cfg.client_frame_bytes_max,
                      curve=cfg.curve_enabled),
@@ -252,8 +253,9 @@ class FrontActor(Actor):
         config = self.topics.get(topic)
         assert config is not None
         if not 0 <= queue_id < config.read_queue_nums:
-            raise RequestError(ErrorCode.QUEUE_NOT_FOUND, f"topic {topic!r} has queues 0..{config.read_queue_nums - 1}; "
-                                                          f"there is no queue {queue_id}")
+            last = config.read_queue_nums - 1
+            raise RequestError(ErrorCode.QUEUE_NOT_FOUND,
+                               f"topic {topic!r} has queues 0..{last}; there is no queue {queue_id}")
         return queue_id
 
     def auto_create(self, envelope: Envelope) -> bool:

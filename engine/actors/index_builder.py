@@ -10,9 +10,8 @@ Recovery: the newest file's half-added item (if a kill left one) is unlinked;
 then records from ``max(checkpoint dispatched offset, end_phy_offset)`` are
 indexed again from the log. After an unclean stop (a power cut may have lost
 or torn items, or left items pointing at records the log lost) the newest
-files are deleted instead and indexed again (``IndexService.drop_unsynced``) (``IndexService.build`` skips what is below the
-newest file's ``end_phy_offset``; a record indexed twice is harmless, as
-queries return each offset once).
+files are deleted instead and indexed again (``IndexService.drop_unsynced``).
+A record indexed twice is harmless, as queries return each offset once.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import logging
 from engine import codec
 from engine.actors.base import PUB, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
+from engine.codec_py import DispatchTuple
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, encoder
 from engine.services.restart_points import reput_restart
@@ -125,7 +126,7 @@ class ReputDispatcherActor(Actor):
             owners, index, count, pos, stop = codec.scan_dispatch(segment.mm, offset - base, limit, base, room,
                                                                   self.owner_count)
             for mine, found in zip(per_owner, owners, strict=True):
-                mine += found
+                mine.extend(found)
             for_index += index
             room -= count
             offset = base + pos
@@ -148,11 +149,11 @@ class ReputDispatcherActor(Actor):
     def route(self, record, per_owner: list[list], for_index: list) -> None:
         keys = record.keys
         uniq = record.uniq_key
-        entry = (record.topic, record.queue_id, record.queue_offset, record.commit_log_offset, record.total_size,
-                 codec.tags_code(record.tags), record.store_timestamp_ms, [])
+        entry: DispatchTuple = (record.topic, record.queue_id, record.queue_offset, record.commit_log_offset,
+                                record.total_size, codec.tags_code(record.tags), record.store_timestamp_ms, [])
         per_owner[codec.owner_index(record.topic, record.queue_id, self.owner_count)].append(entry)
         if keys or uniq:
-            for_index.append(entry[:7] + ([uniq, *keys] if uniq else keys,))
+            for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
 
     def publish(self, out: Effects, end: int, per_owner: list[list], for_index: list, *, tick: bool = False) -> None:
         """Send each receiver what it has in the log up to ``end``; a receiver with nothing new

@@ -114,9 +114,11 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
     elif roll < 0.30:
         world.tick_one()
     elif roll < 0.36:
-        world.job_one() or world.tick_one()
+        if not world.job_one():
+            world.tick_one()
     elif roll < 0.40:
-        world.backlog_one() or world.tick_one()
+        if not world.backlog_one():
+            world.tick_one()
     elif not world.deliver(may_die=rng.random() < plan.kill_ratio * 5):
         world.tick_one()
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.actors.base import Actor, Env
+from engine.actors.base import Actor, Clock, Env
 from engine.actors.effects import Effects, Exit, Forward, Send
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
@@ -38,7 +38,7 @@ from supervisor.spec import ActorSpec, actor_specs
 DELIVERIES_PER_STEP_MAX = 8
 
 
-class SimClock:
+class SimClock(Clock):
     """Both clocks of the host, moved by the world only."""
 
     def __init__(self, wall_ms: int) -> None:

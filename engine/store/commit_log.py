@@ -28,6 +28,7 @@ from pathlib import Path
 
 from engine import codec
 from engine.config import StoreConfig
+from engine.store import sync
 from engine.store.layout import (
     CRC32_PROPERTY_PREFIX,
     CRC32_RESERVED_BYTES,
@@ -48,7 +49,6 @@ from engine.store.layout import (
     record_size,
     verify_record,
 )
-from engine.store import sync
 from engine.store.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
