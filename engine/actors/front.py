@@ -55,6 +55,8 @@ from engine.ipc.protocol import (
     CreateTopicRequest,
     Envelope,
     FetchOffsetRequest,
+    GetByIdRequest,
+    GetByOffsetRequest,
     decode_envelope,
     decode_request,
     encode_error,
@@ -186,13 +188,13 @@ class FrontActor(Actor):
             out.append(self.reply(client, flag, self.lookup.answer(raw, visible_end=visible_end,
                                                                    deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "get_by_id":
-            out.append(self.forward(self.owner_ports[self.owner_for_id(raw)], client, flag, GetById(), raw))
+            out.append(self.forward(self.owner_for_record(op, raw), client, flag, GetById(), raw))
         elif op == "queue_stats":
             out.append(self.forward(self.queue_owner(envelope), client, flag, QueueStats(), raw))
         elif op == "offset_for_time":
             out.append(self.forward(self.queue_owner(envelope), client, flag, OffsetForTime(), raw))
         elif op == "get_by_offset":
-            out.append(self.forward(self.owner_ports[0], client, flag, GetByOffset(), raw))
+            out.append(self.forward(self.owner_for_record(op, raw), client, flag, GetByOffset(), raw))
         elif op == "delete_topic":
             topic = self.check_topic(envelope, deleting_ok=True)
             decode_request(op, raw)
@@ -293,13 +295,19 @@ class FrontActor(Actor):
         counter = self.round_robin.setdefault(topic, itertools.count())
         return next(counter) % config.write_queue_nums
 
-    def owner_for_id(self, raw: bytes) -> int:
-        request = decode_request("get_by_id", raw)
-        try:
-            _host, offset = decode_msg_id(request.msg_id)  # type: ignore[attr-defined]
-        except ValueError as exc:
-            raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
-        return (offset // self.config.segment_size_bytes) % self.owner_count
+    def owner_for_record(self, op: str, raw: bytes) -> str:
+        """The owner that reads a record by id or by offset: the same for both, by the record's segment,
+        so reads of one segment share one owner's mapping and reads of the log spread over the owners."""
+        request = decode_request(op, raw)
+        if isinstance(request, GetByOffsetRequest):
+            offset = request.commit_log_offset
+        else:
+            assert isinstance(request, GetByIdRequest)
+            try:
+                _host, offset = decode_msg_id(request.msg_id)
+            except ValueError as exc:
+                raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
+        return self.owner_ports[(offset // self.config.segment_size_bytes) % self.owner_count]
 
     def local(self, op: str, envelope: Envelope, raw: bytes) -> bytes:
         request = decode_request(op, raw)
