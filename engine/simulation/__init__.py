@@ -64,7 +64,7 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
             found = _run(world, rng, plan)
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
-                   "power_cuts": counts.power_cuts, "sync_jobs": counts.sync_jobs,
+                   "restarts": counts.restarts, "power_cuts": counts.power_cuts, "sync_jobs": counts.sync_jobs,
                    "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
                    "publications_lost": world.network.publications_lost}
         return Outcome(seed, flush_mode, found, figures, counts.trace)

@@ -148,7 +148,8 @@ class World:
         self.network.attach(name, actor.ports())
         actor.lifecycle = "RUNNING"
         self.actors[name] = actor
-        self.down.pop(name, None)
+        if self.down.pop(name, None) is not None:
+            self.counts.restarts += 1
         self.next_tick[name] = self.clock.mono_ms()
         self.carry_out(name, out)
 
