@@ -149,9 +149,9 @@ class CommitLogWriterActor(Actor):
                 Port("flushes", SUB, endpoints.FLUSHER_PUB, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,))]
 
     def recover(self, out: Effects) -> None:
-        plan = plan_commit_log_recovery(self.env.store_dir, self.config)
-        crash_mark = self.env.run_dir / CRASH_START_FILE
-        self.log.open_at(plan.end_offset, after_power_loss=crash_mark.exists() or plan.dropped_unflushed)
+        unclean = (self.env.run_dir / CRASH_START_FILE).exists()
+        plan = plan_commit_log_recovery(self.env.store_dir, self.config, unclean=unclean)
+        self.log.open_at(plan.end_offset, after_power_loss=unclean)
         try:
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
         except OSError as exc:

@@ -38,7 +38,6 @@ class CommitLogRecoveryPlan:
     next_queue_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     damage: list[Damage] = field(default_factory=list)
     torn_tail: Damage | None = None
-    dropped_unflushed: bool = False  # valid records past a torn range were dropped: sweep the rest
     records_scanned: int = 0
     bytes_scanned: int = 0
     last_store_timestamp_ms: int = 0
@@ -84,15 +83,16 @@ def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int,
         cq.close()
 
 
-def plan_commit_log_recovery(store_dir: Path, config: StoreConfig) -> CommitLogRecoveryPlan:
+def plan_commit_log_recovery(store_dir: Path, config: StoreConfig, *, unclean: bool = False) -> CommitLogRecoveryPlan:
+    """``unclean``: the engine did not stop cleanly (a power cut may have torn unflushed pages)."""
     reader = CommitLogReader.for_config(store_dir, config)
     try:
-        return _plan(store_dir, config, reader)
+        return _plan(store_dir, config, reader, unclean=unclean)
     finally:
         reader.segments.close()
 
 
-def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> CommitLogRecoveryPlan:
+def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader, *, unclean: bool) -> CommitLogRecoveryPlan:
     first = reader.segments.first_offset()
     last = reader.segments.last_offset()
     deleted = DeletedTopics(store_dir)
@@ -107,7 +107,11 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
     dispatched = checkpoint.dispatched_offset if checkpoint else 0
     durable = checkpoint.flushed_offset if checkpoint else 0
     start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable)
-    plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted)
+    # After an unclean stop, damage past what the checkpoint says was flushed (anywhere, without
+    # one) is the mark of a power cut: flushed pages survive one. After a clean stop it can only
+    # be a damaged disk, and the records after it are kept.
+    torn_from = durable if unclean else None
+    plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted, torn_from)
     plan.min_offset = first
     for (topic, queue_id), (queue_next, end) in queues.items():
         nxt = queue_next
@@ -120,8 +124,8 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader) -> Comm
     return plan
 
 
-def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int,
-          deleted: DeletedTopics) -> CommitLogRecoveryPlan:
+def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int, deleted: DeletedTopics,
+          torn_from: int | None) -> CommitLogRecoveryPlan:
     """Walk the log from ``start``; damage followed by valid records is skipped and reported.
 
     Damage with nothing valid after it is a torn tail when it starts at or past
@@ -135,12 +139,11 @@ def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int,
         if isinstance(item, Damage):
             pending.append(item)
             continue
-        if pending and pending[0].start >= durable:
+        if pending and torn_from is not None and pending[0].start >= torn_from:
             # Unflushed bytes a power cut tore in the middle: what follows was never flushed
             # either, and keeping it would leave holes in its queues. The log ends here.
             log.warning("unflushed records after damage at %d (%s) are dropped with it",
                         pending[0].start, pending[0].reason)
-            plan.dropped_unflushed = True
             break
         _report(plan, pending)
         pending = []
