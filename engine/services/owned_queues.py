@@ -74,7 +74,10 @@ class OwnedQueues:
         self.log_min_offset = self.reader.min_offset()
         for cq in self.queues.values():  # retention may have removed segments since the queue was written
             cq.drop_before(self.log_min_offset)
-        tails = [QueueTail(cq.max_physical_end, self.repair_tail(cq, confirmed)) for cq in self.queues.values()]
+        tails = []
+        for cq in self.queues.values():
+            dropped = self.repair_tail(cq, confirmed)  # first: it moves the queue's end
+            tails.append(QueueTail(cq.max_physical_end, dropped))
         self.applied_offset = owner_restart(tails, dispatched=dispatched, log_min=self.log_min_offset,
                                             confirmed=confirmed)
 
