@@ -9,6 +9,7 @@ slots written) through the ``Env`` the actor was built with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -21,11 +22,12 @@ class Send(NamedTuple):
 
 class Forward(NamedTuple):
     """Pass ``frames`` on to the actor behind ``port`` without waiting; when its queue is full
-    or it is not connected, carry out ``refused`` instead (the client's error reply)."""
+    or it is not connected, carry out what ``refused()`` gives instead (the client's error reply,
+    built only then)."""
 
     port: str
     frames: list[bytes]
-    refused: Send
+    refused: Callable[[], Send]
 
 
 class Exit(NamedTuple):
@@ -45,7 +47,7 @@ class Effects(list[Effect]):
     def send(self, port: str, frames: list[bytes]) -> None:
         self.append(Send(port, frames))
 
-    def forward(self, port: str, frames: list[bytes], refused: Send) -> None:
+    def forward(self, port: str, frames: list[bytes], refused: Callable[[], Send]) -> None:
         self.append(Forward(port, frames, refused))
 
     def exit(self, code: int, reason: str) -> None:

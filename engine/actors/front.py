@@ -219,6 +219,13 @@ class FrontActor(Actor):
     def forward(self, port: str, client: bytes, flag: bytes, request: WriterRequest | OwnerRequest,
                 raw: bytes) -> Forward:
         """The request, enveloped, for the actor behind ``port``; refused at once when its queue is full."""
+        return Forward(port, [client, flag, encoder.encode(request), raw],
+                       partial(self.refusal, port, client, flag, raw, request))
+
+    def refusal(self, port: str, client: bytes, flag: bytes, raw: bytes,
+                request: WriterRequest | OwnerRequest) -> Send:
+        """The answer to a request the actor behind ``port`` could not take: BUSY from a writer that
+        is up (its queue is full), SERVICE_NOT_AVAILABLE from an actor that is down."""
         if port == "writer" and self.writer_up:
             refusal = RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
                                                    f"waiting for the writer; retry later")
@@ -226,7 +233,7 @@ class FrontActor(Actor):
             op = type(request).__struct_config__.tag
             refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                    f"the actor serving {op!r} is not available; retry later")
-        return Forward(port, [client, flag, encoder.encode(request), raw], self.error_reply(client, flag, raw, refusal))
+        return self.error_reply(client, flag, raw, refusal)
 
     def finish_deletion(self, topic: str) -> None:
         """The writer recorded the deletion: the topic and its groups' offsets go."""

@@ -190,7 +190,7 @@ class World:
                 return
             if isinstance(effect, Forward):
                 if not self.network.carry(name, effect):
-                    self.network.carry(name, effect.refused)
+                    self.network.carry(name, effect.refused())
             else:
                 assert isinstance(effect, Send)
                 self.network.carry(name, effect)
