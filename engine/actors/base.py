@@ -33,17 +33,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from engine.actors.effects import Effects, Exit, Forward, Send
 from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
-from engine.ipc.curve import CurveServer
 from engine.ipc.messages import Heartbeat, encoder
 from engine.store.shared_offsets import SharedOffsets
+
+if TYPE_CHECKING:
+    from engine.ipc.curve import CurveServer
 
 if not __debug__:
     raise SystemExit("the engine's actors rely on assertions; do not run them with python -O")
@@ -171,7 +173,7 @@ class Runtime:
         self.zctx = zmq_context
         self.sockets: dict[str, zmq.Socket] = {}
         self.readers: dict[zmq.Socket, tuple[str, Callable[[], None]]] = {}
-        self.curve: CurveServer | None = None
+        self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
 
     def open(self, port: Port) -> None:
@@ -185,6 +187,8 @@ class Runtime:
         if port.reconnect_ivl_ms is not None:
             sock.setsockopt(zmq.RECONNECT_IVL, port.reconnect_ivl_ms)
         if port.curve:  # encryption, and only the clients of the allow-list get in
+            from engine.ipc.curve import CurveServer  # zmq.auth costs every other actor 3 MiB
+
             self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
             self.curve.secure(sock)
         if port.monitor:  # watch before connecting, so the first connection is not missed
@@ -234,6 +238,8 @@ class Runtime:
         self.carry_out(out)
 
     def on_monitor(self, port: str, monitor: zmq.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message  # it loads asyncio: 3 MiB in every other actor
+
         for _ in range(64):
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
