@@ -156,6 +156,12 @@ class CommitLogWriterActor(Actor):
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
         except OSError as exc:
             log.error("cannot create the segment at %d: %s; sends will be refused", plan.end_offset, exc)
+        moved = self.deleted_topics.clamp_to(plan.end_offset)
+        if moved:  # saved before the owners and the index builder read it
+            log.warning("the log ends at %d, before the deletion of %s: their deletion offsets follow it down",
+                        plan.end_offset, ", ".join(sorted(moved)))
+            self.deleted_topics.save()
+            self.announce_deletions()
         self.next_queue_offset = dict(plan.next_queue_offsets)
         self.last_store_timestamp_ms = plan.last_store_timestamp_ms
         self.min_offset = plan.min_offset

@@ -32,6 +32,7 @@ from engine.actors.base import ROUTER, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
+from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import (
     DispatchBatch,
     GetById,
@@ -101,7 +102,8 @@ class ConsumeQueueOwnerActor(Actor):
             checkpoint = None
         owned = self.owned
         owned.restart(deletions=self.slots.get(TOPIC_DELETIONS), confirmed=self.slots.get(CONFIRMED),
-                      dispatched=checkpoint.dispatched_offset if checkpoint else 0)
+                      dispatched=checkpoint.dispatched_offset if checkpoint else 0,
+                      unclean=(self.env.run_dir / CRASH_START_FILE).exists())
         self.catch_up()
         while owned.behind:  # before serving, all of it: recovery has its own start timeout
             self.catch_up()

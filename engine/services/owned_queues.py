@@ -18,7 +18,7 @@ from pathlib import Path
 from engine import codec
 from engine.config import StoreConfig
 from engine.ipc.messages import DispatchBatch
-from engine.services.restart_points import QueueTail, owner_restart
+from engine.services.restart_points import QueueTail, owner_restart, owner_restart_unclean
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
 from engine.store.deleted_topics import DeletedTopics
@@ -63,8 +63,13 @@ class OwnedQueues:
 
     # -- recovery -------------------------------------------------------------------------------
 
-    def restart(self, *, deletions: int, dispatched: int, confirmed: int) -> None:
-        """Open our queues, repair their tails and set the applied offset to the restart point."""
+    def restart(self, *, deletions: int, dispatched: int, confirmed: int, unclean: bool = False) -> None:
+        """Open our queues, repair their tails and set the applied offset to the restart point.
+
+        After an unclean stop a power cut may have lost units anywhere past the durable point, in
+        any queue, even all of a queue's (which then looks like a leftover and goes): every queue
+        is cut back to its units below the checkpoint's dispatched offset, and the log applied
+        again from there (``owner_restart_unclean``)."""
         self.deleted_topics.follow(deletions)
         for topic, queue_id in list_queues(self.store_dir):
             if self.is_mine(topic, queue_id):
@@ -74,12 +79,33 @@ class OwnedQueues:
         self.log_min_offset = self.reader.min_offset()
         for cq in self.queues.values():  # retention may have removed segments since the queue was written
             cq.drop_before(self.log_min_offset)
+        if unclean:
+            for cq in self.queues.values():
+                self.cut_back(cq, min(dispatched, confirmed))
+            self.applied_offset = owner_restart_unclean(dispatched=dispatched, log_min=self.log_min_offset,
+                                                        confirmed=confirmed)
+            return
         tails = []
         for cq in self.queues.values():
             dropped = self.repair_tail(cq, confirmed)  # first: it moves the queue's end
             tails.append(QueueTail(cq.max_physical_end, dropped))
         self.applied_offset = owner_restart(tails, dispatched=dispatched, log_min=self.log_min_offset,
                                             confirmed=confirmed)
+
+    def cut_back(self, cq: ConsumeQueue, durable: int) -> None:
+        """Drop the units from the last one that points at its own record ending at or below
+        ``durable`` on (I1: all before it were flushed); the log gives the rest again."""
+        keep = cq.max_offset
+        while keep > cq.min_offset:
+            unit = cq.get(keep - 1)
+            if unit is not None and unit.is_plausible and unit.commit_log_offset + unit.size <= durable \
+                    and self._unit_matches(cq, keep - 1, unit, limit=durable):
+                break
+            keep -= 1
+        if keep < cq.max_offset:
+            log.warning("queue %s/%d: units from %d on may not have reached the disk; dropped", cq.topic,
+                        cq.queue_id, keep)
+            cq.truncate_from(keep)
 
     def repair_tail(self, cq: ConsumeQueue, confirmed: int) -> bool:
         """Drop trailing units that do not point at their own record below ``confirmed``; True if any."""

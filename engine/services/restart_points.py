@@ -68,6 +68,13 @@ def owner_restart(tails: Iterable[QueueTail], *, dispatched: int, log_min: int, 
                   log_min, confirmed)
 
 
+def owner_restart_unclean(*, dispatched: int, log_min: int, confirmed: int) -> int:
+    """After an unclean stop I2 no longer holds: a power cut loses unflushed units in any file, in
+    any order. Every queue is cut back below the dispatched offset (I1), and the owner applies the
+    log again from there."""
+    return _clamp(dispatched, log_min, confirmed)
+
+
 def index_restart(index_end: int, *, dispatched: int, log_min: int, confirmed: int) -> int:
     """The index builder applies again from past what its newest IndexFile already holds (I1)."""
     return _clamp(max(dispatched, index_end), log_min, confirmed)

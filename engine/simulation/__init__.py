@@ -60,21 +60,23 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         world = World(workdir, rng, sim_config(flush_mode), publication_loss_ratio=plan.publication_loss_ratio)
+        workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH")
         with world.disk:
-            found = _run(world, rng, plan)
+            found = _run(world, workload, rng, plan)
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
                    "restarts": counts.restarts, "power_cuts": counts.power_cuts, "sync_jobs": counts.sync_jobs,
                    "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
-                   "publications_lost": world.network.publications_lost}
+                   "publications_lost": world.network.publications_lost, "acked": workload.acked,
+                   "pulled": workload.pulled, "topic_deletions": workload.deletions}
         return Outcome(seed, flush_mode, found, figures, counts.trace)
     finally:
         quiet.level = level
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(world: World, rng: random.Random, plan: Plan) -> list[str]:
-    workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH")
+def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> list[str]:
+    world.on_kill = workload.kill
     world.start_all()
     workload.create_topics()
     if not world.settle():
@@ -91,7 +93,6 @@ def _run(world: World, rng: random.Random, plan: Plan) -> list[str]:
         elif roll < plan.power_cut_ratio + plan.kill_ratio and world.actors:
             name = rng.choice(sorted(world.actors))
             world.trace(f"kill {name}")
-            workload.kill(name)
             world.kill(name)
         else:
             _ordinary_step(world, workload, rng, plan)
@@ -107,7 +108,9 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
             world.trace(f"restart {name}")
             world.start(name)
     roll = rng.random()
-    if roll < 0.15:
+    if roll < 0.003:
+        workload.delete_topic()
+    elif roll < 0.15:
         workload.send()
     elif roll < 0.22:
         workload.pull()

@@ -43,7 +43,11 @@ class Workload:
     unsettled: dict[Position, Stored] = field(default_factory=dict)  # answered, but a power cut may take it
     seen: dict[Position, bytes] = field(default_factory=dict)  # pulled (SYNC_FLUSH: must survive too)
     next_pull: dict[tuple[str, int], int] = field(default_factory=dict)
+    deleted_below: dict[str, int] = field(default_factory=dict)  # topic -> its last deletion offset
+    epochs: dict[str, int] = field(default_factory=dict)  # topic -> deletions seen: older pulls are void
+    deleting: set[str] = field(default_factory=set)  # deletions asked for and not answered yet
     sent_messages: int = 0
+    deletions: int = 0
     acked: int = 0
     pulled: int = 0
     violations: list[str] = field(default_factory=list)
@@ -62,6 +66,8 @@ class Workload:
 
     def send(self) -> None:
         topic = self.rng.choice(sorted(TOPICS))
+        if topic in self.deleting:
+            return
         batch = []
         for _ in range(self.rng.randint(1, 4)):
             n = self.sent_messages = self.sent_messages + 1
@@ -70,21 +76,36 @@ class Workload:
         self.request("send", ("send", topic, [(m["body"], m["keys"][0]) for m in batch]), topic=topic,
                      messages=batch, queue_id=self.rng.randrange(TOPICS[topic]))
 
+    def delete_topic(self) -> None:
+        """Delete a topic, then create it again (its queues start again at offset 0)."""
+        topic = self.rng.choice(sorted(TOPICS))
+        self.deleting.add(topic)  # no sends to it until the answer: every message it has is older
+        self.request("delete_topic", ("delete", topic), topic=topic)
+
     def pull(self) -> None:
         topic = self.rng.choice(sorted(TOPICS))
         queue_id = self.rng.randrange(TOPICS[topic])
         offset = self.next_pull.get((topic, queue_id), 0)
-        self.request("pull", ("pull", topic, queue_id), topic=topic, queue_id=queue_id, offset=offset,
-                     max_messages=PULL_MESSAGES_MAX)
+        self.request("pull", ("pull", topic, queue_id, self.epochs.get(topic, 0)), topic=topic, queue_id=queue_id,
+                     offset=offset, max_messages=PULL_MESSAGES_MAX)
 
     def on_reply(self, frames: list[bytes]) -> None:
         reply = msgspec.msgpack.decode(frames[-1])
         what = self.waiting.pop(reply.get("id"), None)
+        if what is not None and what[0] == "delete" and not reply.get("ok"):
+            self.deleting.discard(what[1])  # refused: the topic stays
+            return
         if what is None or not reply.get("ok"):
             return  # refused (BUSY, not available, ...): nothing was promised
-        if what[0] == "send":
+        if what[0] == "delete":
+            self.deleting.discard(what[1])
+            self.forget_topic(what[1], reply["deletion_offset"])
+            self.request("create_topic", ("create",), topic=what[1], queue_count=TOPICS[what[1]])
+        elif what[0] == "send":
             _, topic, messages = what
             for (body, key), result in zip(messages, reply["results"], strict=True):
+                if result["commit_log_offset"] < self.deleted_below.get(topic, 0):
+                    continue  # answered after the deletion, but stored before it: deleted with the topic
                 position = (topic, result["queue_id"], result["queue_offset"])
                 stored = Stored(body, key, result["commit_log_offset"])
                 self.acked += 1
@@ -93,7 +114,9 @@ class Workload:
                 else:
                     self.unsettled[position] = stored
         elif what[0] == "pull":
-            _, topic, queue_id = what
+            _, topic, queue_id, epoch = what
+            if epoch != self.epochs.get(topic, 0):
+                return  # asked before the topic was deleted: its answer is about the old topic
             for message in reply.get("messages", []):
                 position = (topic, queue_id, message["queue_offset"])
                 body = bytes(message["body"])
@@ -106,6 +129,17 @@ class Workload:
                 self.seen[position] = body
             self.next_pull[(topic, queue_id)] = reply.get("next_offset", 0)
 
+    def forget_topic(self, topic: str, deletion_offset: int) -> None:
+        """The topic's messages stored below the deletion offset are gone with it, by design."""
+        self.deletions += 1
+        self.epochs[topic] = self.epochs.get(topic, 0) + 1
+        self.deleted_below[topic] = deletion_offset
+        for table in (self.durable, self.unsettled, self.seen):
+            for position in [p for p in table if p[0] == topic]:
+                del table[position]
+        for queue in [q for q in self.next_pull if q[0] == topic]:
+            del self.next_pull[queue]
+
     def power_cut(self, flushed_offset: int) -> None:
         """Answered sends below the flushed offset are on disk; the rest may be gone."""
         for position, stored in self.unsettled.items():
@@ -113,10 +147,21 @@ class Workload:
                 self.durable[position] = stored
         self.unsettled.clear()
         self.waiting.clear()  # the replies died with the engine
+        self.lose_deletion_answers()
         if not self.sync_flush:
             self.seen.clear()  # under ASYNC_FLUSH a reader may have seen what the cut took
             self.next_pull.clear()
 
     def kill(self, actor: str) -> None:
+        if actor in (self.front, "writer"):
+            self.lose_deletion_answers()
         if actor == self.front:
             self.waiting.clear()  # what the front held or was relaying is lost with it
+
+    def lose_deletion_answers(self) -> None:
+        """A deletion whose answer is lost may or may not have happened: its topic's messages are
+        expected no more, and the topic is created again (a no-op if it was never deleted)."""
+        for topic in sorted(self.deleting):
+            self.forget_topic(topic, 0)
+            self.request("create_topic", ("create",), topic=topic, queue_count=TOPICS[topic])
+        self.deleting.clear()

@@ -131,6 +131,7 @@ class World:
         self.down: dict[str, int] = {}  # killed actor -> step it died at
         self.jobs: list[SyncJob] = []
         self.counts = Counts()
+        self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -164,6 +165,7 @@ class World:
         self.jobs = [job for job in self.jobs if job.actor != name]
         self.down[name] = self.counts.steps
         self.counts.kills += 1
+        self.on_kill(name)
 
     def power_cut(self) -> None:
         for name in list(self.actors):

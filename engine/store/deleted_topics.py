@@ -97,6 +97,15 @@ class DeletedTopics:
     def save(self) -> None:
         self._save()
 
+    def clamp_to(self, log_end: int) -> list[str]:
+        """Recovery's part: a deletion offset past the recovered end of the log (a power cut took
+        the log's tail after the deletion was saved) comes down to that end; otherwise it would
+        hide the records a topic of the same name gets at those offsets again. The topics moved."""
+        moved = [topic for topic, offset in self.deletion_offsets.items() if offset > log_end]
+        for topic in moved:
+            self.deletion_offsets[topic] = log_end
+        return moved
+
     def forget_below(self, log_min_offset: int) -> int:
         """Retention: drop the entries that hide nothing left in the log; how many went."""
         gone = [topic for topic, offset in self.deletion_offsets.items() if offset <= log_min_offset]

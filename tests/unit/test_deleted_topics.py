@@ -63,3 +63,16 @@ def test_a_deletion_offset_never_moves_back(tmp_path: Path) -> None:
     table.record("a", 100)
     with pytest.raises(AssertionError):
         table.record("a", 50)
+
+
+def test_a_deletion_past_the_recovered_end_of_the_log_comes_down_to_it(tmp_path: Path) -> None:
+    """A power cut took the log's tail after the deletion was saved: the deletion must not hide
+    the records that a topic of the same name gets at those offsets again."""
+    table = DeletedTopics(tmp_path)
+    table.record("gone", 5_000)
+    table.record("older", 1_000)
+    table.save()
+    assert table.clamp_to(3_000) == ["gone"]
+    assert table.deletion_offsets == {"gone": 3_000, "older": 1_000}
+    assert not table.hides("gone", 3_000) and table.hides("gone", 2_999)
+    assert table.clamp_to(3_000) == []
