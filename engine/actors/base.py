@@ -72,10 +72,6 @@ class Clock:
         return time.time_ns() // 1_000_000
 
 
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 SyncerFactory = Callable[[str, Callable[[int], None]], Syncer]
 
 
@@ -124,7 +120,6 @@ class Actor:
         self.slots = env.slots
         self.clock = env.clock
         self.lifecycle = "INIT"
-        self.stopping = False
 
     def ports(self) -> list[Port]:
         """The sockets to open once ``recover`` is done."""
@@ -172,7 +167,7 @@ class Runtime:
         self.env = actor.env
         self.zctx = zmq_context
         self.sockets: dict[str, zmq.Socket] = {}
-        self.readers: dict[zmq.Socket, tuple[str, Callable[[], None]]] = {}
+        self.readers: dict[zmq.Socket, Callable[[], None]] = {}  # what to do when a socket is readable
         self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
 
@@ -193,7 +188,7 @@ class Runtime:
             self.curve.secure(sock)
         if port.monitor:  # watch before connecting, so the first connection is not missed
             monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self.readers[monitor] = (port.name, lambda: self.on_monitor(port.name, monitor))
+            self.readers[monitor] = lambda: self.on_monitor(port.name, monitor)
         address = port.endpoint if "://" in port.endpoint else endpoints.ipc(self.env.run_dir, port.endpoint)
         if port.bind:
             sock.bind(address)
@@ -201,7 +196,7 @@ class Runtime:
             sock.connect(address)
         self.sockets[port.name] = sock
         if port.kind != PUB:
-            self.readers[sock] = (port.name, lambda: self.on_readable(port.name, sock))
+            self.readers[sock] = lambda: self.on_readable(port.name, sock)
 
     def carry_out(self, out: Effects) -> None:
         for effect in out:
@@ -281,11 +276,10 @@ class Runtime:
             if not self.readers:  # an empty poll returns at once: wait here instead
                 time.sleep(timeout / 1000)
             for sock, _event in poller.poll(timeout) if self.readers else ():
-                self.readers[sock][1]()
+                self.readers[sock]()
             if busy:
                 actor.work_backlog(out)
                 self.carry_out(out)
-        actor.stopping = True
         actor.lifecycle = "STOPPING"
         _send_heartbeat(actor, heartbeat)
         for name in actor.drain_at_stop:

@@ -47,8 +47,5 @@ class Effects(list[Effect]):
     def send(self, port: str, frames: list[bytes]) -> None:
         self.append(Send(port, frames))
 
-    def forward(self, port: str, frames: list[bytes], refused: Callable[[], Send]) -> None:
-        self.append(Forward(port, frames, refused))
-
     def exit(self, code: int, reason: str) -> None:
         self.append(Exit(code, reason))

@@ -84,7 +84,7 @@ class FlusherActor(Actor):
                         "its tail): the checkpoint follows it down", self.confirmed_offset,
                         self.checkpoint.dispatched_offset)
             self.checkpoint = replace(self.checkpoint, dispatched_offset=dispatched)
-        self.write_checkpoint()  # before the owners and the index builder read it
+            self.write_checkpoint()  # before the owners and the index builder read it
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""

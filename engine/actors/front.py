@@ -134,16 +134,15 @@ class FrontActor(Actor):
         self.held.append(partial(self.serve, client, flag, raw))
 
     def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
-        client, flag, reply = frames[0], frames[1], frames[2]
-        relay = [client, b"", reply] if flag == _REQ else [client, reply]
+        relay = self.reply(frames[0], frames[1], frames[2])
         if len(frames) > 3:  # the writer's word on a topic deletion
             deletion = topic_deletion_decoder.decode(frames[3])
             self.deleting.discard(deletion.topic)
             if deletion.recorded:
                 self.finish_deletion(deletion.topic)
-                self.held.append(lambda later: later.send("clients", relay))
+                self.held.append(lambda later: later.append(relay))
                 return
-        out.send("clients", relay)
+        out.append(relay)
 
     def handle_client(self, frames: list[bytes], out: Effects) -> None:
         if len(frames) == 3 and not frames[1]:

@@ -51,9 +51,9 @@ class SimDisk:
         """Leave every data file as the disk may hold it after the power went."""
         for path in sorted(self.data_files()):
             image = self.synced.get(path)
-            current = path.read_bytes()
             if image is None:
                 continue  # never synced: created by a path the store syncs whole before use
+            current = path.read_bytes()
             result = bytearray(current)
             for at in range(0, len(current), PAGE_BYTES):
                 new = current[at:at + PAGE_BYTES]

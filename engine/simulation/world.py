@@ -28,7 +28,6 @@ from engine.store.shared_offsets import (
     FLUSHED,
     INDEX_APPLIED,
     INDEX_DURABLE,
-    SLOT_COUNT,
     SharedOffsets,
     owner_durable_slot,
     owner_slot,
@@ -171,7 +170,7 @@ class World:
         for name in list(self.actors):
             self.kill(name)
         self.disk.power_cut(self.rng)
-        self.slots.mm[:SLOT_COUNT * 8] = bytes(SLOT_COUNT * 8)  # the supervisor starts on an empty run dir
+        self.slots.clear()  # the supervisor starts on an empty run directory
         marker = self.run_dir / CRASH_START_FILE
         marker.touch()
         self.counts.power_cuts += 1
@@ -201,10 +200,7 @@ class World:
     def run_job(self, job: SyncJob) -> None:
         self.jobs.remove(job)
         for path in sorted(job.paths):
-            try:
-                self.disk.on_sync(path, 0, None)
-            except IsADirectoryError:
-                continue
+            self.disk.on_sync(path, 0, None)
         job.on_durable(job.offset)
         self.counts.sync_jobs += 1
 
@@ -283,6 +279,3 @@ class World:
         return (self.slots.get(FLUSHED) == end and all(p == end for p in progress) and all(d == end for d in durables)
                 and dispatched == end and flushed == end)
 
-    def state(self) -> str:
-        """The slots that ``quiet`` compares, for a report."""
-        return str(self.slots.snapshot(self.config.consume_queue_owner_count))

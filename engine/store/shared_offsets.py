@@ -72,5 +72,9 @@ class SharedOffsets:
             values[f"owner_{k}_applied_offset"] = self.get(owner_slot(k))
         return values
 
+    def clear(self) -> None:
+        """Every slot back to 0, as in the empty run directory of a new start."""
+        self.mm[:] = bytes(len(self.mm))
+
     def close(self) -> None:
         self.mm.close()
