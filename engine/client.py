@@ -204,6 +204,56 @@ class StoreClient:
             lag[queue_id] = stats["max_offset"] - max(committed, stats["min_offset"])
         return lag
 
+    # -- pop consumers (docs/protocol.md 4.x): per-message acknowledgement ----------------------
+
+    def pop(self, group: str, topic: str, *, queue_id: int | None = None, max_messages: int = 32,
+            invisible_ms: int = 30_000, max_wait_ms: int = 0, subscription: str = "*") -> list[dict[str, Any]]:
+        """Take up to ``max_messages`` for ``group``; each stays invisible to the group's other pops
+        for ``invisible_ms``, then comes back (attempt + 1) unless acked. Each message carries its
+        ``receipt_handle`` and ``attempt``. Without ``queue_id`` the engine picks the queues."""
+        fields: dict[str, Any] = {"group": group, "topic": topic, "max_messages": max_messages,
+                                  "invisible_ms": invisible_ms, "subscription": subscription}
+        if queue_id is not None:
+            fields["queue_id"] = queue_id
+        timeout_ms = None
+        if max_wait_ms:
+            fields["max_wait_ms"] = max_wait_ms
+            timeout_ms = self.timeout_ms + max_wait_ms
+        reply = self.request("pop", timeout_ms=timeout_ms, **fields)
+        messages = reply["messages"]
+        for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
+            message["receipt_handle"] = handle
+            message["attempt"] = attempt
+        return messages
+
+    def ack(self, group: str, messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Acknowledge popped messages (their ``receipt_handle``); one request per queue.
+        Returns the handles refused (stale: delivered again or changed since), with their error."""
+        by_queue: dict[tuple[str, int], list[str]] = {}
+        for message in messages:
+            by_queue.setdefault((message["topic"], message["queue_id"]), []).append(message["receipt_handle"])
+        failed: list[dict[str, Any]] = []
+        for (topic, queue_id), handles in by_queue.items():
+            for start in range(0, len(handles), 1024):
+                reply = self.request("ack", group=group, topic=topic, queue_id=queue_id,
+                                     receipt_handles=handles[start:start + 1024])
+                failed.extend(reply["failed"])
+        return failed
+
+    def change_invisible_duration(self, group: str, message: Mapping[str, Any], invisible_ms: int) -> str:
+        """Make a popped message invisible for ``invisible_ms`` from now; returns its new receipt
+        handle (the old one is stale). 0 makes it visible again at once: a nack."""
+        return self.request("change_invisible", group=group, topic=message["topic"], queue_id=message["queue_id"],
+                            receipt_handle=message["receipt_handle"], invisible_ms=invisible_ms)["receipt_handle"]
+
+    def nack(self, group: str, message: Mapping[str, Any]) -> str:
+        """Give a popped message back now: it is redelivered with attempt + 1."""
+        return self.change_invisible_duration(group, message, 0)
+
+    def pop_stats(self, group: str, topic: str, queue_id: int) -> dict[str, Any]:
+        """ack_floor, pop_cursor, in_flight, due, redelivered, dead_lettered, journal_entries, segments."""
+        return self.request("pop_stats", group=group, topic=topic, queue_id=queue_id)
+
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))
 

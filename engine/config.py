@@ -76,6 +76,13 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     long_poll_wakes_per_turn_max: int = 512  # woken pulls an owner serves per loop turn; the rest next turn
     catch_up_bytes_per_turn_max: int = 16 * MiB  # log an owner or the index reads per turn to catch up
 
+    # Pop consumers (docs/design.md 5.7): RabbitMQ's queue index per (group, topic, queue).
+    pop_journal_entries_max: int = 65_536  # RabbitMQ's queue_index_max_journal_entries: fold past this
+    pop_journal_idle_fold_ms: int = 5_000  # fold a queue's journal once it has been idle this long
+    pop_invisible_ms_max: int = 12 * 3_600_000  # RocketMQ's longest invisible duration, 12 h
+    max_delivery_attempts: int = 16  # RocketMQ's maxReconsumeTimes: then the message goes to %DLQ%{group}
+    dead_letter_retry_ms: int = 1_000  # a dead-letter send the writer refused is tried again after this
+
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
     flush_interval_ms: int = 500
@@ -142,6 +149,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
              "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
             (self.restart_count_max >= 0, "restart_count_max must not be negative"),
+            (min(self.pop_journal_entries_max, self.pop_journal_idle_fold_ms, self.pop_invisible_ms_max,
+                 self.max_delivery_attempts, self.dead_letter_retry_ms) >= 1, "pop limits must be positive"),
             (min(self.long_poll_wakes_per_turn_max, self.catch_up_bytes_per_turn_max,
                  self.dispatch_batches_per_turn_max) >= 1, "the per-turn limits must be positive"),
             (0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio

@@ -65,6 +65,8 @@ class ErrorCode(enum.IntEnum):
     FLUSH_FAILED = 19  # the disk refused a flush; the writer restarts and recovers
     BUSY = 20  # the writer is overloaded: the send waited too long in its queue and was not stored
     LIMIT_EXCEEDED = 21  # a count limit of the store (topics, consumer offsets) would be passed
+    INVALID_RECEIPT_HANDLE = 22  # not a handle of this group and queue, or stale: redelivered or changed since
+    GROUP_MODE_CONFLICT = 23  # a group that commits offsets cannot pop, and a pop group cannot commit offsets
 
 
 class RequestError(Exception):

@@ -62,6 +62,11 @@ def validate_topic(name: str) -> str:
     return name
 
 
+def dead_letter_topic(group: str) -> str:
+    """The dead-letter topic of a pop group (RocketMQ's ``%DLQ%`` + group)."""
+    return f"%DLQ%{group}"
+
+
 def validate_group(name: str) -> str:
     """Return ``name`` if it is a valid consumer group; RequestError(INVALID_FIELD) otherwise."""
     if not is_name(name, GROUP_NAME_CHARS_MAX):

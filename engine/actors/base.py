@@ -207,7 +207,8 @@ class Runtime:
                     self.sockets[effect.port].send_multipart(effect.frames, zmq.NOBLOCK)
                 except zmq.Again:
                     refusal = effect.refused()
-                    self.sockets[refusal.port].send_multipart(refusal.frames)
+                    if refusal is not None:
+                        self.sockets[refusal.port].send_multipart(refusal.frames)
             else:
                 assert isinstance(effect, Exit)
                 log.critical("exiting (%d): %s", effect.code, effect.reason)

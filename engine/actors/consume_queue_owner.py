@@ -10,8 +10,13 @@ protocol:
 * ``requests`` (ROUTER ``owner-<k>.sock``): ``Pull`` (at once, or parked until a
   matching message arrives: long polling), ``GetById``, ``GetByOffset``,
   ``QueueStats``, ``OffsetForTime`` -> the client reply, sent back through the front;
+* ``requests`` also: ``Pop``, ``Ack``, ``ChangeInvisible``, ``PopStats``, served with the
+  pop groups' ack state (``engine/actors/owner_pops.py``); a pop that finds nothing parks
+  like a pull, on every queue it may take from;
+* ``writer`` (DEALER to the writer): dead letters, sent as ``Append``s; the writer's replies;
 * ticks: the queue files are flushed in the background, and the slot of the
-  durable offset follows; expired long polls are answered.
+  durable offset follows; expired long polls are answered; deliveries whose invisible
+  time passed become due again.
 
 Recovery (``OwnedQueues.restart``): the tail of every queue is checked against the
 log (a kill can tear a unit), and the log is applied again from the restart point of
@@ -28,16 +33,21 @@ from collections import deque
 
 import msgspec
 
-from engine.actors.base import ROUTER, SUB, Actor, Env, Port, main
+from engine.actors.base import DEALER, ROUTER, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
+from engine.actors.owner_pops import OwnerPops
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import (
+    Ack,
+    ChangeInvisible,
     DispatchBatch,
     GetById,
     GetByOffset,
     OffsetForTime,
+    Pop,
+    PopStats,
     Pull,
     QueueStats,
     dispatch_decoder,
@@ -47,6 +57,7 @@ from engine.ipc.protocol import (
     GetByIdRequest,
     GetByOffsetRequest,
     OffsetForTimeRequest,
+    PopRequest,
     PullRequest,
     QueueStatsRequest,
     decode_request,
@@ -59,6 +70,7 @@ from engine.services.owned_queues import OwnedQueues, QueueKey
 from engine.services.pull import PullResult, Subscription, pull
 from engine.services.queue_queries import offset_for_time, queue_stats
 from engine.store.checkpoint import CheckpointError, load_checkpoint
+from engine.store.consume_queue import ConsumeQueue
 from engine.store.layout import RecordError, decode_msg_id
 from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
@@ -85,6 +97,8 @@ class ConsumeQueueOwnerActor(Actor):
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.woken: deque[ParkedPull] = deque()  # unparked, served long_poll_wakes_per_turn_max a turn
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.pops = OwnerPops(self.owned, self.read_queue, self.subscription, config=cfg, clock=self.clock,
+                              sync_flush=self.sync_flush)
 
     @property
     def visible_end(self) -> int:
@@ -93,7 +107,8 @@ class ConsumeQueueOwnerActor(Actor):
     def ports(self) -> list[Port]:
         return [Port("requests", ROUTER, endpoints.owner_endpoint_name(self.instance), bind=True),
                 Port("dispatches", SUB, endpoints.REPUT_PUB, bind=False,
-                     subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000)]
+                     subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000),
+                Port("writer", DEALER, endpoints.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10)]
 
     def recover(self, out: Effects) -> None:
         try:
@@ -110,6 +125,7 @@ class ConsumeQueueOwnerActor(Actor):
         for path in owned.recent_files():  # a killed predecessor may have left units unflushed
             self.syncer.mark(path)
         self.flush_queues(wait=True)
+        self.pops.recover()
         log.info("owner %d recovered %d queues, applied up to %d", self.instance, len(owned.queues),
                  owned.applied_offset)
 
@@ -119,15 +135,24 @@ class ConsumeQueueOwnerActor(Actor):
         self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS))
+        self.follow_deletions()
         if port == "requests":
             self.handle_request(frames, out)
+        elif port == "writer":
+            self.pops.on_writer_reply(frames)
         else:
             batch: DispatchBatch = dispatch_decoder.decode(frames[1])
             self.wake(self.owned.apply_batch(batch))
             self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
         if self.woken:
             self.serve_woken(out, self.clock.mono_ms())
+
+    def drained(self, port: str, out: Effects) -> None:
+        self.pops.release(out)
+
+    def follow_deletions(self) -> None:
+        for topic in self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS)):
+            self.pops.states.drop_topic(topic)
 
     def handle_request(self, frames: list[bytes], out: Effects) -> None:
         """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
@@ -147,10 +172,20 @@ class ConsumeQueueOwnerActor(Actor):
                     reply = self.queue_question("queue_stats", raw)
                 case OffsetForTime():
                     reply = self.queue_question("offset_for_time", raw)
+                case Pop(queue_ids):
+                    request = decode_request("pop", raw)
+                    assert isinstance(request, PopRequest)
+                    reply = self.pop(request, queue_ids, reply_to=reply_to)
+                case Ack():
+                    reply = self.pops.ack(raw)
+                case ChangeInvisible():
+                    reply = self.pops.change_invisible(raw)
+                case PopStats():
+                    reply = self.pops.stats(raw)
         except RequestError as exc:
             reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
         if reply is not None:
-            out.send("requests", [*reply_to, reply])
+            self.pops.reply(out, "requests", [*reply_to, reply])
 
     def subscription(self, expression: str) -> Subscription:
         cached = self.subscriptions.get(expression)
@@ -160,18 +195,14 @@ class ConsumeQueueOwnerActor(Actor):
             cached = self.subscriptions[expression] = Subscription(expression)
         return cached
 
-    def pull(self, request: PullRequest, *, reply_to: list[bytes] | None = None, final: bool = False,
-             deadline_ms: int | None = None) -> bytes | None:
-        """Serve a pull; None when it was parked to wait for a new message (long polling)."""
-        cq = self.owned.get(request.topic, request.queue_id)
-        subscription = self.subscription(request.subscription)
-        visible_end, written_end = self.visible_end, self.slots.get(CONFIRMED)
-        max_messages = min(request.max_messages, self.config.pull_message_count_max)
-        max_bytes = min(request.max_bytes, self.config.pull_bytes_max)
+    def read_queue(self, cq: ConsumeQueue | None, offset: int, max_messages: int, max_bytes: int,
+                   subscription: Subscription) -> PullResult:
+        """What a pull from ``offset`` finds, after healing a unit that leads elsewhere."""
+        visible_end = self.visible_end
 
         def pull_now() -> PullResult:
-            return pull(cq, self.reader, offset=request.offset, visible_end=visible_end, subscription=subscription,
-                        written_end=written_end, max_messages=max_messages, max_bytes=max_bytes)
+            return pull(cq, self.reader, offset=offset, visible_end=visible_end, subscription=subscription,
+                        written_end=self.slots.get(CONFIRMED), max_messages=max_messages, max_bytes=max_bytes)
 
         result = pull_now()
         if result.suspect_offset >= 0 and cq is not None and \
@@ -180,6 +211,25 @@ class ConsumeQueueOwnerActor(Actor):
         if result.suspect_offset >= 0 and not result.message_count:
             result.corrupt_offset = result.suspect_offset
             result.next_offset = result.suspect_offset + 1
+        return result
+
+    def pop(self, request: PopRequest, queue_ids: list[int], *, reply_to: list[bytes] | None = None,
+            final: bool = False, deadline_ms: int | None = None) -> bytes | None:
+        """Serve a pop; None when it was parked to wait for a message (long polling)."""
+        reply, empty = self.pops.pop(request, queue_ids)
+        if empty and not final and request.max_wait_ms > 0 and reply_to is not None and \
+                self.long_polls.park(reply_to, request, now_ms=self.clock.mono_ms(), deadline_ms=deadline_ms,
+                                     queue_ids=queue_ids):
+            return None
+        return reply
+
+    def pull(self, request: PullRequest, *, reply_to: list[bytes] | None = None, final: bool = False,
+             deadline_ms: int | None = None) -> bytes | None:
+        """Serve a pull; None when it was parked to wait for a new message (long polling)."""
+        cq = self.owned.get(request.topic, request.queue_id)
+        max_messages = min(request.max_messages, self.config.pull_message_count_max)
+        max_bytes = min(request.max_bytes, self.config.pull_bytes_max)
+        result = self.read_queue(cq, request.offset, max_messages, max_bytes, self.subscription(request.subscription))
         if result.corrupt_offset >= 0:
             raise RequestError(ErrorCode.MESSAGE_CORRUPT,
                                f"the message at queue offset {result.corrupt_offset} is damaged (it failed its "
@@ -206,14 +256,18 @@ class ConsumeQueueOwnerActor(Actor):
         """Answer up to ``long_poll_wakes_per_turn_max`` woken pulls; the rest in the next loop turns."""
         for _ in range(min(len(self.woken), self.config.long_poll_wakes_per_turn_max)):
             parked = self.woken.popleft()
+            request, final = parked.request, parked.deadline_ms <= now_ms
             try:
-                reply = self.pull(parked.request, reply_to=parked.reply_to, final=parked.deadline_ms <= now_ms,
-                                  deadline_ms=parked.deadline_ms)
+                if isinstance(request, PopRequest):
+                    reply = self.pop(request, parked.queue_ids, reply_to=parked.reply_to, final=final,
+                                     deadline_ms=parked.deadline_ms)
+                else:
+                    reply = self.pull(request, reply_to=parked.reply_to, final=final, deadline_ms=parked.deadline_ms)
             except RequestError as exc:
-                reply = encode_error(parked.request.id, exc.code, exc.message, **exc.details)
+                reply = encode_error(request.id, exc.code, exc.message, **exc.details)
             if reply is None:
                 continue  # still nothing: parked again, with its original deadline
-            out.send("requests", [*parked.reply_to, reply])
+            self.pops.reply(out, "requests", [*parked.reply_to, reply])
 
     def queue_question(self, op: str, raw: bytes) -> bytes:
         request = decode_request(op, raw)
@@ -253,7 +307,7 @@ class ConsumeQueueOwnerActor(Actor):
         """Make every unit below the applied offset durable, then say so (the checkpoint uses it).
 
         The files are flushed by a background thread: the owner keeps serving meanwhile."""
-        for path in self.owned.unsynced_files():
+        for path in [*self.owned.unsynced_files(), *self.pops.journals_to_flush()]:
             self.syncer.mark(path)
         if wait:
             self.syncer.flush_now(self.owned.applied_offset)
@@ -265,15 +319,16 @@ class ConsumeQueueOwnerActor(Actor):
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()
-        self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS))
+        self.follow_deletions()
         self.owned.follow_retention(self.slots.get(MIN_OFFSET))
         if now_ms - self.last_flush_ms >= self.config.flush_consume_queue_interval_ms:
             self.last_flush_ms = now_ms
             self.flush_queues()
         if self.owned.stalled:
             self.catch_up()
-        self.wake(set(), now_ms)
+        self.wake(self.pops.tick(out), now_ms)
         self.serve_woken(out, now_ms)
+        self.pops.release(out)
 
     def backlog(self) -> bool:
         return bool(self.woken) or self.owned.behind
@@ -282,10 +337,11 @@ class ConsumeQueueOwnerActor(Actor):
         if self.owned.behind:
             self.catch_up()
         self.serve_woken(out, self.clock.mono_ms())
+        self.pops.release(out)
 
     def detail(self) -> dict[str, int]:
         return {"applied_offset": self.owned.applied_offset, "queues": len(self.owned.queues),
-                "parked_pulls": len(self.long_polls)}
+                "parked_pulls": len(self.long_polls), "pop_queues": len(self.pops.states.queues)}
 
     def shutdown(self, out: Effects) -> None:
         self.catch_up()
@@ -295,6 +351,8 @@ class ConsumeQueueOwnerActor(Actor):
         self.wake(set(), far_future)  # answer every parked pull with what there is now
         while self.woken:
             self.serve_woken(out, far_future)
+        self.pops.release(out)
+        self.pops.close()
         self.flush_queues(wait=True)
         self.syncer.close()
         self.owned.close()

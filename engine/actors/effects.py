@@ -23,11 +23,11 @@ class Send(NamedTuple):
 class Forward(NamedTuple):
     """Pass ``frames`` on to the actor behind ``port`` without waiting; when its queue is full
     or it is not connected, carry out what ``refused()`` gives instead (the client's error reply,
-    built only then)."""
+    built only then; None: nothing)."""
 
     port: str
     frames: list[bytes]
-    refused: Callable[[], Send]
+    refused: Callable[[], Send | None]
 
 
 class Exit(NamedTuple):

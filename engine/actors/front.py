@@ -6,6 +6,10 @@ queue against the topic table it owns (``config/topics.json``), and then:
 
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull`` -> the owner of that topic-queue; ``get_by_id`` -> an owner;
+* ``pop`` -> the owner of its queue or, without a queue, an owner of the topic's queues in
+  turn; ``ack``, ``change_invisible``, ``pop_stats`` -> the owner of their queue. A group's
+  first pop of a topic creates its dead-letter topic ``%DLQ%{group}``. A (group, topic)
+  either pops or commits offsets: the other is refused (GROUP_MODE_CONFLICT);
 * ``query_by_key``: answered here, from the IndexFiles and the log mapped read-only
   (``engine/services/key_lookup.py``): the index builder writes them;
 * ``delete_topic`` -> the writer, which records where the deletion falls in the
@@ -38,12 +42,16 @@ from engine.actors.effects import Effects, Forward, Send
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import endpoints
 from engine.ipc.messages import (
+    Ack,
     Append,
+    ChangeInvisible,
     DeleteTopic,
     GetById,
     GetByOffset,
     OffsetForTime,
     OwnerRequest,
+    Pop,
+    PopStats,
     Pull,
     QueueStats,
     WriterRequest,
@@ -63,10 +71,11 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.names import validate_topic
+from engine.names import dead_letter_topic, validate_group, validate_topic
 from engine.services.key_lookup import KeyLookup
 from engine.store.consumer_offsets import ConsumerOffsets
 from engine.store.layout import decode_msg_id, java_string_hash
+from engine.store.pop_files import POP_DIR
 from engine.store.records import owner_of
 from engine.store.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
 from engine.store.topics import TopicTable
@@ -97,6 +106,9 @@ class FrontActor(Actor):
         self.log_min_offset = 0
         self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
         self.held: list[Callable[[Effects], None]] = []  # what waits for the topic table to be on disk
+        # (group, topic) pairs that pop: from the pop state's directories, and every pop since
+        self.pop_groups = {(path.parent.name, path.name) for path in (env.store_dir / POP_DIR).glob("*/*")}
+        self.pop_turn: dict[str, int] = {}
 
     def ports(self) -> list[Port]:
         cfg = self.config
@@ -181,6 +193,13 @@ class FrontActor(Actor):
             out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms()), raw))
         elif op == "pull":
             out.append(self.forward(self.queue_owner(envelope), client, flag, Pull(), raw))
+        elif op == "pop":
+            self.route_pop(client, flag, raw, envelope, out)
+        elif op in ("ack", "change_invisible", "pop_stats"):
+            owner = self.queue_owner(envelope)
+            self.pop_group(envelope)
+            request = Ack() if op == "ack" else ChangeInvisible() if op == "change_invisible" else PopStats()
+            out.append(self.forward(owner, client, flag, request, raw))
         elif op == "query_by_key":
             self.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
@@ -209,6 +228,42 @@ class FrontActor(Actor):
                                                                  queue_count=config.write_queue_nums)))
         else:
             out.append(self.reply(client, flag, self.local(op, envelope, raw)))
+
+    def pop_group(self, envelope: Envelope) -> str:
+        group = envelope.group
+        if not isinstance(group, str):
+            raise RequestError(ErrorCode.INVALID_FIELD, "the field 'group' is required and must be a string")
+        validate_group(group)
+        if f"{envelope.topic}@{group}" in self.consumer_offsets.table:
+            raise RequestError(ErrorCode.GROUP_MODE_CONFLICT,
+                               f"group {group!r} commits offsets on topic {envelope.topic!r}: it cannot pop it too "
+                               f"(use another group)")
+        return group
+
+    def route_pop(self, client: bytes, flag: bytes, raw: bytes, envelope: Envelope, out: Effects) -> None:
+        """To the owner of the pop's queue, or to the next owner holding queues of the topic."""
+        topic = self.check_topic(envelope)
+        group = self.pop_group(envelope)
+        dead_letters = dead_letter_topic(group)
+        if self.topics.get(dead_letters) is None:
+            self.topics.create(dead_letters, 1, topic_count_max=self.config.topic_count_max, system=True)
+            self.hold(client, flag, raw)  # forwarded once the dead-letter topic is on disk
+            return
+        self.pop_groups.add((group, topic))
+        if envelope.queue_id is not None:
+            queue_id = self.check_queue(envelope)
+            out.append(self.forward(self.queue_owner(envelope), client, flag, Pop([queue_id]), raw))
+            return
+        config = self.topics.get(topic)
+        assert config is not None
+        by_owner: dict[int, list[int]] = {}
+        for queue_id in range(config.read_queue_nums):
+            by_owner.setdefault(owner_of(topic, queue_id, self.owner_count), []).append(queue_id)
+        owners = sorted(by_owner)
+        turn = self.pop_turn.get(topic, 0)
+        self.pop_turn[topic] = turn + 1
+        owner = owners[turn % len(owners)]
+        out.append(self.forward(self.owner_ports[owner], client, flag, Pop(by_owner[owner]), raw))
 
     def queue_owner(self, envelope: Envelope) -> str:
         """The port of the owner of the request's (topic, queue), once both are checked."""
@@ -239,6 +294,7 @@ class FrontActor(Actor):
         self.topics.delete(topic)
         self.round_robin.pop(topic, None)
         groups = self.consumer_offsets.forget_topic(topic)
+        self.pop_groups = {(group, name) for group, name in self.pop_groups if name != topic}
         log.info("topic %r deleted (%d consumer groups' offsets dropped)", topic, groups)
 
     def check_topic(self, envelope: Envelope, *, deleting_ok: bool = False) -> str:
@@ -327,6 +383,10 @@ class FrontActor(Actor):
             assert isinstance(request, CommitOffsetRequest | FetchOffsetRequest)
             self.check_queue(envelope)
             if isinstance(request, CommitOffsetRequest):
+                if (request.group, request.topic) in self.pop_groups:
+                    raise RequestError(ErrorCode.GROUP_MODE_CONFLICT,
+                                       f"group {request.group!r} pops topic {request.topic!r}: it has no offsets "
+                                       f"to commit (use another group)")
                 self.consumer_offsets.commit(request.group, request.topic, request.queue_id, request.offset)
                 return encode_reply(envelope.id)
             return encode_reply(envelope.id, offset=self.consumer_offsets.fetch(request.group, request.topic,

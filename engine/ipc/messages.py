@@ -88,7 +88,27 @@ class GetByOffset(msgspec.Struct, array_like=True, tag="get_by_offset"):
     """front -> owner 0: read one record by CommitLog offset."""
 
 
-OwnerRequest = Pull | QueueStats | OffsetForTime | GetById | GetByOffset
+class Pop(msgspec.Struct, array_like=True, tag="pop"):
+    """front -> an owner: serve the client ``pop`` from ``queue_ids`` (the request's queue, or
+    every queue of the topic this owner holds). Reply: the client reply, at once or (long
+    polling) when a message arrives or becomes due again, or when the wait ends."""
+
+    queue_ids: list[int]
+
+
+class Ack(msgspec.Struct, array_like=True, tag="ack"):
+    """front -> owner of (topic, queue): acknowledge the client ``ack``'s receipt handles."""
+
+
+class ChangeInvisible(msgspec.Struct, array_like=True, tag="change_invisible"):
+    """front -> owner of (topic, queue): change one delivery's invisible time (0: a nack)."""
+
+
+class PopStats(msgspec.Struct, array_like=True, tag="pop_stats"):
+    """front -> owner of (topic, queue): a pop group's ack floor and counts on the queue."""
+
+
+OwnerRequest = Pull | QueueStats | OffsetForTime | GetById | GetByOffset | Pop | Ack | ChangeInvisible | PopStats
 
 # -- progress of the log --------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from engine.errors import ErrorCode, RequestError
 
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
-       "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic")
+       "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic",
+       "pop", "ack", "change_invisible", "pop_stats")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -45,6 +46,7 @@ class Envelope(msgspec.Struct, kw_only=True):
     topic: str | None = None
     queue_id: int | None = None
     sharding_key: str | None = None
+    group: str | None = None
 
 
 class SendMessage(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -127,6 +129,47 @@ class GetByOffsetRequest(_Request, kw_only=True):
     commit_log_offset: Int64
 
 
+class PopRequest(_Request, kw_only=True):
+    """Take up to ``max_messages`` for ``group``, each invisible to the group's other pops for
+    ``invisible_ms``; from one queue, or (``queue_id`` absent) from the queues of one owner."""
+
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32 | None = None
+    max_messages: Annotated[int, Meta(ge=1)] = 32
+    invisible_ms: Annotated[int, Meta(ge=0)] = 30_000
+    max_wait_ms: Annotated[int, Meta(ge=0)] = 0
+    subscription: Annotated[str, Meta(max_length=4096)] = "*"
+
+
+ReceiptHandle = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class AckRequest(_Request, kw_only=True):
+    """The messages of these receipt handles are done for ``group``; all of one queue."""
+
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32
+    receipt_handles: Annotated[list[ReceiptHandle], Meta(min_length=1, max_length=1024)]
+
+
+class ChangeInvisibleRequest(_Request, kw_only=True):
+    """Make the message invisible for ``invisible_ms`` from now (0: visible again, a nack)."""
+
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32
+    receipt_handle: ReceiptHandle
+    invisible_ms: Annotated[int, Meta(ge=0)]
+
+
+class PopStatsRequest(_Request, kw_only=True):
+    group: GroupName
+    topic: TopicName
+    queue_id: Int32
+
+
 class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
@@ -146,6 +189,10 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "offset_for_time": OffsetForTimeRequest,
     "get_by_offset": GetByOffsetRequest,
     "delete_topic": DeleteTopicRequest,
+    "pop": PopRequest,
+    "ack": AckRequest,
+    "change_invisible": ChangeInvisibleRequest,
+    "pop_stats": PopStatsRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -13,15 +13,21 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from engine.ipc.protocol import PullRequest
+from engine.ipc.protocol import PopRequest, PullRequest
+
+QueueKey = tuple[str, int]
 
 
 @dataclass(order=True)
 class ParkedPull:
+    """A parked pull, or a parked pop (which waits on every queue it may take from)."""
+
     deadline_ms: int
     seq: int
     reply_to: list[bytes] = field(compare=False)
-    request: PullRequest = field(compare=False)
+    request: PullRequest | PopRequest = field(compare=False)
+    keys: tuple[QueueKey, ...] = field(compare=False, default=())
+    queue_ids: list[int] = field(compare=False, default_factory=list)  # a pop's queues
 
 
 class LongPolls:
@@ -36,27 +42,35 @@ class LongPolls:
     def __len__(self) -> int:
         return self.count
 
-    def park(self, reply_to: list[bytes], request: PullRequest, *, now_ms: int,
-             deadline_ms: int | None = None) -> bool:
-        """Park a pull; False when too many are parked (it is then answered at once)."""
+    def park(self, reply_to: list[bytes], request: PullRequest | PopRequest, *, now_ms: int,
+             deadline_ms: int | None = None, queue_ids: list[int] | None = None) -> bool:
+        """Park a pull (or a pop over ``queue_ids``); False when too many are parked (it is then
+        answered at once)."""
         if self.count >= self.parked_max:
             return False
         if deadline_ms is None:
             deadline_ms = now_ms + min(request.max_wait_ms, self.wait_ms_max)
-        parked = ParkedPull(deadline_ms, next(self.seq), reply_to, request)
-        self.by_queue[(request.topic, request.queue_id)][parked.seq] = parked
+        ids = queue_ids if queue_ids is not None else [request.queue_id or 0]
+        keys = tuple((request.topic, queue_id) for queue_id in ids)
+        parked = ParkedPull(deadline_ms, next(self.seq), reply_to, request, keys, ids)
+        for key in keys:
+            self.by_queue[key][parked.seq] = parked
         heapq.heappush(self.deadlines, parked)
         self.count += 1
         return True
 
     def _take(self, parked: ParkedPull) -> bool:
-        queue = self.by_queue.get((parked.request.topic, parked.request.queue_id))
-        if queue is None or queue.pop(parked.seq, None) is None:
-            return False
-        if not queue:
-            del self.by_queue[(parked.request.topic, parked.request.queue_id)]
-        self.count -= 1
-        return True
+        taken = False
+        for key in parked.keys:
+            queue = self.by_queue.get(key)
+            if queue is None or queue.pop(parked.seq, None) is None:
+                continue
+            taken = True
+            if not queue:
+                del self.by_queue[key]
+        if taken:
+            self.count -= 1
+        return taken
 
     def ready(self, queues: set[tuple[str, int]], now_ms: int) -> list[ParkedPull]:
         """Unpark and return the pulls of ``queues`` and every pull whose deadline passed.

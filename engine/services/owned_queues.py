@@ -241,7 +241,7 @@ class OwnedQueues:
         cq.destroy()
         log.info("queue %s/%d removed: its topic was deleted", cq.topic, cq.queue_id)
 
-    def follow_deletions(self, deletions: int) -> None:
+    def follow_deletions(self, deletions: int) -> set[str]:
         """The writer recorded a topic deletion (the count moved): drop that topic's queues.
 
         Every unit they hold points below the deletion offset: units at or past it are
@@ -249,6 +249,7 @@ class OwnedQueues:
         changed = self.deleted_topics.follow(deletions)
         for cq in [cq for (topic, _queue_id), cq in self.queues.items() if topic in changed]:
             self.drop_queue(cq)
+        return set(changed)
 
     def follow_retention(self, log_min: int) -> None:
         """The writer deleted old segments: forget their mappings, drop units that point only there."""

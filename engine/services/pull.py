@@ -45,6 +45,7 @@ class PullResult:
     max_offset: int
     encoded: list[bytes] = field(default_factory=list)  # msgpack message maps (codec.read_view's), in order
     message_count: int = 0
+    offsets: list[int] = field(default_factory=list)  # the queue offset of each message, in order
     corrupt_offset: int = -1  # queue offset of a damaged record met first
     suspect_offset: int = -1  # queue offset of the first unit that did not lead to its own record
 
@@ -121,6 +122,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
                 if served:
                     result.encoded.append(maps)
                     result.message_count += served
+                    result.offsets.extend(range(queue_offset, queue_offset + served))
                     i += served
                     result.next_offset = offset + i
                     continue
@@ -166,6 +168,7 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             continue
         result.encoded.append(_encoder.encode(view))
         result.message_count += 1
+        result.offsets.append(queue_offset)
         taken_bytes += unit.size
         result.next_offset = queue_offset + 1
     if result.message_count:

@@ -191,7 +191,9 @@ class World:
                 return
             if isinstance(effect, Forward):
                 if not self.network.carry(name, effect):
-                    self.network.carry(name, effect.refused())
+                    refusal = effect.refused()
+                    if refusal is not None:
+                        self.network.carry(name, refusal)
             else:
                 assert isinstance(effect, Send)
                 self.network.carry(name, effect)

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from engine.errors import ErrorCode, RequestError
-from engine.names import validate_topic
+from engine.names import is_topic_name, validate_topic
 from engine.store.atomic_file import read_with_backup, write_atomically
 
 TOPICS_FILE = Path("config") / "topics.json"
@@ -49,9 +49,12 @@ class TopicTable:
         return self.topics.get(name)
 
     def create(self, name: str, queue_count: int | None, *, default_queue_count: int = 4,
-               topic_count_max: int = 1 << 31) -> TopicConfig:
-        """Create a topic, or grow an existing one to ``queue_count`` queues (never shrink)."""
-        validate_topic(name)
+               topic_count_max: int = 1 << 31, system: bool = False) -> TopicConfig:
+        """Create a topic, or grow an existing one to ``queue_count`` queues (never shrink).
+        ``system``: a name the engine chose (``%DLQ%group``), where users may not create one."""
+        if not system:
+            validate_topic(name)
+        assert is_topic_name(name), name
         existing = self.topics.get(name)
         if existing is not None and (queue_count is None or queue_count == existing.write_queue_nums):
             return existing

@@ -1,0 +1,264 @@
+"""The pop side of a ConsumeQueue owner: pop, ack, change of invisible time, pop stats, dead letters.
+
+The owner of a queue owns every pop group's ack state on it (``engine/services/pop_state.py``):
+a pop reads the queue the owner already maps, and a dispatch that wakes parked pulls
+wakes parked pops too, with no other hop (``docs/design.md`` 5.7 says why not another actor).
+
+Durability follows the flush mode. Under SYNC_FLUSH a pop or ack reply is held until
+its journal entries are on disk: every reply of a loop turn waits for one fdatasync of
+each journal written in it (``release``, a group commit). Under ASYNC_FLUSH replies go
+at once and journals are flushed with the queue files, every
+``flush_consume_queue_interval_ms``.
+
+Dead letters: a delivery due again after ``max_delivery_attempts`` is sent, as a new
+message of ``%DLQ%{group}`` (queue 0, created by the front at the group's first pop),
+to the writer on the ``writer`` port; the owner records DEAD when the writer's reply
+says it is stored. A send that is refused or not answered within
+``dead_letter_retry_ms`` is sent again (the DLQ may then hold it twice: at least once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from engine.actors.effects import Effects, Forward
+from engine.errors import ErrorCode, RequestError
+from engine.ipc.messages import Append, encoder
+from engine.ipc.protocol import (
+    AckRequest,
+    ChangeInvisibleRequest,
+    PopRequest,
+    PopStatsRequest,
+    SendMessage,
+    decode_request,
+    encode_reply,
+    encode_request,
+)
+from engine.names import dead_letter_topic, validate_group
+from engine.services.owned_queues import OwnedQueues
+from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
+from engine.services.pop_state import PopQueue, PopStates
+from engine.services.pull import Subscription, _array_header
+from engine.store.pop_files import POP_DIR, Action
+
+log = logging.getLogger(__name__)
+_PLAIN = b"\x00"
+_reply_decoder = msgspec.msgpack.Decoder()
+
+
+@dataclass
+class DeadLetter:
+    queue: PopQueue
+    offset: int
+    generation: int
+    deadline_ms: int
+
+
+class OwnerPops:
+    def __init__(self, owned: OwnedQueues, read: QueueRead, subscription: Callable[[str], Subscription], *,
+                 config, clock, sync_flush: bool) -> None:
+        self.owned = owned
+        self.read = read
+        self.subscription = subscription
+        self.config = config
+        self.clock = clock
+        self.sync_flush = sync_flush
+        self.states = PopStates(owned.store_dir, journal_entries_max=config.pop_journal_entries_max)
+        self.held: list[tuple[str, list[bytes]]] = []  # SYNC_FLUSH: replies waiting for their journal sync
+        self.rotation: dict[tuple[str, str], int] = {}
+        self.dead_letters: dict[bytes, DeadLetter] = {}
+        self.dead_letter_ids = itertools.count(1)
+        self.tags: dict[tuple[str, str], str] = {}
+
+    def recover(self) -> None:
+        """Open the ack state of every pop group on the queues this owner holds."""
+        root = self.owned.store_dir / POP_DIR
+        for queue_dir in sorted(root.glob("*/*/*")):
+            group, topic, queue = queue_dir.parts[-3:]
+            if not (queue.isascii() and queue.isdigit()) or not self.owned.is_mine(topic, int(queue)):
+                continue
+            cq = self.owned.get(topic, int(queue))
+            self.states.open(group, topic, int(queue), queue_end=cq.max_offset if cq else 0)
+        log.info("pop state of %d (group, topic, queue) loaded", len(self.states.queues))
+
+    def tag(self, group: str, topic: str) -> str:
+        tag = self.tags.get((group, topic))
+        if tag is None:
+            tag = self.tags[(group, topic)] = handle_tag(group, topic)
+        return tag
+
+    def queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
+        cq = self.owned.get(topic, queue_id)
+        return self.states.open(group, topic, queue_id, queue_end=cq.max_offset if cq else 0)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def pop(self, request: PopRequest, queue_ids: list[int]) -> tuple[bytes, bool]:
+        """The reply to a pop, and whether it found nothing (a long poll may park it)."""
+        validate_group(request.group)
+        invisible_ms = min(request.invisible_ms, self.config.pop_invisible_ms_max)
+        until_ms = self.clock.wall_ms() + invisible_ms
+        max_messages = min(request.max_messages, self.config.pull_message_count_max)
+        subscription = self.subscription(request.subscription)
+        tag = self.tag(request.group, request.topic)
+        taken = Taken()
+        start = self.rotation.get((request.group, request.topic), 0)
+        self.rotation[(request.group, request.topic)] = start + 1
+        for i in range(len(queue_ids)):
+            queue_id = queue_ids[(start + i) % len(queue_ids)]
+            if not self.owned.is_mine(request.topic, queue_id):
+                raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, "the queue moved to another owner; retry")
+            queue = self.queue(request.group, request.topic, queue_id)
+            scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
+                             max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
+                             subscription=subscription, until_ms=until_ms, tag=tag)
+            if scheduled:
+                self.states.schedule(queue, until_ms, scheduled)
+            self.states.write(queue, self.clock.mono_ms())
+            if taken.count >= max_messages:
+                break
+        messages = msgspec.Raw(_array_header(taken.count) + b"".join(taken.encoded))
+        reply = encode_reply(request.id, messages=messages, receipt_handles=taken.receipt_handles,
+                             attempts=taken.attempts, invisible_ms=invisible_ms)
+        return reply, not taken.count
+
+    def ack(self, raw: bytes) -> bytes:
+        request = decode_request("ack", raw)
+        assert isinstance(request, AckRequest)
+        validate_group(request.group)
+        queue = self.queue(request.group, request.topic, request.queue_id)
+        outcome = ack(queue, request.receipt_handles, self.tag(request.group, request.topic))
+        self.states.write(queue, self.clock.mono_ms())
+        return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
+
+    def change_invisible(self, raw: bytes) -> bytes:
+        request = decode_request("change_invisible", raw)
+        assert isinstance(request, ChangeInvisibleRequest)
+        validate_group(request.group)
+        invisible_ms = min(request.invisible_ms, self.config.pop_invisible_ms_max)
+        until_ms = self.clock.wall_ms() + invisible_ms
+        queue = self.queue(request.group, request.topic, request.queue_id)
+        tag = self.tag(request.group, request.topic)
+        changed = change_invisible(queue, request.receipt_handle, tag, until_ms=until_ms)
+        if isinstance(changed, str):
+            raise RequestError(ErrorCode.INVALID_RECEIPT_HANDLE, changed)
+        offset, generation = changed
+        self.states.schedule(queue, until_ms, [changed])
+        self.states.write(queue, self.clock.mono_ms())
+        return encode_reply(request.id, receipt_handle=encode_handle(request.queue_id, offset, generation, tag),
+                            invisible_ms=invisible_ms)
+
+    def stats(self, raw: bytes) -> bytes:
+        request = decode_request("pop_stats", raw)
+        assert isinstance(request, PopStatsRequest)
+        validate_group(request.group)
+        queue = self.states.get(request.group, request.topic, request.queue_id)
+        cq = self.owned.get(request.topic, request.queue_id)
+        if queue is None:
+            return encode_reply(request.id, ack_floor=0, pop_cursor=-1, in_flight=0, due=0, redelivered=0,
+                                dead_lettered=0, journal_entries=0, segments=0,
+                                max_offset=cq.max_offset if cq else 0)
+        return encode_reply(request.id, ack_floor=queue.ack_floor(), pop_cursor=queue.cursor,
+                            in_flight=queue.in_flight, due=len(queue.due), redelivered=queue.redelivered(),
+                            dead_lettered=queue.dead_lettered, journal_entries=queue.journal.entries,
+                            segments=len(queue.segments), max_offset=cq.max_offset if cq else 0)
+
+    # -- replies and durability -----------------------------------------------------------------
+
+    def reply(self, out: Effects, port: str, frames: list[bytes]) -> None:
+        """Send now (ASYNC_FLUSH), or once this turn's journal entries are on disk (SYNC_FLUSH)."""
+        if self.sync_flush and self.states.written:
+            self.held.append((port, frames))
+        else:
+            out.send(port, frames)
+
+    def release(self, out: Effects) -> None:
+        """SYNC_FLUSH's group commit: one fdatasync a journal, then every held reply."""
+        if self.held or self.states.written:
+            if self.sync_flush:
+                self.states.sync()
+            for port, frames in self.held:
+                out.send(port, frames)
+            self.held.clear()
+
+    def journals_to_flush(self) -> list:
+        return self.states.journal_paths()
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def tick(self, out: Effects) -> set[tuple[str, int]]:
+        """Deliveries whose invisible time passed become due (or go to the DLQ); idle journals are
+        folded. Returns the queues with new due deliveries (their parked pops are woken)."""
+        now_ms = self.clock.wall_ms()
+        woken: set[tuple[str, int]] = set()
+        for queue in self.states.expire(now_ms):
+            for offset in list(queue.due):
+                _state, attempt, generation, _until = queue.entry(offset)
+                if attempt >= self.config.max_delivery_attempts:
+                    del queue.due[offset]
+                    self.send_dead_letter(queue, offset, generation, out)
+            if queue.due:
+                woken.add((queue.key[1], queue.key[2]))
+        self.retry_dead_letters(out)
+        mono = self.clock.mono_ms()
+        self.states.fold_idle(mono, self.config.pop_journal_idle_fold_ms)
+        return woken
+
+    def send_dead_letter(self, queue: PopQueue, offset: int, generation: int, out: Effects) -> None:
+        group, topic, queue_id = queue.key
+        cq = self.owned.get(topic, queue_id)
+        result = self.read(cq, offset, 1, self.config.pull_bytes_max, Subscription("*"))
+        if not result.message_count:
+            queue.record(offset, Action.SKIP)  # gone (retention) or damaged: nothing to move
+            self.states.write(queue, self.clock.mono_ms())
+            return
+        view = _reply_decoder.decode(result.encoded[0])
+        _state, attempt, _generation, _until = queue.entry(offset)
+        properties = dict(view["properties"])
+        properties.update({"DLQ_ORIGIN_TOPIC": topic, "DLQ_ORIGIN_MESSAGE_ID": view["msg_id"],
+                           "DLQ_ORIGIN_QUEUE_ID": str(queue_id), "DLQ_ORIGIN_QUEUE_OFFSET": str(offset),
+                           "DLQ_DELIVERY_ATTEMPTS": str(attempt)})
+        message = SendMessage(body=view["body"], tags=view["tags"], keys=view["keys"], properties=properties,
+                              flag=view["flag"], born_timestamp=view["born_timestamp"])
+        request_id = next(self.dead_letter_ids)
+        request = encode_request("send", request_id, topic=dead_letter_topic(group), queue_id=0, messages=[message])
+        client = b"dlq:%d" % request_id
+        queue.dead_lettering.add(offset)
+        self.dead_letters[client] = DeadLetter(queue, offset, generation,
+                                               self.clock.mono_ms() + self.config.dead_letter_retry_ms)
+        out.append(Forward("writer", [client, _PLAIN, encoder.encode(Append(0, self.clock.mono_ms())), request],
+                           lambda: None))  # refused: sent again when its deadline passes
+
+    def retry_dead_letters(self, out: Effects) -> None:
+        now = self.clock.mono_ms()
+        for client, letter in list(self.dead_letters.items()):
+            if letter.deadline_ms <= now:
+                del self.dead_letters[client]
+                letter.queue.dead_lettering.discard(letter.offset)
+                if self.states.queues.get(letter.queue.key) is letter.queue:
+                    self.send_dead_letter(letter.queue, letter.offset, letter.generation, out)
+
+    def on_writer_reply(self, frames: list[bytes]) -> None:
+        """The writer's answer to a dead-letter send: [client id, flag, reply]."""
+        letter = self.dead_letters.pop(frames[0], None)
+        if letter is None:
+            return  # answered after its retry went out
+        reply = _reply_decoder.decode(frames[2])
+        queue = letter.queue
+        queue.dead_lettering.discard(letter.offset)
+        if not reply.get("ok") or self.states.queues.get(queue.key) is not queue:
+            log.warning("dead-letter send for %s/%s/%d offset %d refused: %s; retried", *queue.key,
+                        letter.offset, reply.get("error"))
+            self.states.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms,
+                                 [(letter.offset, letter.generation)])
+            return
+        queue.record(letter.offset, Action.DEAD)
+        self.states.write(queue, self.clock.mono_ms())
+
+    def close(self) -> None:
+        self.states.close()

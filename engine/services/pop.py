@@ -1,0 +1,177 @@
+"""Pop, ack and change of invisible time over one queue's ack state (``pop_state.PopQueue``).
+
+A pop takes the queue's due redeliveries first (oldest first), then new messages from
+the pop cursor; each delivery is a journal entry DELIVER with its attempt, its receipt
+generation and its invisible time. A receipt handle names the delivery:
+
+    "{queue_id}:{queue_offset}:{generation}:{tag}"
+
+``tag`` is 8 hex digits of crc32("group/topic"): a handle given with another group or
+topic is refused, not taken for the delivery that happens to have the same numbers. A
+handle is good until the delivery it names is acked, redelivered or changed (each new
+delivery or change has a new generation); acking a good handle twice answers OK twice.
+
+A redelivery whose message is no longer readable (deleted by retention, or no longer
+matched by the pop's subscription) is skipped: done without delivery. A delivery that
+reached ``max_delivery_attempts`` is not made due again: the owner moves it to the
+group's dead-letter queue (``dead_letter``) and records DEAD once the writer stored it.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.errors import ErrorCode, GetStatus
+from engine.services.pop_state import PopQueue
+from engine.services.pull import PullResult, Subscription
+from engine.store.consume_queue import ConsumeQueue
+from engine.store.pop_files import Action, State
+
+log = logging.getLogger(__name__)
+# (cq, offset, max_messages, max_bytes, subscription) -> what a pull from there finds
+QueueRead = Callable[[ConsumeQueue | None, int, int, int, Subscription], PullResult]
+_GONE = (GetStatus.MESSAGE_WAS_REMOVING, GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MATCHED_MESSAGE)
+
+
+def handle_tag(group: str, topic: str) -> str:
+    return f"{zlib.crc32(f'{group}/{topic}'.encode()):08x}"
+
+
+def encode_handle(queue_id: int, offset: int, generation: int, tag: str) -> str:
+    return f"{queue_id}:{offset}:{generation}:{tag}"
+
+
+def decode_handle(handle: str, queue_id: int, tag: str) -> tuple[int, int] | None:
+    """(queue offset, generation) of a handle of this queue and tag; None for any other string."""
+    parts = handle.split(":")
+    if len(parts) != 4 or parts[3] != tag or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+        return None
+    if int(parts[0]) != queue_id:
+        return None
+    return int(parts[1]), int(parts[2])
+
+
+@dataclass
+class Taken:
+    """What one pop took, over one or more queues."""
+
+    encoded: list[bytes] = field(default_factory=list)
+    count: int = 0
+    bytes_taken: int = 0
+    receipt_handles: list[str] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+
+    def add(self, result: PullResult, queue: PopQueue, deliveries: list[tuple[int, int, int]], tag: str) -> None:
+        self.encoded.extend(result.encoded)
+        self.count += result.message_count
+        self.bytes_taken += sum(len(chunk) for chunk in result.encoded)
+        queue_id = queue.key[2]
+        for offset, attempt, generation in deliveries:
+            self.receipt_handles.append(encode_handle(queue_id, offset, generation, tag))
+            self.attempts.append(attempt)
+
+
+def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
+         max_bytes: int, subscription: Subscription, until_ms: int, tag: str) -> list[tuple[int, int]]:
+    """Add up to ``max_messages`` deliveries of ``queue`` to ``taken``; the (offset, generation)
+    pairs to schedule at ``until_ms``."""
+    scheduled: list[tuple[int, int]] = []
+    later: list[int] = []  # due, but not readable now (not visible yet, or past this reply's bytes)
+    while queue.due and taken.count < max_messages:
+        offset = next(iter(queue.due))
+        del queue.due[offset]
+        state, attempt, generation, _until = queue.entry(offset)
+        if state != State.DELIVERED:
+            continue
+        result = read(cq, offset, 1, max(1, max_bytes - taken.bytes_taken), subscription)
+        if result.message_count and result.offsets[0] == offset:
+            queue.record(offset, Action.DELIVER, attempt + 1, generation + 1, until_ms)
+            taken.add(result, queue, [(offset, attempt + 1, generation + 1)], tag)
+            scheduled.append((offset, generation + 1))
+        elif (result.status in _GONE and result.next_offset > offset) or result.corrupt_offset == offset:
+            queue.record(offset, Action.SKIP)  # deleted, damaged, or not wanted by this subscription
+        else:
+            later.append(offset)
+    for offset in later:
+        queue.due[offset] = None
+    if taken.count >= max_messages or cq is None:
+        return scheduled
+    if queue.cursor < 0:
+        queue.cursor = cq.min_offset
+    for _ in range(2):
+        result = read(cq, queue.cursor, max_messages - taken.count, max(1, max_bytes - taken.bytes_taken),
+                      subscription)
+        if result.status == GetStatus.OFFSET_OVERFLOW_BADLY:
+            queue.cursor = result.next_offset  # the log lost its tail (an unclean stop): go on from there
+            continue
+        if result.status == GetStatus.OFFSET_TOO_SMALL:
+            queue.cursor = result.next_offset  # retention deleted what the group never took
+            continue
+        break
+    if result.corrupt_offset >= 0 and not result.message_count:
+        log.error("pop %s/%s/%d: the message at offset %d is damaged; it is skipped, never served", *queue.key,
+                  result.corrupt_offset)
+        queue.record(result.corrupt_offset, Action.SKIP)
+        return scheduled
+    deliveries = []
+    for offset in result.offsets:
+        queue.record(offset, Action.DELIVER, 1, 1, until_ms)
+        deliveries.append((offset, 1, 1))
+        scheduled.append((offset, 1))
+    if result.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
+        queue.cursor = max(queue.cursor, result.next_offset)
+    taken.add(result, queue, deliveries, tag)
+    return scheduled
+
+
+@dataclass
+class AckOutcome:
+    acked: int = 0
+    failed: list[dict[str, object]] = field(default_factory=list)
+
+
+def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
+    outcome = AckOutcome()
+    queue_id = queue.key[2]
+    for handle in handles:
+        decoded = decode_handle(handle, queue_id, tag)
+        state, _attempt, generation, _until = queue.entry(decoded[0]) if decoded else (State.NONE, 0, -1, 0)
+        if decoded is not None and generation == decoded[1] and state in (State.DELIVERED, State.ACKED):
+            if state == State.DELIVERED:
+                queue.record(decoded[0], Action.ACK)
+            outcome.acked += 1
+            continue
+        outcome.failed.append({"receipt_handle": handle, "error": _stale(handle, decoded, state)})
+    return outcome
+
+
+def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> dict[str, object]:
+    code = ErrorCode.INVALID_RECEIPT_HANDLE
+    if decoded is None:
+        message = f"{handle!r} is not a receipt handle of this group, topic and queue"
+    elif state == State.DELIVERED:
+        message = "the message was delivered again or its invisible time changed since: use the newest handle"
+    elif state == State.NONE:
+        message = "no delivery of this message is known"
+    else:
+        message = f"the message is already {State(state).name.lower()} with another handle"
+    return msgspec.to_builtins({"code": int(code), "name": code.name, "message": message})
+
+
+def change_invisible(queue: PopQueue, handle: str, tag: str, *, until_ms: int) -> tuple[int, int] | str:
+    """The new (offset, generation), or why not."""
+    decoded = decode_handle(handle, queue.key[2], tag)
+    if decoded is None:
+        return f"{handle!r} is not a receipt handle of this group, topic and queue"
+    offset, generation = decoded
+    state, _attempt, current, _until = queue.entry(offset)
+    if state != State.DELIVERED or current != generation:
+        return "the handle is stale: the message was acked, delivered again or changed since"
+    queue.record(offset, Action.CHANGE, 0, generation + 1, until_ms)
+    queue.due.pop(offset, None)
+    return offset, generation + 1

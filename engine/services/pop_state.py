@@ -1,0 +1,386 @@
+"""The ack state of pop consumer groups: RabbitMQ's queue index over a RocketMQ queue.
+
+One ``PopQueue`` per (group, topic, queue) that the owner of the queue holds. Its
+files are ``engine/store/pop_files.py``'s: a journal of fixed entries and segment
+files of 16,384 entry states. In memory it keeps:
+
+* the segments it has touched, as the bytes of their entries (folded by writing
+  them whole);
+* the **pop cursor**: every queue offset below it was delivered once or skipped
+  (not matched by the subscription, or deleted by retention); none at or past it
+  has any state. Below the cursor, an entry that is still NONE was skipped since
+  the last fold; the fold writes it as SKIPPED;
+* ``due``: delivered offsets whose invisible time passed, redelivered first;
+* the counters ``stats`` reports.
+
+Rules, after ``rabbit_queue_index``:
+
+* every change is a journal entry first; the segments hold what the journal held at
+  the last fold. The journal is folded when it holds ``pop_journal_entries_max``
+  entries (RabbitMQ's ``queue_index_max_journal_entries``), when the queue has been
+  idle for ``pop_journal_idle_fold_ms``, and at a clean stop; then it is emptied;
+* a fold writes every changed segment whole (``write_atomically``) and deletes the
+  segments whose 16,384 entries are all done (acked, dead-lettered or skipped), except
+  the one holding the newest entry, which keeps the cursor;
+* recovery reads the segments, replays the journal over them (every entry carries the
+  whole new state, so a replay twice is a replay once), cuts a torn journal tail and
+  counts damage mid-journal. Damage can only have lost entries, and the only loss that
+  would turn an unacknowledged message into a done one is a lost DELIVER: so every
+  offset that no surviving entry explains between the folded cursor and the newest
+  entry is marked delivered, invisible until now: it is redelivered (at least once).
+  A segment file that fails its checks is read as "all delivered" for the same reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.store.pop_files import (
+    JOURNAL_ENTRY_BYTES,
+    POP_DIR,
+    SEGMENT_ENTRY,
+    SEGMENT_ENTRY_BYTES,
+    SEGMENT_ENTRY_COUNT,
+    Action,
+    Journal,
+    SegmentError,
+    State,
+    encode_segment,
+    pack_entry,
+    read_segment,
+    segment_numbers,
+    segment_path,
+    write_segment,
+)
+
+log = logging.getLogger(__name__)
+
+PopKey = tuple[str, str, int]  # group, topic, queue id
+_STATE_POSITION = 14  # of the state byte in a segment entry
+_DONE_BYTES = (State.ACKED, State.DEAD, State.SKIPPED)
+_ACTION_STATE = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Action.DEAD: State.DEAD,
+                 Action.SKIP: State.SKIPPED}
+
+
+def pop_queue_dir(store_dir: Path, group: str, topic: str, queue_id: int) -> Path:
+    return store_dir / POP_DIR / group / topic / str(queue_id)
+
+
+@dataclass
+class Delivery:
+    """One message as a pop hands it out."""
+
+    queue_offset: int
+    attempt: int
+    generation: int
+
+
+@dataclass
+class SegmentCounts:
+    open: int  # delivered, not done
+    done: int
+
+
+def _counts(entries: bytearray) -> SegmentCounts:
+    states = entries[_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+    return SegmentCounts(states.count(State.DELIVERED), sum(states.count(s) for s in _DONE_BYTES))
+
+
+@dataclass(eq=False)  # hashed by identity: a set holds the queues written to
+class PopQueue:
+    directory: Path
+    key: PopKey
+    journal: Journal
+    segments: dict[int, bytearray] = field(default_factory=dict)
+    changed: set[int] = field(default_factory=set)  # segments changed since the last fold
+    cursor: int = -1  # -1: the group never popped this queue (it starts at the queue's first message)
+    folded_cursor: int = 0
+    due: dict[int, None] = field(default_factory=dict)  # offsets to redeliver, oldest first
+    dead_lettering: set[int] = field(default_factory=set)  # sent to the DLQ, waiting for the writer
+    pending: bytearray = field(default_factory=bytearray)  # journal entries not written yet
+    in_flight: int = 0
+    dead_lettered: int = 0  # entries DEAD in the loaded segments
+    last_change_ms: int = 0
+    damaged_entries: int = 0  # journal entries found damaged at recovery
+
+    # -- entries ------------------------------------------------------------------------------
+
+    def entry(self, offset: int) -> tuple[int, int, int, int]:
+        """(state, attempt, generation, invisible until) of ``offset``; NONE for an unknown one."""
+        segment = self.segments.get(offset // SEGMENT_ENTRY_COUNT)
+        if segment is None:
+            return State.NONE, 0, 0, 0
+        until, generation, attempt, state, _ = SEGMENT_ENTRY.unpack_from(
+            segment, (offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES)
+        return state, attempt, generation, until
+
+    def _segment(self, number: int) -> bytearray:
+        segment = self.segments.get(number)
+        if segment is None:
+            segment = self.segments[number] = bytearray(SEGMENT_ENTRY_COUNT * SEGMENT_ENTRY_BYTES)
+        return segment
+
+    def _set(self, offset: int, state: int, attempt: int, generation: int, until: int) -> None:
+        number = offset // SEGMENT_ENTRY_COUNT
+        SEGMENT_ENTRY.pack_into(self._segment(number), (offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES,
+                                until, generation, attempt, state, 0)
+        self.changed.add(number)
+
+    def apply(self, offset: int, action: int, attempt: int, generation: int, until: int) -> None:
+        """One journal entry's change, in memory (recovery replays entries through here too)."""
+        old_state, old_attempt, old_generation, old_until = self.entry(offset)
+        if action == Action.CHANGE:
+            if old_state != State.DELIVERED:
+                return
+            self._set(offset, State.DELIVERED, old_attempt, generation, until)
+            return
+        state = _ACTION_STATE[Action(action)]
+        if state == State.DELIVERED:
+            self._set(offset, state, attempt, generation, until)
+        else:
+            self._set(offset, state, old_attempt, old_generation, old_until)
+        self.in_flight += (state == State.DELIVERED) - (old_state == State.DELIVERED)
+        self.dead_lettered += (state == State.DEAD) - (old_state == State.DEAD)
+        if offset >= self.cursor:
+            self.cursor = offset + 1
+
+    def record(self, offset: int, action: Action, attempt: int = 0, generation: int = 0, until: int = 0) -> None:
+        """A change: into memory now, into the journal with the request's other entries (``write``)."""
+        pos = len(self.pending)
+        self.pending.extend(bytes(JOURNAL_ENTRY_BYTES))
+        pack_entry(self.pending, pos, offset, action, attempt, generation, until)
+        self.apply(offset, action, attempt, generation, until)
+        if action not in (Action.DELIVER, Action.CHANGE):
+            self.due.pop(offset, None)
+            self.dead_lettering.discard(offset)
+
+    def write(self, now_ms: int) -> None:
+        if self.pending:
+            self.journal.append(self.pending)
+            self.pending = bytearray()
+            self.last_change_ms = now_ms
+
+    # -- questions ----------------------------------------------------------------------------
+
+    def redelivered(self) -> int:
+        """Entries delivered more than once, in the loaded segments."""
+        return sum(1 for segment in self.segments.values()
+                   for _until, _generation, attempt, state, _ in SEGMENT_ENTRY.iter_unpack(segment)
+                   if attempt > 1 and state != State.NONE)
+
+    def ack_floor(self) -> int:
+        """The lowest offset not done: every offset below it is acked, dead-lettered or skipped."""
+        if self.cursor < 0:
+            return 0
+        for number in sorted(self.segments):
+            segment = self.segments[number]
+            index = segment[_STATE_POSITION::SEGMENT_ENTRY_BYTES].find(State.DELIVERED)
+            if index >= 0:
+                return min(number * SEGMENT_ENTRY_COUNT + index, self.cursor)
+        return self.cursor
+
+    # -- fold ---------------------------------------------------------------------------------
+
+    def fold(self) -> int:
+        """Write the journal's changes into the segments, delete the fully done ones, empty the journal.
+
+        Returns the number of segments deleted."""
+        assert not self.pending, "write() the pending entries first"
+        if self.cursor > 0:
+            self._mark_skipped(self.folded_cursor, self.cursor)
+        newest = (self.cursor - 1) // SEGMENT_ENTRY_COUNT if self.cursor > 0 else -1
+        deleted = 0
+        for number in sorted(self.changed):
+            segment = self.segments[number]
+            counts = _counts(segment)
+            if counts.done == SEGMENT_ENTRY_COUNT and number != newest:
+                segment_path(self.directory, number).unlink(missing_ok=True)
+                del self.segments[number]
+                deleted += 1
+                continue
+            write_segment(self.directory, number,
+                          encode_segment(number, segment, open_count=counts.open, done_count=counts.done))
+        self.changed.clear()
+        self.folded_cursor = max(self.cursor, 0)
+        self.journal.empty()
+        return deleted
+
+    def _mark_skipped(self, start: int, end: int) -> None:
+        """NONE entries in [start, end) were skipped: say so in the segments, and pin the newest."""
+        for offset in range(max(start, 0), end):
+            segment = self.segments.get(offset // SEGMENT_ENTRY_COUNT)
+            if segment is None:
+                if offset == end - 1:
+                    self._set(offset, State.SKIPPED, 0, 0, 0)
+                continue
+            if segment[(offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES + _STATE_POSITION] == State.NONE:
+                self._set(offset, State.SKIPPED, 0, 0, 0)
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def recover(self, *, queue_end: int) -> None:
+        """Segments, then the journal over them (see the module's docstring)."""
+        for number in segment_numbers(self.directory):
+            try:
+                self.segments[number] = read_segment(self.directory, number)
+            except (SegmentError, OSError) as exc:
+                log.error("pop segment %s is damaged (%s): its messages are redelivered",
+                          segment_path(self.directory, number), exc)
+                self.segments[number] = self._all_delivered(number, queue_end)
+                self.changed.add(number)
+        self.cursor = self._newest_recorded() + 1 if self.segments else -1
+        self.folded_cursor = max(self.cursor, 0)
+        replay = self.journal.read()
+        if replay.valid_bytes != os.fstat(self.journal.fd).st_size:
+            log.warning("pop journal %s: torn tail cut at byte %d", self.journal.path, replay.valid_bytes)
+            self.journal.cut(replay.valid_bytes)
+        for entry in replay.entries:
+            self.apply(entry.queue_offset, entry.action, entry.attempt, entry.generation, entry.invisible_until_ms)
+        self.damaged_entries = replay.damaged_entries
+        if replay.damaged_entries:
+            doubtful = self._deliver_unexplained(self.folded_cursor, min(self.cursor, queue_end))
+            log.error("pop journal %s: %d damaged entries; %d offsets without a surviving entry are redelivered",
+                      self.journal.path, replay.damaged_entries, doubtful)
+        self.in_flight = sum(_counts(s).open for s in self.segments.values())
+        self.dead_lettered = sum(s[_STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
+                                 for s in self.segments.values())
+
+    def _newest_recorded(self) -> int:
+        number = max(self.segments)
+        states = self.segments[number][_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+        index = len(states.rstrip(b"\x00")) - 1
+        return number * SEGMENT_ENTRY_COUNT + index if index >= 0 else number * SEGMENT_ENTRY_COUNT - 1
+
+    def _all_delivered(self, number: int, queue_end: int) -> bytearray:
+        segment = bytearray(SEGMENT_ENTRY_COUNT * SEGMENT_ENTRY_BYTES)
+        first = number * SEGMENT_ENTRY_COUNT
+        for index in range(max(0, min(SEGMENT_ENTRY_COUNT, queue_end - first))):
+            SEGMENT_ENTRY.pack_into(segment, index * SEGMENT_ENTRY_BYTES, 0, 0, 0, State.DELIVERED, 0)
+        return segment
+
+    def _deliver_unexplained(self, start: int, end: int) -> int:
+        count = 0
+        for offset in range(start, end):
+            if self.entry(offset)[0] == State.NONE:
+                self._set(offset, State.DELIVERED, 0, 0, 0)  # in memory; the next fold writes it
+                count += 1
+        return count
+
+
+@dataclass(order=True)
+class _Expiry:
+    until_ms: int
+    seq: int
+    queue: PopQueue = field(compare=False)
+    deliveries: list[tuple[int, int]] = field(compare=False)  # (offset, generation)
+
+
+class PopStates:
+    """Every ``PopQueue`` of one owner, and one heap of invisible times over all of them.
+
+    A pop of 32 messages pushes one heap entry (they share their invisible time), so the
+    timer costs O(log n) per pop, and a tick looks only at the entries that are due."""
+
+    def __init__(self, store_dir: Path, *, journal_entries_max: int) -> None:
+        self.store_dir = store_dir
+        self.journal_entries_max = journal_entries_max
+        self.queues: dict[PopKey, PopQueue] = {}
+        self.expiries: list[_Expiry] = []
+        self.seq = itertools.count()
+        self.written: set[PopQueue] = set()  # journals appended to since their last sync
+
+    def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
+        return self.queues.get((group, topic, queue_id))
+
+    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int = 0) -> PopQueue:
+        key = (group, topic, queue_id)
+        queue = self.queues.get(key)
+        if queue is None:
+            directory = pop_queue_dir(self.store_dir, group, topic, queue_id)
+            queue = self.queues[key] = PopQueue(directory, key, Journal(directory))
+            queue.recover(queue_end=queue_end)
+            self._schedule_recovered(queue)
+        return queue
+
+    def _schedule_recovered(self, queue: PopQueue) -> None:
+        for number, segment in queue.segments.items():
+            states = segment[_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+            index = states.find(State.DELIVERED)
+            while index >= 0:
+                offset = number * SEGMENT_ENTRY_COUNT + index
+                _state, _attempt, generation, until = queue.entry(offset)
+                self.schedule(queue, until, [(offset, generation)])
+                index = states.find(State.DELIVERED, index + 1)
+
+    def schedule(self, queue: PopQueue, until_ms: int, deliveries: list[tuple[int, int]]) -> None:
+        heapq.heappush(self.expiries, _Expiry(until_ms, next(self.seq), queue, deliveries))
+
+    def expire(self, now_ms: int) -> set[PopQueue]:
+        """Move every delivery whose invisible time passed (and that was not acked or changed since)
+        to its queue's ``due``; the queues that got some."""
+        touched: set[PopQueue] = set()
+        while self.expiries and self.expiries[0].until_ms <= now_ms:
+            expiry = heapq.heappop(self.expiries)
+            queue = expiry.queue
+            if self.queues.get(queue.key) is not queue:
+                continue  # dropped with its topic
+            for offset, generation in expiry.deliveries:
+                state, _attempt, current, _until = queue.entry(offset)
+                if state == State.DELIVERED and current == generation and offset not in queue.dead_lettering:
+                    queue.due[offset] = None
+                    touched.add(queue)
+        return touched
+
+    def write(self, queue: PopQueue, now_ms: int) -> None:
+        if queue.pending:
+            queue.write(now_ms)
+            self.written.add(queue)
+            if queue.journal.entries >= self.journal_entries_max:
+                self.fold(queue)
+
+    def sync(self) -> None:
+        """Every journal written to since the last sync, on disk (SYNC_FLUSH's group commit)."""
+        for queue in self.written:
+            queue.journal.sync()
+        self.written.clear()
+
+    def journal_paths(self) -> list[Path]:
+        paths = [queue.journal.path for queue in self.written]
+        for queue in self.written:
+            queue.journal.unsynced = False
+        self.written.clear()
+        return paths
+
+    def fold(self, queue: PopQueue) -> None:
+        queue.journal.sync()
+        deleted = queue.fold()
+        if deleted:
+            log.info("pop %s/%s/%d: %d fully acknowledged segments deleted", *queue.key, deleted)
+
+    def fold_idle(self, now_ms: int, idle_ms: int) -> None:
+        for queue in self.queues.values():
+            if queue.journal.entries and now_ms - queue.last_change_ms >= idle_ms and not queue.pending:
+                self.fold(queue)
+
+    def drop_topic(self, topic: str) -> None:
+        """The topic was deleted: its pop state goes with it."""
+        for key in [key for key in self.queues if key[1] == topic]:
+            queue = self.queues.pop(key)
+            queue.journal.close()
+            self.written.discard(queue)
+        for group_dir in (self.store_dir / POP_DIR).glob("*"):
+            shutil.rmtree(group_dir / topic, ignore_errors=True)
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            if queue.pending:
+                queue.write(0)
+            if queue.journal.entries or queue.changed:
+                self.fold(queue)
+            queue.journal.close()

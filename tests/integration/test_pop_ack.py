@@ -1,0 +1,217 @@
+"""Pop consumers on a live engine: pop, ack, change of invisible time, redelivery, dead letters."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from engine.client import EngineError
+from supervisor.launcher import EngineProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def send_numbered(client, topic: str, count: int, *, batch: int = 200) -> None:
+    for start in range(0, count, batch):
+        client.send(topic, [{"body": b"%d" % n} for n in range(start, min(count, start + batch))])
+
+
+def test_a_popped_message_is_invisible_until_acked_or_its_time_passes(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("work", queue_count=1)
+        send_numbered(client, "work", 3)
+        first = client.pop("g", "work", invisible_ms=60_000)
+        assert [m["body"] for m in first] == [b"0", b"1", b"2"]
+        assert {m["attempt"] for m in first} == {1}
+        assert client.pop("g", "work") == [], "invisible to the group's other pops"
+        assert [m["body"] for m in client.pop("other", "work")] == [b"0", b"1", b"2"], "groups are independent"
+        assert client.ack("g", first[:2]) == []
+        handle = client.change_invisible_duration("g", first[2], 0)  # a nack
+        assert handle != first[2]["receipt_handle"]
+        again = wait_for_pop(client, "g", "work")
+        assert [(m["body"], m["attempt"]) for m in again] == [(b"2", 2)]
+        assert client.ack("g", first[2:])[0]["error"]["name"] == "INVALID_RECEIPT_HANDLE", "the old handle is stale"
+        assert client.ack("g", again) == []
+        assert client.ack("g", again) == [], "acking twice with the same handle is fine"
+        stats = client.pop_stats("g", "work", 0)
+        assert (stats["ack_floor"], stats["in_flight"], stats["redelivered"]) == (3, 0, 1)
+
+
+def wait_for_pop(client, group: str, topic: str, *, deadline_s: float = 20, **kwargs) -> list[dict]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        messages = client.pop(group, topic, max_wait_ms=1_000, **kwargs)
+        if messages:
+            return messages
+    raise AssertionError("no message came back")
+
+
+def test_an_expired_message_comes_back_after_its_invisible_time_only(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("expiry", queue_count=2)
+        send_numbered(client, "expiry", 4)
+        taken = []
+        while len(taken) < 4:
+            taken += client.pop("g", "expiry", invisible_ms=1_500)
+        popped_at = time.monotonic()
+        back = []
+        while len(back) < 4:
+            back += client.pop("g", "expiry", max_wait_ms=3_000, invisible_ms=60_000)
+        assert time.monotonic() - popped_at >= 1.4
+        assert sorted(m["body"] for m in back) == sorted(m["body"] for m in taken)
+        assert {m["attempt"] for m in back} == {2}
+
+
+def test_a_long_poll_pop_is_answered_when_a_message_arrives(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("lp", queue_count=4)
+        got: list[list[dict]] = []
+
+        def consume() -> None:
+            with engine.client() as consumer:
+                got.append(consumer.pop("g", "lp", queue_id=3, max_wait_ms=20_000))
+
+        waiter = threading.Thread(target=consume)
+        started = time.monotonic()
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while parked_requests(engine) < 1:  # the pop is parked at its owner
+            assert time.monotonic() < deadline
+        client.send("lp", [{"body": b"wake"}], queue_id=3)
+        waiter.join(20)
+        assert got and [m["body"] for m in got[0]] == [b"wake"]
+        assert time.monotonic() - started < 15
+
+
+def parked_requests(engine: EngineProcess) -> int:
+    from engine.ipc.messages import StatusQuery
+    from supervisor.control import control
+
+    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
+
+
+def test_after_the_attempt_limit_a_message_goes_to_the_dead_letter_queue(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("poison", queue_count=1)
+        [sent] = client.send("poison", [{"body": b"bad", "tags": "t", "keys": ["k1"],
+                                         "properties": {"a": "b"}}])
+        attempts = []
+        deadline = time.monotonic() + 60
+        while len(attempts) < 16:
+            assert time.monotonic() < deadline
+            for message in client.pop("g", "poison", max_wait_ms=500):
+                attempts.append(message["attempt"])
+                client.nack("g", message)
+        assert attempts == list(range(1, 17))
+        dead = []
+        while not dead:
+            assert time.monotonic() < deadline
+            dead = client.pull("%DLQ%g", 0, 0, max_wait_ms=1_000)["messages"]
+        [letter] = dead
+        assert letter["body"] == b"bad" and letter["tags"] == "t" and letter["keys"] == ["k1"]
+        assert letter["properties"]["DLQ_ORIGIN_TOPIC"] == "poison"
+        assert letter["properties"]["DLQ_ORIGIN_MESSAGE_ID"] == sent["msg_id"]
+        assert letter["properties"]["DLQ_ORIGIN_QUEUE_OFFSET"] == "0"
+        assert letter["properties"]["a"] == "b"
+        assert client.pop("g", "poison", max_wait_ms=300) == []
+        while client.pop_stats("g", "poison", 0)["dead_lettered"] != 1:
+            assert time.monotonic() < deadline
+        assert client.pop_stats("g", "poison", 0)["ack_floor"] == 1
+
+
+def test_a_group_either_pops_or_commits_offsets(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("modes", queue_count=1)
+        client.commit_offset("offsets", "modes", 0, 0)
+        with pytest.raises(EngineError) as refused:
+            client.pop("offsets", "modes")
+        assert refused.value.name == "GROUP_MODE_CONFLICT"
+        client.pop("pops", "modes")
+        with pytest.raises(EngineError) as refused:
+            client.commit_offset("pops", "modes", 0, 0)
+        assert refused.value.name == "GROUP_MODE_CONFLICT"
+
+
+def test_bad_pop_requests_get_clear_errors(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("bad", queue_count=1)
+        cases = [
+            ({"op": "pop", "topic": "bad"}, "INVALID_FIELD"),
+            ({"op": "pop", "group": "g\n", "topic": "bad"}, "INVALID_FIELD"),
+            ({"op": "pop", "group": "g", "topic": "nope"}, "TOPIC_NOT_FOUND"),
+            ({"op": "pop", "group": "g", "topic": "bad", "queue_id": 9}, "QUEUE_NOT_FOUND"),
+            ({"op": "ack", "group": "g", "topic": "bad", "queue_id": 0, "receipt_handles": []}, "INVALID_FIELD"),
+            ({"op": "change_invisible", "group": "g", "topic": "bad", "queue_id": 0, "receipt_handle": "0:0:1:x",
+              "invisible_ms": 10}, "INVALID_RECEIPT_HANDLE"),
+            ({"op": "pop", "group": "g", "topic": "bad", "invisible_ms": -1}, "INVALID_FIELD"),
+        ]
+        for fields, name in cases:
+            op = fields.pop("op")
+            with pytest.raises(EngineError) as refused:
+                client.request(op, **fields)
+            assert refused.value.name == name, (op, fields)
+        failed = client.request("ack", group="g", topic="bad", queue_id=0, receipt_handles=["junk"])["failed"]
+        assert failed[0]["error"]["name"] == "INVALID_RECEIPT_HANDLE"
+        assert client.ping()
+
+
+def test_three_pop_consumers_ack_every_message_exactly_once(engine: EngineProcess) -> None:
+    total = 20_000
+    with engine.client() as client:
+        client.create_topic("pool", queue_count=4)
+        send_numbered(client, "pool", total, batch=500)
+    acked: Counter[bytes] = Counter()
+    deliveries: dict[bytes, list[tuple[float, int]]] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with engine.client() as consumer:
+                while not done.is_set():
+                    messages = consumer.pop("pool-g", "pool", max_messages=32, invisible_ms=1_000, max_wait_ms=200)
+                    now = time.monotonic()
+                    keep = []
+                    with lock:
+                        for message in messages:
+                            deliveries.setdefault(message["body"], []).append((now, message["attempt"]))
+                            if rng.random() < 0.9:
+                                keep.append(message)
+                    failed = consumer.ack("pool-g", keep)
+                    failed_handles = {f["receipt_handle"] for f in failed}
+                    with lock:
+                        for message in keep:
+                            if message["receipt_handle"] not in failed_handles:
+                                acked[message["body"]] += 1
+                        if len(acked) == total:
+                            done.set()
+        except BaseException as exc:
+            errors.append(exc)
+            done.set()
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    done.wait(150)
+    done.set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    assert len(acked) == total, f"{total - len(acked)} messages never acked"
+    assert set(acked.values()) == {1}, "a message was acked twice"
+    for body, seen in deliveries.items():
+        attempts = [attempt for _t, attempt in seen]
+        assert attempts == list(range(1, len(attempts) + 1)), (body, attempts)
+        for (earlier, _), (later, _) in itertools.pairwise(seen):
+            assert later - earlier >= 0.9, f"{body!r} came back before its invisible time"
+    with engine.client() as client:
+        for queue_id in range(4):
+            stats = client.pop_stats("pool-g", "pool", queue_id)
+            assert stats["in_flight"] == 0 and stats["ack_floor"] == stats["max_offset"], stats
