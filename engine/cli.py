@@ -101,6 +101,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    if args.pop:
+        return _consume_pop(args)
     with _client(args, timeout_ms=args.timeout_ms + args.wait_ms) as client:
         topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
         if args.topic not in topics:
@@ -129,6 +131,30 @@ def cmd_consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consume_pop(args: argparse.Namespace) -> int:
+    """Pop up to --count messages for --group (acked with --ack); stop at the first empty pop."""
+    if not args.group:
+        print("error: --pop needs --group", file=sys.stderr)
+        return 2
+    messages: list[dict[str, Any]] = []
+    with _client(args, timeout_ms=args.timeout_ms + args.wait_ms) as client:
+        while len(messages) < args.count:
+            popped = client.pop(args.group, args.topic, queue_id=args.queue_id,
+                                max_messages=min(256, args.count - len(messages)), invisible_ms=args.invisible_ms,
+                                max_wait_ms=args.wait_ms, subscription=args.subscription)
+            if not popped:
+                break
+            if args.ack:
+                failed = client.ack(args.group, popped)
+                for refusal in failed:
+                    print(f"not acked: {refusal['receipt_handle']}: {refusal['error']['message']}", file=sys.stderr)
+            messages.extend(popped)
+    text = "\n".join(f"{_message_line(m)} attempt={m['attempt']}" for m in messages)
+    verb = "popped and acked" if args.ack else f"popped (invisible for {args.invisible_ms} ms, not acked)"
+    _emit(args, messages, f"{text}\n{len(messages)} messages {verb}")
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     with _client(args, timeout_ms=args.timeout_ms) as client:
         if args.id:
@@ -152,19 +178,42 @@ def cmd_stats(args: argparse.Namespace) -> int:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
             return 1
         rows = []
-        lag = client.consumer_lag(args.group, args.topic) if args.group else {}
+        pops = args.group is not None and _is_pop_group(client, args.group, args.topic)
+        lag = client.consumer_lag(args.group, args.topic) if args.group and not pops else {}
         for queue_id in range(queues):
             row = {"queue_id": queue_id, **{k: v for k, v in client.queue_stats(args.topic, queue_id).items()
                                             if k not in ("v", "id", "ok")}}
-            if args.group:
+            if pops:
+                pop = client.pop_stats(args.group, args.topic, queue_id)
+                row.update({k: pop[k] for k in ("ack_floor", "in_flight", "redelivered", "dead_lettered")})
+            elif args.group:
                 row["committed_offset"] = client.fetch_offset(args.group, args.topic, queue_id)
                 row["lag"] = lag[queue_id]
             rows.append(row)
     lines = [f"{args.topic}/{r['queue_id']}: offsets {r['min_offset']}..{r['max_offset']} "
-             f"({r['message_count']} messages), last stored {r['latest_store_timestamp']}"
-             + (f", {args.group} at {r['committed_offset']}, lag {r['lag']}" if args.group else "") for r in rows]
+             f"({r['message_count']} messages), last stored {r['latest_store_timestamp']}" + _group_text(args, r)
+             for r in rows]
     _emit(args, rows, "\n".join(lines))
     return 0
+
+
+def _is_pop_group(client: StoreClient, group: str, topic: str) -> bool:
+    """A group pops a topic unless it commits offsets on it (the engine refuses pop_stats then)."""
+    try:
+        return client.pop_stats(group, topic, 0)["pop_cursor"] >= 0
+    except EngineError as exc:
+        if exc.name == "GROUP_MODE_CONFLICT":
+            return False
+        raise
+
+
+def _group_text(args: argparse.Namespace, row: dict[str, Any]) -> str:
+    if "ack_floor" in row:
+        return (f", {args.group}: acked below {row['ack_floor']}, in flight {row['in_flight']}, "
+                f"redelivered {row['redelivered']}, dead-lettered {row['dead_lettered']}")
+    if "lag" in row:
+        return f", {args.group} at {row['committed_offset']}, lag {row['lag']}"
+    return ""
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
@@ -261,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--key-prefix", default="key-")
     produce.add_argument("--tags")
     produce.set_defaults(handler=cmd_produce)
-    consume = commands.add_parser("consume", help="pull messages")
+    consume = commands.add_parser("consume", help="pull messages, or pop them (--pop) and ack them (--ack)")
     _common(consume)
     consume.add_argument("--topic", required=True)
     consume.add_argument("--queue-id", type=int, help="one queue (default: all queues of the topic)")
@@ -272,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
     consume.add_argument("--subscription", default="*", help='tags to receive: "*" or "tagA || tagB"')
     consume.add_argument("--wait-ms", type=int, default=0, help="long polling: wait this long for new messages")
+    consume.add_argument("--pop", action="store_true",
+                         help="pop for --group: each message is invisible to the group's other pops until acked "
+                              "or --invisible-ms passes")
+    consume.add_argument("--ack", action="store_true", help="with --pop: acknowledge what was popped")
+    consume.add_argument("--invisible-ms", type=int, default=30_000, help="with --pop: how long a message stays "
+                                                                          "invisible before it is redelivered")
     consume.set_defaults(handler=cmd_consume)
     query = commands.add_parser("query", help="look messages up by key or by id")
     _common(query)
@@ -286,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats = commands.add_parser("stats", help="per-queue offsets, counts, store times, and a group's lag")
     _common(stats)
     stats.add_argument("--topic", required=True)
-    stats.add_argument("--group", help="also show this consumer group's committed offsets and lag")
+    stats.add_argument("--group", help="also show this consumer group's committed offsets and lag, or, for a "
+                                       "pop group, its ack floor, in-flight, redelivered and dead-lettered counts")
     stats.set_defaults(handler=cmd_stats)
     topics = commands.add_parser("topics", help="list, create, grow or delete topics")
     _common(topics)

@@ -44,7 +44,7 @@ from engine.services.owned_queues import OwnedQueues
 from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
 from engine.services.pop_state import PopQueue, PopStates
 from engine.services.pull import Subscription, _array_header
-from engine.store.pop_files import POP_DIR, Action
+from engine.store.pop_files import POP_DIR, Action, State
 
 log = logging.getLogger(__name__)
 _PLAIN = b"\x00"
@@ -257,8 +257,10 @@ class OwnerPops:
             self.states.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms,
                                  [(letter.offset, letter.generation)])
             return
-        queue.record(letter.offset, Action.DEAD)
-        self.states.write(queue, self.clock.mono_ms())
+        state, _attempt, generation, _until = queue.entry(letter.offset)
+        if state == State.DELIVERED and generation == letter.generation:  # not acked meanwhile
+            queue.record(letter.offset, Action.DEAD)
+            self.states.write(queue, self.clock.mono_ms())
 
     def close(self) -> None:
         self.states.close()

@@ -6,7 +6,8 @@
   whose QUEUEOFFSET is the unit's position and whose size matches; every
   record whose queue offset is below its queue's max has exactly that unit;
 * every IndexFile item points at a record that carries a key with its hash;
-* the checkpoint's offsets are not ahead of the log.
+* the checkpoint's offsets are not ahead of the log;
+* the pop groups' journals and segments are intact and agree (``check_pop.py``).
 
 Records of a deleted topic below its deletion offset (``deleted_topics.py``)
 belong to no queue, and a queue left from before its topic's deletion is
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.names import is_decimal
+from engine.offline.check_pop import check_pop_state
 from engine.offline.inspect_store import detect_config
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
@@ -55,7 +57,7 @@ def _quiet(_stage: str, _done: int, _total: int) -> None:
 
 @dataclass(frozen=True)
 class Finding:
-    area: str  # commitlog, consumequeue, index, checkpoint
+    area: str  # commitlog, consumequeue, index, checkpoint, pop
     where: str
     problem: str
 
@@ -102,6 +104,8 @@ def check_store(store_dir: Path, config: StoreConfig | None = None, *, progress:
         _check_index(store_dir, reader, config, log_end, findings, progress)
         for finding in check_checkpoint(store_dir, log_end):
             findings.add(finding)
+        for where, problem in check_pop_state(store_dir, queues):
+            findings.add(Finding("pop", where, problem))
         return findings.closed()
     finally:
         for cq in queues.values():

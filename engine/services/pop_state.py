@@ -224,8 +224,11 @@ class PopQueue:
 
     # -- recovery -----------------------------------------------------------------------------
 
-    def recover(self, *, queue_end: int) -> None:
-        """Segments, then the journal over them (see the module's docstring)."""
+    def recover(self, *, queue_end: int | None) -> None:
+        """Segments, then the journal over them (see the module's docstring). ``queue_end``: the
+        queue's max offset, past which nothing is delivered (None: not known, no bound)."""
+        if queue_end is None:
+            queue_end = 1 << 62
         for number in segment_numbers(self.directory):
             try:
                 self.segments[number] = read_segment(self.directory, number)
@@ -298,7 +301,7 @@ class PopStates:
     def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
         return self.queues.get((group, topic, queue_id))
 
-    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int = 0) -> PopQueue:
+    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int | None = None) -> PopQueue:
         key = (group, topic, queue_id)
         queue = self.queues.get(key)
         if queue is None:

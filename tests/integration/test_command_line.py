@@ -72,6 +72,23 @@ def test_engine_commands_produce_consume_query_and_inspect(engine: EngineProcess
     assert report["abort_marker"] is False
 
 
+def test_a_worker_pool_pops_and_acks_from_the_command_line(engine: EngineProcess) -> None:
+    ep = ["--endpoint", engine.endpoint]
+    run("-m", "engine", "produce", *ep, "--topic", "jobs", "--count", "40", "--batch-size", "40")
+    engine_cmd = ("-m", "engine", "consume", *ep, "--topic", "jobs", "--group", "workers", "--pop", "--json")
+    taken = json.loads(run(*engine_cmd, "--count", "10", "--invisible-ms", "60000").stdout)
+    assert len(taken) == 10 and {m["attempt"] for m in taken} == {1}
+    rest = json.loads(run(*engine_cmd, "--ack", "--count", "1000", "--wait-ms", "300").stdout)
+    assert len(rest) == 30, "the ten taken without an ack stay invisible"
+    stats = json.loads(run("-m", "engine", "stats", *ep, "--topic", "jobs", "--group", "workers", "--json").stdout)
+    assert sum(r["in_flight"] for r in stats) == 10
+    assert sum(r["ack_floor"] for r in stats) < 40 and all(r["dead_lettered"] == 0 for r in stats)
+    text = run("-m", "engine", "stats", *ep, "--topic", "jobs", "--group", "workers").stdout
+    assert "in flight" in text and "dead-lettered 0" in text
+    usage = run("-m", "engine", "consume", *ep, "--topic", "jobs", "--pop", check=False)
+    assert usage.returncode == 2 and "--group" in usage.stderr
+
+
 def test_supervisor_detach_status_and_stop(tmp_path: Path) -> None:
     store = tmp_path / "store"
     port = free_port()
