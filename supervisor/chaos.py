@@ -5,8 +5,11 @@ each cycle waits for a seeded number of acknowledgements, SIGKILLs a seeded
 random actor (or the supervisor itself: once per phase at a seeded cycle,
 and one time in ten otherwise; the engine is then started again), and waits for the supervisor's ``recovery.done``.
 The first half of the cycles run under ASYNC_FLUSH, the second under
-SYNC_FLUSH (a clean stop and start in between). At the end every queue is
-read back and checked (``workload.verify``), the engine is stopped, and
+SYNC_FLUSH (a clean stop and start in between). Pop workers of one group
+(``supervisor/pop_workload.py``) pop and ack ``POP_TOPIC`` all along. At the end
+every queue is read back and checked (``workload.verify``); the pop group must
+ack every stored message of ``POP_TOPIC`` (its own counts agreeing), and none
+acked under SYNC_FLUSH may be delivered again; the engine is stopped, and
 ``check_store`` must find nothing. The seed replays the same schedule.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +29,11 @@ from engine.offline.check import Finding, check_store
 from supervisor.control import EventStream
 from supervisor.faults import actor_pids, kill_actor
 from supervisor.launcher import EngineProcess
+from supervisor.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
 from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 
 TOPICS = {"chaos-a": 4, "chaos-b": 3}
+POP_TOPIC, POP_GROUP = "chaos-a", "chaos-pop"
 SUPERVISOR_KILL_RATIO = 0.1
 
 
@@ -38,15 +44,19 @@ class ChaosReport:
     verdict: Verdict | None = None
     findings: list[Finding] = field(default_factory=list)
     consumed: int = 0
+    pop_verdict: PopVerdict | None = None
+    pop_drained: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.verdict is not None and self.verdict.ok() and not self.findings
+        pops_ok = self.pop_verdict is not None and self.pop_verdict.ok() and self.pop_drained
+        return self.verdict is not None and self.verdict.ok() and pops_ok and not self.findings
 
     def summary(self) -> str:
         verdict = self.verdict.summary() if self.verdict else "not verified"
-        return (f"seed={self.seed} cycles={len(self.schedule)} consumed_live={self.consumed} {verdict} "
-                f"check_findings={len(self.findings)}")
+        pops = self.pop_verdict.summary() if self.pop_verdict else "pop: not verified"
+        return (f"seed={self.seed} cycles={len(self.schedule)} consumed_live={self.consumed} {verdict} {pops} "
+                f"(engine counts all acked: {self.pop_drained}) check_findings={len(self.findings)}")
 
 
 class Consumer(threading.Thread):
@@ -115,6 +125,8 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
     report = ChaosReport(seed)
     client = None
     producers: list[Producer] = []
+    ledger = PopLedger()
+    workers: list[PopWorker] = []
     engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH"))
     try:
         for phase, flush_mode in enumerate(("ASYNC_FLUSH", "SYNC_FLUSH")):
@@ -126,6 +138,11 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             thread = ProducerThread(producer).start()
             consumer = Consumer(engine)
             consumer.start()
+            if flush_mode == "SYNC_FLUSH":
+                ledger.strict_since = time.monotonic()  # from here on no acked message may come back
+            workers = [PopWorker(engine, POP_GROUP, POP_TOPIC, ledger, invisible_ms=2_000) for _ in range(2)]
+            for worker in workers:
+                worker.start()
             phase_cycles = cycles // 2 if phase == 0 else cycles - cycles // 2
             supervisor_cycle = rng.randrange(phase_cycles) if phase_cycles else -1  # at least one per phase
             for cycle in range(phase_cycles):
@@ -140,11 +157,20 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             report.consumed += consumer.consumed
             producer.client.close()
             if phase == 0:
+                for worker in workers:
+                    worker.stop()
                 engine.stop()
         client = engine.client(timeout_ms=10_000)
         wait_dispatched(client, timeout_ms=30_000)
-        report.verdict = verify(producers, read_everything(client, TOPICS))
+        read = read_everything(client, TOPICS)
+        report.verdict = verify(producers, read)
+        stored = {message_key(m) for (topic, _q), queue in read.items() if topic == POP_TOPIC for m in queue.messages}
+        report.pop_drained = drain(engine, workers, ledger, stored, group=POP_GROUP, topic=POP_TOPIC,
+                                   queue_count=TOPICS[POP_TOPIC], timeout_s=60)
+        report.pop_verdict = ledger.verdict(stored)
     finally:
+        for worker in workers:
+            worker.stop()
         if client is not None:
             client.close()
         engine.stop()

@@ -2,7 +2,7 @@
 
 ``PopWorker`` threads pop from a topic for one group and ack everything they get,
 through faults (a refused or unanswered request is retried by the next loop). The
-``PopLedger`` keeps, per message body, when an ack was confirmed (the engine said OK)
+``PopLedger`` keeps, per message (its topic, queue and queue offset), when an ack was confirmed (the engine said OK)
 and every delivery. ``PopLedger.verdict`` then says:
 
 * ``unacked``: stored messages the group never got acked: lost for the group (an ack
@@ -19,17 +19,24 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.client import ClientError, StoreClient
 from supervisor.launcher import EngineProcess
+
+MessageKey = tuple[str, int, int]  # topic, queue id, queue offset
+
+
+def message_key(message: dict[str, Any]) -> MessageKey:
+    return message["topic"], message["queue_id"], message["queue_offset"]
 
 
 @dataclass
 class PopVerdict:
     acked: int
     ack_unknown: int
-    unacked: list[bytes]
-    after_ack: list[bytes]
+    unacked: list[MessageKey]
+    after_ack: list[MessageKey]
     deliveries: int
 
     def ok(self, *, redelivery_after_ack_allowed: bool = False) -> bool:
@@ -43,36 +50,36 @@ class PopVerdict:
 @dataclass
 class PopLedger:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    acked_at: dict[bytes, float] = field(default_factory=dict)  # first confirmed ack, monotonic s
-    ack_unknown: set[bytes] = field(default_factory=set)  # acks sent whose reply never came
-    after_ack: list[bytes] = field(default_factory=list)
+    acked_at: dict[MessageKey, float] = field(default_factory=dict)  # first confirmed ack, monotonic s
+    ack_unknown: set[MessageKey] = field(default_factory=set)  # acks sent whose reply never came
+    after_ack: list[MessageKey] = field(default_factory=list)
     deliveries: int = 0
     strict_since: float = float("inf")  # deliveries asked for after this are checked (SYNC_FLUSH phases)
 
-    def delivered(self, bodies: Iterable[bytes], asked_at: float) -> None:
+    def delivered(self, bodies: Iterable[MessageKey], asked_at: float) -> None:
         with self.lock:
-            for body in bodies:
+            for key in bodies:
                 self.deliveries += 1
-                confirmed = self.acked_at.get(body)
+                confirmed = self.acked_at.get(key)
                 if confirmed is not None and confirmed >= self.strict_since and asked_at > confirmed:
-                    self.after_ack.append(body)
+                    self.after_ack.append(key)
 
-    def acked(self, bodies: Iterable[bytes], at: float) -> None:
+    def acked(self, bodies: Iterable[MessageKey], at: float) -> None:
         with self.lock:
-            for body in bodies:
-                self.acked_at.setdefault(body, at)
+            for key in bodies:
+                self.acked_at.setdefault(key, at)
 
-    def unanswered(self, bodies: Iterable[bytes]) -> None:
+    def unanswered(self, bodies: Iterable[MessageKey]) -> None:
         with self.lock:
             self.ack_unknown.update(bodies)
 
-    def settled(self, stored: set[bytes]) -> bool:
+    def settled(self, stored: set[MessageKey]) -> bool:
         with self.lock:
-            return all(body in self.acked_at or body in self.ack_unknown for body in stored)
+            return all(key in self.acked_at or key in self.ack_unknown for key in stored)
 
-    def verdict(self, stored: Iterable[bytes]) -> PopVerdict:
+    def verdict(self, stored: Iterable[MessageKey]) -> PopVerdict:
         with self.lock:
-            unacked = [body for body in stored if body not in self.acked_at and body not in self.ack_unknown]
+            unacked = [key for key in stored if key not in self.acked_at and key not in self.ack_unknown]
             unknown = len(self.ack_unknown - self.acked_at.keys())
             return PopVerdict(len(self.acked_at), unknown, unacked, list(self.after_ack), self.deliveries)
 
@@ -97,7 +104,7 @@ class PopWorker(threading.Thread):
                                           invisible_ms=self.invisible_ms, max_wait_ms=200)
                 except ClientError:
                     continue
-                self.ledger.delivered((m["body"] for m in messages), asked_at)
+                self.ledger.delivered((message_key(m) for m in messages), asked_at)
                 if not messages:
                     self.idle.set()
                     continue
@@ -105,9 +112,9 @@ class PopWorker(threading.Thread):
                 try:
                     failed = {f["receipt_handle"] for f in client.ack(self.group, messages)}
                 except ClientError:  # not known whether the acks were recorded: the messages may come back
-                    self.ledger.unanswered(m["body"] for m in messages)
+                    self.ledger.unanswered(message_key(m) for m in messages)
                     continue
-                self.ledger.acked((m["body"] for m in messages if m["receipt_handle"] not in failed),
+                self.ledger.acked((message_key(m) for m in messages if m["receipt_handle"] not in failed),
                                   time.monotonic())
         finally:
             client.close()
@@ -117,7 +124,7 @@ class PopWorker(threading.Thread):
         self.join(30)
 
 
-def drain(engine: EngineProcess, workers: list[PopWorker], ledger: PopLedger, stored: set[bytes], *,
+def drain(engine: EngineProcess, workers: list[PopWorker], ledger: PopLedger, stored: set[MessageKey], *,
           group: str, topic: str, queue_count: int, timeout_s: float = 60) -> bool:
     """Wait until every stored message is acked, in the ledger and by the engine's own counts
     (every queue's ack floor at its end, nothing in flight); False if the time ran out."""

@@ -17,3 +17,4 @@ def test_twenty_random_kill_cycles_lose_nothing(store_dir: Path) -> None:
     assert len(report.schedule) == 20
     assert report.ok, report.summary() + "\n" + "\n".join(map(str, report.findings))
     assert report.verdict is not None and report.verdict.acked > 1000
+    assert report.pop_verdict is not None and report.pop_verdict.acked > 500

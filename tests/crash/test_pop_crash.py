@@ -17,7 +17,7 @@ from engine.offline.check import check_store
 from supervisor.control import EventStream
 from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess
-from supervisor.pop_workload import PopLedger, PopWorker, drain
+from supervisor.pop_workload import MessageKey, PopLedger, PopWorker, drain
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,13 +31,14 @@ def pop_config(flush_mode: str) -> StoreConfig:
                                           pop_journal_idle_fold_ms=300)
 
 
-def load(engine: EngineProcess) -> set[bytes]:
+def load(engine: EngineProcess) -> set[MessageKey]:
+    stored = set()
     with engine.client() as client:
         client.create_topic(TOPIC, queue_count=4)
-        bodies = [b"m-%06d" % n for n in range(MESSAGES)]
         for start in range(0, MESSAGES, 500):
-            client.send(TOPIC, [{"body": body} for body in bodies[start:start + 500]])
-    return set(bodies)
+            for result in client.send(TOPIC, [{"body": b"m-%06d" % n} for n in range(start, start + 500)]):
+                stored.add((TOPIC, result["queue_id"], result["queue_offset"]))
+    return stored
 
 
 def wait_acked(ledger: PopLedger, count: int, workers: list[PopWorker]) -> None:
