@@ -20,6 +20,7 @@ Results: a table on stdout, JSON with ``--json``; BENCHMARKS.md keeps them.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -148,6 +149,123 @@ def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
         rates.append(count / (time.perf_counter() - started))
         sock.close()
     record(f"engine pull whole topic ({count} msgs, {queues} queues)", rates, "msg/s")
+
+
+def _load_topic(engine: EngineProcess, topic: str, total: int, *, body: int = 256, queues: int = 8) -> None:
+    from supervisor.workload import wait_dispatched
+
+    with engine.client() as client:
+        client.create_topic(topic, queue_count=queues)
+    frames = [request_frame("send", n, topic=topic, messages=[{"body": body_of(body, n * 1000 + i)}
+                                                               for i in range(1000)])
+              for n in range(total // 1000)]
+    pipelined(engine.endpoint, frames, inflight=4)
+    with engine.client() as client:
+        wait_dispatched(client, timeout_ms=120_000)
+
+
+def _consume_all(endpoint: str, total: int, first: Callable[[int], bytes],
+                 after: Callable[[dict[str, Any]], tuple[list[bytes], int]], *, inflight: int) -> float:
+    """Keep ``inflight`` requests out; each reply gives the next requests and how many messages it
+    finished. Returns seconds until ``total`` messages are finished."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    done = 0
+    started = time.perf_counter()
+    try:
+        for slot in range(inflight):
+            sock.send(first(slot))
+        while done < total:
+            if not sock.poll(60_000):
+                raise TimeoutError(f"{done} of {total} messages consumed")
+            frames, finished = after(decode(sock.recv()))
+            done += finished
+            for frame in frames:
+                sock.send(frame)
+        return time.perf_counter() - started
+    finally:
+        sock.close()
+
+
+class PopAckLoop:
+    """Each pop's messages are acked (one request per queue among them); the last ack's reply
+    sends the next pop, so the requests in flight stay as many as the loop started with."""
+
+    def __init__(self, topic: str, group: str) -> None:
+        self.topic, self.group = topic, group
+        self.ids = itertools.count(1)
+        self.not_last: set[int] = set()  # acks after whose reply no pop follows
+
+    def first(self, _slot: int) -> bytes:
+        return request_frame("pop", next(self.ids), group=self.group, topic=self.topic, max_messages=32,
+                             invisible_ms=60_000, max_wait_ms=100)
+
+    def after(self, reply: dict[str, Any]) -> tuple[list[bytes], int]:
+        assert reply["ok"], reply
+        if "acked" in reply:
+            assert not reply["failed"], reply["failed"]
+            if reply["id"] in self.not_last:
+                self.not_last.discard(reply["id"])
+                return [], reply["acked"]
+            return [self.first(0)], reply["acked"]
+        by_queue: dict[int, list[str]] = {}
+        for message, handle in zip(reply["messages"], reply["receipt_handles"], strict=True):
+            by_queue.setdefault(message["queue_id"], []).append(handle)
+        if not by_queue:
+            return [self.first(0)], 0
+        acks = []
+        for queue_id, handles in by_queue.items():
+            request_id = next(self.ids)
+            self.not_last.add(request_id)
+            acks.append(request_frame("ack", request_id, group=self.group, topic=self.topic, queue_id=queue_id,
+                                      receipt_handles=handles))
+        self.not_last.discard(request_id)
+        return acks, 0
+
+
+class PullCommitLoop:
+    """Pull 32 from a queue, commit the next offset, pull that queue again: one queue per slot."""
+
+    def __init__(self, topic: str, group: str) -> None:
+        self.topic, self.group = topic, group
+        self.offsets = dict.fromkeys(range(8), 0)
+
+    def frame(self, queue_id: int) -> bytes:
+        return request_frame("pull", queue_id, topic=self.topic, queue_id=queue_id, offset=self.offsets[queue_id],
+                             max_messages=32)
+
+    def after(self, reply: dict[str, Any]) -> tuple[list[bytes], int]:
+        assert reply["ok"], reply
+        if "status" not in reply:  # a commit's reply: pull that queue again
+            return [self.frame(reply["id"] - 1_000)], 0
+        queue_id = reply["id"]
+        self.offsets[queue_id] = reply["next_offset"]
+        commit = request_frame("commit_offset", 1_000 + queue_id, group=self.group, topic=self.topic,
+                               queue_id=queue_id, offset=reply["next_offset"])
+        return [commit], len(reply["messages"])
+
+
+def bench_pop_ack(engine: EngineProcess, flush_mode: str, *, total: int, reps: int, inflight: int = 16) -> None:
+    """Pop 32 at a time and ack each batch (one ack request per queue in it), 256 B messages, over a
+    topic of 8 queues (RocketMQ's default count), 16 pops in flight (a pool of workers); beside it,
+    pull 32 at a time from each queue and commit the offset after each batch."""
+    pop_rates, pull_rates = [], []
+    for rep in range(reps):
+        topic = f"pop-{flush_mode}-{rep}"
+        _load_topic(engine, topic, total)
+        pops = PopAckLoop(topic, f"workers-{rep}")
+        seconds = _consume_all(engine.endpoint, total, pops.first, pops.after, inflight=inflight)
+        pop_rates.append(total / seconds)
+        if flush_mode != "ASYNC_FLUSH":
+            continue
+        pulls = PullCommitLoop(topic, f"pullers-{rep}")
+        seconds = _consume_all(engine.endpoint, total, pulls.frame, pulls.after, inflight=8)
+        pull_rates.append(total / seconds)
+    record(f"engine pop+ack {flush_mode} batch=32 body=256B ({total} msgs)", pop_rates, "msg/s")
+    if pull_rates:
+        record(f"engine pull+commit batch=32 body=256B ({total} msgs)", pull_rates, "msg/s")
 
 
 def bench_key_lookups(engine: EngineProcess, topic: str, keys: int, *, reps: int) -> None:
@@ -403,7 +521,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer messages per figure")
-    parser.add_argument("--only", default="", help="comma list: refs,send,pull,lookup,latency,e2e,restart,recovery")
+    parser.add_argument("--only", default="",
+                        help="comma list: refs,send,pull,lookup,latency,e2e,restart,recovery,pop")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workdir", type=Path, help="where stores go (default: a temporary directory)")
     args = parser.parse_args()
@@ -429,7 +548,7 @@ def main() -> int:
             ref_sqlite(workdir, body=256, batch=1, total=int(2_000 * scale), reps=reps)
         for flush_mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             if not (want("send") or want("pull") or want("lookup") or want("latency") or want("e2e")
-                    or want("restart")):
+                    or want("restart") or want("pop")):
                 break
             store = workdir / f"store-{flush_mode}"
             with EngineProcess(store, config=engine_config(flush_mode), start_timeout_s=120) as engine:
@@ -450,6 +569,8 @@ def main() -> int:
                     single = RESULTS.get("engine send ASYNC_FLUSH body=256B batch=1", {}).get("median", 2000)
                     bench_end_to_end(engine, single / 2, reps=reps)  # the issue's "half of the maximum"
                     bench_end_to_end(engine, 1000, reps=reps)  # well inside the single-message capacity
+                if want("pop"):
+                    bench_pop_ack(engine, flush_mode, total=int(200_000 * scale), reps=reps)
                 if flush_mode == "ASYNC_FLUSH" and want("restart"):
                     bench_restart(engine, reps=reps)
                 actor_memory(engine) if flush_mode == "ASYNC_FLUSH" else None

@@ -48,12 +48,14 @@ def encode_handle(queue_id: int, offset: int, generation: int, tag: str) -> str:
 
 def decode_handle(handle: str, queue_id: int, tag: str) -> tuple[int, int] | None:
     """(queue offset, generation) of a handle of this queue and tag; None for any other string."""
-    parts = handle.split(":")
-    if len(parts) != 4 or parts[3] != tag or not all(p.isascii() and p.isdigit() for p in parts[:3]):
+    try:
+        queue, offset, generation, handle_tag = handle.split(":")
+        if handle_tag != tag or int(queue) != queue_id:
+            return None
+        decoded = int(offset), int(generation)
+    except ValueError:  # not four fields, or not numbers
         return None
-    if int(parts[0]) != queue_id:
-        return None
-    return int(parts[1]), int(parts[2])
+    return decoded if decoded[0] >= 0 and decoded[1] >= 0 else None
 
 
 @dataclass
@@ -65,6 +67,15 @@ class Taken:
     bytes_taken: int = 0
     receipt_handles: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)
+
+    def add_new(self, result: PullResult, queue_id: int, tag: str) -> None:
+        """First deliveries: attempt 1, generation 1."""
+        self.encoded.extend(result.encoded)
+        self.count += result.message_count
+        self.bytes_taken += sum(len(chunk) for chunk in result.encoded)
+        prefix, suffix = f"{queue_id}:", f":1:{tag}"
+        self.receipt_handles.extend([f"{prefix}{offset}{suffix}" for offset in result.offsets])
+        self.attempts.extend([1] * len(result.offsets))
 
     def add(self, result: PullResult, queue: PopQueue, deliveries: list[tuple[int, int, int]], tag: str) -> None:
         self.encoded.extend(result.encoded)
@@ -118,14 +129,11 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
                   result.corrupt_offset)
         queue.record(result.corrupt_offset, Action.SKIP)
         return scheduled
-    deliveries = []
-    for offset in result.offsets:
-        queue.record(offset, Action.DELIVER, 1, 1, until_ms)
-        deliveries.append((offset, 1, 1))
-        scheduled.append((offset, 1))
+    queue.deliver_new(result.offsets, until_ms)
+    scheduled.extend((offset, 1) for offset in result.offsets)
     if result.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
         queue.cursor = max(queue.cursor, result.next_offset)
-    taken.add(result, queue, deliveries, tag)
+    taken.add_new(result, queue.key[2], tag)
     return scheduled
 
 
@@ -136,17 +144,16 @@ class AckOutcome:
 
 
 def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
-    outcome = AckOutcome()
     queue_id = queue.key[2]
-    for handle in handles:
-        decoded = decode_handle(handle, queue_id, tag)
-        state, _attempt, generation, _until = queue.entry(decoded[0]) if decoded else (State.NONE, 0, -1, 0)
-        if decoded is not None and generation == decoded[1] and state in (State.DELIVERED, State.ACKED):
-            if state == State.DELIVERED:
-                queue.record(decoded[0], Action.ACK)
-            outcome.acked += 1
-            continue
-        outcome.failed.append({"receipt_handle": handle, "error": _stale(handle, decoded, state)})
+    decoded = [decode_handle(handle, queue_id, tag) for handle in handles]
+    good = [(i, d) for i, d in enumerate(decoded) if d is not None]
+    refused = {good[k][0] for k in queue.ack_many([d for _i, d in good])}
+    refused.update(i for i, d in enumerate(decoded) if d is None)
+    outcome = AckOutcome(acked=len(handles) - len(refused))
+    for i in sorted(refused):
+        entry = decoded[i]
+        state = queue.entry(entry[0])[0] if entry is not None else State.NONE
+        outcome.failed.append({"receipt_handle": handles[i], "error": _stale(handles[i], entry, state)})
     return outcome
 
 

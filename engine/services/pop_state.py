@@ -38,10 +38,13 @@ import itertools
 import logging
 import os
 import shutil
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.store.pop_files import (
+    JOURNAL_ENTRY,
     JOURNAL_ENTRY_BYTES,
     POP_DIR,
     SEGMENT_ENTRY,
@@ -64,6 +67,9 @@ log = logging.getLogger(__name__)
 PopKey = tuple[str, str, int]  # group, topic, queue id
 _STATE_POSITION = 14  # of the state byte in a segment entry
 _DONE_BYTES = (State.ACKED, State.DEAD, State.SKIPPED)
+_CRC = struct.Struct(">I")
+_JOURNAL_CRC_SPAN = 28
+_ZERO_ENTRY = bytes(JOURNAL_ENTRY_BYTES)
 _ACTION_STATE = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Action.DEAD: State.DEAD,
                  Action.SKIP: State.SKIPPED}
 
@@ -159,6 +165,65 @@ class PopQueue:
         if action not in (Action.DELIVER, Action.CHANGE):
             self.due.pop(offset, None)
             self.dead_lettering.discard(offset)
+
+    def deliver_new(self, offsets: list[int], until: int) -> None:
+        """First deliveries (attempt 1, generation 1) of ``offsets``, ascending, all at or past the
+        cursor (so none has a state yet): the batch form of ``record(DELIVER)``, for pops."""
+        entry = SEGMENT_ENTRY.pack(until, 1, 1, State.DELIVERED, 0)
+        start = 0
+        while start < len(offsets):  # contiguous runs within one segment: one slice assignment each
+            first = offsets[start]
+            number, index = divmod(first, SEGMENT_ENTRY_COUNT)
+            end = start + 1
+            while end < len(offsets) and offsets[end] == first + end - start and \
+                    index + end - start < SEGMENT_ENTRY_COUNT:
+                end += 1
+            segment = self._segment(number)
+            segment[index * SEGMENT_ENTRY_BYTES:(index + end - start) * SEGMENT_ENTRY_BYTES] = entry * (end - start)
+            self.changed.add(number)
+            start = end
+        buf = bytearray(JOURNAL_ENTRY_BYTES * len(offsets))
+        view = memoryview(buf)
+        pack, crc, pack_crc = JOURNAL_ENTRY.pack_into, zlib.crc32, _CRC.pack_into
+        for i, offset in enumerate(offsets):
+            pos = i * JOURNAL_ENTRY_BYTES
+            pack(buf, pos, offset, until, 1, 1, Action.DELIVER, 0, 0, 0)
+            pack_crc(buf, pos + _JOURNAL_CRC_SPAN, crc(view[pos:pos + _JOURNAL_CRC_SPAN]))
+        view.release()
+        self.pending += buf
+        self.in_flight += len(offsets)
+        if offsets and offsets[-1] >= self.cursor:
+            self.cursor = offsets[-1] + 1
+
+    def ack_many(self, deliveries: list[tuple[int, int]]) -> list[int]:
+        """Ack each (offset, generation) whose delivery is current; the indexes of those that are not
+        (an ack of an offset already acked with that generation counts as done)."""
+        refused = []
+        buf = bytearray()
+        unpack, pack, crc, pack_crc = SEGMENT_ENTRY.unpack_from, JOURNAL_ENTRY.pack_into, zlib.crc32, _CRC.pack_into
+        for i, (offset, generation) in enumerate(deliveries):
+            number, index = divmod(offset, SEGMENT_ENTRY_COUNT)
+            segment = self.segments.get(number)
+            if segment is None:
+                refused.append(i)
+                continue
+            pos = index * SEGMENT_ENTRY_BYTES
+            until, current, attempt, state, _ = unpack(segment, pos)
+            if current != generation or state not in (State.DELIVERED, State.ACKED):
+                refused.append(i)
+                continue
+            if state == State.ACKED:
+                continue
+            segment[pos + _STATE_POSITION] = State.ACKED
+            self.changed.add(number)
+            self.in_flight -= 1
+            self.due.pop(offset, None)
+            at = len(buf)
+            buf.extend(_ZERO_ENTRY)
+            pack(buf, at, offset, until, generation, attempt, Action.ACK, 0, 0, 0)
+            pack_crc(buf, at + _JOURNAL_CRC_SPAN, crc(memoryview(buf)[at:at + _JOURNAL_CRC_SPAN]))
+        self.pending += buf
+        return refused
 
     def write(self, now_ms: int) -> None:
         if self.pending:
