@@ -28,6 +28,7 @@ page cache.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections import deque
 
@@ -152,7 +153,7 @@ class ConsumeQueueOwnerActor(Actor):
 
     def follow_deletions(self) -> None:
         for topic in self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS)):
-            self.pops.states.drop_topic(topic)
+            self.pops.states.drop_topic(topic, functools.partial(self.owned.is_mine, topic))
 
     def handle_request(self, frames: list[bytes], out: Effects) -> None:
         """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""

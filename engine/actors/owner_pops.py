@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ from engine.services.owned_queues import OwnedQueues
 from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
 from engine.services.pop_state import PopQueue, PopStates
 from engine.services.pull import Subscription, _array_header
-from engine.store.pop_files import POP_DIR, Action, State
+from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)
 _PLAIN = b"\x00"
@@ -78,11 +79,16 @@ class OwnerPops:
     def recover(self) -> None:
         """Open the ack state of every pop group on the queues this owner holds."""
         root = self.owned.store_dir / POP_DIR
+        deletions = self.owned.deleted_topics.deletion_offsets
         for queue_dir in sorted(root.glob("*/*/*")):
             group, topic, queue = queue_dir.parts[-3:]
             if not (queue.isascii() and queue.isdigit()) or not self.owned.is_mine(topic, int(queue)):
                 continue
-            cq = self.owned.get(topic, int(queue))
+            if is_leftover(queue_dir, deletions):  # its topic was deleted while we were down
+                log.info("pop state %s/%s/%s removed: its topic was deleted", group, topic, queue)
+                shutil.rmtree(queue_dir, ignore_errors=True)
+                continue
+            cq = self.owned.get(topic, int(queue))  # None: the queue holds no message (a power cut took them)
             self.states.open(group, topic, int(queue), queue_end=cq.max_offset if cq else 0)
         log.info("pop state of %d (group, topic, queue) loaded", len(self.states.queues))
 
@@ -94,7 +100,8 @@ class OwnerPops:
 
     def queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
         cq = self.owned.get(topic, queue_id)
-        return self.states.open(group, topic, queue_id, queue_end=cq.max_offset if cq else 0)
+        return self.states.open(group, topic, queue_id, queue_end=cq.max_offset if cq else None,
+                                incarnation=self.owned.deleted_topics.deletion_offsets.get(topic, -1))
 
     # -- requests -------------------------------------------------------------------------------
 

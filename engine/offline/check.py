@@ -104,7 +104,7 @@ def check_store(store_dir: Path, config: StoreConfig | None = None, *, progress:
         _check_index(store_dir, reader, config, log_end, findings, progress)
         for finding in check_checkpoint(store_dir, log_end):
             findings.add(finding)
-        for where, problem in check_pop_state(store_dir, queues):
+        for where, problem in check_pop_state(store_dir, queues, deleted.deletion_offsets):
             findings.add(Finding("pop", where, problem))
         return findings.closed()
     finally:

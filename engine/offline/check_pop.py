@@ -27,6 +27,7 @@ from engine.store.pop_files import (
     Action,
     SegmentError,
     State,
+    is_leftover,
     read_journal,
     read_segment,
     segment_numbers,
@@ -40,12 +41,17 @@ _ACTION_STATES = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Acti
                   Action.SKIP: State.SKIPPED}
 
 
-def check_pop_state(store_dir: Path, queues: dict[tuple[str, int], ConsumeQueue]) -> list[PopFinding]:
+def check_pop_state(store_dir: Path, queues: dict[tuple[str, int], ConsumeQueue],
+                    deletion_offsets: dict[str, int]) -> list[PopFinding]:
+    """A queue's state made before its topic's last deletion is a leftover (its owner removes it
+    when it starts) and is not checked."""
     findings: list[PopFinding] = []
     for directory in sorted((store_dir / POP_DIR).glob("*/*/*")):
         group, topic, queue = directory.parts[-3:]
         if not is_decimal(queue):
             findings.append((str(directory), "not a queue directory"))
+            continue
+        if is_leftover(directory, deletion_offsets):
             continue
         cq = queues.get((topic, int(queue)))
         findings.extend(check_pop_queue(directory, cq.max_offset if cq else 0, f"{group}/{topic}/{queue}"))

@@ -40,10 +40,12 @@ import os
 import shutil
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.store.pop_files import (
+    INCARNATION_FILE,
     JOURNAL_ENTRY,
     JOURNAL_ENTRY_BYTES,
     POP_DIR,
@@ -59,6 +61,7 @@ from engine.store.pop_files import (
     read_segment,
     segment_numbers,
     segment_path,
+    write_incarnation,
     write_segment,
 )
 
@@ -114,6 +117,7 @@ class PopQueue:
     dead_lettered: int = 0  # entries DEAD in the loaded segments
     last_change_ms: int = 0
     damaged_entries: int = 0  # journal entries found damaged at recovery
+    tail_forgotten: bool = False  # recovery dropped state past the queue's end: fold before serving
 
     # -- entries ------------------------------------------------------------------------------
 
@@ -311,6 +315,8 @@ class PopQueue:
         for entry in replay.entries:
             self.apply(entry.queue_offset, entry.action, entry.attempt, entry.generation, entry.invisible_until_ms)
         self.damaged_entries = replay.damaged_entries
+        if self.cursor > queue_end:
+            self._forget_from(queue_end)
         if replay.damaged_entries:
             doubtful = self._deliver_unexplained(self.folded_cursor, min(self.cursor, queue_end))
             log.error("pop journal %s: %d damaged entries; %d offsets without a surviving entry are redelivered",
@@ -318,6 +324,23 @@ class PopQueue:
         self.in_flight = sum(_counts(s).open for s in self.segments.values())
         self.dead_lettered = sum(s[_STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
                                  for s in self.segments.values())
+
+    def _forget_from(self, end: int) -> None:
+        """The queue ends at ``end`` but the state goes further: a power cut took the log's tail
+        (ASYNC_FLUSH) after the journal reached the disk. Those offsets will hold new messages:
+        their old state goes, so the new ones are delivered. The owner folds at once."""
+        log.warning("pop %s: the queue ends at %d but the ack state reaches %d: the state past the end is "
+                    "dropped (the log lost its tail)", self.journal.path.parent, end, self.cursor)
+        for offset in range(end, self.cursor):
+            segment = self.segments.get(offset // SEGMENT_ENTRY_COUNT)
+            if segment is not None:
+                pos = (offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES
+                segment[pos:pos + SEGMENT_ENTRY_BYTES] = bytes(SEGMENT_ENTRY_BYTES)
+                self.changed.add(offset // SEGMENT_ENTRY_COUNT)
+                self.due.pop(offset, None)
+        self.cursor = end if end > 0 else -1
+        self.folded_cursor = min(self.folded_cursor, max(end, 0))
+        self.tail_forgotten = True
 
     def _newest_recorded(self) -> int:
         number = max(self.segments)
@@ -366,13 +389,22 @@ class PopStates:
     def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
         return self.queues.get((group, topic, queue_id))
 
-    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int | None = None) -> PopQueue:
+    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int | None = None,
+             incarnation: int = -1) -> PopQueue:
+        """The state of (group, topic, queue), recovered from its files, or new; ``incarnation``: the
+        topic's deletion offset now (a new state records it, see ``pop_files.write_incarnation``)."""
         key = (group, topic, queue_id)
         queue = self.queues.get(key)
         if queue is None:
             directory = pop_queue_dir(self.store_dir, group, topic, queue_id)
+            if not (directory / INCARNATION_FILE).exists():
+                directory.mkdir(parents=True, exist_ok=True)
+                write_incarnation(directory, incarnation)
             queue = self.queues[key] = PopQueue(directory, key, Journal(directory))
             queue.recover(queue_end=queue_end)
+            if queue.tail_forgotten:
+                self.fold(queue)  # the files must not keep what was dropped
+                queue.tail_forgotten = False
             self._schedule_recovered(queue)
         return queue
 
@@ -436,14 +468,16 @@ class PopStates:
             if queue.journal.entries and now_ms - queue.last_change_ms >= idle_ms and not queue.pending:
                 self.fold(queue)
 
-    def drop_topic(self, topic: str) -> None:
-        """The topic was deleted: its pop state goes with it."""
-        for key in [key for key in self.queues if key[1] == topic]:
+    def drop_topic(self, topic: str, is_mine: Callable[[int], bool]) -> None:
+        """The topic was deleted: the state of its queues that ``is_mine`` goes with it (another
+        owner's queues are its own to drop: it may already hold the state of the topic's next life)."""
+        for key in [key for key in self.queues if key[1] == topic and is_mine(key[2])]:
             queue = self.queues.pop(key)
             queue.journal.close()
             self.written.discard(queue)
-        for group_dir in (self.store_dir / POP_DIR).glob("*"):
-            shutil.rmtree(group_dir / topic, ignore_errors=True)
+        for queue_dir in (self.store_dir / POP_DIR).glob(f"*/{topic}/*"):
+            if queue_dir.name.isascii() and queue_dir.name.isdigit() and is_mine(int(queue_dir.name)):
+                shutil.rmtree(queue_dir, ignore_errors=True)
 
     def close(self) -> None:
         for queue in self.queues.values():

@@ -68,7 +68,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
                    "restarts": counts.restarts, "power_cuts": counts.power_cuts, "sync_jobs": counts.sync_jobs,
                    "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
-                   "pulled": workload.pulled, "topic_deletions": workload.deletions}
+                   "pulled": workload.pulled, "popped": workload.popped, "pop_acked": workload.pop_acked,
+                   "topic_deletions": workload.deletions}
         return Outcome(seed, flush_mode, found, figures, counts.trace)
     finally:
         quiet.level = level
@@ -112,8 +113,10 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
         workload.delete_topic()
     elif roll < 0.15:
         workload.send()
-    elif roll < 0.22:
+    elif roll < 0.19:
         workload.pull()
+    elif roll < 0.22:
+        workload.pop()
     elif roll < 0.30:
         world.tick_one()
     elif roll < 0.36:

@@ -19,7 +19,7 @@ from engine.store import sync
 
 PAGE_BYTES = 4096
 SECTOR_BYTES = 512
-DATA_DIRS = ("commitlog", "consumequeue", "index")
+DATA_DIRS = ("commitlog", "consumequeue", "index", "pop")
 
 
 class SimDisk:
@@ -40,6 +40,9 @@ class SimDisk:
             with open(path, "rb") as f:
                 data = f.read() if end is None else (f.seek(start), f.read(end - start))[1]
         except FileNotFoundError:
+            return
+        if end is None:  # the whole file, as it is now (a truncation included)
+            self.synced[path] = bytearray(data)
             return
         image = self.synced.setdefault(path, bytearray())
         end = start + len(data)

@@ -5,6 +5,11 @@ What must survive depends on the flush mode, as the README promises: a send answ
 only what lay below the flushed offset when the power went is. A process kill loses
 nothing that was answered. Under SYNC_FLUSH a pulled message was flushed, so it too
 survives every power cut.
+
+A pop group (``POP_GROUP`` on ``POP_TOPIC``) pops, acks some of what it gets, nacks some
+and lets the rest expire. A message whose ack the engine confirmed is never delivered to
+the group again: under SYNC_FLUSH through every fault, under ASYNC_FLUSH until a power cut
+(which may take the acks of the last flush interval).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
 PULL_MESSAGES_MAX = 16
+POP_TOPIC, POP_GROUP = "sim-b", "sim-pop"
 
 Position = tuple[str, int, int]  # topic, queue id, queue offset
 
@@ -50,6 +56,9 @@ class Workload:
     deletions: int = 0
     acked: int = 0
     pulled: int = 0
+    popped: int = 0
+    pop_acked: int = 0
+    acked_positions: dict[Position, bytes] = field(default_factory=dict)  # confirmed acks: never again
     violations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -89,6 +98,45 @@ class Workload:
         self.request("pull", ("pull", topic, queue_id, self.epochs.get(topic, 0)), topic=topic, queue_id=queue_id,
                      offset=offset, max_messages=PULL_MESSAGES_MAX)
 
+    def pop(self) -> None:
+        if POP_TOPIC in self.deleting:
+            return
+        self.request("pop", ("pop", self.epochs.get(POP_TOPIC, 0)), group=POP_GROUP, topic=POP_TOPIC,
+                     max_messages=self.rng.randint(1, 8), invisible_ms=self.rng.choice([50, 200, 1_000]))
+
+    def on_popped(self, reply: dict, epoch: int) -> None:
+        """Check each delivery; then ack about half, nack a few, and let the rest expire."""
+        if epoch != self.epochs.get(POP_TOPIC, 0):
+            return
+        by_queue: dict[int, list[tuple[str, Position, bytes]]] = {}
+        for message, handle in zip(reply["messages"], reply["receipt_handles"], strict=True):
+            position = (POP_TOPIC, message["queue_id"], message["queue_offset"])
+            body = bytes(message["body"])
+            self.popped += 1
+            if position in self.acked_positions:
+                self.violations.append(f"pop {position}: delivered again after its ack was confirmed")
+            expected = self.durable.get(position) or self.unsettled.get(position)
+            if expected is not None and expected.body != body:
+                self.violations.append(f"pop {position}: a different message than the one stored there")
+            fate = self.rng.random()
+            if fate < 0.5:
+                by_queue.setdefault(message["queue_id"], []).append((handle, position, body))
+            elif fate < 0.6:
+                self.request("change_invisible", ("nack",), group=POP_GROUP, topic=POP_TOPIC,
+                             queue_id=message["queue_id"], receipt_handle=handle, invisible_ms=0)
+        for queue_id, acks in by_queue.items():
+            self.request("ack", ("ack", epoch, {h: (p, b) for h, p, b in acks}), group=POP_GROUP, topic=POP_TOPIC,
+                         queue_id=queue_id, receipt_handles=[h for h, _p, _b in acks])
+
+    def on_acked(self, reply: dict, epoch: int, acks: dict[str, tuple[Position, bytes]]) -> None:
+        if epoch != self.epochs.get(POP_TOPIC, 0):
+            return
+        refused = {failure["receipt_handle"] for failure in reply["failed"]}
+        for handle, (position, body) in acks.items():
+            if handle not in refused:
+                self.acked_positions[position] = body
+                self.pop_acked += 1
+
     def on_reply(self, frames: list[bytes]) -> None:
         reply = msgspec.msgpack.decode(frames[-1])
         what = self.waiting.pop(reply.get("id"), None)
@@ -113,6 +161,10 @@ class Workload:
                     self.durable[position] = stored
                 else:
                     self.unsettled[position] = stored
+        elif what[0] == "pop":
+            self.on_popped(reply, what[1])
+        elif what[0] == "ack":
+            self.on_acked(reply, what[1], what[2])
         elif what[0] == "pull":
             _, topic, queue_id, epoch = what
             if epoch != self.epochs.get(topic, 0):
@@ -134,7 +186,7 @@ class Workload:
         self.deletions += 1
         self.epochs[topic] = self.epochs.get(topic, 0) + 1
         self.deleted_below[topic] = deletion_offset
-        for table in (self.durable, self.unsettled, self.seen):
+        for table in (self.durable, self.unsettled, self.seen, self.acked_positions):
             for position in [p for p in table if p[0] == topic]:
                 del table[position]
         for queue in [q for q in self.next_pull if q[0] == topic]:
@@ -151,6 +203,7 @@ class Workload:
         if not self.sync_flush:
             self.seen.clear()  # under ASYNC_FLUSH a reader may have seen what the cut took
             self.next_pull.clear()
+            self.acked_positions.clear()  # the cut may take the acks of the last flush interval
 
     def kill(self, actor: str) -> None:
         if actor in (self.front, "writer"):

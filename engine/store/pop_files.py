@@ -54,6 +54,7 @@ SEGMENT_ENTRY_COUNT = 16_384  # RabbitMQ's ?SEGMENT_ENTRY_COUNT
 JOURNAL_FILE = "journal.jif"
 SEGMENT_SUFFIX = ".idx"
 POP_DIR = "pop"
+INCARNATION_FILE = "incarnation"  # the topic's deletion offset when the state was created ("-1": none)
 
 JOURNAL_ENTRY = struct.Struct(">qqIHBBII")
 JOURNAL_ENTRY_BYTES = 32
@@ -189,6 +190,26 @@ class Journal:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def write_incarnation(directory: Path, deletion_offset: int) -> None:
+    """Which life of its topic this state belongs to: the topic's deletion offset when it was made.
+    A later deletion of the topic (a larger offset) makes the state a leftover."""
+    write_atomically(directory / INCARNATION_FILE, b"%d\n" % deletion_offset)
+    (directory / (INCARNATION_FILE + ".bak")).unlink(missing_ok=True)
+
+
+def read_incarnation(directory: Path) -> int:
+    try:
+        return int((directory / INCARNATION_FILE).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+def is_leftover(directory: Path, deletion_offsets: dict[str, int]) -> bool:
+    """True for the state of a queue whose topic was deleted after the state was made."""
+    deletion_offset = deletion_offsets.get(directory.parent.name)
+    return deletion_offset is not None and deletion_offset > read_incarnation(directory)
 
 
 # -- segments -------------------------------------------------------------------------------------

@@ -50,3 +50,19 @@ def test_a_checkpoint_taken_before_the_queues_are_flushed_is_caught(monkeypatch:
     monkeypatch.setattr(FlusherActor, "durable_dispatched_offset", applied_not_durable)
     failing = [seed for seed in range(60) if not simulate(seed).ok]
     assert failing, "the simulation missed a checkpoint that runs ahead of the flushed queues"
+
+
+def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SYNC_FLUSH's promise for pop groups, broken on purpose: acks answered without waiting for
+    their journal's fdatasync. A power cut then takes acks the client was told about, and their
+    messages come back."""
+    from engine.services.pop_state import PopStates
+
+    def no_sync(self: PopStates) -> None:
+        self.written.clear()
+
+    monkeypatch.setattr(PopStates, "sync", no_sync)
+    outcomes = [simulate(seed) for seed in range(150)]
+    failing = [o.seed for o in outcomes if not o.ok and any("after its ack" in v for v in o.violations)]
+    assert failing, "the simulation missed acks that a power cut took back"
+    assert all(o.flush_mode == "SYNC_FLUSH" for o in outcomes if o.seed in failing)

@@ -216,3 +216,20 @@ def test_close_folds_and_a_restart_schedules_what_was_in_flight(tmp_path: Path) 
     again = new_states(tmp_path)
     queue = again.open("g", "t", 0)
     assert again.expire(5_000) == {queue} and list(queue.due) == [0, 1, 2]
+
+
+def test_state_past_the_end_of_the_queue_is_dropped_at_recovery(tmp_path: Path) -> None:
+    """A power cut under ASYNC_FLUSH can take the log's tail after the journal reached the disk:
+    the offsets past the queue's new end will hold new messages, which must be delivered."""
+    from engine.offline.check_pop import check_pop_queue
+
+    states = new_states(tmp_path)
+    deliver(states, range(10))
+    ack(states, range(8))
+    directory = states.open("g", "t", 0).directory
+    queue = reopened(tmp_path, states).open("g", "t", 0, queue_end=6)
+    assert queue.cursor == 6 and queue.in_flight == 0
+    assert [queue.entry(o)[0] for o in range(5, 10)] == [State.ACKED] + [State.NONE] * 4
+    assert (directory / JOURNAL_FILE).stat().st_size == 0, "folded at once"
+    assert check_pop_queue(directory, 6, "g/t/0") == []
+    assert new_states(tmp_path).open("g", "t", 0, queue_end=6).cursor == 6
