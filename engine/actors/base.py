@@ -57,6 +57,34 @@ _POLL_SLICE_MS = 50
 _DRAIN_MESSAGES_MAX = 256
 _EXIT_LINGER_MS = 1000
 
+# pyzmq's send_multipart and recv_multipart cost about 6 us a message more than the same calls
+# on its Cython socket with int flags (its sugar combines enum flags in Python, per frame).
+_SNDMORE, _RCVMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.RCVMORE), int(zmq.NOBLOCK)
+_COPY_BYTES_MAX = 65_536  # larger frames go zero-copy, as pyzmq's own send does past its threshold
+_raw_send = zmq.backend.Socket.send
+_raw_recv = zmq.backend.Socket.recv
+
+
+def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+    """``send_multipart``, faster; with NOBLOCK, zmq.Again means nothing was queued (the
+    first frame is refused, or all of them are taken)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = flags | _SNDMORE if i < last else flags
+        if len(frame) <= _COPY_BYTES_MAX:
+            _raw_send(sock, frame, more)
+        else:
+            _raw_send(sock, frame, more, copy=False)
+
+
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+    """``recv_multipart``, faster: every frame as bytes."""
+    frames = [_raw_recv(sock, flags)]
+    while sock.get(_RCVMORE):
+        frames.append(_raw_recv(sock))
+    return frames
+
+
 # Port kinds (ZeroMQ socket types).
 ROUTER, DEALER, PUB, SUB = "ROUTER", "DEALER", "PUB", "SUB"
 _ZMQ_KINDS = {ROUTER: zmq.ROUTER, DEALER: zmq.DEALER, PUB: zmq.PUB, SUB: zmq.SUB}
@@ -201,14 +229,14 @@ class Runtime:
     def carry_out(self, out: Effects) -> None:
         for effect in out:
             if isinstance(effect, Send):
-                self.sockets[effect.port].send_multipart(effect.frames)
+                send_frames(self.sockets[effect.port], effect.frames)
             elif isinstance(effect, Forward):
                 try:
-                    self.sockets[effect.port].send_multipart(effect.frames, zmq.NOBLOCK)
+                    send_frames(self.sockets[effect.port], effect.frames, _NOBLOCK)
                 except zmq.Again:
                     refusal = effect.refused()
                     if refusal is not None:
-                        self.sockets[refusal.port].send_multipart(refusal.frames)
+                        send_frames(self.sockets[refusal.port], refusal.frames)
             else:
                 assert isinstance(effect, Exit)
                 log.critical("exiting (%d): %s", effect.code, effect.reason)
@@ -224,7 +252,7 @@ class Runtime:
         actor, out = self.actor, Effects()
         for _ in range(_DRAIN_MESSAGES_MAX):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = recv_frames(sock, _NOBLOCK)
             except zmq.Again:
                 break
             actor.handle(port, frames, out)
