@@ -24,10 +24,13 @@ import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 
+from engine.actors.base import Clock
 from engine.actors.effects import Effects, Forward
+from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.messages import Append, encoder
 from engine.ipc.protocol import (
@@ -62,7 +65,7 @@ class DeadLetter:
 
 class OwnerPops:
     def __init__(self, owned: OwnedQueues, read: QueueRead, subscription: Callable[[str], Subscription], *,
-                 config, clock, sync_flush: bool) -> None:
+                 config: StoreConfig, clock: Clock, sync_flush: bool) -> None:
         self.owned = owned
         self.read = read
         self.subscription = subscription
@@ -193,8 +196,10 @@ class OwnerPops:
                 out.send(port, frames)
             self.held.clear()
 
-    def journals_to_flush(self) -> list:
-        return self.states.journal_paths()
+    def journals_to_flush(self) -> list[Path]:
+        """ASYNC_FLUSH: the journals written since the last flush, for the owner's flush thread
+        (under SYNC_FLUSH every turn's journals are synced before its replies go: nothing here)."""
+        return [] if self.sync_flush else self.states.journal_paths()
 
     # -- time -----------------------------------------------------------------------------------
 
