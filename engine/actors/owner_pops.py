@@ -46,7 +46,8 @@ from engine.ipc.protocol import (
 from engine.names import dead_letter_topic, validate_group
 from engine.services.owned_queues import OwnedQueues
 from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
-from engine.services.pop_state import PopQueue, PopStates
+from engine.services.pop_state import PopQueue
+from engine.services.pop_states import PopStates
 from engine.services.pull import Subscription, _array_header
 from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 

@@ -29,23 +29,22 @@ Rules, after ``rabbit_queue_index``:
   offset that no surviving entry explains between the folded cursor and the newest
   entry is marked delivered, invisible until now: it is redelivered (at least once).
   A segment file that fails its checks is read as "all delivered" for the same reason.
+  State past the queue's end (the log lost its tail to a power cut under ASYNC_FLUSH)
+  is dropped: new messages will take those offsets.
+
+``pop_states.py`` holds every ``PopQueue`` of an owner and the heap of invisible times.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
-import shutil
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.store.pop_files import (
-    INCARNATION_FILE,
     JOURNAL_ENTRY,
     JOURNAL_ENTRY_BYTES,
     POP_DIR,
@@ -61,14 +60,13 @@ from engine.store.pop_files import (
     read_segment,
     segment_numbers,
     segment_path,
-    write_incarnation,
     write_segment,
 )
 
 log = logging.getLogger(__name__)
 
 PopKey = tuple[str, str, int]  # group, topic, queue id
-_STATE_POSITION = 14  # of the state byte in a segment entry
+STATE_POSITION = 14  # of the state byte in a segment entry
 _DONE_BYTES = (State.ACKED, State.DEAD, State.SKIPPED)
 _CRC = struct.Struct(">I")
 _JOURNAL_CRC_SPAN = 28
@@ -82,22 +80,13 @@ def pop_queue_dir(store_dir: Path, group: str, topic: str, queue_id: int) -> Pat
 
 
 @dataclass
-class Delivery:
-    """One message as a pop hands it out."""
-
-    queue_offset: int
-    attempt: int
-    generation: int
-
-
-@dataclass
 class SegmentCounts:
     open: int  # delivered, not done
     done: int
 
 
 def _counts(entries: bytearray) -> SegmentCounts:
-    states = entries[_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+    states = entries[STATE_POSITION::SEGMENT_ENTRY_BYTES]
     return SegmentCounts(states.count(State.DELIVERED), sum(states.count(s) for s in _DONE_BYTES))
 
 
@@ -218,7 +207,7 @@ class PopQueue:
                 continue
             if state == State.ACKED:
                 continue
-            segment[pos + _STATE_POSITION] = State.ACKED
+            segment[pos + STATE_POSITION] = State.ACKED
             self.changed.add(number)
             self.in_flight -= 1
             self.due.pop(offset, None)
@@ -249,7 +238,7 @@ class PopQueue:
             return 0
         for number in sorted(self.segments):
             segment = self.segments[number]
-            index = segment[_STATE_POSITION::SEGMENT_ENTRY_BYTES].find(State.DELIVERED)
+            index = segment[STATE_POSITION::SEGMENT_ENTRY_BYTES].find(State.DELIVERED)
             if index >= 0:
                 return min(number * SEGMENT_ENTRY_COUNT + index, self.cursor)
         return self.cursor
@@ -288,7 +277,7 @@ class PopQueue:
                 if offset == end - 1:
                     self._set(offset, State.SKIPPED, 0, 0, 0)
                 continue
-            if segment[(offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES + _STATE_POSITION] == State.NONE:
+            if segment[(offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES + STATE_POSITION] == State.NONE:
                 self._set(offset, State.SKIPPED, 0, 0, 0)
 
     # -- recovery -----------------------------------------------------------------------------
@@ -322,7 +311,7 @@ class PopQueue:
             log.error("pop journal %s: %d damaged entries; %d offsets without a surviving entry are redelivered",
                       self.journal.path, replay.damaged_entries, doubtful)
         self.in_flight = sum(_counts(s).open for s in self.segments.values())
-        self.dead_lettered = sum(s[_STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
+        self.dead_lettered = sum(s[STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
                                  for s in self.segments.values())
 
     def _forget_from(self, end: int) -> None:
@@ -344,7 +333,7 @@ class PopQueue:
 
     def _newest_recorded(self) -> int:
         number = max(self.segments)
-        states = self.segments[number][_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+        states = self.segments[number][STATE_POSITION::SEGMENT_ENTRY_BYTES]
         index = len(states.rstrip(b"\x00")) - 1
         return number * SEGMENT_ENTRY_COUNT + index if index >= 0 else number * SEGMENT_ENTRY_COUNT - 1
 
@@ -362,127 +351,3 @@ class PopQueue:
                 self._set(offset, State.DELIVERED, 0, 0, 0)  # in memory; the next fold writes it
                 count += 1
         return count
-
-
-@dataclass(order=True)
-class _Expiry:
-    until_ms: int
-    seq: int
-    queue: PopQueue = field(compare=False)
-    deliveries: list[tuple[int, int]] = field(compare=False)  # (offset, generation)
-
-
-class PopStates:
-    """Every ``PopQueue`` of one owner, and one heap of invisible times over all of them.
-
-    A pop of 32 messages pushes one heap entry (they share their invisible time), so the
-    timer costs O(log n) per pop, and a tick looks only at the entries that are due."""
-
-    def __init__(self, store_dir: Path, *, journal_entries_max: int) -> None:
-        self.store_dir = store_dir
-        self.journal_entries_max = journal_entries_max
-        self.queues: dict[PopKey, PopQueue] = {}
-        self.expiries: list[_Expiry] = []
-        self.seq = itertools.count()
-        self.written: set[PopQueue] = set()  # journals appended to since their last sync
-
-    def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
-        return self.queues.get((group, topic, queue_id))
-
-    def open(self, group: str, topic: str, queue_id: int, *, queue_end: int | None = None,
-             incarnation: int = -1) -> PopQueue:
-        """The state of (group, topic, queue), recovered from its files, or new; ``incarnation``: the
-        topic's deletion offset now (a new state records it, see ``pop_files.write_incarnation``)."""
-        key = (group, topic, queue_id)
-        queue = self.queues.get(key)
-        if queue is None:
-            directory = pop_queue_dir(self.store_dir, group, topic, queue_id)
-            if not (directory / INCARNATION_FILE).exists():
-                directory.mkdir(parents=True, exist_ok=True)
-                write_incarnation(directory, incarnation)
-            queue = self.queues[key] = PopQueue(directory, key, Journal(directory))
-            queue.recover(queue_end=queue_end)
-            if queue.tail_forgotten:
-                self.fold(queue)  # the files must not keep what was dropped
-                queue.tail_forgotten = False
-            self._schedule_recovered(queue)
-        return queue
-
-    def _schedule_recovered(self, queue: PopQueue) -> None:
-        for number, segment in queue.segments.items():
-            states = segment[_STATE_POSITION::SEGMENT_ENTRY_BYTES]
-            index = states.find(State.DELIVERED)
-            while index >= 0:
-                offset = number * SEGMENT_ENTRY_COUNT + index
-                _state, _attempt, generation, until = queue.entry(offset)
-                self.schedule(queue, until, [(offset, generation)])
-                index = states.find(State.DELIVERED, index + 1)
-
-    def schedule(self, queue: PopQueue, until_ms: int, deliveries: list[tuple[int, int]]) -> None:
-        heapq.heappush(self.expiries, _Expiry(until_ms, next(self.seq), queue, deliveries))
-
-    def expire(self, now_ms: int) -> set[PopQueue]:
-        """Move every delivery whose invisible time passed (and that was not acked or changed since)
-        to its queue's ``due``; the queues that got some."""
-        touched: set[PopQueue] = set()
-        while self.expiries and self.expiries[0].until_ms <= now_ms:
-            expiry = heapq.heappop(self.expiries)
-            queue = expiry.queue
-            if self.queues.get(queue.key) is not queue:
-                continue  # dropped with its topic
-            for offset, generation in expiry.deliveries:
-                state, _attempt, current, _until = queue.entry(offset)
-                if state == State.DELIVERED and current == generation and offset not in queue.dead_lettering:
-                    queue.due[offset] = None
-                    touched.add(queue)
-        return touched
-
-    def write(self, queue: PopQueue, now_ms: int) -> None:
-        if queue.pending:
-            queue.write(now_ms)
-            self.written.add(queue)
-            if queue.journal.entries >= self.journal_entries_max:
-                self.fold(queue)
-
-    def sync(self) -> None:
-        """Every journal written to since the last sync, on disk (SYNC_FLUSH's group commit)."""
-        for queue in self.written:
-            queue.journal.sync()
-        self.written.clear()
-
-    def journal_paths(self) -> list[Path]:
-        paths = [queue.journal.path for queue in self.written]
-        for queue in self.written:
-            queue.journal.unsynced = False
-        self.written.clear()
-        return paths
-
-    def fold(self, queue: PopQueue) -> None:
-        queue.journal.sync()
-        deleted = queue.fold()
-        if deleted:
-            log.info("pop %s/%s/%d: %d fully acknowledged segments deleted", *queue.key, deleted)
-
-    def fold_idle(self, now_ms: int, idle_ms: int) -> None:
-        for queue in self.queues.values():
-            if queue.journal.entries and now_ms - queue.last_change_ms >= idle_ms and not queue.pending:
-                self.fold(queue)
-
-    def drop_topic(self, topic: str, is_mine: Callable[[int], bool]) -> None:
-        """The topic was deleted: the state of its queues that ``is_mine`` goes with it (another
-        owner's queues are its own to drop: it may already hold the state of the topic's next life)."""
-        for key in [key for key in self.queues if key[1] == topic and is_mine(key[2])]:
-            queue = self.queues.pop(key)
-            queue.journal.close()
-            self.written.discard(queue)
-        for queue_dir in (self.store_dir / POP_DIR).glob(f"*/{topic}/*"):
-            if queue_dir.name.isascii() and queue_dir.name.isdigit() and is_mine(int(queue_dir.name)):
-                shutil.rmtree(queue_dir, ignore_errors=True)
-
-    def close(self) -> None:
-        for queue in self.queues.values():
-            if queue.pending:
-                queue.write(0)
-            if queue.journal.entries or queue.changed:
-                self.fold(queue)
-            queue.journal.close()

@@ -215,3 +215,21 @@ def test_three_pop_consumers_ack_every_message_exactly_once(engine: EngineProces
         for queue_id in range(4):
             stats = client.pop_stats("pool-g", "pool", queue_id)
             assert stats["in_flight"] == 0 and stats["ack_floor"] == stats["max_offset"], stats
+
+
+def test_a_tag_subscription_pops_only_its_tags_and_pull_consumers_are_not_affected(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("tagged", queue_count=1)
+        client.send("tagged", [{"body": b"%d" % n, "tags": "A" if n % 3 == 0 else "B"} for n in range(30)])
+        wanted = []
+        while batch := client.pop("only-a", "tagged", subscription="A", max_messages=4, max_wait_ms=200):
+            assert {m["tags"] for m in batch} == {"A"}
+            wanted += batch
+            assert client.ack("only-a", batch) == []
+        assert sorted(int(m["body"]) for m in wanted) == list(range(0, 30, 3))
+        stats = client.pop_stats("only-a", "tagged", 0)
+        assert stats["ack_floor"] == 30 and stats["in_flight"] == 0, "the other tags are skipped, not pending"
+        pulled = client.pull("tagged", 0, 0, max_messages=100)["messages"]
+        assert len(pulled) == 30, "an offset consumer still reads everything"
+        client.commit_offset("pullers", "tagged", 0, 30)
+        assert client.fetch_offset("pullers", "tagged", 0) == 30

@@ -56,7 +56,7 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
     """SYNC_FLUSH's promise for pop groups, broken on purpose: acks answered without waiting for
     their journal's fdatasync. A power cut then takes acks the client was told about, and their
     messages come back."""
-    from engine.services.pop_state import PopStates
+    from engine.services.pop_states import PopStates
 
     def no_sync(self: PopStates) -> None:
         self.written.clear()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.services.pop_state import PopStates
+from engine.services.pop_states import PopStates
 from engine.store.pop_files import (
     JOURNAL_ENTRY_BYTES,
     JOURNAL_FILE,
