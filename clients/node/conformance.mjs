@@ -160,6 +160,28 @@ const OPERATIONS = {
     await client.ping();
     return {};
   },
+  async pop(client, c) {
+    const popped = await client.pop(c.group, c.topic, {
+      queueId: c.queue_id, maxMessages: c.max_messages, invisibleMs: c.invisible_ms, maxWaitMs: c.max_wait_ms,
+    });
+    const receipts = popped.map((m) => ({ receipt_handle: m.receipt_handle, attempt: m.attempt }));
+    const messages = popped.map(({ receipt_handle: _h, attempt: _a, ...message }) => resultMessage(message));
+    return { messages, receipts };
+  },
+  async ack(client, c) {
+    const reply = await client.request("ack", {
+      group: c.group, topic: c.topic, queue_id: c.queue_id, receipt_handles: c.receipt_handles,
+    });
+    const codes = new Map(reply.failed.map((f) => [f.receipt_handle, f.error.code]));
+    return { acked: reply.acked, refused: c.receipt_handles.map((h) => codes.get(h) ?? 0) };
+  },
+  async change_invisible(client, c) {
+    const message = { topic: c.topic, queue_id: c.queue_id, receipt_handle: c.receipt_handle };
+    return { receipt_handle: await client.changeInvisibleDuration(c.group, message, c.invisible_ms) };
+  },
+  async pop_stats(client, c) {
+    return await client.popStats(c.group, c.topic, c.queue_id);
+  },
   // Not in the contract's table; handy to set up a scenario.
   async create_topic(client, c) {
     return await client.createTopic(c.topic, c.queue_count);

@@ -117,6 +117,22 @@ export interface StoreClientOptions {
   maxInFlight?: number;
 }
 
+export interface PopOptions extends CallOptions {
+  queueId?: Int;
+  maxMessages?: Int;
+  /** How long a popped message stays invisible to the group's other pops (engine default 30000). */
+  invisibleMs?: Int;
+  /** Long polling: wait this long for a message; the call's deadline grows by as much. */
+  maxWaitMs?: Int;
+  subscription?: string;
+}
+
+/** A popped message: a stored message with its delivery's handle and attempt (1 = first). */
+export interface PoppedMessage extends StoredMessage {
+  receipt_handle: string;
+  attempt: number;
+}
+
 export declare class StoreError extends Error {
   constructor(code: number, codeName: string, message: string, op?: string);
   /** docs/protocol.md 7.3, or a ClientErrorCode (negative). */
@@ -162,6 +178,16 @@ export declare class StoreClient {
   offsetForTime(topic: string, queueId: Int, timestamp: Int,
     options?: CallOptions & { boundary?: "lower" | "upper" }): Promise<Int>;
   status(options?: CallOptions): Promise<Record<string, unknown>>;
+  pop(group: string, topic: string, options?: PopOptions): Promise<PoppedMessage[]>;
+  /** Resolves to the handles refused (stale or foreign), each with its error. */
+  ack(group: string, messages: PoppedMessage[], options?: CallOptions): Promise<Array<{
+    receipt_handle: string;
+    error: { code: number; name: string; message: string };
+  }>>;
+  /** Resolves to the new receipt handle; 0 ms is a nack. */
+  changeInvisibleDuration(group: string, message: PoppedMessage, invisibleMs: Int, options?: CallOptions): Promise<string>;
+  nack(group: string, message: PoppedMessage, options?: CallOptions): Promise<string>;
+  popStats(group: string, topic: string, queueId: Int, options?: CallOptions): Promise<Record<string, Int>>;
   ping(options?: CallOptions): Promise<boolean>;
   close(): void;
 }

@@ -442,6 +442,86 @@ export class StoreClient {
     return (await this.request("fetch_offset", { group, topic, queue_id: queueId }, { timeoutMs })).offset;
   }
 
+  /**
+   * Pop consumers (docs/protocol.md 4.12): take up to `maxMessages` for `group`. Each message
+   * stays invisible to the group's other pops for `invisibleMs`, then comes back with
+   * `attempt` + 1 unless acked. Resolves to the messages, each with `receipt_handle` and
+   * `attempt` added. Without `queueId` the engine picks the queues.
+   */
+  async pop(group, topic, { queueId, maxMessages, invisibleMs, maxWaitMs, subscription, timeoutMs } = {}) {
+    checkString("group", group);
+    checkString("topic", topic);
+    checkOptional(checkInt, "queueId", queueId);
+    checkOptional(checkInt, "maxMessages", maxMessages);
+    checkOptional(checkInt, "invisibleMs", invisibleMs);
+    checkOptional(checkInt, "maxWaitMs", maxWaitMs);
+    checkOptional(checkString, "subscription", subscription);
+    const fields = { group, topic };
+    if (queueId !== undefined && queueId !== null) fields.queue_id = queueId;
+    if (maxMessages !== undefined && maxMessages !== null) fields.max_messages = maxMessages;
+    if (invisibleMs !== undefined && invisibleMs !== null) fields.invisible_ms = invisibleMs;
+    if (subscription !== undefined && subscription !== null) fields.subscription = subscription;
+    let deadline = timeoutMs ?? this.timeoutMs;
+    if (maxWaitMs !== undefined && maxWaitMs !== null) {
+      fields.max_wait_ms = maxWaitMs;
+      deadline = Math.min(deadline + Number(maxWaitMs), TIMER_MS_MAX);
+    }
+    const reply = await this.request("pop", fields, { timeoutMs: deadline });
+    return reply.messages.map((message, i) => ({
+      ...message, receipt_handle: reply.receipt_handles[i], attempt: reply.attempts[i],
+    }));
+  }
+
+  /**
+   * Acknowledge popped messages (their `receipt_handle`); one request per queue among them.
+   * Resolves to the handles the engine refused (stale: delivered again or changed since), as
+   * `{receipt_handle, error: {code, name, message}}`.
+   */
+  async ack(group, messages, { timeoutMs } = {}) {
+    checkString("group", group);
+    const byQueue = new Map();
+    for (const message of messages) {
+      const key = JSON.stringify([message.topic, Number(message.queue_id)]);
+      if (!byQueue.has(key)) byQueue.set(key, []);
+      byQueue.get(key).push(message.receipt_handle);
+    }
+    const failed = [];
+    for (const [key, handles] of byQueue) {
+      const [topic, queueId] = JSON.parse(key);
+      for (let start = 0; start < handles.length; start += 1024) {
+        const reply = await this.request("ack", {
+          group, topic, queue_id: queueId, receipt_handles: handles.slice(start, start + 1024),
+        }, { timeoutMs });
+        failed.push(...reply.failed);
+      }
+    }
+    return failed;
+  }
+
+  /** Make a popped message invisible for `invisibleMs` from now (0: a nack). Resolves to its new handle. */
+  async changeInvisibleDuration(group, message, invisibleMs, { timeoutMs } = {}) {
+    checkString("group", group);
+    checkInt("invisibleMs", invisibleMs);
+    const fields = {
+      group, topic: message.topic, queue_id: message.queue_id, receipt_handle: message.receipt_handle,
+      invisible_ms: invisibleMs,
+    };
+    return (await this.request("change_invisible", fields, { timeoutMs })).receipt_handle;
+  }
+
+  /** Give a popped message back now: it is redelivered with attempt + 1. */
+  async nack(group, message, options = {}) {
+    return this.changeInvisibleDuration(group, message, 0, options);
+  }
+
+  /** `ack_floor`, `pop_cursor`, `in_flight`, `due`, `redelivered`, `dead_lettered`, ... of a pop group on one queue. */
+  async popStats(group, topic, queueId, { timeoutMs } = {}) {
+    checkString("group", group);
+    checkString("topic", topic);
+    checkInt("queueId", queueId);
+    return envelopeless(await this.request("pop_stats", { group, topic, queue_id: queueId }, { timeoutMs }));
+  }
+
   /** Create a topic or grow its queue count. Returns `{topic, queue_count}`. */
   async createTopic(topic, queueCount, { timeoutMs } = {}) {
     checkString("topic", topic);

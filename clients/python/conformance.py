@@ -59,6 +59,27 @@ def run(client: StoreClient, command: dict[str, Any]) -> dict[str, Any]:
     if op == "ping":
         client.ping()
         return {}
+    if op == "pop":
+        popped = client.pop(command["group"], command["topic"], queue_id=command.get("queue_id"),
+                            max_messages=command.get("max_messages") or 32,
+                            invisible_ms=command.get("invisible_ms") or 30_000,
+                            max_wait_ms=command.get("max_wait_ms") or 0)
+        receipts = [{"receipt_handle": m.pop("receipt_handle"), "attempt": m.pop("attempt")} for m in popped]
+        return {"messages": [message_json(m) for m in popped], "receipts": receipts}
+    if op == "ack":
+        handles = command["receipt_handles"]
+        reply = client.request("ack", group=command["group"], topic=command["topic"], queue_id=command["queue_id"],
+                               receipt_handles=handles)
+        codes = {f["receipt_handle"]: f["error"]["code"] for f in reply["failed"]}
+        return {"acked": reply["acked"], "refused": [codes.get(h, 0) for h in handles]}
+    if op == "change_invisible":
+        message = {"topic": command["topic"], "queue_id": command["queue_id"],
+                   "receipt_handle": command["receipt_handle"]}
+        return {"receipt_handle": client.change_invisible_duration(command["group"], message,
+                                                                   command["invisible_ms"])}
+    if op == "pop_stats":
+        stats = client.pop_stats(command["group"], command["topic"], command["queue_id"])
+        return {k: v for k, v in stats.items() if k not in ("v", "id", "ok")}
     raise ValueError(f"unknown op {op!r}")
 
 

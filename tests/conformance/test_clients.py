@@ -191,6 +191,50 @@ def test_refused_requests_carry_the_same_codes_through_every_client(engine: Engi
     assert [name for _code, name in agree(answers, "errors")] == EXPECTED_ERRORS
 
 
+def test_pop_ack_nack_and_stats_agree_through_every_client(engine: EngineProcess) -> None:
+    """Each client runs one pop group over the same three messages: pop, ack two, nack one,
+    see it again with attempt 2, have its stale handle refused, ack it, read the stats."""
+    topic = "conformance-pop"
+    with engine.client() as client:
+        client.create_topic(topic, queue_count=1)
+        client.send(topic, [{"body": b"job-%d" % n, "tags": "jobs"} for n in range(3)])
+    answers = {}
+    for client in DRIVERS:
+        group = f"workers-{client}"
+        [first] = drive(client, engine.endpoint, [{"op": "pop", "group": group, "topic": topic, "queue_id": 0,
+                                                   "max_messages": 3, "invisible_ms": 60_000}])
+        assert first["ok"] and len(first["messages"]) == 3, (client, first)
+        handles = [r["receipt_handle"] for r in first["receipts"]]
+        acked, nacked = drive(client, engine.endpoint, [
+            {"op": "ack", "group": group, "topic": topic, "queue_id": 0, "receipt_handles": handles[:2]},
+            {"op": "change_invisible", "group": group, "topic": topic, "queue_id": 0,
+             "receipt_handle": handles[2], "invisible_ms": 0}])
+        assert nacked["ok"] and nacked["receipt_handle"] != handles[2], (client, nacked)
+        [again] = drive(client, engine.endpoint, [{"op": "pop", "group": group, "topic": topic, "queue_id": 0,
+                                                   "max_messages": 3, "max_wait_ms": 5_000}])
+        stale, last, stats, conflict = drive(client, engine.endpoint, [
+            {"op": "ack", "group": group, "topic": topic, "queue_id": 0, "receipt_handles": handles[2:]},
+            {"op": "ack", "group": group, "topic": topic, "queue_id": 0,
+             "receipt_handles": [r["receipt_handle"] for r in again["receipts"]]},
+            {"op": "pop_stats", "group": group, "topic": topic, "queue_id": 0},
+            {"op": "commit_offset", "group": group, "topic": topic, "queue_id": 0, "offset": 0}])
+        answers[client] = {
+            "bodies": [base64.b64decode(m["body_b64"]) for m in first["messages"]],
+            "attempts": [r["attempt"] for r in first["receipts"]] + [r["attempt"] for r in again["receipts"]],
+            "again": [base64.b64decode(m["body_b64"]) for m in again["messages"]],
+            "acks": [(acked["acked"], acked["refused"]), (stale["acked"], stale["refused"]),
+                     (last["acked"], last["refused"])],
+            "stats": {k: v for k, v in stats.items() if k != "ok"},
+            "conflict": (conflict["ok"], conflict.get("name")),
+        }
+    answer = agree(answers, "pop")
+    assert answer["bodies"] == [b"job-0", b"job-1", b"job-2"] and answer["again"] == [b"job-2"]
+    assert answer["attempts"] == [1, 1, 1, 2]
+    assert answer["acks"] == [(2, [0, 0]), (0, [22]), (1, [0])]
+    assert (answer["stats"]["ack_floor"], answer["stats"]["in_flight"], answer["stats"]["redelivered"]) == (3, 0, 1)
+    assert answer["conflict"] == (False, "GROUP_MODE_CONFLICT")
+
+
 @pytest.fixture
 def curve_engine(tmp_path: Path) -> Iterator[tuple[EngineProcess, dict[str, CurveKeys], CurveKeys]]:
     require_drivers()

@@ -313,6 +313,95 @@ static void run_ping(FILE *out, rmq_client *client, const json_value *cmd) {
     else fputs("{\"ok\":true}", out);
 }
 
+static void run_pop(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t max_messages = int32_field(cmd, "max_messages", 0, DEFAULT_MAX_MESSAGES);
+    rmq_pop_options options = {0};
+    options.has_queue_id = json_get(cmd, "queue_id") != NULL;
+    options.queue_id = int32_field(cmd, "queue_id", 0, 0);
+    options.invisible_ms = int32_field(cmd, "invisible_ms", 0, 0);
+    options.max_wait_ms = int32_field(cmd, "max_wait_ms", 0, 0);
+    rmq_pop_result result;
+    rmq_error err;
+    if (rmq_pop(client, group, topic, max_messages, &options, &result, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"messages\":", out);
+    write_message_list(out, &result.messages);
+    fputs(",\"receipts\":[", out);
+    for (size_t i = 0; i < result.messages.count; i++) {
+        if (i > 0) fputc(',', out);
+        fputs("{\"receipt_handle\":", out);
+        write_str(out, result.receipts[i].handle);
+        fprintf(out, ",\"attempt\":%" PRId32 "}", result.receipts[i].attempt);
+    }
+    fputs("]}", out);
+    rmq_pop_result_free(&result);
+}
+
+static void run_ack(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    const json_value *list = json_get(cmd, "receipt_handles");
+    if (list == NULL || list->type != JSON_ARRAY || list->count == 0) die("ack needs receipt_handles");
+    const char **handles = calloc(list->count, sizeof *handles);
+    int32_t *refused = calloc(list->count, sizeof *refused);
+    if (handles == NULL || refused == NULL) die("out of memory");
+    for (size_t i = 0; i < list->count; i++) {
+        if (list->items[i].type != JSON_STRING) die("a receipt handle is not a string");
+        handles[i] = list->items[i].string;
+    }
+    size_t acked = 0;
+    rmq_error err;
+    if (rmq_ack(client, group, topic, queue_id, handles, list->count, &acked, refused, &err) != 0) {
+        write_error(out, &err);
+    } else {
+        fprintf(out, "{\"ok\":true,\"acked\":%zu,\"refused\":[", acked);
+        for (size_t i = 0; i < list->count; i++) fprintf(out, i > 0 ? ",%" PRId32 : "%" PRId32, refused[i]);
+        fputs("]}", out);
+    }
+    free(handles);
+    free(refused);
+}
+
+static void run_change_invisible(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    const char *handle = string_field(cmd, "receipt_handle", 1);
+    int32_t invisible_ms = int32_field(cmd, "invisible_ms", 1, 0);
+    char new_handle[RMQ_RECEIPT_HANDLE_MAX + 1];
+    rmq_error err;
+    if (rmq_change_invisible(client, group, topic, queue_id, handle, invisible_ms, new_handle, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"receipt_handle\":", out);
+    write_str(out, new_handle);
+    fputc('}', out);
+}
+
+static void run_pop_stats(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *group = string_field(cmd, "group", 1);
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t queue_id = int32_field(cmd, "queue_id", 1, 0);
+    rmq_pop_stats st;
+    rmq_error err;
+    if (rmq_pop_stats_get(client, group, topic, queue_id, &st, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fprintf(out,
+            "{\"ok\":true,\"ack_floor\":%" PRId64 ",\"pop_cursor\":%" PRId64 ",\"in_flight\":%" PRId64
+            ",\"due\":%" PRId64 ",\"redelivered\":%" PRId64 ",\"dead_lettered\":%" PRId64
+            ",\"journal_entries\":%" PRId64 ",\"segments\":%" PRId64 ",\"max_offset\":%" PRId64 "}",
+            st.ack_floor, st.pop_cursor, st.in_flight, st.due, st.redelivered, st.dead_lettered, st.journal_entries,
+            st.segments, st.max_offset);
+}
+
 typedef void (*command_fn)(FILE *out, rmq_client *client, const json_value *cmd);
 
 static const struct {
@@ -326,6 +415,10 @@ static const struct {
     {"commit_offset", run_commit_offset},
     {"fetch_offset", run_fetch_offset},
     {"ping", run_ping},
+    {"pop", run_pop},
+    {"ack", run_ack},
+    {"change_invisible", run_change_invisible},
+    {"pop_stats", run_pop_stats},
 };
 
 static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {

@@ -200,6 +200,57 @@ int rmq_commit_offset(rmq_client *client, const char *group, const char *topic, 
 int rmq_fetch_offset(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
                      int64_t *offset, rmq_error *err);
 
+/* ---- pop consumers (protocol 4.12): take messages one by one, ack each ---- */
+
+#define RMQ_RECEIPT_HANDLE_MAX 128
+
+/* One popped message's delivery: its handle (for ack / change) and attempt (1 = first). */
+typedef struct rmq_receipt {
+    char handle[RMQ_RECEIPT_HANDLE_MAX + 1];
+    int32_t attempt;
+} rmq_receipt;
+
+/* Optional pop settings. NULL for rmq_pop means all defaults. */
+typedef struct rmq_pop_options {
+    int has_queue_id;         /* nonzero: pop from queue_id; else the engine picks the queues */
+    int32_t queue_id;
+    int32_t invisible_ms;     /* 0: the engine default (30000) */
+    int32_t max_wait_ms;      /* > 0: long poll (the call's timeout grows by this) */
+    const char *subscription; /* NULL: "*" */
+} rmq_pop_options;
+
+typedef struct rmq_pop_result {
+    rmq_message_list messages; /* empty when nothing is visible now */
+    rmq_receipt *receipts;     /* messages.count entries, aligned with the messages */
+} rmq_pop_result;
+
+typedef struct rmq_pop_stats {
+    int64_t ack_floor, pop_cursor, in_flight, due, redelivered, dead_lettered, journal_entries, segments,
+        max_offset;
+} rmq_pop_stats;
+
+/* Takes up to `max_messages` for `group`; each stays invisible to the group's other pops for
+ * the invisible time, then comes back (attempt + 1) unless acked. Free with rmq_pop_result_free. */
+int rmq_pop(rmq_client *client, const char *group, const char *topic, int32_t max_messages,
+            const rmq_pop_options *options, rmq_pop_result *result, rmq_error *err);
+
+/* Acks `count` (1..1024) handles of one queue. *acked: how many are done; refused[i] (a
+ * caller-provided array of `count`, or NULL) is set to the engine's code for a handle it
+ * refused (22 INVALID_RECEIPT_HANDLE: stale or foreign), 0 for an acked one. */
+int rmq_ack(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
+            const char *const *handles, size_t count, size_t *acked, int32_t *refused, rmq_error *err);
+
+/* Makes a popped message invisible for `invisible_ms` from now (0: a nack, visible again at
+ * once). On success `new_handle` (RMQ_RECEIPT_HANDLE_MAX + 1 bytes) holds the new handle. */
+int rmq_change_invisible(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
+                         const char *handle, int32_t invisible_ms, char *new_handle, rmq_error *err);
+
+/* A pop group's ack floor and counts on one queue. */
+int rmq_pop_stats_get(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
+                      rmq_pop_stats *stats, rmq_error *err);
+
+void rmq_pop_result_free(rmq_pop_result *result);
+
 /* Checks that the engine answers. */
 int rmq_ping(rmq_client *client, rmq_error *err);
 

@@ -27,7 +27,7 @@
 
 #define PROTOCOL_VERSION 1
 #define Z85_KEY_CHARS 40
-#define REPLY_FIELDS_MAX 10
+#define REPLY_FIELDS_MAX 12
 
 struct rmq_client {
     void *context;
@@ -584,4 +584,195 @@ int rmq_ping(rmq_client *c, rmq_error *err) {
     int rc = call(c, &req, id, c->timeout_ms, NULL, 0, NULL, &frame, err);
     if (rc == 0) zmq_msg_close(&frame);
     return rc;
+}
+
+/* ---- pop consumers ------------------------------------------------------------------ */
+
+void rmq_pop_result_free(rmq_pop_result *result) {
+    if (result == NULL) return;
+    rmq_message_list_free(&result->messages);
+    free(result->receipts);
+    result->receipts = NULL;
+}
+
+/* Reads the aligned receipt_handles and attempts arrays into receipts[count]. */
+static const char *read_receipts(const char *handles, const char *attempts, rmq_receipt *receipts, size_t count) {
+    if (handles == NULL || attempts == NULL || mp_typeof(*handles) != MP_ARRAY || mp_typeof(*attempts) != MP_ARRAY) {
+        return "receipt_handles";
+    }
+    const char *h = handles, *a = attempts;
+    if (mp_decode_array(&h) != count || mp_decode_array(&a) != count) return "receipt_handles";
+    for (size_t i = 0; i < count; i++) {
+        const char *s = NULL;
+        uint32_t len = 0;
+        if (rmq_read_str(h, &s, &len) != 0 || len > RMQ_RECEIPT_HANDLE_MAX) return "receipt_handles";
+        memcpy(receipts[i].handle, s, len);
+        receipts[i].handle[len] = '\0';
+        mp_next(&h);
+        if (rmq_read_int32(a, &receipts[i].attempt) != 0) return "attempts";
+        mp_next(&a);
+    }
+    return NULL;
+}
+
+int rmq_pop(rmq_client *c, const char *group, const char *topic, int32_t max_messages, const rmq_pop_options *options,
+            rmq_pop_result *result, rmq_error *err) {
+    clear_error(err);
+    if (result != NULL) memset(result, 0, sizeof *result);
+    if (c == NULL || group == NULL || topic == NULL || result == NULL) {
+        return invalid_argument(err, "client, group, topic or result is NULL");
+    }
+    int has_queue = options != NULL && options->has_queue_id;
+    int32_t invisible_ms = options != NULL ? options->invisible_ms : 0;
+    int32_t max_wait_ms = options != NULL ? options->max_wait_ms : 0;
+    int has_subscription = options != NULL && options->subscription != NULL;
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "pop", 3 + has_queue + (invisible_ms > 0) + (max_wait_ms > 0) + has_subscription, &id);
+    rmq_put_str(&req, "group");
+    rmq_put_str(&req, group);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    rmq_put_str(&req, "max_messages");
+    rmq_put_int(&req, max_messages);
+    if (has_queue) {
+        rmq_put_str(&req, "queue_id");
+        rmq_put_int(&req, options->queue_id);
+    }
+    if (invisible_ms > 0) {
+        rmq_put_str(&req, "invisible_ms");
+        rmq_put_int(&req, invisible_ms);
+    }
+    if (max_wait_ms > 0) {
+        rmq_put_str(&req, "max_wait_ms");
+        rmq_put_int(&req, max_wait_ms);
+    }
+    if (has_subscription) {
+        rmq_put_str(&req, "subscription");
+        rmq_put_str(&req, options->subscription);
+    }
+    static const char *const names[] = {"messages", "receipt_handles", "attempts"};
+    const char *v[3];
+    zmq_msg_t frame;
+    int64_t timeout_ms = (int64_t)c->timeout_ms + (max_wait_ms > 0 ? max_wait_ms : 0);
+    int rc = call(c, &req, id, timeout_ms, names, 3, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = NULL;
+    rc = rmq_decode_message_list(v[0], &result->messages, &why);
+    if (rc == 0 && result->messages.count > 0) {
+        result->receipts = calloc(result->messages.count, sizeof *result->receipts);
+        if (result->receipts == NULL) rc = RMQ_ERR_NO_MEMORY;
+        else why = read_receipts(v[1], v[2], result->receipts, result->messages.count);
+    }
+    zmq_msg_close(&frame);
+    if (rc == 0 && why == NULL) return 0;
+    rmq_pop_result_free(result);
+    if (rc == RMQ_ERR_NO_MEMORY) return set_error(err, rc, "NO_MEMORY", "cannot allocate the messages");
+    return bad_reply(err, why != NULL ? why : "messages");
+}
+
+int rmq_ack(rmq_client *c, const char *group, const char *topic, int32_t queue_id, const char *const *handles,
+            size_t count, size_t *acked, int32_t *refused, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || group == NULL || topic == NULL || handles == NULL || acked == NULL) {
+        return invalid_argument(err, "client, group, topic, handles or acked is NULL");
+    }
+    if (count == 0 || count > 1024) return invalid_argument(err, "an ack takes 1 to 1024 handles");
+    for (size_t i = 0; i < count; i++) {
+        if (handles[i] == NULL) return invalid_argument(err, "a handle is NULL");
+        if (refused != NULL) refused[i] = 0;
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "ack", 4, &id);
+    put_queue(&req, group, topic, queue_id);
+    rmq_put_str(&req, "receipt_handles");
+    rmq_put_array(&req, (uint32_t)count);
+    for (size_t i = 0; i < count; i++) rmq_put_str(&req, handles[i]);
+    static const char *const names[] = {"acked", "failed"};
+    const char *v[2];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 2, v, &frame, err);
+    if (rc != 0) return rc;
+    int64_t done = 0;
+    const char *why = NULL;
+    if (rmq_read_int64(v[0], &done) != 0 || done < 0) why = "acked";
+    else if (v[1] == NULL || mp_typeof(*v[1]) != MP_ARRAY) why = "failed";
+    else {
+        const char *p = v[1];
+        uint32_t n = mp_decode_array(&p);
+        static const char *const failure_names[] = {"receipt_handle", "error"};
+        static const char *const error_names[] = {"code"};
+        for (uint32_t k = 0; k < n && why == NULL; k++) {
+            const char *f[2], *e[1], *s = NULL, *q = NULL;
+            uint32_t len = 0;
+            int32_t code = 0;
+            if (rmq_map_lookup(&p, failure_names, 2, f) != 0 || rmq_read_str(f[0], &s, &len) != 0) {
+                why = "failed";
+            } else if ((q = f[1]) == NULL || rmq_map_lookup(&q, error_names, 1, e) != 0 ||
+                       rmq_read_int32(e[0], &code) != 0) {
+                why = "failed";
+            } else if (refused != NULL) {
+                for (size_t i = 0; i < count; i++) {
+                    if (strlen(handles[i]) == len && memcmp(handles[i], s, len) == 0) refused[i] = code;
+                }
+            }
+        }
+    }
+    zmq_msg_close(&frame);
+    if (why != NULL) return bad_reply(err, why);
+    *acked = (size_t)done;
+    return 0;
+}
+
+int rmq_change_invisible(rmq_client *c, const char *group, const char *topic, int32_t queue_id, const char *handle,
+                         int32_t invisible_ms, char *new_handle, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || group == NULL || topic == NULL || handle == NULL || new_handle == NULL || invisible_ms < 0) {
+        return invalid_argument(err, "client, group, topic, handle or new_handle is NULL, or invisible_ms < 0");
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "change_invisible", 5, &id);
+    put_queue(&req, group, topic, queue_id);
+    rmq_put_str(&req, "receipt_handle");
+    rmq_put_str(&req, handle);
+    rmq_put_str(&req, "invisible_ms");
+    rmq_put_int(&req, invisible_ms);
+    static const char *const names[] = {"receipt_handle"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    rc = rmq_read_str_into(v[0], new_handle, RMQ_RECEIPT_HANDLE_MAX + 1);
+    zmq_msg_close(&frame);
+    return rc == 0 ? 0 : bad_reply(err, "receipt_handle");
+}
+
+int rmq_pop_stats_get(rmq_client *c, const char *group, const char *topic, int32_t queue_id, rmq_pop_stats *stats,
+                      rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || group == NULL || topic == NULL || stats == NULL) {
+        return invalid_argument(err, "client, group, topic or stats is NULL");
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "pop_stats", 3, &id);
+    put_queue(&req, group, topic, queue_id);
+    static const char *const names[] = {"ack_floor", "pop_cursor", "in_flight", "due", "redelivered",
+                                        "dead_lettered", "journal_entries", "segments", "max_offset"};
+    enum { STATS_FIELDS = sizeof names / sizeof names[0] };
+    const char *v[STATS_FIELDS];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, STATS_FIELDS, v, &frame, err);
+    if (rc != 0) return rc;
+    int64_t *fields[STATS_FIELDS] = {&stats->ack_floor, &stats->pop_cursor, &stats->in_flight, &stats->due,
+                                     &stats->redelivered, &stats->dead_lettered, &stats->journal_entries,
+                                     &stats->segments, &stats->max_offset};
+    const char *why = NULL;
+    for (size_t i = 0; i < STATS_FIELDS && why == NULL; i++) {
+        if (rmq_read_int64(v[i], fields[i]) != 0) why = names[i];
+    }
+    zmq_msg_close(&frame);
+    return why == NULL ? 0 : bad_reply(err, why);
 }
