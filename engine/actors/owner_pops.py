@@ -128,8 +128,8 @@ class OwnerPops:
             scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
                              max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
                              subscription=subscription, until_ms=until_ms, tag=tag)
-            if scheduled:
-                self.states.schedule(queue, until_ms, scheduled)
+            for offsets, generation in scheduled:
+                self.states.schedule(queue, until_ms, offsets, generation)
             self.states.write(queue, self.clock.mono_ms())
             if taken.count >= max_messages:
                 break
@@ -159,7 +159,7 @@ class OwnerPops:
         if isinstance(changed, str):
             raise RequestError(ErrorCode.INVALID_RECEIPT_HANDLE, changed)
         offset, generation = changed
-        self.states.schedule(queue, until_ms, [changed])
+        self.states.schedule(queue, until_ms, [offset], generation)
         self.states.write(queue, self.clock.mono_ms())
         return encode_reply(request.id, receipt_handle=encode_handle(request.queue_id, offset, generation, tag),
                             invisible_ms=invisible_ms)
@@ -267,8 +267,8 @@ class OwnerPops:
         if not reply.get("ok") or self.states.queues.get(queue.key) is not queue:
             log.warning("dead-letter send for %s/%s/%d offset %d refused: %s; retried", *queue.key,
                         letter.offset, reply.get("error"))
-            self.states.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms,
-                                 [(letter.offset, letter.generation)])
+            self.states.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms, [letter.offset],
+                                 letter.generation)
             return
         state, _attempt, generation, _until = queue.entry(letter.offset)
         if state == State.DELIVERED and generation == letter.generation:  # not acked meanwhile

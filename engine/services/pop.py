@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -88,10 +88,10 @@ class Taken:
 
 
 def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
-         max_bytes: int, subscription: Subscription, until_ms: int, tag: str) -> list[tuple[int, int]]:
-    """Add up to ``max_messages`` deliveries of ``queue`` to ``taken``; the (offset, generation)
-    pairs to schedule at ``until_ms``."""
-    scheduled: list[tuple[int, int]] = []
+         max_bytes: int, subscription: Subscription, until_ms: int, tag: str) -> list[tuple[Sequence[int], int]]:
+    """Add up to ``max_messages`` deliveries of ``queue`` to ``taken``; what to schedule at
+    ``until_ms``, as (offsets, generation) groups."""
+    scheduled: list[tuple[Sequence[int], int]] = []
     later: list[int] = []  # due, but not readable now (not visible yet, or past this reply's bytes)
     while queue.due and taken.count < max_messages:
         offset = next(iter(queue.due))
@@ -103,7 +103,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
         if result.message_count and result.offsets[0] == offset:
             queue.record(offset, Action.DELIVER, attempt + 1, generation + 1, until_ms)
             taken.add(result, queue, [(offset, attempt + 1, generation + 1)], tag)
-            scheduled.append((offset, generation + 1))
+            scheduled.append(([offset], generation + 1))
         elif (result.status in _GONE and result.next_offset > offset) or result.corrupt_offset == offset:
             queue.record(offset, Action.SKIP)  # deleted, damaged, or not wanted by this subscription
         else:
@@ -130,11 +130,19 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
         queue.record(result.corrupt_offset, Action.SKIP)
         return scheduled
     queue.deliver_new(result.offsets, until_ms)
-    scheduled.extend((offset, 1) for offset in result.offsets)
+    if result.offsets:
+        scheduled.append((_compact(result.offsets), 1))
     if result.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
         queue.cursor = max(queue.cursor, result.next_offset)
     taken.add_new(result, queue.key[2], tag)
     return scheduled
+
+
+def _compact(offsets: list[int]) -> Sequence[int]:
+    """A run of consecutive offsets as a range (what the timer heap keeps for a whole pop)."""
+    if offsets[-1] - offsets[0] + 1 == len(offsets):
+        return range(offsets[0], offsets[-1] + 1)
+    return tuple(offsets)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import heapq
 import itertools
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +34,8 @@ class _Expiry:
     until_ms: int
     seq: int
     queue: PopQueue = field(compare=False)
-    deliveries: list[tuple[int, int]] = field(compare=False)  # (offset, generation)
+    offsets: Sequence[int] = field(compare=False)  # a range for a pop's first deliveries: O(1) memory
+    generation: int = field(compare=False, default=1)  # of every delivery in ``offsets``
 
 
 class PopStates:
@@ -77,11 +78,12 @@ class PopStates:
             while index >= 0:
                 offset = number * SEGMENT_ENTRY_COUNT + index
                 _state, _attempt, generation, until = queue.entry(offset)
-                self.schedule(queue, until, [(offset, generation)])
+                self.schedule(queue, until, [offset], generation)
                 index = states.find(State.DELIVERED, index + 1)
 
-    def schedule(self, queue: PopQueue, until_ms: int, deliveries: list[tuple[int, int]]) -> None:
-        heapq.heappush(self.expiries, _Expiry(until_ms, next(self.seq), queue, deliveries))
+    def schedule(self, queue: PopQueue, until_ms: int, offsets: Sequence[int], generation: int) -> None:
+        """``offsets``, delivered with ``generation``, become due at ``until_ms``."""
+        heapq.heappush(self.expiries, _Expiry(until_ms, next(self.seq), queue, offsets, generation))
 
     def expire(self, now_ms: int) -> set[PopQueue]:
         """Move every delivery whose invisible time passed (and that was not acked or changed since)
@@ -92,9 +94,9 @@ class PopStates:
             queue = expiry.queue
             if self.queues.get(queue.key) is not queue:
                 continue  # dropped with its topic
-            for offset, generation in expiry.deliveries:
+            for offset in expiry.offsets:
                 state, _attempt, current, _until = queue.entry(offset)
-                if state == State.DELIVERED and current == generation and offset not in queue.dead_lettering:
+                if state == State.DELIVERED and current == expiry.generation and offset not in queue.dead_lettering:
                     queue.due[offset] = None
                     touched.add(queue)
         return touched

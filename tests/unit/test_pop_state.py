@@ -200,7 +200,7 @@ def test_expiries_are_one_heap_entry_per_batch_and_skip_acked_ones(tmp_path: Pat
     queue = states.open("g", "t", 0)
     for offset in range(32):
         queue.record(offset, Action.DELIVER, 1, 1, 1_000)
-    states.schedule(queue, 1_000, [(offset, 1) for offset in range(32)])
+    states.schedule(queue, 1_000, range(32), 1)
     queue.record(3, Action.ACK)
     assert len(states.expiries) == 1
     assert states.expire(999) == set()
