@@ -9,6 +9,7 @@ delivery was acked or changed since (its generation moved) is dropped when it co
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.errors import ErrorCode, RequestError
 from engine.services.pop_state import STATE_POSITION, PopKey, PopQueue, pop_queue_dir
 from engine.store.pop_files import (
     INCARNATION_FILE,
@@ -102,11 +104,21 @@ class PopStates:
         return touched
 
     def write(self, queue: PopQueue, now_ms: int) -> None:
-        if queue.pending:
+        """Append the request's entries; RequestError (DISK_FULL, or SERVICE_NOT_AVAILABLE) when
+        the disk refuses them. They stay pending and go with the next write: the state in
+        memory is ahead of the journal meanwhile, which a crash turns into redeliveries only."""
+        if not queue.pending:
+            return
+        try:
             queue.write(now_ms)
-            self.written.add(queue)
-            if queue.journal.entries >= self.journal_entries_max:
-                self.fold(queue)
+        except OSError as exc:
+            log.error("pop journal %s: cannot append (%s); the reply says so, and the entries wait",
+                      queue.journal.path, exc)
+            code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
+            raise RequestError(code, f"the pop journal could not be written ({exc.strerror}); retry later") from None
+        self.written.add(queue)
+        if queue.journal.entries >= self.journal_entries_max:
+            self.fold(queue)
 
     def sync(self) -> None:
         """Every journal written to since the last sync, on disk (SYNC_FLUSH's group commit)."""
@@ -122,8 +134,14 @@ class PopStates:
         return paths
 
     def fold(self, queue: PopQueue) -> None:
-        queue.journal.sync()
-        deleted = queue.fold()
+        """Fold the journal into the segments; a disk that refuses the segments (full) leaves the
+        journal as it is, and the next fold tries again."""
+        queue.journal.sync()  # a failed fdatasync stops the owner (docs/design.md 6.3)
+        try:
+            deleted = queue.fold()
+        except OSError as exc:
+            log.error("pop %s/%s/%d: fold failed (%s); the journal is kept and the fold retried", *queue.key, exc)
+            return
         if deleted:
             log.info("pop %s/%s/%d: %d fully acknowledged segments deleted", *queue.key, deleted)
 

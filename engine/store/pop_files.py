@@ -41,6 +41,7 @@ Segment file (``{segment:010d}.idx``, written whole with ``write_atomically``)::
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import struct
 import zlib
@@ -175,7 +176,16 @@ class Journal:
         self.entries = length // JOURNAL_ENTRY_BYTES
 
     def append(self, data: bytes | bytearray) -> None:
-        os.write(self.fd, data)
+        """All of ``data`` or nothing: a write the disk refused part way (ENOSPC) is cut back, so
+        no partial entry is left for later entries to follow (that would read as damage)."""
+        before = self.entries * JOURNAL_ENTRY_BYTES
+        try:
+            written = os.write(self.fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"short write to the journal: {written} of {len(data)} bytes")
+        except OSError:
+            os.ftruncate(self.fd, before)
+            raise
         self.entries += len(data) // JOURNAL_ENTRY_BYTES
         self.unsynced = True
 

@@ -233,3 +233,32 @@ def test_state_past_the_end_of_the_queue_is_dropped_at_recovery(tmp_path: Path) 
     assert (directory / JOURNAL_FILE).stat().st_size == 0, "folded at once"
     assert check_pop_queue(directory, 6, "g/t/0") == []
     assert new_states(tmp_path).open("g", "t", 0, queue_end=6).cursor == 6
+
+
+def test_a_full_disk_refuses_the_request_and_leaves_no_partial_entry(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from engine.errors import ErrorCode, RequestError
+    from engine.store import pop_files
+
+    states = new_states(tmp_path)
+    deliver(states, range(2))
+    queue = states.open("g", "t", 0)
+    real_write = os.write
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        real_write(fd, bytes(data)[: len(data) // 2 + 3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pop_files.os, "write", half_then_full)
+    queue.record(0, Action.ACK)
+    with pytest.raises(RequestError) as refused:
+        states.write(queue, 0)
+    assert refused.value.code == ErrorCode.DISK_FULL
+    assert queue.journal.path.stat().st_size == 2 * JOURNAL_ENTRY_BYTES, "the partial entry is cut back"
+    monkeypatch.setattr(pop_files.os, "write", real_write)
+    states.write(queue, 0)  # the disk has room again: the waiting entry goes now
+    again = reopened(tmp_path, states).open("g", "t", 0)
+    assert [again.entry(o)[0] for o in range(2)] == [State.ACKED, State.DELIVERED]
+    assert again.damaged_entries == 0
