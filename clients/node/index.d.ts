@@ -133,6 +133,24 @@ export interface PoppedMessage extends StoredMessage {
   attempt: number;
 }
 
+/** What ack, changeInvisibleDuration and nack read of a popped message. */
+export type Receipt = Pick<PoppedMessage, "topic" | "queue_id" | "receipt_handle">;
+
+/** A pop group's state on one queue (docs/protocol.md 4.12). */
+export interface PopStats {
+  ack_floor: Int;
+  /** -1 before the group's first pop. */
+  pop_cursor: Int;
+  in_flight: Int;
+  due: Int;
+  redelivered: Int;
+  dead_lettered: Int;
+  journal_entries: Int;
+  segments: Int;
+  max_offset: Int;
+  [field: string]: unknown;
+}
+
 export declare class StoreError extends Error {
   constructor(code: number, codeName: string, message: string, op?: string);
   /** docs/protocol.md 7.3, or a ClientErrorCode (negative). */
@@ -180,14 +198,15 @@ export declare class StoreClient {
   status(options?: CallOptions): Promise<Record<string, unknown>>;
   pop(group: string, topic: string, options?: PopOptions): Promise<PoppedMessage[]>;
   /** Resolves to the handles refused (stale or foreign), each with its error. */
-  ack(group: string, messages: PoppedMessage[], options?: CallOptions): Promise<Array<{
+  ack(group: string, messages: Iterable<Receipt>, options?: CallOptions): Promise<Array<{
     receipt_handle: string;
     error: { code: number; name: string; message: string };
   }>>;
-  /** Resolves to the new receipt handle; 0 ms is a nack. */
-  changeInvisibleDuration(group: string, message: PoppedMessage, invisibleMs: Int, options?: CallOptions): Promise<string>;
-  nack(group: string, message: PoppedMessage, options?: CallOptions): Promise<string>;
-  popStats(group: string, topic: string, queueId: Int, options?: CallOptions): Promise<Record<string, Int>>;
+  /** Resolves to the new receipt handle (the old one is stale); 0 ms is a nack. */
+  changeInvisibleDuration(group: string, message: Receipt, invisibleMs: Int, options?: CallOptions): Promise<string>;
+  /** Redelivered now with attempt + 1; resolves to the new receipt handle. */
+  nack(group: string, message: Receipt, options?: CallOptions): Promise<string>;
+  popStats(group: string, topic: string, queueId: Int, options?: CallOptions): Promise<PopStats>;
   ping(options?: CallOptions): Promise<boolean>;
   close(): void;
 }

@@ -30,6 +30,7 @@ import pytest
 from engine.config import StoreConfig
 from engine.ipc.curve import CurveKeys, keygen
 from supervisor.launcher import EngineProcess
+from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -198,6 +199,7 @@ def test_pop_ack_nack_and_stats_agree_through_every_client(engine: EngineProcess
     with engine.client() as client:
         client.create_topic(topic, queue_count=1)
         client.send(topic, [{"body": b"job-%d" % n, "tags": "jobs"} for n in range(3)])
+        wait_dispatched(client)
     answers = {}
     for client in DRIVERS:
         group = f"workers-{client}"

@@ -75,6 +75,10 @@ def test_engine_commands_produce_consume_query_and_inspect(engine: EngineProcess
 def test_a_worker_pool_pops_and_acks_from_the_command_line(engine: EngineProcess) -> None:
     ep = ["--endpoint", engine.endpoint]
     run("-m", "engine", "produce", *ep, "--topic", "jobs", "--count", "40", "--batch-size", "40")
+    from tests.helpers import wait_dispatched
+
+    with engine.client() as client:
+        wait_dispatched(client)
     engine_cmd = ("-m", "engine", "consume", *ep, "--topic", "jobs", "--group", "workers", "--pop", "--json")
     taken = json.loads(run(*engine_cmd, "--count", "10", "--invisible-ms", "60000").stdout)
     assert len(taken) == 10 and {m["attempt"] for m in taken} == {1}

@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from supervisor.launcher import EngineProcess
+from tests.helpers import parked_requests
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,20 +29,13 @@ def test_a_waiting_pull_is_answered_when_a_message_arrives(engine: EngineProcess
         started = time.monotonic()
         waiter.start()
         deadline = time.monotonic() + 10
-        while engine_parked(engine) < 1:  # the pull is parked at its owner
+        while parked_requests(engine) < 1:  # the pull is parked at its owner
             assert time.monotonic() < deadline
         client.send("lp", [{"body": b"wake up"}], queue_id=0)
         waiter.join(20)
         assert replies and replies[0]["status"] == "FOUND"
         assert replies[0]["messages"][0]["body"] == b"wake up"
         assert time.monotonic() - started < 15, "answered by the arrival, not by the deadline"
-
-
-def engine_parked(engine: EngineProcess) -> int:
-    from engine.ipc.messages import StatusQuery
-    from supervisor.control import control
-
-    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
 
 
 def test_a_waiting_pull_times_out_with_no_new_message(engine: EngineProcess) -> None:
@@ -68,8 +62,8 @@ def test_a_thousand_parked_pulls_cost_no_cpu_and_one_send_wakes_them(engine: Eng
         sockets.append(sock)
     try:
         deadline = time.monotonic() + 20
-        while engine_parked(engine) < 1000:
-            assert time.monotonic() < deadline, engine_parked(engine)
+        while parked_requests(engine) < 1000:
+            assert time.monotonic() < deadline, parked_requests(engine)
         owners = [psutil.Process(pid) for name, pid in engine.actor_pids().items() if name.startswith("owner")]
         before = sum(p.cpu_times().user + p.cpu_times().system for p in owners)
         with engine.client() as client:  # the window: one more parked pull, answered at its deadline

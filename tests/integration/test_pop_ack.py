@@ -12,6 +12,7 @@ import pytest
 
 from engine.client import EngineError
 from supervisor.launcher import EngineProcess
+from tests.helpers import parked_requests, wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,6 +26,7 @@ def test_a_popped_message_is_invisible_until_acked_or_its_time_passes(engine: En
     with engine.client() as client:
         client.create_topic("work", queue_count=1)
         send_numbered(client, "work", 3)
+        wait_dispatched(client)  # a send is answered once in the log; a pop reads the queue
         first = client.pop("g", "work", invisible_ms=60_000)
         assert [m["body"] for m in first] == [b"0", b"1", b"2"]
         assert {m["attempt"] for m in first} == {1}
@@ -55,6 +57,7 @@ def test_an_expired_message_comes_back_after_its_invisible_time_only(engine: Eng
     with engine.client() as client:
         client.create_topic("expiry", queue_count=2)
         send_numbered(client, "expiry", 4)
+        wait_dispatched(client)
         taken = []
         while len(taken) < 4:
             taken += client.pop("g", "expiry", invisible_ms=1_500)
@@ -86,13 +89,6 @@ def test_a_long_poll_pop_is_answered_when_a_message_arrives(engine: EngineProces
         waiter.join(20)
         assert got and [m["body"] for m in got[0]] == [b"wake"]
         assert time.monotonic() - started < 15
-
-
-def parked_requests(engine: EngineProcess) -> int:
-    from engine.ipc.messages import StatusQuery
-    from supervisor.control import control
-
-    return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
 
 
 def test_after_the_attempt_limit_a_message_goes_to_the_dead_letter_queue(engine: EngineProcess) -> None:
@@ -221,6 +217,7 @@ def test_a_tag_subscription_pops_only_its_tags_and_pull_consumers_are_not_affect
     with engine.client() as client:
         client.create_topic("tagged", queue_count=1)
         client.send("tagged", [{"body": b"%d" % n, "tags": "A" if n % 3 == 0 else "B"} for n in range(30)])
+        wait_dispatched(client)
         wanted = []
         while batch := client.pop("only-a", "tagged", subscription="A", max_messages=4, max_wait_ms=200):
             assert {m["tags"] for m in batch} == {"A"}

@@ -215,7 +215,7 @@ typedef struct rmq_pop_options {
     int has_queue_id;         /* nonzero: pop from queue_id; else the engine picks the queues */
     int32_t queue_id;
     int32_t invisible_ms;     /* 0: the engine default (30000) */
-    int32_t max_wait_ms;      /* > 0: long poll (the call's timeout grows by this) */
+    int32_t max_wait_ms;      /* 0: answer at once; > 0: long poll (the call's timeout grows by this) */
     const char *subscription; /* NULL: "*" */
 } rmq_pop_options;
 
@@ -241,9 +241,16 @@ int rmq_ack(rmq_client *client, const char *group, const char *topic, int32_t qu
             const char *const *handles, size_t count, size_t *acked, int32_t *refused, rmq_error *err);
 
 /* Makes a popped message invisible for `invisible_ms` from now (0: a nack, visible again at
- * once). On success `new_handle` (RMQ_RECEIPT_HANDLE_MAX + 1 bytes) holds the new handle. */
+ * once). On success `new_handle` (RMQ_RECEIPT_HANDLE_MAX + 1 bytes) holds the new handle; the
+ * old one is stale (INVALID_RECEIPT_HANDLE) from now on. */
 int rmq_change_invisible(rmq_client *client, const char *group, const char *topic, int32_t queue_id,
                          const char *handle, int32_t invisible_ms, char *new_handle, rmq_error *err);
+
+/* Gives a popped message back now (rmq_change_invisible with 0 ms): it is redelivered with
+ * attempt + 1, or dead-lettered after the last attempt. `new_handle` as for
+ * rmq_change_invisible, or NULL when the new handle is not wanted. */
+int rmq_nack(rmq_client *client, const char *group, const char *topic, int32_t queue_id, const char *handle,
+             char *new_handle, rmq_error *err);
 
 /* A pop group's ack floor and counts on one queue. */
 int rmq_pop_stats_get(rmq_client *client, const char *group, const char *topic, int32_t queue_id,

@@ -628,7 +628,7 @@ int rmq_pop(rmq_client *c, const char *group, const char *topic, int32_t max_mes
     int has_subscription = options != NULL && options->subscription != NULL;
     rmq_buf req;
     int64_t id = 0;
-    begin_request(c, &req, "pop", 3 + has_queue + (invisible_ms > 0) + (max_wait_ms > 0) + has_subscription, &id);
+    begin_request(c, &req, "pop", 3 + has_queue + (invisible_ms != 0) + (max_wait_ms != 0) + has_subscription, &id);
     rmq_put_str(&req, "group");
     rmq_put_str(&req, group);
     rmq_put_str(&req, "topic");
@@ -639,11 +639,11 @@ int rmq_pop(rmq_client *c, const char *group, const char *topic, int32_t max_mes
         rmq_put_str(&req, "queue_id");
         rmq_put_int(&req, options->queue_id);
     }
-    if (invisible_ms > 0) {
+    if (invisible_ms != 0) {
         rmq_put_str(&req, "invisible_ms");
         rmq_put_int(&req, invisible_ms);
     }
-    if (max_wait_ms > 0) {
+    if (max_wait_ms != 0) {
         rmq_put_str(&req, "max_wait_ms");
         rmq_put_int(&req, max_wait_ms);
     }
@@ -744,9 +744,21 @@ int rmq_change_invisible(rmq_client *c, const char *group, const char *topic, in
     zmq_msg_t frame;
     int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
     if (rc != 0) return rc;
-    rc = rmq_read_str_into(v[0], new_handle, RMQ_RECEIPT_HANDLE_MAX + 1);
+    const char *s = NULL;
+    uint32_t len = 0;
+    rc = rmq_read_str(v[0], &s, &len) != 0 || len > RMQ_RECEIPT_HANDLE_MAX ? RMQ_ERR_BAD_REPLY : 0;
+    if (rc == 0) {
+        memcpy(new_handle, s, len); /* never cut short: a truncated handle would be useless */
+        new_handle[len] = '\0';
+    }
     zmq_msg_close(&frame);
     return rc == 0 ? 0 : bad_reply(err, "receipt_handle");
+}
+
+int rmq_nack(rmq_client *c, const char *group, const char *topic, int32_t queue_id, const char *handle,
+             char *new_handle, rmq_error *err) {
+    char unused[RMQ_RECEIPT_HANDLE_MAX + 1];
+    return rmq_change_invisible(c, group, topic, queue_id, handle, 0, new_handle != NULL ? new_handle : unused, err);
 }
 
 int rmq_pop_stats_get(rmq_client *c, const char *group, const char *topic, int32_t queue_id, rmq_pop_stats *stats,
