@@ -199,11 +199,11 @@ class ConsumeQueueOwnerActor(Actor):
     def read_queue(self, cq: ConsumeQueue | None, offset: int, max_messages: int, max_bytes: int,
                    subscription: Subscription) -> PullResult:
         """What a pull from ``offset`` finds, after healing a unit that leads elsewhere."""
-        visible_end = self.visible_end
+        visible_end, written_end = self.visible_end, self.slots.get(CONFIRMED)
 
         def pull_now() -> PullResult:
             return pull(cq, self.reader, offset=offset, visible_end=visible_end, subscription=subscription,
-                        written_end=self.slots.get(CONFIRMED), max_messages=max_messages, max_bytes=max_bytes)
+                        written_end=written_end, max_messages=max_messages, max_bytes=max_bytes)
 
         result = pull_now()
         if result.suspect_offset >= 0 and cq is not None and \

@@ -32,6 +32,7 @@ Replies come back as [client id, REQ flag, reply] and go out as they are.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -84,6 +85,15 @@ log = logging.getLogger(__name__)
 
 _PLAIN = b"\x00"
 _REQ = b"\x01"
+
+
+@functools.lru_cache(maxsize=4096)
+def _queues_by_owner(topic: str, queue_count: int, owner_count: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """(owner, its queue ids of the topic) for each owner holding some, in owner order."""
+    by_owner: dict[int, list[int]] = {}
+    for queue_id in range(queue_count):
+        by_owner.setdefault(owner_of(topic, queue_id, owner_count), []).append(queue_id)
+    return tuple((owner, tuple(queue_ids)) for owner, queue_ids in sorted(by_owner.items()))
 
 
 class FrontActor(Actor):
@@ -251,19 +261,16 @@ class FrontActor(Actor):
             return
         self.pop_groups.add((group, topic))
         if envelope.queue_id is not None:
-            queue_id = self.check_queue(envelope)
-            out.append(self.forward(self.queue_owner(envelope), client, flag, Pop([queue_id]), raw))
+            owner_port = self.queue_owner(envelope)  # checks the queue id
+            out.append(self.forward(owner_port, client, flag, Pop([envelope.queue_id]), raw))
             return
         config = self.topics.get(topic)
         assert config is not None
-        by_owner: dict[int, list[int]] = {}
-        for queue_id in range(config.read_queue_nums):
-            by_owner.setdefault(owner_of(topic, queue_id, self.owner_count), []).append(queue_id)
-        owners = sorted(by_owner)
+        by_owner = _queues_by_owner(topic, config.read_queue_nums, self.owner_count)
         turn = self.pop_turn.get(topic, 0)
         self.pop_turn[topic] = turn + 1
-        owner = owners[turn % len(owners)]
-        out.append(self.forward(self.owner_ports[owner], client, flag, Pop(by_owner[owner]), raw))
+        owner, queue_ids = by_owner[turn % len(by_owner)]
+        out.append(self.forward(self.owner_ports[owner], client, flag, Pop(list(queue_ids)), raw))
 
     def queue_owner(self, envelope: Envelope) -> str:
         """The port of the owner of the request's (topic, queue), once both are checked."""

@@ -48,7 +48,7 @@ from engine.services.owned_queues import OwnedQueues
 from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
 from engine.services.pop_state import PopQueue
 from engine.services.pop_states import PopStates
-from engine.services.pull import Subscription, _array_header
+from engine.services.pull import Subscription, message_array
 from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)
@@ -118,12 +118,12 @@ class OwnerPops:
         subscription = self.subscription(request.subscription)
         tag = self.tag(request.group, request.topic)
         taken = Taken()
+        if not all(self.owned.is_mine(request.topic, queue_id) for queue_id in queue_ids):
+            raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, "the queue moved to another owner; retry")
         start = self.rotation.get((request.group, request.topic), 0)
         self.rotation[(request.group, request.topic)] = start + 1
         for i in range(len(queue_ids)):
             queue_id = queue_ids[(start + i) % len(queue_ids)]
-            if not self.owned.is_mine(request.topic, queue_id):
-                raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, "the queue moved to another owner; retry")
             queue = self.queue(request.group, request.topic, queue_id)
             scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
                              max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
@@ -133,9 +133,8 @@ class OwnerPops:
             self.states.write(queue, self.clock.mono_ms())
             if taken.count >= max_messages:
                 break
-        messages = msgspec.Raw(_array_header(taken.count) + b"".join(taken.encoded))
-        reply = encode_reply(request.id, messages=messages, receipt_handles=taken.receipt_handles,
-                             attempts=taken.attempts, invisible_ms=invisible_ms)
+        reply = encode_reply(request.id, messages=message_array(taken.encoded, taken.count),
+                             receipt_handles=taken.receipt_handles, attempts=taken.attempts, invisible_ms=invisible_ms)
         return reply, not taken.count
 
     def ack(self, raw: bytes) -> bytes:

@@ -19,6 +19,8 @@ from pathlib import Path
 from engine.names import is_decimal
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.pop_files import (
+    ACTION_STATE,
+    DONE_STATES,
     JOURNAL_FILE,
     POP_DIR,
     SEGMENT_ENTRY,
@@ -27,9 +29,9 @@ from engine.store.pop_files import (
     Action,
     SegmentError,
     State,
+    decode_segment,
     is_leftover,
     read_journal,
-    read_segment,
     segment_numbers,
     segment_path,
 )
@@ -37,8 +39,6 @@ from engine.store.pop_files import (
 PopFinding = tuple[str, str]  # where, problem
 _KNOWN_STATES = frozenset(State)
 _NEEDS_DELIVERY = (Action.ACK, Action.CHANGE, Action.DEAD)
-_ACTION_STATES = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Action.DEAD: State.DEAD,
-                  Action.SKIP: State.SKIPPED}
 
 
 def check_pop_state(store_dir: Path, queues: dict[tuple[str, int], ConsumeQueue],
@@ -63,11 +63,12 @@ def check_pop_queue(directory: Path, queue_end: int, where: str) -> list[PopFind
     states: dict[int, int] = {}  # offset -> state, from the segments, then the journal replayed over them
     for number in segment_numbers(directory):
         try:
-            entries = read_segment(directory, number)
+            data = segment_path(directory, number).read_bytes()
+            entries = decode_segment(data, number)
         except (SegmentError, OSError) as exc:
             findings.append((f"{where} segment {number}", str(exc)))
             continue
-        header = SEGMENT_HEADER.unpack_from(segment_path(directory, number).read_bytes())
+        header = SEGMENT_HEADER.unpack_from(data)
         open_count = done_count = 0
         for index, (_until, _generation, _attempt, state, _) in enumerate(SEGMENT_ENTRY.iter_unpack(entries)):
             if state == State.NONE:
@@ -77,7 +78,7 @@ def check_pop_queue(directory: Path, queue_end: int, where: str) -> list[PopFind
             if state not in _KNOWN_STATES:
                 findings.append((f"{where} offset {offset}", f"unknown state {state}"))
             open_count += state == State.DELIVERED
-            done_count += state in (State.ACKED, State.DEAD, State.SKIPPED)
+            done_count += state in DONE_STATES
         if (header[4], header[5]) != (open_count, done_count):
             findings.append((f"{where} segment {number}",
                                     f"header counts {header[4]} open / {header[5]} done, entries say "
@@ -95,7 +96,7 @@ def check_pop_queue(directory: Path, queue_end: int, where: str) -> list[PopFind
                                     f"the journal records {entry.action.name} for an offset that is not delivered "
                                     f"(state {State(states.get(entry.queue_offset, 0)).name})"))
         if entry.action != Action.CHANGE:
-            states[entry.queue_offset] = _ACTION_STATES[entry.action]
+            states[entry.queue_offset] = ACTION_STATE[entry.action]
     beyond = [offset for offset, state in states.items()
               if offset >= queue_end and state not in (State.SKIPPED, State.NONE)]
     if beyond:

@@ -24,9 +24,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import msgspec
-
 from engine.errors import ErrorCode, GetStatus
+from engine.ipc.protocol import ErrorInfo
 from engine.services.pop_state import PopQueue
 from engine.services.pull import PullResult, Subscription
 from engine.store.consume_queue import ConsumeQueue
@@ -68,23 +67,14 @@ class Taken:
     receipt_handles: list[str] = field(default_factory=list)
     attempts: list[int] = field(default_factory=list)
 
-    def add_new(self, result: PullResult, queue_id: int, tag: str) -> None:
-        """First deliveries: attempt 1, generation 1."""
+    def add(self, result: PullResult, queue_id: int, tag: str, *, attempt: int = 1, generation: int = 1) -> None:
+        """The messages of ``result``, each delivered with ``attempt`` and ``generation`` (a pop's
+        first deliveries, or one redelivery)."""
         self.encoded.extend(result.encoded)
         self.count += result.message_count
         self.bytes_taken += sum(len(chunk) for chunk in result.encoded)
-        prefix, suffix = f"{queue_id}:", f":1:{tag}"
-        self.receipt_handles.extend([f"{prefix}{offset}{suffix}" for offset in result.offsets])
-        self.attempts.extend([1] * len(result.offsets))
-
-    def add(self, result: PullResult, queue: PopQueue, deliveries: list[tuple[int, int, int]], tag: str) -> None:
-        self.encoded.extend(result.encoded)
-        self.count += result.message_count
-        self.bytes_taken += sum(len(chunk) for chunk in result.encoded)
-        queue_id = queue.key[2]
-        for offset, attempt, generation in deliveries:
-            self.receipt_handles.append(encode_handle(queue_id, offset, generation, tag))
-            self.attempts.append(attempt)
+        self.receipt_handles.extend([encode_handle(queue_id, offset, generation, tag) for offset in result.offsets])
+        self.attempts.extend([attempt] * len(result.offsets))
 
 
 def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
@@ -102,7 +92,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
         result = read(cq, offset, 1, max(1, max_bytes - taken.bytes_taken), subscription)
         if result.message_count and result.offsets[0] == offset:
             queue.record(offset, Action.DELIVER, attempt + 1, generation + 1, until_ms)
-            taken.add(result, queue, [(offset, attempt + 1, generation + 1)], tag)
+            taken.add(result, queue.key[2], tag, attempt=attempt + 1, generation=generation + 1)
             scheduled.append(([offset], generation + 1))
         elif (result.status in _GONE and result.next_offset > offset) or result.corrupt_offset == offset:
             queue.record(offset, Action.SKIP)  # deleted, damaged, or not wanted by this subscription
@@ -134,7 +124,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
         scheduled.append((_compact(result.offsets), 1))
     if result.status in (GetStatus.FOUND, GetStatus.NO_MATCHED_MESSAGE, GetStatus.MESSAGE_WAS_REMOVING):
         queue.cursor = max(queue.cursor, result.next_offset)
-    taken.add_new(result, queue.key[2], tag)
+    taken.add(result, queue.key[2], tag)
     return scheduled
 
 
@@ -148,7 +138,7 @@ def _compact(offsets: list[int]) -> Sequence[int]:
 @dataclass
 class AckOutcome:
     acked: int = 0
-    failed: list[dict[str, object]] = field(default_factory=list)
+    failed: list[dict[str, str | ErrorInfo]] = field(default_factory=list)
 
 
 def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
@@ -165,7 +155,7 @@ def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
     return outcome
 
 
-def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> dict[str, object]:
+def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> ErrorInfo:
     code = ErrorCode.INVALID_RECEIPT_HANDLE
     if decoded is None:
         message = f"{handle!r} is not a receipt handle of this group, topic and queue"
@@ -175,7 +165,7 @@ def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> dict[str
         message = "no delivery of this message is known"
     else:
         message = f"the message is already {State(state).name.lower()} with another handle"
-    return msgspec.to_builtins({"code": int(code), "name": code.name, "message": message})
+    return ErrorInfo(int(code), code.name, message)
 
 
 def change_invisible(queue: PopQueue, handle: str, tag: str, *, until_ms: int) -> tuple[int, int] | str:

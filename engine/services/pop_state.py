@@ -39,18 +39,18 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.store.pop_files import (
-    JOURNAL_ENTRY,
+    ACTION_STATE,
+    DONE_STATES,
     JOURNAL_ENTRY_BYTES,
     POP_DIR,
     SEGMENT_ENTRY,
     SEGMENT_ENTRY_BYTES,
     SEGMENT_ENTRY_COUNT,
+    SEGMENT_STATE_POSITION,
     Action,
     Journal,
     SegmentError,
@@ -66,13 +66,7 @@ from engine.store.pop_files import (
 log = logging.getLogger(__name__)
 
 PopKey = tuple[str, str, int]  # group, topic, queue id
-STATE_POSITION = 14  # of the state byte in a segment entry
-_DONE_BYTES = (State.ACKED, State.DEAD, State.SKIPPED)
-_CRC = struct.Struct(">I")
-_JOURNAL_CRC_SPAN = 28
 _ZERO_ENTRY = bytes(JOURNAL_ENTRY_BYTES)
-_ACTION_STATE = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Action.DEAD: State.DEAD,
-                 Action.SKIP: State.SKIPPED}
 
 
 def pop_queue_dir(store_dir: Path, group: str, topic: str, queue_id: int) -> Path:
@@ -86,8 +80,8 @@ class SegmentCounts:
 
 
 def _counts(entries: bytearray) -> SegmentCounts:
-    states = entries[STATE_POSITION::SEGMENT_ENTRY_BYTES]
-    return SegmentCounts(states.count(State.DELIVERED), sum(states.count(s) for s in _DONE_BYTES))
+    states = entries[SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES]
+    return SegmentCounts(states.count(State.DELIVERED), sum(states.count(s) for s in DONE_STATES))
 
 
 @dataclass(eq=False)  # hashed by identity: a set holds the queues written to
@@ -139,7 +133,7 @@ class PopQueue:
                 return
             self._set(offset, State.DELIVERED, old_attempt, generation, until)
             return
-        state = _ACTION_STATE[Action(action)]
+        state = ACTION_STATE[Action(action)]
         if state == State.DELIVERED:
             self._set(offset, state, attempt, generation, until)
         else:
@@ -152,7 +146,7 @@ class PopQueue:
     def record(self, offset: int, action: Action, attempt: int = 0, generation: int = 0, until: int = 0) -> None:
         """A change: into memory now, into the journal with the request's other entries (``write``)."""
         pos = len(self.pending)
-        self.pending.extend(bytes(JOURNAL_ENTRY_BYTES))
+        self.pending.extend(_ZERO_ENTRY)
         pack_entry(self.pending, pos, offset, action, attempt, generation, until)
         self.apply(offset, action, attempt, generation, until)
         if action not in (Action.DELIVER, Action.CHANGE):
@@ -176,13 +170,8 @@ class PopQueue:
             self.changed.add(number)
             start = end
         buf = bytearray(JOURNAL_ENTRY_BYTES * len(offsets))
-        view = memoryview(buf)
-        pack, crc, pack_crc = JOURNAL_ENTRY.pack_into, zlib.crc32, _CRC.pack_into
         for i, offset in enumerate(offsets):
-            pos = i * JOURNAL_ENTRY_BYTES
-            pack(buf, pos, offset, until, 1, 1, Action.DELIVER, 0, 0, 0)
-            pack_crc(buf, pos + _JOURNAL_CRC_SPAN, crc(view[pos:pos + _JOURNAL_CRC_SPAN]))
-        view.release()
+            pack_entry(buf, i * JOURNAL_ENTRY_BYTES, offset, Action.DELIVER, 1, 1, until)
         self.pending += buf
         self.in_flight += len(offsets)
         if offsets and offsets[-1] >= self.cursor:
@@ -193,7 +182,7 @@ class PopQueue:
         (an ack of an offset already acked with that generation counts as done)."""
         refused = []
         buf = bytearray()
-        unpack, pack, crc, pack_crc = SEGMENT_ENTRY.unpack_from, JOURNAL_ENTRY.pack_into, zlib.crc32, _CRC.pack_into
+        unpack = SEGMENT_ENTRY.unpack_from
         for i, (offset, generation) in enumerate(deliveries):
             number, index = divmod(offset, SEGMENT_ENTRY_COUNT)
             segment = self.segments.get(number)
@@ -207,14 +196,13 @@ class PopQueue:
                 continue
             if state == State.ACKED:
                 continue
-            segment[pos + STATE_POSITION] = State.ACKED
+            segment[pos + SEGMENT_STATE_POSITION] = State.ACKED
             self.changed.add(number)
             self.in_flight -= 1
             self.due.pop(offset, None)
             at = len(buf)
             buf.extend(_ZERO_ENTRY)
-            pack(buf, at, offset, until, generation, attempt, Action.ACK, 0, 0, 0)
-            pack_crc(buf, at + _JOURNAL_CRC_SPAN, crc(memoryview(buf)[at:at + _JOURNAL_CRC_SPAN]))
+            pack_entry(buf, at, offset, Action.ACK, attempt, generation, until)
         self.pending += buf
         return refused
 
@@ -238,7 +226,7 @@ class PopQueue:
             return 0
         for number in sorted(self.segments):
             segment = self.segments[number]
-            index = segment[STATE_POSITION::SEGMENT_ENTRY_BYTES].find(State.DELIVERED)
+            index = segment[SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES].find(State.DELIVERED)
             if index >= 0:
                 return min(number * SEGMENT_ENTRY_COUNT + index, self.cursor)
         return self.cursor
@@ -277,7 +265,7 @@ class PopQueue:
                 if offset == end - 1:
                     self._set(offset, State.SKIPPED, 0, 0, 0)
                 continue
-            if segment[(offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES + STATE_POSITION] == State.NONE:
+            if segment[(offset % SEGMENT_ENTRY_COUNT) * SEGMENT_ENTRY_BYTES + SEGMENT_STATE_POSITION] == State.NONE:
                 self._set(offset, State.SKIPPED, 0, 0, 0)
 
     # -- recovery -----------------------------------------------------------------------------
@@ -311,7 +299,7 @@ class PopQueue:
             log.error("pop journal %s: %d damaged entries; %d offsets without a surviving entry are redelivered",
                       self.journal.path, replay.damaged_entries, doubtful)
         self.in_flight = sum(_counts(s).open for s in self.segments.values())
-        self.dead_lettered = sum(s[STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
+        self.dead_lettered = sum(s[SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES].count(State.DEAD)
                                  for s in self.segments.values())
 
     def _forget_from(self, end: int) -> None:
@@ -333,7 +321,7 @@ class PopQueue:
 
     def _newest_recorded(self) -> int:
         number = max(self.segments)
-        states = self.segments[number][STATE_POSITION::SEGMENT_ENTRY_BYTES]
+        states = self.segments[number][SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES]
         index = len(states.rstrip(b"\x00")) - 1
         return number * SEGMENT_ENTRY_COUNT + index if index >= 0 else number * SEGMENT_ENTRY_COUNT - 1
 

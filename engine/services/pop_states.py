@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ErrorCode, RequestError
-from engine.services.pop_state import STATE_POSITION, PopKey, PopQueue, pop_queue_dir
+from engine.services.pop_state import PopKey, PopQueue, pop_queue_dir
 from engine.store.pop_files import (
     INCARNATION_FILE,
     POP_DIR,
     SEGMENT_ENTRY_BYTES,
     SEGMENT_ENTRY_COUNT,
+    SEGMENT_STATE_POSITION,
     Journal,
     State,
     write_incarnation,
@@ -75,7 +76,7 @@ class PopStates:
 
     def _schedule_recovered(self, queue: PopQueue) -> None:
         for number, segment in queue.segments.items():
-            states = segment[STATE_POSITION::SEGMENT_ENTRY_BYTES]
+            states = segment[SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES]
             index = states.find(State.DELIVERED)
             while index >= 0:
                 offset = number * SEGMENT_ENTRY_COUNT + index

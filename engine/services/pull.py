@@ -51,7 +51,12 @@ class PullResult:
 
     def messages(self) -> msgspec.Raw:
         """The messages as the reply's msgpack array, ready to embed."""
-        return msgspec.Raw(_array_header(self.message_count) + b"".join(self.encoded))
+        return message_array(self.encoded, self.message_count)
+
+
+def message_array(encoded: list[bytes], count: int) -> msgspec.Raw:
+    """``count`` msgpack message maps, encoded back to back in ``encoded``, as one msgpack array."""
+    return msgspec.Raw(_array_header(count) + b"".join(encoded))
 
 
 def _array_header(count: int) -> bytes:

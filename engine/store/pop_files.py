@@ -60,11 +60,13 @@ INCARNATION_FILE = "incarnation"  # the topic's deletion offset when the state w
 JOURNAL_ENTRY = struct.Struct(">qqIHBBII")
 JOURNAL_ENTRY_BYTES = 32
 _JOURNAL_CRC_SPAN = 28
+_JOURNAL_CRC = struct.Struct(">I")
 
 SEGMENT_HEADER = struct.Struct(">4sHHQIIII")
 SEGMENT_HEADER_BYTES = 32
 SEGMENT_ENTRY = struct.Struct(">qIHBB")
 SEGMENT_ENTRY_BYTES = 16
+SEGMENT_STATE_POSITION = 14  # of the ST byte in a segment entry: entries[14::16] are all the states
 SEGMENT_MAGIC = b"PSEG"
 SEGMENT_VERSION = 1
 SEGMENT_FILE_BYTES = SEGMENT_HEADER_BYTES + SEGMENT_ENTRY_COUNT * SEGMENT_ENTRY_BYTES
@@ -95,6 +97,8 @@ class State(enum.IntEnum):
 
 
 DONE_STATES = frozenset({State.ACKED, State.DEAD, State.SKIPPED})
+ACTION_STATE = {Action.DELIVER: State.DELIVERED, Action.ACK: State.ACKED, Action.DEAD: State.DEAD,
+                Action.SKIP: State.SKIPPED}  # what each action leaves (CHANGE keeps DELIVERED)
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,10 @@ def encode_entry(entry: Entry) -> bytes:
 
 def pack_entry(buf: bytearray, pos: int, queue_offset: int, action: int, attempt: int, generation: int,
                invisible_until_ms: int) -> None:
+    """One journal entry, with its CRC, at ``buf[pos:pos + 32]``."""
     JOURNAL_ENTRY.pack_into(buf, pos, queue_offset, invisible_until_ms, generation, attempt, action, 0, 0, 0)
-    struct.pack_into(">I", buf, pos + _JOURNAL_CRC_SPAN, zlib.crc32(memoryview(buf)[pos:pos + _JOURNAL_CRC_SPAN]))
+    with memoryview(buf) as view:
+        _JOURNAL_CRC.pack_into(buf, pos + _JOURNAL_CRC_SPAN, zlib.crc32(view[pos:pos + _JOURNAL_CRC_SPAN]))
 
 
 def decode_entry(data: bytes | memoryview, pos: int = 0) -> Entry | None:
