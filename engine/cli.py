@@ -155,9 +155,16 @@ def _consume_pop(args: argparse.Namespace) -> int:
     return 0
 
 
+_OFFSET_MSG_ID_CHARS = 32
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     with _client(args, timeout_ms=args.timeout_ms) as client:
-        if args.id:
+        if args.id and args.topic and len(args.id) != _OFFSET_MSG_ID_CHARS:
+            # a client-made id (UNIQ_KEY), as RocketMQ 5 clients show it: found through the index
+            messages = [m for m in client.query_by_key(args.topic, args.id, max_results=args.max_results)
+                        if m["uniq_key"] == args.id]
+        elif args.id:
             messages = [client.get_by_id(args.id)]
         elif args.offset is not None:
             messages = [client.get_by_offset(args.offset)]
@@ -332,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(query)
     query.add_argument("--topic")
     query.add_argument("--key")
-    query.add_argument("--id", help="a message id (offsetMsgId)")
+    query.add_argument("--id", help="a message id: the offsetMsgId, or with --topic the id a RocketMQ 5 "
+                                    "client was given (UNIQ_KEY)")
     query.add_argument("--offset", type=int, help="a commit log offset")
     query.add_argument("--begin", type=int, default=0, help="earliest store time, ms")
     query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, help="latest store time, ms")

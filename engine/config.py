@@ -83,6 +83,22 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     max_delivery_attempts: int = 16  # RocketMQ's maxReconsumeTimes: then the message goes to %DLQ%{group}
     dead_letter_retry_ms: int = 1_000  # a dead-letter send the writer refused is tried again after this
 
+    # The RocketMQ 5 gRPC endpoint (docs/grpc.md): RocketMQ's proxy port, off unless grpc_enabled.
+    grpc_enabled: bool = False
+    grpc_endpoint: str = "127.0.0.1:8081"  # host:port; loopback only unless bind_non_loopback is set
+    grpc_tls_cert_file: str = ""  # PEM certificate chain; with grpc_tls_key_file the port speaks TLS
+    grpc_tls_key_file: str = ""
+    grpc_curve_client_secret_key_file: str = ""  # with curve_enabled: the endpoint's own key to the front
+    grpc_streams_max: int = 1_000  # calls open at once (each receive and telemetry stream is one)
+    grpc_message_bytes_max: int = 4 * MiB + 64 * KiB  # the largest request the port takes
+    grpc_request_timeout_ms: int = 10_000  # deadline of each request to the engine
+    grpc_long_polling_ms: int = 20_000  # the long-polling time consumers are told to use
+    grpc_invisible_ms_default: int = 60_000  # a push consumer's receive (auto_renew, no duration)
+    # A push consumer's n-th redelivery after a failure waits the n-th delay (RocketMQ's levels from 1 s).
+    grpc_retry_delays_ms: tuple[int, ...] = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000,
+                                             300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
+                                             1_800_000, 3_600_000, 7_200_000)
+
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
     flush_interval_ms: int = 500
@@ -162,6 +178,20 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              f"machines (and consider curve_enabled)"),
             (not self.curve_enabled or (self.curve_server_secret_key_file and self.curve_authorized_keys_dir),
              "curve_enabled needs curve_server_secret_key_file and curve_authorized_keys_dir"),
+            (_GRPC_ENDPOINT.fullmatch(self.grpc_endpoint) is not None,
+             f"grpc_endpoint {self.grpc_endpoint!r} must be host:port"),
+            (self.bind_non_loopback or is_loopback_endpoint(f"tcp://{self.grpc_endpoint}"),
+             f"grpc_endpoint {self.grpc_endpoint} is not a loopback address; set bind_non_loopback = true to serve "
+             f"other machines (and consider grpc_tls_cert_file)"),
+            (bool(self.grpc_tls_cert_file) == bool(self.grpc_tls_key_file),
+             "grpc_tls_cert_file and grpc_tls_key_file go together"),
+            (not (self.grpc_enabled and self.curve_enabled) or self.grpc_curve_client_secret_key_file,
+             "grpc_enabled with curve_enabled needs grpc_curve_client_secret_key_file (a key the front allows)"),
+            (min(self.grpc_streams_max, self.grpc_message_bytes_max, self.grpc_request_timeout_ms,
+                 self.grpc_invisible_ms_default) >= 1 and self.grpc_long_polling_ms >= 0,
+             "grpc limits must be positive"),
+            (bool(self.grpc_retry_delays_ms) and min(self.grpc_retry_delays_ms) >= 0,
+             "grpc_retry_delays_ms needs at least one delay, none negative"),
         ]
         for ok, message in checks:
             if not ok:
@@ -201,7 +231,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
                 raise ConfigError(f"cannot read config {path}: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
         base = Path(path).resolve().parent if path is not None else Path.cwd()
-        for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir"):
+        for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
+                    "grpc_tls_key_file", "grpc_curve_client_secret_key_file"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is
@@ -242,6 +273,9 @@ def _is_ipv4(host: str) -> bool:
 
 # tcp://host:port (host a name, an IPv4 address, [IPv6] or *) or ipc://path; a full match.
 _ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.*-]+):[0-9]{1,5}|ipc://[^\s\x00]+", re.ASCII)
+
+
+_GRPC_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", re.ASCII)
 
 
 def is_endpoint(endpoint: str) -> bool:

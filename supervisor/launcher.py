@@ -44,13 +44,15 @@ def free_port() -> int:
 
 
 def write_config(path: Path, config: StoreConfig) -> Path:
-    """Write ``config`` as TOML (only scalar settings exist)."""
+    """Write ``config`` as TOML (scalars, and lists of numbers)."""
     lines = []
     for name, value in config.to_toml_dict().items():
         if isinstance(value, bool):
             lines.append(f"{name} = {'true' if value else 'false'}")
         elif isinstance(value, int | float):
             lines.append(f"{name} = {value!r}")
+        elif isinstance(value, tuple | list):
+            lines.append(f"{name} = [{', '.join(repr(v) for v in value)}]")
         else:
             lines.append(f'{name} = "{value}"')
     path.write_text("\n".join(lines) + "\n")

@@ -4,8 +4,9 @@ Start order follows what each actor's recovery reads: the writer recovers the
 log tail first (and publishes the confirmed offset), the flusher follows it,
 queue owners and the index builder rebuild what the log holds beyond their
 files, the reput dispatcher resumes from what they hold, and the front opens
-the client endpoint last. Stop order is the reverse, so the dispatcher drains
-before the owners stop, and the writer's last bytes are flushed at the end.
+the client endpoint; the gRPC endpoint (when on), a client of the front, comes
+last. Stop order is the reverse, so the dispatcher drains before the owners
+stop, and the writer's last bytes are flushed at the end.
 """
 
 from __future__ import annotations
@@ -32,4 +33,5 @@ def actor_specs(config: StoreConfig) -> list[ActorSpec]:
         ActorSpec("index", "engine.actors.index_builder"),
         ActorSpec("reput", "engine.actors.reput_dispatcher"),
         ActorSpec("front", "engine.actors.front"),
+        *([ActorSpec("grpc", "engine.actors.grpc_endpoint")] if config.grpc_enabled else []),
     ]

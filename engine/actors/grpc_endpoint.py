@@ -1,0 +1,147 @@
+"""The gRPC endpoint: RocketMQ 5's ``MessagingService`` (the API its proxy serves) on
+``grpc_endpoint``, for the official RocketMQ clients.
+
+It writes no file and holds no state that outlives a call: every call becomes requests of the
+client protocol to the front (``engine/gateway``). So a restart loses nothing: calls in flight
+fail, and the clients reconnect and retry by themselves. Receipt handles stay valid across a
+restart because they are the engine's own.
+
+Unlike the other actors it runs on asyncio, as grpc.aio does: one receive or telemetry stream
+per client stays open for long, and a coroutine costs far less than a thread. The runtime duties
+of ``engine/actors/base.py`` are kept: heartbeats to the supervisor with the lifecycle, SIGTERM
+for a clean stop (calls in flight get a grace period), an exit when the supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import zmq
+import zmq.asyncio
+from rocketmq.grpc_protocol import AddressScheme, definition_pb2, service_pb2_grpc
+
+from engine.actors.base import _die_with_parent, _parse_args, _send_heartbeat
+from engine.config import StoreConfig, decode_config
+from engine.gateway.link import EngineLink
+from engine.gateway.service import MessagingService
+from engine.ipc import endpoints
+from engine.ipc.curve import CurveKeys
+
+log = logging.getLogger(__name__)
+
+_STOP_GRACE_S = 1.0
+BROKER_NAME = "engine"
+
+
+@dataclass
+class _Identity:
+    name: str
+
+
+class GrpcEndpoint:
+    """The process: the gRPC server, its line to the front, the heartbeat."""
+
+    def __init__(self, name: str, run_dir: Path, config: StoreConfig) -> None:
+        self.env = _Identity(name)
+        self.run_dir = run_dir
+        self.config = config
+        self.lifecycle = "INIT"
+        self.service: MessagingService | None = None
+        self.link: EngineLink | None = None
+        self.stopping = asyncio.Event()
+
+    def detail(self) -> dict[str, int]:
+        if self.service is None or self.link is None:
+            return {}
+        return {"calls": self.service.calls, "in_flight": self.link.in_flight, "timeouts": self.link.timeouts}
+
+    async def run(self, parent: int) -> None:
+        cfg = self.config
+        heartbeat_context = zmq.Context()
+        heartbeat = endpoints.configure(heartbeat_context.socket(zmq.PUSH), hwm=16)
+        heartbeat.connect(endpoints.ipc(self.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
+        context = zmq.asyncio.Context()
+        try:
+            self.lifecycle = "RECOVERING"
+            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            curve = None
+            if cfg.curve_enabled:
+                curve = CurveKeys.from_files(cfg.curve_server_secret_key_file, cfg.grpc_curve_client_secret_key_file)
+            self.link = EngineLink(context, cfg.endpoint, timeout_ms=cfg.grpc_request_timeout_ms, curve=curve,
+                                   hwm_messages=cfg.socket_hwm_messages)
+            self.link.start()
+            server = self.server()
+            await server.start()
+            self.lifecycle = "RUNNING"
+            log.info("serving RocketMQ 5 gRPC on %s", cfg.grpc_endpoint)
+            while not self.stopping.is_set():
+                _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+                if os.getppid() != parent:
+                    log.error("the supervisor is gone; stopping")
+                    break
+                try:
+                    await asyncio.wait_for(self.stopping.wait(), cfg.heartbeat_interval_ms / 1000)
+                except TimeoutError:
+                    pass
+            self.lifecycle = "STOPPING"
+            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            await server.stop(_STOP_GRACE_S)
+            self.lifecycle = "STOPPED"
+            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+        finally:
+            if self.link is not None:
+                self.link.close()
+            context.destroy(linger=0)
+            heartbeat_context.destroy(linger=0)
+
+    def server(self) -> grpc.aio.Server:
+        cfg = self.config
+        host, _, port = cfg.grpc_endpoint.rpartition(":")
+        broker = definition_pb2.Broker(name=BROKER_NAME, id=0, endpoints=definition_pb2.Endpoints(
+            scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
+            addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
+        assert self.link is not None
+        self.service = MessagingService(self.link, cfg, broker)
+        server = grpc.aio.server(maximum_concurrent_rpcs=cfg.grpc_streams_max, options=[
+            ("grpc.max_receive_message_length", cfg.grpc_message_bytes_max),
+            ("grpc.max_send_message_length", cfg.grpc_message_bytes_max),
+            ("grpc.so_reuseport", 0),
+        ])
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        if cfg.grpc_tls_cert_file:
+            credentials = grpc.ssl_server_credentials([(Path(cfg.grpc_tls_key_file).read_bytes(),
+                                                        Path(cfg.grpc_tls_cert_file).read_bytes())])
+            server.add_secure_port(cfg.grpc_endpoint, credentials)
+        else:
+            server.add_insecure_port(cfg.grpc_endpoint)
+        return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(message)s")
+    parent = os.getppid()
+    _die_with_parent()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    endpoint = GrpcEndpoint(args.name, args.run_dir, decode_config(args.config.read_bytes()))
+
+    async def serve() -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, endpoint.stopping.set)
+        await endpoint.run(parent)
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

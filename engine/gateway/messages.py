@@ -1,0 +1,140 @@
+"""RocketMQ 5 API messages (``apache.rocketmq.v2.Message``) to the engine's message maps
+(``docs/protocol.md`` 4.1 and 6.1) and back.
+
+What goes where when a message is sent through the API and read back:
+
+    v2 Message                         engine message                      stored as
+    ---------------------------------  ----------------------------------  ---------------------------
+    body (IDENTITY, or GZIP: inflated)  body                                the record's body
+    system_properties.tag               tags                                TAGS
+    system_properties.keys              keys                                KEYS (space-joined)
+    system_properties.message_id        properties["UNIQ_KEY"]              UNIQ_KEY: the message id
+    system_properties.message_group     sharding_key, properties[GROUP]     __SHARDINGKEY (RocketMQ's)
+    system_properties.born_timestamp    born_timestamp (ms)                 BORNTIMESTAMP
+    user_properties                     properties                          the user properties
+
+On the way back the message id is the UNIQ_KEY (the id the client made at send, as
+RocketMQ's proxy answers), the type is FIFO when the message has a group, and the body
+carries its CRC32 digest, which the clients check.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
+
+UNIQ_KEY = "UNIQ_KEY"
+MESSAGE_GROUP = "__SHARDINGKEY"  # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY
+_HIDDEN = (UNIQ_KEY, MESSAGE_GROUP)
+
+
+class Refused(Exception):
+    """A request the endpoint answers with a status of its own, without asking the engine."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def to_ms(stamp: Timestamp) -> int:
+    return stamp.seconds * 1000 + stamp.nanos // 1_000_000
+
+
+def timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def duration(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def duration_ms(value: Duration) -> int:
+    return value.seconds * 1000 + value.nanos // 1_000_000
+
+
+def outgoing(messages: Iterable[definition_pb2.Message], *,
+             body_bytes_max: int) -> tuple[str, str | None, list[dict[str, Any]]]:
+    """(topic, message group, engine messages) for a SendMessageRequest; Refused for what this
+    engine does not take: several topics or groups in one request, delay and transactional messages."""
+    topics: set[str] = set()
+    groups: set[str] = set()
+    converted = []
+    for message in messages:
+        system = message.system_properties
+        topics.add(message.topic.name)
+        if system.HasField("delivery_timestamp") or system.message_type == MessageType.DELAY:
+            raise Refused(Code.UNSUPPORTED, "delay messages (delivery_timestamp) are not supported by this engine yet")
+        if system.message_type == MessageType.TRANSACTION:
+            raise Refused(Code.UNSUPPORTED, "transactional messages are not supported by this engine yet")
+        if system.message_type in (MessageType.LITE, MessageType.PRIORITY) or system.lite_topic:
+            raise Refused(Code.UNSUPPORTED, f"{MessageType.Name(system.message_type)} messages are not supported")
+        properties = dict(message.user_properties)
+        if not system.message_id:
+            raise Refused(Code.ILLEGAL_MESSAGE_ID, "system_properties.message_id is required")
+        properties[UNIQ_KEY] = system.message_id
+        if system.message_group:
+            groups.add(system.message_group)
+            properties[MESSAGE_GROUP] = system.message_group
+        entry: dict[str, Any] = {"body": _body(message.body, system.body_encoding, body_bytes_max),
+                                 "keys": list(system.keys), "properties": properties}
+        if system.tag:
+            entry["tags"] = system.tag
+        if system.HasField("born_timestamp"):
+            entry["born_timestamp"] = to_ms(system.born_timestamp)
+        converted.append(entry)
+    if len(topics) != 1:
+        raise Refused(Code.BAD_REQUEST, "a SendMessageRequest needs 1 or more messages, all of one topic")
+    if len(groups) > 1 or (groups and len(converted) != sum(MESSAGE_GROUP in m["properties"] for m in converted)):
+        raise Refused(Code.ILLEGAL_MESSAGE_GROUP, "the messages of one SendMessageRequest must share one message group")
+    return topics.pop(), groups.pop() if groups else None, converted
+
+
+def _body(body: bytes, encoding: int, body_bytes_max: int) -> bytes:
+    if encoding != Encoding.GZIP:
+        return body
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        plain = inflater.decompress(body, body_bytes_max + 1)
+    except zlib.error as exc:
+        raise Refused(Code.MESSAGE_CORRUPTED, f"the GZIP body does not inflate: {exc}") from None
+    if len(plain) > body_bytes_max:
+        raise Refused(Code.MESSAGE_BODY_TOO_LARGE, f"the inflated body exceeds {body_bytes_max} bytes")
+    return plain
+
+
+def message_id(message: Mapping[str, Any]) -> str:
+    """The id a client knows the message by: its UNIQ_KEY, else the offsetMsgId."""
+    return message.get("uniq_key") or message["msg_id"]
+
+
+def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> definition_pb2.Message:
+    """A stored message (as ``pull`` or ``pop`` gives it) as the API's Message."""
+    properties = message["properties"]
+    body = message["body"]
+    group = properties.get(MESSAGE_GROUP)
+    system = definition_pb2.SystemProperties(
+        keys=message["keys"], message_id=message_id(message),
+        body_digest=definition_pb2.Digest(type=DigestType.CRC32, checksum=f"{zlib.crc32(body):08X}"),
+        body_encoding=Encoding.IDENTITY, message_type=MessageType.FIFO if group else MessageType.NORMAL,
+        born_timestamp=timestamp(message["born_timestamp"]), born_host=message["born_host"],
+        store_timestamp=timestamp(message["store_timestamp"]), store_host=message["store_host"],
+        queue_id=message["queue_id"], queue_offset=message["queue_offset"])
+    if message["tags"]:
+        system.tag = message["tags"]
+    if group:
+        system.message_group = group
+    if "receipt_handle" in message:
+        system.receipt_handle = message["receipt_handle"]
+        system.delivery_attempt = message["attempt"]
+    if invisible_ms is not None:
+        system.invisible_duration.CopyFrom(duration(invisible_ms))
+    return definition_pb2.Message(
+        topic=definition_pb2.Resource(name=message["topic"]),
+        user_properties={k: v for k, v in properties.items() if k not in _HIDDEN},
+        system_properties=system, body=body)

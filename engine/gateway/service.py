@@ -1,0 +1,325 @@
+"""``apache.rocketmq.v2.MessagingService`` served from the engine: each call becomes requests of
+the client protocol to the front (``EngineLink``), each answer a response with the API's status.
+
+What each call does here (RocketMQ's proxy is the model; docs/grpc.md has the table):
+
+* ``QueryRoute``: the topic's queues, all on one broker, this endpoint. An unknown topic is
+  created when ``auto_create_topic`` is on (RocketMQ's ``autoCreateTopicEnable``), otherwise
+  TOPIC_NOT_FOUND.
+* ``SendMessage``: one engine ``send``; a message group is the sharding key, so one group
+  keeps to one queue. The message id is the one the client made (stored as UNIQ_KEY).
+* ``QueryAssignment``: one assignment per broker with queue id -1 (all queues), as the proxy
+  gives non-FIFO push consumers.
+* ``ReceiveMessage``: pops of the group on the topic's queues (the queue id of the request is
+  not binding, as in the proxy), long polling up to the client's ``long_polling_timeout``.
+* ``AckMessage``, ``ChangeInvisibleDuration``: the engine's ``ack`` and ``change_invisible``.
+* ``Telemetry``: answers each settings command with the server's settings (``settings.py``).
+* ``Heartbeat``, ``NotifyClientTermination``: OK; the engine keeps no per-client state.
+* Delay, transactional, lite and priority messages, ``EndTransaction``, ``RecallMessage`` and
+  ``ForwardMessageToDeadLetterQueue``: UNSUPPORTED; the offset calls of the pull consumer
+  (``PullMessage``, ``GetOffset`` …): gRPC's own UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from rocketmq.grpc_protocol import (
+    Code,
+    FilterType,
+    MessageType,
+    Permission,
+    definition_pb2,
+    service_pb2,
+    service_pb2_grpc,
+)
+
+from engine.client import ClientError
+from engine.config import StoreConfig
+from engine.errors import RequestError
+from engine.gateway import settings
+from engine.gateway.codes import error_status, put_status, status
+from engine.gateway.link import EngineLink
+from engine.gateway.messages import Refused, duration_ms, incoming, outgoing, timestamp
+from engine.names import validate_group
+from engine.store.records import owner_of
+
+log = logging.getLogger(__name__)
+
+Response = TypeVar("Response")
+
+_TOPIC_CACHE_MS = 1000  # how long a topic's queue count is trusted before asking again
+_RECEIVE_SLICE_MS = 200  # a long poll's turn on one owner when the topic spans several
+_DEADLINE_MARGIN_MS = 300  # answer this long before the client's deadline
+# Delay and transactional messages are let through the clients' own type check, so that the
+# engine's answer, UNSUPPORTED, is what their users see.
+_ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, link: EngineLink, config: StoreConfig, broker: definition_pb2.Broker) -> None:
+        self.link = link
+        self.config = config
+        self.broker = broker
+        self.queue_counts: dict[str, tuple[int, float]] = {}  # topic -> (queue count, when learnt)
+        self.calls = 0
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def answer(self, make: Callable[..., Response], work: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
+        """``make(status=..., **fields of work())``; a refusal or an engine error becomes the status."""
+        self.calls += 1
+        try:
+            fields = await work()
+        except Refused as exc:
+            return make(status=status(exc.code, exc.message))
+        except RequestError as exc:
+            return make(status=error_status_of(exc))
+        except ClientError as exc:
+            return make(status=error_status(exc))
+        return make(status=fields.pop("status", None) or status(), **fields)
+
+    def deadline_ms(self, context: grpc.aio.ServicerContext) -> int:
+        remaining = context.time_remaining()
+        timeout = self.config.grpc_request_timeout_ms
+        return timeout if remaining is None else max(1, min(timeout, int(remaining * 1000) - _DEADLINE_MARGIN_MS))
+
+    async def queue_count(self, topic: str, *, create: bool) -> int:
+        if not topic:
+            raise Refused(Code.ILLEGAL_TOPIC, "the topic name is empty")
+        known = self.queue_counts.get(topic)
+        if known is not None and time.monotonic() - known[1] < _TOPIC_CACHE_MS / 1000:
+            return known[0]
+        reply = await self.link.request("list_topics")
+        counts = {entry["topic"]: entry["queue_count"] for entry in reply["topics"]}
+        count = counts.get(topic)
+        if count is None:
+            if not (create and self.config.auto_create_topic):
+                raise Refused(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+            count = (await self.link.request("create_topic", topic=topic))["queue_count"]
+        self.queue_counts[topic] = (count, time.monotonic())
+        return count
+
+    def queue(self, topic: str, queue_id: int) -> definition_pb2.MessageQueue:
+        return definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=queue_id,
+                                           permission=Permission.READ_WRITE, broker=self.broker,
+                                           accept_message_types=_ACCEPTED_TYPES)
+
+    # -- routes and sessions -------------------------------------------------------------------
+
+    async def QueryRoute(self, request: service_pb2.QueryRouteRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.QueryRouteResponse:
+        async def work() -> dict[str, Any]:
+            topic = request.topic.name
+            count = await self.queue_count(topic, create=True)
+            return {"message_queues": [self.queue(topic, q) for q in range(count)]}
+        return await self.answer(service_pb2.QueryRouteResponse, work)
+
+    async def QueryAssignment(self, request: service_pb2.QueryAssignmentRequest,
+                              context: grpc.aio.ServicerContext) -> service_pb2.QueryAssignmentResponse:
+        async def work() -> dict[str, Any]:
+            check_group(request.group.name)
+            await self.queue_count(request.topic.name, create=False)
+            return {"assignments": [definition_pb2.Assignment(message_queue=self.queue(request.topic.name, -1))]}
+        return await self.answer(service_pb2.QueryAssignmentResponse, work)
+
+    async def Heartbeat(self, request: service_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.HeartbeatResponse:
+        async def work() -> dict[str, Any]:
+            if request.HasField("group"):
+                check_group(request.group.name)
+            return {}
+        return await self.answer(service_pb2.HeartbeatResponse, work)
+
+    async def NotifyClientTermination(self, request: service_pb2.NotifyClientTerminationRequest,
+                                      context: grpc.aio.ServicerContext) -> service_pb2.NotifyClientTerminationResponse:
+        return service_pb2.NotifyClientTerminationResponse(status=status())
+
+    async def Telemetry(self, request_iterator: AsyncIterator[service_pb2.TelemetryCommand],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.TelemetryCommand]:
+        async for command in request_iterator:
+            self.calls += 1
+            if command.HasField("settings"):
+                yield service_pb2.TelemetryCommand(status=status(),
+                                                   settings=settings.answer(command.settings, self.config))
+            # thread stack traces and message verification results answer commands never sent
+
+    # -- producers ---------------------------------------------------------------------------
+
+    async def SendMessage(self, request: service_pb2.SendMessageRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.SendMessageResponse:
+        async def work() -> dict[str, Any]:
+            topic, group, messages = outgoing(request.messages, body_bytes_max=self.config.message_body_bytes_max)
+            fields: dict[str, Any] = {"topic": topic, "messages": messages}
+            if group is not None:
+                fields["sharding_key"] = group
+            reply = await self.link.request("send", timeout_ms=self.deadline_ms(context), **fields)
+            entries = []
+            for message, result in zip(messages, reply["results"], strict=True):
+                entries.append(service_pb2.SendResultEntry(
+                    status=put_status(result["status_code"], result["status"]),
+                    message_id=message["properties"]["UNIQ_KEY"], offset=result["queue_offset"]))
+            return {"status": entries[0].status, "entries": entries}
+        return await self.answer(service_pb2.SendMessageResponse, work)
+
+    async def EndTransaction(self, request: service_pb2.EndTransactionRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.EndTransactionResponse:
+        return service_pb2.EndTransactionResponse(
+            status=status(Code.UNSUPPORTED, "transactional messages are not supported by this engine yet"))
+
+    async def RecallMessage(self, request: service_pb2.RecallMessageRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.RecallMessageResponse:
+        return service_pb2.RecallMessageResponse(
+            status=status(Code.UNSUPPORTED, "delay messages, and so their recall, are not supported yet"))
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    async def ReceiveMessage(self, request: service_pb2.ReceiveMessageRequest, context: grpc.aio.ServicerContext) \
+            -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
+        self.calls += 1
+        try:
+            invisible_ms, messages = await self.receive(request, context)
+        except Refused as exc:
+            yield service_pb2.ReceiveMessageResponse(status=status(exc.code, exc.message))
+            return
+        except RequestError as exc:
+            yield service_pb2.ReceiveMessageResponse(status=error_status_of(exc))
+            return
+        except ClientError as exc:
+            yield service_pb2.ReceiveMessageResponse(status=error_status(exc))
+            return
+        if not messages:
+            yield service_pb2.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield service_pb2.ReceiveMessageResponse(status=status())
+        for message in messages:
+            yield service_pb2.ReceiveMessageResponse(message=incoming(message, invisible_ms=invisible_ms))
+        yield service_pb2.ReceiveMessageResponse(delivery_timestamp=timestamp(time.time_ns() // 1_000_000))
+
+    async def receive(self, request: service_pb2.ReceiveMessageRequest, context: grpc.aio.ServicerContext) \
+            -> tuple[int, list[dict[str, Any]]]:
+        group = check_group(request.group.name)
+        topic = request.message_queue.topic.name
+        count = await self.queue_count(topic, create=False)
+        subscription = "*"
+        if request.HasField("filter_expression"):
+            if request.filter_expression.type == FilterType.SQL:
+                raise Refused(Code.UNSUPPORTED, "SQL92 filters are not supported; use a tag expression")
+            subscription = request.filter_expression.expression.strip() or "*"
+        if request.batch_size < 1:
+            raise Refused(Code.BAD_REQUEST, "batch_size must be at least 1")
+        if request.HasField("invisible_duration"):
+            invisible_ms = duration_ms(request.invisible_duration)
+        elif request.auto_renew:
+            invisible_ms = self.config.grpc_invisible_ms_default
+        else:
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required without auto_renew")
+        if not 1000 <= invisible_ms <= self.config.pop_invisible_ms_max:
+            raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                          f"invisible_duration must be between 1 s and {self.config.pop_invisible_ms_max} ms")
+        wait_ms = duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout") else 0
+        wait_ms = max(0, min(wait_ms, self.config.long_poll_wait_ms_max, self.deadline_ms(context) - 1))
+        owners = len({owner_of(topic, q, self.config.consume_queue_owner_count) for q in range(count)})
+        fields = {"group": group, "topic": topic, "max_messages": min(request.batch_size, 1024),
+                  "invisible_ms": invisible_ms, "subscription": subscription}
+        deadline = time.monotonic() + wait_ms / 1000
+        for _ in range(owners):  # each pop without a queue goes to the next owner of the topic's queues
+            reply = await self.link.request("pop", **fields)
+            if reply["messages"]:
+                return invisible_ms, attach(reply)
+        while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+            wait = remaining_ms if owners == 1 else min(remaining_ms, _RECEIVE_SLICE_MS)
+            reply = await self.link.request("pop", max_wait_ms=wait,
+                                            timeout_ms=self.config.grpc_request_timeout_ms + wait, **fields)
+            if reply["messages"]:
+                return invisible_ms, attach(reply)
+        return invisible_ms, []
+
+    async def AckMessage(self, request: service_pb2.AckMessageRequest, context: grpc.aio.ServicerContext) \
+            -> service_pb2.AckMessageResponse:
+        async def work() -> dict[str, Any]:
+            group = check_group(request.group.name)
+            by_queue: dict[int, list[service_pb2.AckMessageEntry]] = {}
+            entries = []
+            for entry in request.entries:
+                queue_id = handle_queue(entry.receipt_handle)
+                if queue_id is None:
+                    entries.append(ack_result(entry, status(Code.INVALID_RECEIPT_HANDLE,
+                                                            f"{entry.receipt_handle!r} is not a receipt handle")))
+                else:
+                    by_queue.setdefault(queue_id, []).append(entry)
+            for queue_id, queued in by_queue.items():
+                reply = await self.link.request("ack", group=group, topic=request.topic.name, queue_id=queue_id,
+                                                receipt_handles=[e.receipt_handle for e in queued],
+                                                timeout_ms=self.deadline_ms(context))
+                failed = {f["receipt_handle"]: f["error"] for f in reply["failed"]}
+                for entry in queued:
+                    error = failed.get(entry.receipt_handle)
+                    entries.append(ack_result(entry, status() if error is None else
+                                              status(Code.INVALID_RECEIPT_HANDLE, error["message"])))
+            if not entries:
+                raise Refused(Code.BAD_REQUEST, "an AckMessageRequest needs at least one entry")
+            codes = {e.status.code for e in entries}
+            overall = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "see the entries")
+            return {"status": overall, "entries": entries}
+        return await self.answer(service_pb2.AckMessageResponse, work)
+
+    async def ChangeInvisibleDuration(self, request: service_pb2.ChangeInvisibleDurationRequest,
+                                      context: grpc.aio.ServicerContext) \
+            -> service_pb2.ChangeInvisibleDurationResponse:
+        async def work() -> dict[str, Any]:
+            group = check_group(request.group.name)
+            queue_id = handle_queue(request.receipt_handle)
+            if queue_id is None:
+                raise Refused(Code.INVALID_RECEIPT_HANDLE, f"{request.receipt_handle!r} is not a receipt handle")
+            invisible_ms = duration_ms(request.invisible_duration)
+            if not 0 <= invisible_ms <= self.config.pop_invisible_ms_max:
+                raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
+                              f"invisible_duration must be between 0 and {self.config.pop_invisible_ms_max} ms")
+            reply = await self.link.request("change_invisible", group=group, topic=request.topic.name,
+                                            queue_id=queue_id, receipt_handle=request.receipt_handle,
+                                            invisible_ms=invisible_ms, timeout_ms=self.deadline_ms(context))
+            return {"receipt_handle": reply["receipt_handle"]}
+        return await self.answer(service_pb2.ChangeInvisibleDurationResponse, work)
+
+    async def ForwardMessageToDeadLetterQueue(self, request: service_pb2.ForwardMessageToDeadLetterQueueRequest,
+                                              context: grpc.aio.ServicerContext) \
+            -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
+        return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=status(
+            Code.UNSUPPORTED, "the engine moves a message to %DLQ%{group} itself after max_delivery_attempts"))
+
+
+def check_group(name: str) -> str:
+    try:
+        return validate_group(name)
+    except RequestError as exc:
+        raise Refused(Code.ILLEGAL_CONSUMER_GROUP, exc.message) from None
+
+
+def error_status_of(exc: RequestError) -> definition_pb2.Status:
+    return status(Code.BAD_REQUEST, exc.message)
+
+
+def handle_queue(handle: str) -> int | None:
+    """The queue id a receipt handle names (``docs/protocol.md`` 4.12), None if it is not one."""
+    head, _, rest = handle.partition(":")
+    return int(head) if head.isdigit() and len(head) < 6 and rest else None
+
+
+def attach(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = reply["messages"]
+    for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
+        message["receipt_handle"] = handle
+        message["attempt"] = attempt
+    return messages
+
+
+def ack_result(entry: service_pb2.AckMessageEntry, result: definition_pb2.Status) \
+        -> service_pb2.AckMessageResultEntry:
+    return service_pb2.AckMessageResultEntry(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
+                                             status=result)
+
