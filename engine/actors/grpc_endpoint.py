@@ -26,10 +26,11 @@ from pathlib import Path
 import grpc
 import zmq
 import zmq.asyncio
-from rocketmq.grpc_protocol import AddressScheme, definition_pb2, service_pb2_grpc
+from rocketmq.grpc_protocol import AddressScheme, definition_pb2
 
 from engine.actors.base import _die_with_parent, _parse_args, _send_heartbeat
 from engine.config import StoreConfig, decode_config
+from engine.gateway.handlers import generic_handler
 from engine.gateway.link import EngineLink
 from engine.gateway.service import MessagingService
 from engine.ipc import endpoints
@@ -115,7 +116,7 @@ class GrpcEndpoint:
             ("grpc.max_send_message_length", cfg.grpc_message_bytes_max),
             ("grpc.so_reuseport", 0),
         ])
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, server)
+        server.add_generic_rpc_handlers((generic_handler(self.service),))
         if cfg.grpc_tls_cert_file:
             credentials = grpc.ssl_server_credentials([(Path(cfg.grpc_tls_key_file).read_bytes(),
                                                         Path(cfg.grpc_tls_cert_file).read_bytes())])
