@@ -31,7 +31,8 @@ system-tools:
 	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && (apt-get update -qq && apt-get install -y -qq strace >/dev/null) || echo "note: strace missing; its tests skip"; }
 
-# The C and Node clients and their conformance drivers (tests/conformance).
+# The C and Node clients and their conformance drivers (tests/conformance), and the official
+# RocketMQ 5 Node client of examples/rocketmq5 (tests/grpc).
 C_PACKAGES := gcc libc6-dev make pkg-config libzmq3-dev libmsgpuck-dev
 clients:
 	@pkg-config --exists libzmq && [ -f /usr/include/msgpuck.h ] && command -v cc >/dev/null || { \
@@ -40,6 +41,7 @@ clients:
 	$(MAKE) -s -C clients/c
 	@command -v npm >/dev/null || { echo "the Node client needs node and npm (Node 18 or later)"; exit 1; }
 	cd clients/node && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	cd examples/rocketmq5 && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
 # Lint and types are part of the tests: ruff's rules and mypy's settings are in pyproject.toml.
 lint: $(TEST_STAMP)

@@ -1,0 +1,101 @@
+// The official Node client (npm rocketmq-client-nodejs, installed in examples/rocketmq5 by
+// `make clients`) as a conformance driver: reads a JSON array of commands on stdin, runs them in
+// order against the gRPC endpoint given as the first argument, prints a JSON array of results.
+//
+//   {"op": "send", "topic": T, "messages": [{"body_b64", "tag", "keys", "properties", "message_group"}]}
+//       -> {"receipts": [{"message_id", "offset"}]}
+//   {"op": "receive", "group": G, "topic": T, "count": N, "invisible_ms": I, "ack": bool}
+//       -> {"messages": [{"message_id", "body_b64", "tag", "keys", "properties", "born_timestamp",
+//                         "delivery_attempt", "message_group"}]}   (receives until N came or 20 s passed)
+'use strict';
+
+const path = require('node:path');
+const { createRequire } = require('node:module');
+
+const examples = createRequire(path.join(__dirname, '..', '..', 'examples', 'rocketmq5', 'package.json'));
+const { Producer, SimpleConsumer } = examples('rocketmq-client-nodejs');
+
+const RECEIVE_DEADLINE_MS = 20000;
+
+async function send(endpoints, command, state) {
+  if (!state.producer) {
+    state.producer = new Producer({ endpoints });
+    await state.producer.startup();
+  }
+  const receipts = [];
+  for (const m of command.messages) {
+    const receipt = await state.producer.send({
+      topic: command.topic,
+      tag: m.tag,
+      keys: m.keys || [],
+      properties: new Map(Object.entries(m.properties || {})),
+      messageGroup: m.message_group,
+      body: Buffer.from(m.body_b64, 'base64'),
+    });
+    receipts.push({ message_id: receipt.messageId, offset: Number(receipt.offset) });
+  }
+  return { receipts };
+}
+
+async function receive(endpoints, command) {
+  const consumer = new SimpleConsumer({
+    consumerGroup: command.group,
+    endpoints,
+    subscriptions: new Map().set(command.topic, command.tag || '*'),
+    awaitDuration: 1000,
+  });
+  await consumer.startup();
+  const messages = [];
+  const deadline = Date.now() + RECEIVE_DEADLINE_MS;
+  try {
+    while (messages.length < command.count && Date.now() < deadline) {
+      for (const m of await consumer.receive(32, command.invisible_ms || 15000)) {
+        messages.push({
+          message_id: m.messageId,
+          body_b64: m.body.toString('base64'),
+          tag: m.tag === undefined || m.tag === '' ? null : m.tag,
+          keys: m.keys,
+          properties: Object.fromEntries(m.properties),
+          born_timestamp: m.bornTimestamp.getTime(),
+          delivery_attempt: m.deliveryAttempt,
+          message_group: m.messageGroup || null,
+        });
+        if (command.ack) {
+          await consumer.ack(m);
+        }
+      }
+    }
+  } finally {
+    await consumer.shutdown();
+  }
+  return { messages };
+}
+
+async function main() {
+  const endpoints = process.argv[2];
+  const commands = JSON.parse(require('node:fs').readFileSync(0, 'utf8'));
+  const state = {};
+  const results = [];
+  try {
+    for (const command of commands) {
+      if (command.op === 'send') {
+        results.push(await send(endpoints, command, state));
+      } else if (command.op === 'receive') {
+        results.push(await receive(endpoints, command));
+      } else {
+        throw new Error(`unknown op ${command.op}`);
+      }
+    }
+  } finally {
+    if (state.producer) {
+      await state.producer.shutdown().catch(() => {});
+    }
+  }
+  process.stdout.write(JSON.stringify(results));
+  process.exit(0);
+}
+
+main().catch((err) => {
+  process.stderr.write(`${err.stack || err}\n`);
+  process.exit(1);
+});
