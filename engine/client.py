@@ -240,6 +240,16 @@ class StoreClient:
                 failed.extend(reply["failed"])
         return failed
 
+    def dead_letter(self, group: str, messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Give up on popped messages: each goes to ``%DLQ%{group}`` now, whatever its attempt.
+        Returns the handles refused (stale), as ``ack`` does."""
+        failed: list[dict[str, Any]] = []
+        for message in messages:
+            reply = self.request("ack", group=group, topic=message["topic"], queue_id=message["queue_id"],
+                                 receipt_handles=[message["receipt_handle"]], dead_letter=True)
+            failed.extend(reply["failed"])
+        return failed
+
     def change_invisible_duration(self, group: str, message: Mapping[str, Any], invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new receipt
         handle (the old one is stale). 0 makes it visible again at once: a nack."""

@@ -82,6 +82,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     pop_invisible_ms_max: int = 12 * 3_600_000  # RocketMQ's longest invisible duration, 12 h
     max_delivery_attempts: int = 16  # RocketMQ's maxReconsumeTimes: then the message goes to %DLQ%{group}
     dead_letter_retry_ms: int = 1_000  # a dead-letter send the writer refused is tried again after this
+    # Groups that consume in order (RocketMQ's consumeMessageOrderly): a queue gives such a group
+    # its next message only once every earlier one is acked (docs/protocol.md 4.12).
+    fifo_groups: tuple[str, ...] = ()
 
     # The RocketMQ 5 gRPC endpoint (docs/grpc.md): RocketMQ's proxy port, off unless grpc_enabled.
     grpc_enabled: bool = False

@@ -141,6 +141,7 @@ class ConsumeQueueOwnerActor(Actor):
             self.handle_request(frames, out)
         elif port == "writer":
             self.pops.on_writer_reply(frames)
+            self.wake_unlocked()
         else:
             batch: DispatchBatch = dispatch_decoder.decode(frames[1])
             self.wake(self.owned.apply_batch(batch))
@@ -178,7 +179,8 @@ class ConsumeQueueOwnerActor(Actor):
                     assert isinstance(request, PopRequest)
                     reply = self.pop(request, queue_ids, reply_to=reply_to)
                 case Ack():
-                    reply = self.pops.ack(raw)
+                    reply = self.pops.ack(raw, out)
+                    self.wake_unlocked()
                 case ChangeInvisible():
                     reply = self.pops.change_invisible(raw)
                 case PopStats():
@@ -246,6 +248,12 @@ class ConsumeQueueOwnerActor(Actor):
         return encode_reply(request.id, status=result.status.name, status_code=int(result.status),
                             next_offset=result.next_offset, min_offset=result.min_offset,
                             max_offset=result.max_offset, messages=result.messages())
+
+    def wake_unlocked(self) -> None:
+        """Wake the pops parked on FIFO queues that an ack or a dead letter just unlocked."""
+        if self.pops.unlocked:
+            self.wake(self.pops.unlocked)
+            self.pops.unlocked = set()
 
     def wake(self, queues: set[QueueKey], now_ms: int | None = None) -> None:
         """Unpark the pulls of ``queues`` that may now find a message, and every expired one;

@@ -45,7 +45,16 @@ from engine.ipc.protocol import (
 )
 from engine.names import dead_letter_topic, validate_group
 from engine.services.owned_queues import OwnedQueues
-from engine.services.pop import QueueRead, Taken, ack, change_invisible, encode_handle, handle_tag, take
+from engine.services.pop import (
+    QueueRead,
+    Taken,
+    ack,
+    change_invisible,
+    current_deliveries,
+    encode_handle,
+    handle_tag,
+    take,
+)
 from engine.services.pop_state import PopQueue
 from engine.services.pop_states import PopStates
 from engine.services.pull import Subscription, message_array
@@ -79,6 +88,8 @@ class OwnerPops:
         self.dead_letters: dict[bytes, DeadLetter] = {}
         self.dead_letter_ids = itertools.count(1)
         self.tags: dict[tuple[str, str], str] = {}
+        self.fifo_groups = frozenset(config.fifo_groups)
+        self.unlocked: set[tuple[str, int]] = set()  # FIFO queues an ack unlocked: their parked pops wake
 
     def recover(self) -> None:
         """Open the ack state of every pop group on the queues this owner holds."""
@@ -118,6 +129,7 @@ class OwnerPops:
         subscription = self.subscription(request.subscription)
         tag = self.tag(request.group, request.topic)
         taken = Taken()
+        fifo = request.group in self.fifo_groups
         if not all(self.owned.is_mine(request.topic, queue_id) for queue_id in queue_ids):
             raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, "the queue moved to another owner; retry")
         start = self.rotation.get((request.group, request.topic), 0)
@@ -127,7 +139,7 @@ class OwnerPops:
             queue = self.queue(request.group, request.topic, queue_id)
             scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
                              max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
-                             subscription=subscription, until_ms=until_ms, tag=tag)
+                             subscription=subscription, until_ms=until_ms, tag=tag, fifo=fifo)
             for offsets, generation in scheduled:
                 self.states.schedule(queue, until_ms, offsets, generation)
             self.states.write(queue, self.clock.mono_ms())
@@ -137,13 +149,23 @@ class OwnerPops:
                              receipt_handles=taken.receipt_handles, attempts=taken.attempts, invisible_ms=invisible_ms)
         return reply, not taken.count
 
-    def ack(self, raw: bytes) -> bytes:
+    def ack(self, raw: bytes, out: Effects) -> bytes:
         request = decode_request("ack", raw)
         assert isinstance(request, AckRequest)
         validate_group(request.group)
         queue = self.queue(request.group, request.topic, request.queue_id)
-        outcome = ack(queue, request.receipt_handles, self.tag(request.group, request.topic))
+        tag = self.tag(request.group, request.topic)
+        if request.dead_letter:  # the consumer gave up on them: to the DLQ now, whatever the attempt
+            current, outcome = current_deliveries(queue, request.receipt_handles, tag)
+            for offset, generation in current:
+                if offset not in queue.dead_lettering:
+                    queue.due.pop(offset, None)
+                    self.send_dead_letter(queue, offset, generation, out)
+            return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
+        outcome = ack(queue, request.receipt_handles, tag)
         self.states.write(queue, self.clock.mono_ms())
+        if request.group in self.fifo_groups and outcome.acked and queue.in_flight == len(queue.due):
+            self.unlocked.add((request.topic, request.queue_id))
         return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
 
     def change_invisible(self, raw: bytes) -> bytes:
@@ -273,6 +295,8 @@ class OwnerPops:
         if state == State.DELIVERED and generation == letter.generation:  # not acked meanwhile
             queue.record(letter.offset, Action.DEAD)
             self.states.write(queue, self.clock.mono_ms())
+            if queue.key[0] in self.fifo_groups and queue.in_flight == len(queue.due):
+                self.unlocked.add((queue.key[1], queue.key[2]))
 
     def close(self) -> None:
         self.states.close()

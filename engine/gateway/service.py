@@ -15,8 +15,12 @@ What each call does here (RocketMQ's proxy is the model; docs/grpc.md has the ta
 * ``AckMessage``, ``ChangeInvisibleDuration``: the engine's ``ack`` and ``change_invisible``.
 * ``Telemetry``: answers each settings command with the server's settings (``settings.py``).
 * ``Heartbeat``, ``NotifyClientTermination``: OK; the engine keeps no per-client state.
-* Delay, transactional, lite and priority messages, ``EndTransaction``, ``RecallMessage`` and
-  ``ForwardMessageToDeadLetterQueue``: UNSUPPORTED; the offset calls of the pull consumer
+* ``ForwardMessageToDeadLetterQueue`` (FIFO push consumers, after their local retries): the
+  engine's ``ack`` with ``dead_letter``.
+* Groups of ``fifo_groups`` consume in order: the owners give a queue's next message only once
+  the earlier ones are acked; such consumers are told ``fifo`` in their settings.
+* Delay, transactional, lite and priority messages, ``EndTransaction`` and ``RecallMessage``:
+  UNSUPPORTED; the offset calls of the pull consumer
   (``PullMessage``, ``GetOffset`` …): gRPC's own UNIMPLEMENTED.
 """
 
@@ -289,8 +293,20 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def ForwardMessageToDeadLetterQueue(self, request: service_pb2.ForwardMessageToDeadLetterQueueRequest,
                                               context: grpc.aio.ServicerContext) \
             -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
-        return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=status(
-            Code.UNSUPPORTED, "the engine moves a message to %DLQ%{group} itself after max_delivery_attempts"))
+        """A FIFO push consumer gave up on a message after its local retries: the engine's ``ack``
+        with ``dead_letter`` moves it to %DLQ%{group} now."""
+        async def work() -> dict[str, Any]:
+            group = check_group(request.group.name)
+            queue_id = handle_queue(request.receipt_handle)
+            if queue_id is None:
+                raise Refused(Code.INVALID_RECEIPT_HANDLE, f"{request.receipt_handle!r} is not a receipt handle")
+            reply = await self.link.request("ack", group=group, topic=request.topic.name, queue_id=queue_id,
+                                            receipt_handles=[request.receipt_handle], dead_letter=True,
+                                            timeout_ms=self.deadline_ms(context))
+            if reply["failed"]:
+                raise Refused(Code.INVALID_RECEIPT_HANDLE, reply["failed"][0]["error"]["message"])
+            return {}
+        return await self.answer(service_pb2.ForwardMessageToDeadLetterQueueResponse, work)
 
 
 def check_group(name: str) -> str:

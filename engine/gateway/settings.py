@@ -38,7 +38,7 @@ def answer(client: Settings, config: StoreConfig) -> Settings:
         settings.publishing.max_body_size = config.message_body_bytes_max
         settings.publishing.validate_message_type = True
     elif client.HasField("subscription"):
-        settings.subscription.fifo = False
+        settings.subscription.fifo = client.subscription.group.name in config.fifo_groups
         settings.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
         settings.subscription.long_polling_timeout.CopyFrom(duration(config.grpc_long_polling_ms))
         settings.backoff_policy.CopyFrom(definition_pb2.RetryPolicy(

@@ -146,12 +146,14 @@ ReceiptHandle = Annotated[str, Meta(min_length=1, max_length=128)]
 
 
 class AckRequest(_Request, kw_only=True):
-    """The messages of these receipt handles are done for ``group``; all of one queue."""
+    """The messages of these receipt handles are done for ``group``; all of one queue.
+    ``dead_letter``: done by going to the group's dead-letter topic now (the consumer gave up)."""
 
     group: GroupName
     topic: TopicName
     queue_id: Int32
     receipt_handles: Annotated[list[ReceiptHandle], Meta(min_length=1, max_length=1024)]
+    dead_letter: bool = False
 
 
 class ChangeInvisibleRequest(_Request, kw_only=True):

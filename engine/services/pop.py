@@ -78,11 +78,21 @@ class Taken:
 
 
 def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
-         max_bytes: int, subscription: Subscription, until_ms: int, tag: str) -> list[tuple[Sequence[int], int]]:
+         max_bytes: int, subscription: Subscription, until_ms: int, tag: str,
+         fifo: bool = False) -> list[tuple[Sequence[int], int]]:
     """Add up to ``max_messages`` deliveries of ``queue`` to ``taken``; what to schedule at
-    ``until_ms``, as (offsets, generation) groups."""
+    ``until_ms``, as (offsets, generation) groups.
+
+    ``fifo`` (a group of ``fifo_groups``, RocketMQ's orderly consumption): the queue is locked
+    while a delivery of it is invisible; due redeliveries go first, in offset order, and new
+    messages only once every earlier one is done. So no message of the queue (and of each message
+    group, which keeps to one queue) is delivered before the ones before it are acked."""
     scheduled: list[tuple[Sequence[int], int]] = []
     later: list[int] = []  # due, but not readable now (not visible yet, or past this reply's bytes)
+    if fifo:
+        if queue.in_flight > len(queue.due):
+            return scheduled  # locked: a delivery is still invisible
+        queue.due = dict.fromkeys(sorted(queue.due))  # redeliveries in offset order
     while queue.due and taken.count < max_messages:
         offset = next(iter(queue.due))
         del queue.due[offset]
@@ -100,7 +110,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
             later.append(offset)
     for offset in later:
         queue.due[offset] = None
-    if taken.count >= max_messages or cq is None:
+    if taken.count >= max_messages or cq is None or (fifo and queue.in_flight):
         return scheduled
     if queue.cursor < 0:
         queue.cursor = cq.min_offset
@@ -153,6 +163,22 @@ def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
         state = queue.entry(entry[0])[0] if entry is not None else State.NONE
         outcome.failed.append({"receipt_handle": handles[i], "error": _stale(handles[i], entry, state)})
     return outcome
+
+
+def current_deliveries(queue: PopQueue, handles: list[str], tag: str) -> tuple[list[tuple[int, int]], AckOutcome]:
+    """The (offset, generation) of each handle that names its message's current delivery, and the
+    outcome counting the others refused, as ``ack`` would (for a dead-letter request)."""
+    current: list[tuple[int, int]] = []
+    outcome = AckOutcome()
+    for handle in handles:
+        decoded = decode_handle(handle, queue.key[2], tag)
+        state, _attempt, generation, _until = queue.entry(decoded[0]) if decoded is not None else (State.NONE,) * 4
+        if decoded is not None and state == State.DELIVERED and generation == decoded[1]:
+            current.append(decoded)
+            outcome.acked += 1
+        else:
+            outcome.failed.append({"receipt_handle": handle, "error": _stale(handle, decoded, state)})
+    return current, outcome
 
 
 def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> ErrorInfo:

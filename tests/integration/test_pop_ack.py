@@ -234,3 +234,35 @@ def test_a_tag_subscription_pops_only_its_tags_and_pull_consumers_are_not_affect
         assert len(pulled) == 30, "an offset consumer still reads everything"
         client.commit_offset("pullers", "tagged", 0, 30)
         assert client.fetch_offset("pullers", "tagged", 0) == 30
+
+
+def test_a_fifo_group_gets_a_queues_next_message_only_once_the_earlier_ones_are_done(store_dir) -> None:
+    from engine.config import StoreConfig
+    from engine.names import dead_letter_topic
+
+    config = StoreConfig.test_min().replace(fifo_groups=("ordered",))
+    with EngineProcess(store_dir, config=config) as engine, engine.client() as client, \
+            engine.client(timeout_ms=20_000) as waiter:
+        client.create_topic("fifo", queue_count=1)
+        send_numbered(client, "fifo", 4)
+        wait_dispatched(client)
+        first = client.pop("ordered", "fifo", max_messages=2)
+        assert [m["body"] for m in first] == [b"0", b"1"]
+        assert client.pop("ordered", "fifo") == [], "locked while a delivery is invisible"
+        assert [m["body"] for m in client.pop("plain", "fifo", max_messages=2)] == [b"0", b"1"], "other groups: not"
+        parked: dict[str, list] = {}
+        thread = threading.Thread(target=lambda: parked.setdefault("got", waiter.pop(
+            "ordered", "fifo", max_messages=4, max_wait_ms=15_000)))
+        thread.start()
+        deadline = time.monotonic() + 10
+        while parked_requests(engine) < 1 and time.monotonic() < deadline:
+            thread.join(0.02)
+        assert client.ack("ordered", first[:1]) == []
+        assert client.nack("ordered", first[1])  # due again: it goes first, before 2 and 3
+        thread.join(15)
+        assert [(m["body"], m["attempt"]) for m in parked["got"]] == [(b"1", 2)]
+        assert client.dead_letter("ordered", parked["got"]) == []  # given up on: to the DLQ, and unlocked
+        rest = wait_for_pop(client, "ordered", "fifo", max_messages=4)
+        assert [m["body"] for m in rest] == [b"2", b"3"]
+        dead = client.pull(dead_letter_topic("ordered"), 0, 0, max_wait_ms=5_000)["messages"]
+        assert [m["body"] for m in dead] == [b"1"] and dead[0]["properties"]["DLQ_DELIVERY_ATTEMPTS"] == "2"
