@@ -60,7 +60,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         world = World(workdir, rng, sim_config(flush_mode), publication_loss_ratio=plan.publication_loss_ratio)
-        workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH")
+        workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
+                            attempts_max=world.config.max_delivery_attempts)
         with world.disk:
             found = _run(world, workload, rng, plan)
         counts = world.counts

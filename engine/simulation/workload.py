@@ -6,10 +6,12 @@ only what lay below the flushed offset when the power went is. A process kill lo
 nothing that was answered. Under SYNC_FLUSH a pulled message was flushed, so it too
 survives every power cut.
 
-A pop group (``POP_GROUP`` on ``POP_TOPIC``) pops, acks some of what it gets, nacks some
-and lets the rest expire. A message whose ack the engine confirmed is never delivered to
-the group again: under SYNC_FLUSH through every fault, under ASYNC_FLUSH until a power cut
-(which may take the acks of the last flush interval).
+Two pop groups on ``POP_TOPIC``, ``POP_GROUP`` and the FIFO group ``FIFO_GROUP``, pop, ack
+some of what they get, nack some and let the rest expire. A message whose ack the engine
+confirmed is never delivered to its group again: under SYNC_FLUSH through every fault, under
+ASYNC_FLUSH until a power cut (which may take the acks of the last flush interval). The FIFO
+group never gets a message of a queue while an earlier one it was given is still open (no ack
+sent for it, and not at the attempt limit), unless that one comes first in the same reply.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
 PULL_MESSAGES_MAX = 16
-POP_TOPIC, POP_GROUP = "sim-b", "sim-pop"
+POP_TOPIC, POP_GROUP, FIFO_GROUP = "sim-b", "sim-pop", "sim-fifo"
 
 Position = tuple[str, int, int]  # topic, queue id, queue offset
 
@@ -58,7 +60,9 @@ class Workload:
     pulled: int = 0
     popped: int = 0
     pop_acked: int = 0
-    acked_positions: dict[Position, bytes] = field(default_factory=dict)  # confirmed acks: never again
+    acked_positions: dict[tuple[str, Position], bytes] = field(default_factory=dict)  # (group, position) acked
+    fifo_open: dict[Position, int] = field(default_factory=dict)  # the FIFO group's deliveries -> attempt
+    attempts_max: int = 16
     violations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -101,20 +105,35 @@ class Workload:
     def pop(self) -> None:
         if POP_TOPIC in self.deleting:
             return
-        self.request("pop", ("pop", self.epochs.get(POP_TOPIC, 0)), group=POP_GROUP, topic=POP_TOPIC,
+        group = self.rng.choice((POP_GROUP, FIFO_GROUP))
+        self.request("pop", ("pop", self.epochs.get(POP_TOPIC, 0), group), group=group, topic=POP_TOPIC,
                      max_messages=self.rng.randint(1, 8), invisible_ms=self.rng.choice([50, 200, 1_000]))
 
-    def on_popped(self, reply: dict, epoch: int) -> None:
+    def check_fifo(self, reply: dict) -> None:
+        """No delivery of a queue's message while an earlier one is open, unless it comes first here."""
+        here = {(POP_TOPIC, m["queue_id"], m["queue_offset"]) for m in reply["messages"]}
+        for message, attempt in zip(reply["messages"], reply["attempts"], strict=True):
+            position = (POP_TOPIC, message["queue_id"], message["queue_offset"])
+            earlier = [p for p in self.fifo_open if p[:2] == position[:2] and p[2] < position[2] and p not in here]
+            if earlier:
+                self.violations.append(f"fifo pop {position}: delivered while {earlier[0]} is open")
+            self.fifo_open[position] = attempt
+            if attempt >= self.attempts_max:
+                del self.fifo_open[position]  # the engine dead-letters it when this delivery expires
+
+    def on_popped(self, reply: dict, epoch: int, group: str) -> None:
         """Check each delivery; then ack about half, nack a few, and let the rest expire."""
         if epoch != self.epochs.get(POP_TOPIC, 0):
             return
+        if group == FIFO_GROUP:
+            self.check_fifo(reply)
         by_queue: dict[int, list[tuple[str, Position, bytes]]] = {}
         for message, handle in zip(reply["messages"], reply["receipt_handles"], strict=True):
             position = (POP_TOPIC, message["queue_id"], message["queue_offset"])
             body = bytes(message["body"])
             self.popped += 1
-            if position in self.acked_positions:
-                self.violations.append(f"pop {position}: delivered again after its ack was confirmed")
+            if (group, position) in self.acked_positions:
+                self.violations.append(f"pop {group} {position}: delivered again after its ack was confirmed")
             expected = self.durable.get(position) or self.unsettled.get(position)
             if expected is not None and expected.body != body:
                 self.violations.append(f"pop {position}: a different message than the one stored there")
@@ -122,19 +141,22 @@ class Workload:
             if fate < 0.5:
                 by_queue.setdefault(message["queue_id"], []).append((handle, position, body))
             elif fate < 0.6:
-                self.request("change_invisible", ("nack",), group=POP_GROUP, topic=POP_TOPIC,
+                self.request("change_invisible", ("nack",), group=group, topic=POP_TOPIC,
                              queue_id=message["queue_id"], receipt_handle=handle, invisible_ms=0)
         for queue_id, acks in by_queue.items():
-            self.request("ack", ("ack", epoch, {h: (p, b) for h, p, b in acks}), group=POP_GROUP, topic=POP_TOPIC,
-                         queue_id=queue_id, receipt_handles=[h for h, _p, _b in acks])
+            if group == FIFO_GROUP:
+                for _handle, position, _body in acks:
+                    self.fifo_open.pop(position, None)  # maybe done from now on
+            self.request("ack", ("ack", epoch, group, {h: (p, b) for h, p, b in acks}), group=group,
+                         topic=POP_TOPIC, queue_id=queue_id, receipt_handles=[h for h, _p, _b in acks])
 
-    def on_acked(self, reply: dict, epoch: int, acks: dict[str, tuple[Position, bytes]]) -> None:
+    def on_acked(self, reply: dict, epoch: int, group: str, acks: dict[str, tuple[Position, bytes]]) -> None:
         if epoch != self.epochs.get(POP_TOPIC, 0):
             return
         refused = {failure["receipt_handle"] for failure in reply["failed"]}
         for handle, (position, body) in acks.items():
             if handle not in refused:
-                self.acked_positions[position] = body
+                self.acked_positions[(group, position)] = body
                 self.pop_acked += 1
 
     def on_reply(self, frames: list[bytes]) -> None:
@@ -162,9 +184,9 @@ class Workload:
                 else:
                     self.unsettled[position] = stored
         elif what[0] == "pop":
-            self.on_popped(reply, what[1])
+            self.on_popped(reply, what[1], what[2])
         elif what[0] == "ack":
-            self.on_acked(reply, what[1], what[2])
+            self.on_acked(reply, what[1], what[2], what[3])
         elif what[0] == "pull":
             _, topic, queue_id, epoch = what
             if epoch != self.epochs.get(topic, 0):
@@ -186,9 +208,11 @@ class Workload:
         self.deletions += 1
         self.epochs[topic] = self.epochs.get(topic, 0) + 1
         self.deleted_below[topic] = deletion_offset
-        for table in (self.durable, self.unsettled, self.seen, self.acked_positions):
+        for table in (self.durable, self.unsettled, self.seen, self.fifo_open):
             for position in [p for p in table if p[0] == topic]:
                 del table[position]
+        for acked in [a for a in self.acked_positions if a[1][0] == topic]:
+            del self.acked_positions[acked]
         for queue in [q for q in self.next_pull if q[0] == topic]:
             del self.next_pull[queue]
 
@@ -204,6 +228,7 @@ class Workload:
             self.seen.clear()  # under ASYNC_FLUSH a reader may have seen what the cut took
             self.next_pull.clear()
             self.acked_positions.clear()  # the cut may take the acks of the last flush interval
+            self.fifo_open.clear()  # and the log's tail: offsets may be given to new messages
 
     def kill(self, actor: str) -> None:
         if actor in (self.front, "writer"):

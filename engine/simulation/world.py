@@ -22,6 +22,7 @@ from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.simulation.disk import SimDisk
 from engine.simulation.network import Network
+from engine.simulation.workload import FIFO_GROUP
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
     CONFIRMED,
@@ -97,7 +98,7 @@ def sim_config(flush_mode: str) -> StoreConfig:
         client_frame_bytes_max=128 * KiB, flush_mode=flush_mode,  # type: ignore[arg-type]
         flush_interval_ms=50, flush_consume_queue_interval_ms=100, checkpoint_interval_ms=150,
         flush_thorough_interval_ms=400, sync_flush_timeout_ms=60_000, send_queue_wait_ms_max=60_000,
-        consume_queue_owner_count=2, topic_queue_count_default=2,
+        consume_queue_owner_count=2, topic_queue_count_default=2, fifo_groups=(FIFO_GROUP,),
     ).validate()
 
 

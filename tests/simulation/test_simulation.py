@@ -66,3 +66,14 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
     failing = [o.seed for o in outcomes if not o.ok and any("after its ack" in v for v in o.violations)]
     assert failing, "the simulation missed acks that a power cut took back"
     assert all(o.flush_mode == "SYNC_FLUSH" for o in outcomes if o.seed in failing)
+
+
+def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FIFO's rule broken on purpose: the owners treat the FIFO group as any other, so a pop gets a
+    queue's next message while an earlier one is still invisible."""
+    import engine.simulation as simulation
+
+    real = simulation.sim_config
+    monkeypatch.setattr(simulation, "sim_config", lambda flush_mode: real(flush_mode).replace(fifo_groups=()))
+    failing = [seed for seed in range(40) if any("fifo" in v for v in simulate(seed).violations)]
+    assert failing, "the simulation missed a FIFO group that gets messages out of order"
