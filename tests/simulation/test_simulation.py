@@ -71,7 +71,7 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
 def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """FIFO's rule broken on purpose: the owners treat the FIFO group as any other, so a pop gets a
     queue's next message while an earlier one is still invisible."""
-    import engine.simulation as simulation
+    from engine import simulation
 
     real = simulation.sim_config
     monkeypatch.setattr(simulation, "sim_config", lambda flush_mode: real(flush_mode).replace(fifo_groups=()))
