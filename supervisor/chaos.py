@@ -9,8 +9,10 @@ SYNC_FLUSH (a clean stop and start in between). Pop workers of one group
 (``supervisor/pop_workload.py``) pop and ack ``POP_TOPIC`` all along. At the end
 every queue is read back and checked (``workload.verify``); the pop group must
 ack every stored message of ``POP_TOPIC`` (its own counts agreeing), and none
-acked under SYNC_FLUSH may be delivered again; the engine is stopped, and
-``check_store`` must find nothing. The seed replays the same schedule.
+acked under SYNC_FLUSH may be delivered again. The gRPC endpoint is on, so it is killed
+too, and the official RocketMQ 5 producer sends through it all along
+(``supervisor/grpc_workload.py``): every message it got a receipt for must be stored. The
+engine is stopped, and ``check_store`` must find nothing. The seed replays the same schedule.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from engine.config import StoreConfig
 from engine.offline.check import Finding, check_store
 from supervisor.control import EventStream
 from supervisor.faults import actor_pids, kill_actor
-from supervisor.launcher import EngineProcess
+from supervisor.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
+from supervisor.launcher import EngineProcess, free_port
 from supervisor.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
 from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 
@@ -46,17 +49,21 @@ class ChaosReport:
     consumed: int = 0
     pop_verdict: PopVerdict | None = None
     pop_drained: bool = False
+    grpc_receipts: int = 0
+    grpc_missing: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         pops_ok = self.pop_verdict is not None and self.pop_verdict.ok() and self.pop_drained
-        return self.verdict is not None and self.verdict.ok() and pops_ok and not self.findings
+        grpc_ok = self.grpc_receipts > 0 and not self.grpc_missing
+        return self.verdict is not None and self.verdict.ok() and pops_ok and grpc_ok and not self.findings
 
     def summary(self) -> str:
         verdict = self.verdict.summary() if self.verdict else "not verified"
         pops = self.pop_verdict.summary() if self.pop_verdict else "pop: not verified"
         return (f"seed={self.seed} cycles={len(self.schedule)} consumed_live={self.consumed} {verdict} {pops} "
-                f"(engine counts all acked: {self.pop_drained}) check_findings={len(self.findings)}")
+                f"(engine counts all acked: {self.pop_drained}) grpc_receipts={self.grpc_receipts} "
+                f"grpc_missing={len(self.grpc_missing)} check_findings={len(self.findings)}")
 
 
 class Consumer(threading.Thread):
@@ -87,7 +94,8 @@ class Consumer(threading.Thread):
 
 def chaos_config(flush_mode: str) -> StoreConfig:
     return StoreConfig.test_min().replace(flush_mode=flush_mode, segment_size_bytes=1 << 20,
-                                          message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024)
+                                          message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024,
+                                          grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}")
 
 
 def _kill_supervisor(engine: EngineProcess) -> None:
@@ -127,6 +135,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
     producers: list[Producer] = []
     ledger = PopLedger()
     workers: list[PopWorker] = []
+    grpc_senders: list[GrpcSender] = []
     engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH"))
     try:
         for phase, flush_mode in enumerate(("ASYNC_FLUSH", "SYNC_FLUSH")):
@@ -138,6 +147,11 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             thread = ProducerThread(producer).start()
             consumer = Consumer(engine)
             consumer.start()
+            with engine.client() as setup:
+                setup.create_topic(GRPC_TOPIC, queue_count=GRPC_QUEUES)
+            grpc_sender = GrpcSender(engine, f"g{phase}")
+            grpc_senders.append(grpc_sender)
+            grpc_sender.start()
             if flush_mode == "SYNC_FLUSH":
                 ledger.strict_since = time.monotonic()  # from here on no acked message may come back
             workers = [PopWorker(engine, POP_GROUP, POP_TOPIC, ledger, invisible_ms=2_000) for _ in range(2)]
@@ -152,6 +166,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
                           f"(acked so far {thread.acked})", flush=True)
             thread.wait_acked(thread.acked + 50)
             thread.stop()
+            grpc_sender.stop()
             consumer.stop_event.set()
             consumer.join(30)
             report.consumed += consumer.consumed
@@ -168,9 +183,13 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
         report.pop_drained = drain(engine, workers, ledger, stored, group=POP_GROUP, topic=POP_TOPIC,
                                    queue_count=TOPICS[POP_TOPIC], timeout_s=60)
         report.pop_verdict = ledger.verdict(stored)
+        report.grpc_receipts = sum(len(sender.receipts) for sender in grpc_senders)
+        report.grpc_missing = missing_receipts(client, grpc_senders)
     finally:
         for worker in workers:
             worker.stop()
+        for sender in grpc_senders:
+            sender.stop()
         if client is not None:
             client.close()
         engine.stop()
