@@ -1,9 +1,28 @@
 """Helpers for tests that talk to a live engine."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.config import StoreConfig
 from supervisor.launcher import EngineProcess
 from supervisor.workload import wait_dispatched
 
-__all__ = ["parked_requests", "wait_dispatched"]
+__all__ = ["engine_with_topics", "parked_requests", "wait_dispatched"]
+
+
+@contextmanager
+def engine_with_topics(store_dir: Path, config: StoreConfig, topics: dict[str, int]) -> Iterator[EngineProcess]:
+    """A started engine with these topics (name -> queue count), stopped at the end."""
+    process = EngineProcess(store_dir, config=config)
+    process.start()
+    try:
+        with process.client() as client:
+            for topic, queues in topics.items():
+                client.create_topic(topic, queue_count=queues)
+        yield process
+    finally:
+        process.stop()
 
 
 def parked_requests(engine: EngineProcess) -> int:

@@ -30,7 +30,7 @@ import pytest
 from engine.config import StoreConfig
 from engine.ipc.curve import CurveKeys, keygen
 from supervisor.launcher import EngineProcess
-from tests.helpers import wait_dispatched
+from tests.helpers import engine_with_topics, wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,14 +112,9 @@ EXPECTED_ERRORS = ["TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "INVALID_TOPIC", "INVAL
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     require_drivers()
-    process = EngineProcess(tmp_path_factory.mktemp("conformance") / "store", config=StoreConfig.test_min())
-    process.start()
-    try:
-        with process.client() as client:
-            client.create_topic(TOPIC, queue_count=2)
+    with engine_with_topics(tmp_path_factory.mktemp("conformance") / "store", StoreConfig.test_min(),
+                            {TOPIC: 2}) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def sent_by_everyone(endpoint: str, curve: dict[str, CurveKeys | None] | None = None) -> dict[str, list]:

@@ -16,6 +16,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import grpc_config
+from tests.helpers import engine_with_topics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,15 +33,8 @@ QUIET = "bad-input-quiet"  # never written to
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     config = grpc_config(grpc_streams_max=STREAMS_MAX, message_body_bytes_max=BODY_MAX,
                          grpc_message_bytes_max=BODY_MAX + 64 * 1024)
-    process = EngineProcess(tmp_path_factory.mktemp("grpc-bad") / "store", config=config)
-    process.start()
-    with process.client() as client:
-        client.create_topic(TOPIC, queue_count=2)
-        client.create_topic(QUIET, queue_count=2)
-    try:
+    with engine_with_topics(tmp_path_factory.mktemp("grpc-bad") / "store", config, {TOPIC: 2, QUIET: 2}) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(120)
 SEND_OVER_TLS = """
 import sys
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
-producer = Producer(ClientConfiguration(sys.argv[1], Credentials(), request_timeout=10), ("tls-topic",), tls_enable=True)
+config = ClientConfiguration(sys.argv[1], Credentials(), request_timeout=10)
+producer = Producer(config, ("tls-topic",), tls_enable=True)
 producer.startup()
 m = Message()
 m.topic, m.body = "tls-topic", b"secret"

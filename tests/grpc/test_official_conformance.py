@@ -25,7 +25,7 @@ from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 from supervisor.launcher import EngineProcess
 from tests.conformance.test_clients import DRIVERS, drive, require_drivers
 from tests.grpc.conftest import grpc_config, official
-from tests.helpers import wait_dispatched
+from tests.helpers import engine_with_topics, wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,14 +62,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     require_drivers()
     if not (EXAMPLES / "node_modules" / "rocketmq-client-nodejs").is_dir():
         pytest.fail("examples/rocketmq5/node_modules missing (make clients)")
-    process = EngineProcess(tmp_path_factory.mktemp("official") / "store", config=grpc_config())
-    process.start()
-    try:
-        with process.client() as client:
-            client.create_topic(TOPIC, queue_count=2)
+    with engine_with_topics(tmp_path_factory.mktemp("official") / "store", grpc_config(), {TOPIC: 2}) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def produce_with_official_python(engine: EngineProcess) -> list[str]:
