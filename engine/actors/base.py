@@ -276,7 +276,7 @@ class Runtime:
         actor, clock = self.actor, self.env.clock
         out = Effects()
         actor.lifecycle = "RECOVERING"
-        _send_heartbeat(actor, heartbeat)
+        send_heartbeat(actor, heartbeat)
         actor.recover(out)
         for port in actor.ports():
             self.open(port)
@@ -289,7 +289,7 @@ class Runtime:
         while not self.stopping:
             now = clock.mono_ms()
             if now >= next_beat:
-                _send_heartbeat(actor, heartbeat)
+                send_heartbeat(actor, heartbeat)
                 next_beat = now + self.env.config.heartbeat_interval_ms
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
@@ -310,7 +310,7 @@ class Runtime:
                 actor.work_backlog(out)
                 self.carry_out(out)
         actor.lifecycle = "STOPPING"
-        _send_heartbeat(actor, heartbeat)
+        send_heartbeat(actor, heartbeat)
         for name in actor.drain_at_stop:
             self.on_readable(name, self.sockets[name])
         actor.shutdown(out)
@@ -318,7 +318,7 @@ class Runtime:
         if self.curve is not None:
             self.curve.stop()
         actor.lifecycle = "STOPPED"
-        _send_heartbeat(actor, heartbeat)
+        send_heartbeat(actor, heartbeat)
 
 
 def _die_with_parent() -> None:
@@ -339,8 +339,9 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
-    """Entry point of an actor process."""
+def process_setup(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
+    """What every actor process does first: its arguments, its log, and its ties to the
+    supervisor. Returns the arguments and the supervisor's pid."""
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(message)s")
@@ -349,6 +350,12 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     # The supervisor sends SIGUSR1 before killing a hung actor: its stacks land in the actor's log.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+    return args, parent
+
+
+def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
+    """Entry point of an actor process."""
+    args, parent = process_setup(argv)
     zctx = zmq.Context()
     env = Env(args.name, args.instance, args.store_dir.resolve(), args.run_dir,
               decode_config(args.config.read_bytes()), SharedOffsets(args.run_dir))
@@ -363,7 +370,7 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     return 0
 
 
-def _send_heartbeat(actor: Actor, heartbeat: zmq.Socket) -> None:
+def send_heartbeat(actor: Actor, heartbeat: zmq.Socket) -> None:
     beat = Heartbeat(actor.env.name, os.getpid(), actor.lifecycle, actor.detail())
     try:
         heartbeat.send(encoder.encode(beat), zmq.NOBLOCK)

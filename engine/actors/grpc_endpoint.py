@@ -15,7 +15,6 @@ for a clean stop (calls in flight get a grace period), an exit when the supervis
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ import zmq
 import zmq.asyncio
 from rocketmq.grpc_protocol import AddressScheme, definition_pb2
 
-from engine.actors.base import _die_with_parent, _parse_args, _send_heartbeat
+from engine.actors.base import process_setup, send_heartbeat
 from engine.config import StoreConfig, decode_config
 from engine.gateway.handlers import generic_handler
 from engine.gateway.link import EngineLink
@@ -72,7 +71,7 @@ class GrpcEndpoint:
         context = zmq.asyncio.Context()
         try:
             self.lifecycle = "RECOVERING"
-            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
             curve = None
             if cfg.curve_enabled:
                 curve = CurveKeys.from_files(cfg.curve_server_secret_key_file, cfg.grpc_curve_client_secret_key_file)
@@ -84,7 +83,7 @@ class GrpcEndpoint:
             self.lifecycle = "RUNNING"
             log.info("serving RocketMQ 5 gRPC on %s", cfg.grpc_endpoint)
             while not self.stopping.is_set():
-                _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+                send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
                     break
@@ -93,10 +92,10 @@ class GrpcEndpoint:
                 except TimeoutError:
                     pass
             self.lifecycle = "STOPPING"
-            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
             await server.stop(_STOP_GRACE_S)
             self.lifecycle = "STOPPED"
-            _send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
         finally:
             if self.link is not None:
                 self.link.close()
@@ -127,13 +126,7 @@ class GrpcEndpoint:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(message)s")
-    parent = os.getppid()
-    _die_with_parent()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    args, parent = process_setup(argv)
     endpoint = GrpcEndpoint(args.name, args.run_dir, decode_config(args.config.read_bytes()))
 
     async def serve() -> None:
