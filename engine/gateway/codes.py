@@ -59,6 +59,10 @@ def error_status(exc: ClientError) -> Status:
     return status(code, f"{exc.name}: {exc.message}")
 
 
+_OK = status()
+
+
 def put_status(put_code: int, name: str) -> Status:
-    code = _BY_PUT_STATUS.get(put_code, Code.INTERNAL_SERVER_ERROR)  # type: ignore[call-overload]
-    return status(code, "OK" if code == Code.OK else name)
+    if put_code == PutStatus.PUT_OK:
+        return _OK  # copied into each entry: never changed in place
+    return status(_BY_PUT_STATUS.get(put_code, Code.INTERNAL_SERVER_ERROR), name)  # type: ignore[call-overload]

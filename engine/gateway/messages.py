@@ -68,12 +68,9 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
     for message in messages:
         system = message.system_properties
         topics.add(message.topic.name)
-        if system.HasField("delivery_timestamp") or system.message_type == MessageType.DELAY:
-            raise Refused(Code.UNSUPPORTED, "delay messages (delivery_timestamp) are not supported by this engine yet")
-        if system.message_type == MessageType.TRANSACTION:
-            raise Refused(Code.UNSUPPORTED, "transactional messages are not supported by this engine yet")
-        if system.message_type in (MessageType.LITE, MessageType.PRIORITY) or system.lite_topic:
-            raise Refused(Code.UNSUPPORTED, f"{MessageType.Name(system.message_type)} messages are not supported")
+        kind = system.message_type
+        if kind not in _PLAIN_TYPES or system.HasField("delivery_timestamp") or system.lite_topic:
+            raise Refused(Code.UNSUPPORTED, _UNSUPPORTED.get(kind, f"messages of type {kind} are not supported"))
         properties = dict(message.user_properties)
         if not system.message_id:
             raise Refused(Code.ILLEGAL_MESSAGE_ID, "system_properties.message_id is required")
@@ -95,8 +92,19 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
     return topics.pop(), groups.pop() if groups else None, converted
 
 
+# Enum values as plain ints: protobuf's enum wrappers resolve each attribute in Python.
+_PLAIN_TYPES = frozenset(int(t) for t in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO))
+_UNSUPPORTED = {
+    int(MessageType.NORMAL): "delay messages (delivery_timestamp) are not supported by this engine yet",
+    int(MessageType.FIFO): "delay messages (delivery_timestamp) are not supported by this engine yet",
+    int(MessageType.DELAY): "delay messages (delivery_timestamp) are not supported by this engine yet",
+    int(MessageType.TRANSACTION): "transactional messages are not supported by this engine yet",
+}
+_GZIP = int(Encoding.GZIP)
+
+
 def _body(body: bytes, encoding: int, body_bytes_max: int) -> bytes:
-    if encoding != Encoding.GZIP:
+    if encoding != _GZIP:
         return body
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:

@@ -85,6 +85,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return make(status=error_status_of(exc))
         except ClientError as exc:
             return make(status=error_status(exc))
+        if "response" in fields:
+            return fields["response"]  # built whole by the method
         return make(status=fields.pop("status", None) or status(), **fields)
 
     def deadline_ms(self, context: grpc.aio.ServicerContext) -> int:
@@ -162,12 +164,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if group is not None:
                 fields["sharding_key"] = group
             reply = await self.link.request("send", timeout_ms=self.deadline_ms(context), **fields)
-            entries = []
+            response = service_pb2.SendMessageResponse()
             for message, result in zip(messages, reply["results"], strict=True):
-                entries.append(service_pb2.SendResultEntry(
-                    status=put_status(result["status_code"], result["status"]),
-                    message_id=message["properties"]["UNIQ_KEY"], offset=result["queue_offset"]))
-            return {"status": entries[0].status, "entries": entries}
+                entry = response.entries.add(message_id=message["properties"]["UNIQ_KEY"],
+                                             offset=result["queue_offset"])
+                entry.status.CopyFrom(put_status(result["status_code"], result["status"]))
+            response.status.CopyFrom(response.entries[0].status)
+            return {"response": response}
         return await self.answer(service_pb2.SendMessageResponse, work)
 
     async def EndTransaction(self, request: service_pb2.EndTransactionRequest, context: grpc.aio.ServicerContext) \
