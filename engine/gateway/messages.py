@@ -15,11 +15,12 @@ What goes where when a message is sent through the API and read back:
 
 On the way back the message id is the UNIQ_KEY (the id the client made at send, as
 RocketMQ's proxy answers), the type is FIFO when the message has a group, and the body
-carries its CRC32 digest, which the clients check.
+carries its MD5 digest, which the clients check.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -101,6 +102,9 @@ _UNSUPPORTED = {
     int(MessageType.TRANSACTION): "transactional messages are not supported by this engine yet",
 }
 _GZIP = int(Encoding.GZIP)
+# The body digest as RocketMQ's proxy gives it: MD5, uppercase hex. The clients agree on that
+# one; their CRC32 strings differ (the Node client writes it in decimal, the Python one in hex).
+_MD5 = int(DigestType.MD5)
 
 
 def _body(body: bytes, encoding: int, body_bytes_max: int) -> bytes:
@@ -128,7 +132,7 @@ def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> 
     group = properties.get(MESSAGE_GROUP)
     system = definition_pb2.SystemProperties(
         keys=message["keys"], message_id=message_id(message),
-        body_digest=definition_pb2.Digest(type=DigestType.CRC32, checksum=f"{zlib.crc32(body):08X}"),
+        body_digest=definition_pb2.Digest(type=_MD5, checksum=hashlib.md5(body, usedforsecurity=False).hexdigest().upper()),
         body_encoding=Encoding.IDENTITY, message_type=MessageType.FIFO if group else MessageType.NORMAL,
         born_timestamp=timestamp(message["born_timestamp"]), born_host=message["born_host"],
         store_timestamp=timestamp(message["store_timestamp"]), store_host=message["store_host"],

@@ -6,14 +6,17 @@
 //       -> {"receipts": [{"message_id", "offset"}]}
 //   {"op": "receive", "group": G, "topic": T, "count": N, "invisible_ms": I, "ack": bool}
 //       -> {"messages": [{"message_id", "body_b64", "tag", "keys", "properties", "born_timestamp",
-//                         "delivery_attempt", "message_group"}]}   (receives until N came or 20 s passed)
+//                         "delivery_attempt", "message_group", "corrupted"}]}
+//          (receives until N came or 20 s passed)
+//   {"op": "push", "group": G, "topic": T, "fail_b64": [bodies the listener fails], "deliveries": N}
+//       -> {"deliveries": [[body_b64, delivery_attempt]]}   (a PushConsumer, until N deliveries or 30 s)
 'use strict';
 
 const path = require('node:path');
 const { createRequire } = require('node:module');
 
 const examples = createRequire(path.join(__dirname, '..', '..', 'examples', 'rocketmq5', 'package.json'));
-const { Producer, SimpleConsumer } = examples('rocketmq-client-nodejs');
+const { Producer, SimpleConsumer, PushConsumer, ConsumeResult } = examples('rocketmq-client-nodejs');
 
 const RECEIVE_DEADLINE_MS = 20000;
 
@@ -59,6 +62,7 @@ async function receive(endpoints, command) {
           born_timestamp: m.bornTimestamp.getTime(),
           delivery_attempt: m.deliveryAttempt,
           message_group: m.messageGroup || null,
+          corrupted: m.corrupted === true,
         });
         if (command.ack) {
           await consumer.ack(m);
@@ -69,6 +73,32 @@ async function receive(endpoints, command) {
     await consumer.shutdown();
   }
   return { messages };
+}
+
+async function push(endpoints, command) {
+  const deliveries = [];
+  const fail = new Set(command.fail_b64 || []);
+  let done;
+  const enough = new Promise((resolve) => { done = resolve; });
+  const consumer = new PushConsumer({
+    endpoints,
+    consumerGroup: command.group,
+    subscriptions: new Map([[command.topic, '*']]),
+    messageListener: {
+      async consume(m) {
+        const body = m.body.toString('base64');
+        deliveries.push([body, m.deliveryAttempt]);
+        if (deliveries.length >= command.deliveries) {
+          done();
+        }
+        return fail.has(body) ? ConsumeResult.FAILURE : ConsumeResult.SUCCESS;
+      },
+    },
+  });
+  await consumer.startup();
+  await Promise.race([enough, new Promise((resolve) => setTimeout(resolve, 30000))]);
+  await consumer.shutdown().catch(() => {});
+  return { deliveries };
 }
 
 async function main() {
@@ -82,6 +112,8 @@ async function main() {
         results.push(await send(endpoints, command, state));
       } else if (command.op === 'receive') {
         results.push(await receive(endpoints, command));
+      } else if (command.op === 'push') {
+        results.push(await push(endpoints, command));
       } else {
         throw new Error(`unknown op ${command.op}`);
       }

@@ -92,6 +92,7 @@ def receive_with_official_python(engine: EngineProcess, count: int) -> list[dict
         deadline = time.monotonic() + 30
         while len(got) < count and time.monotonic() < deadline:
             for m in consumer.receive(32, 15):
+                assert not m.corrupted, m.message_id
                 got.append({"message_id": m.message_id, "body_b64": b64(m.body), "tag": m.tag,
                             "keys": sorted(m.keys), "properties": dict(m.properties),
                             "born_timestamp": m.born_timestamp,
@@ -128,9 +129,10 @@ def test_official_and_own_clients_agree_field_for_field(engine: EngineProcess) -
     views = {"python-official": by_id(receive_with_official_python(engine, 6))}
     [node_received] = run_node(grpc, [{"op": "receive", "group": "conf-node-official", "topic": TOPIC,
                                        "count": 6, "ack": True}])
-    assert {(m["delivery_attempt"], m["message_group"]) for m in node_received["messages"]} == {(1, None)}
+    assert {(m["delivery_attempt"], m["message_group"], m["corrupted"]) for m in node_received["messages"]} == \
+        {(1, None, False)}  # the body digest checks out in the Node client too
     views["node-official"] = by_id([{**m, "keys": sorted(m["keys"])} for m in node_received["messages"]],
-                                   drop=("delivery_attempt", "message_group"))
+                                   drop=("delivery_attempt", "message_group", "corrupted"))
     for client in DRIVERS:
         views[client] = by_id(pulled_by(client, engine.endpoint))
 
@@ -193,3 +195,18 @@ def test_the_official_quick_start_examples_run_against_the_engine(engine: Engine
         assert example.returncode == 0, out.decode()
         if name == "SimpleConsumer.cjs":
             assert b"got 1 messages" in out and b"rocketmq-client-nodejs world" in out, out.decode()
+
+
+def test_the_official_node_push_consumer_acks_redelivers_and_dead_letters(engine: EngineProcess) -> None:
+    topic, group = "official-node-push", "node-push-g"
+    with engine.client() as client:
+        client.create_topic(topic, queue_count=2)
+        client.send(topic, [{"body": b"good"}, {"body": b"bad"}])
+    attempts = engine.config.max_delivery_attempts
+    [pushed] = run_node(engine.config.grpc_endpoint, [{"op": "push", "group": group, "topic": topic,
+                                                       "fail_b64": [b64(b"bad")], "deliveries": 1 + attempts}])
+    deliveries = [(base64.b64decode(body), attempt) for body, attempt in pushed["deliveries"]]
+    assert sorted(deliveries) == sorted([(b"good", 1)] + [(b"bad", n) for n in range(1, attempts + 1)])
+    with engine.client() as client:
+        dead = client.pull(f"%DLQ%{group}", 0, 0, max_wait_ms=5_000)["messages"]
+    assert [m["body"] for m in dead] == [b"bad"]
