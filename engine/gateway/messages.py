@@ -107,6 +107,10 @@ _GZIP = int(Encoding.GZIP)
 _MD5 = int(DigestType.MD5)
 
 
+def _md5(body: bytes) -> str:
+    return hashlib.md5(body, usedforsecurity=False).hexdigest().upper()
+
+
 def _body(body: bytes, encoding: int, body_bytes_max: int) -> bytes:
     if encoding != _GZIP:
         return body
@@ -132,7 +136,7 @@ def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> 
     group = properties.get(MESSAGE_GROUP)
     system = definition_pb2.SystemProperties(
         keys=message["keys"], message_id=message_id(message),
-        body_digest=definition_pb2.Digest(type=_MD5, checksum=hashlib.md5(body, usedforsecurity=False).hexdigest().upper()),
+        body_digest=definition_pb2.Digest(type=_MD5, checksum=_md5(body)),
         body_encoding=Encoding.IDENTITY, message_type=MessageType.FIFO if group else MessageType.NORMAL,
         born_timestamp=timestamp(message["born_timestamp"]), born_host=message["born_host"],
         store_timestamp=timestamp(message["store_timestamp"]), store_host=message["store_host"],
