@@ -24,7 +24,6 @@ from pathlib import Path
 
 import grpc
 import zmq
-import zmq.asyncio
 from rocketmq.grpc_protocol import AddressScheme, definition_pb2
 
 from engine.actors.base import process_setup, send_heartbeat
@@ -65,10 +64,9 @@ class GrpcEndpoint:
 
     async def run(self, parent: int) -> None:
         cfg = self.config
-        heartbeat_context = zmq.Context()
-        heartbeat = endpoints.configure(heartbeat_context.socket(zmq.PUSH), hwm=16)
+        context = zmq.Context()
+        heartbeat = endpoints.configure(context.socket(zmq.PUSH), hwm=16)
         heartbeat.connect(endpoints.ipc(self.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
-        context = zmq.asyncio.Context()
         try:
             self.lifecycle = "RECOVERING"
             send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
@@ -90,7 +88,7 @@ class GrpcEndpoint:
                 try:
                     await asyncio.wait_for(self.stopping.wait(), cfg.heartbeat_interval_ms / 1000)
                 except TimeoutError:
-                    pass
+                    self.link.drain()  # a safety net: no reply waits on a missed signal past a beat
             self.lifecycle = "STOPPING"
             send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
             await server.stop(_STOP_GRACE_S)
@@ -100,7 +98,6 @@ class GrpcEndpoint:
             if self.link is not None:
                 self.link.close()
             context.destroy(linger=0)
-            heartbeat_context.destroy(linger=0)
 
     def server(self) -> grpc.aio.Server:
         cfg = self.config
