@@ -51,6 +51,15 @@ class EngineError(ClientError):
         self.details = details or {}
 
 
+def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A pop reply's messages, each with its ``receipt_handle`` and ``attempt``."""
+    messages = reply["messages"]
+    for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
+        message["receipt_handle"] = handle
+        message["attempt"] = attempt
+    return messages
+
+
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
@@ -219,12 +228,7 @@ class StoreClient:
         if max_wait_ms:
             fields["max_wait_ms"] = max_wait_ms
             timeout_ms = self.timeout_ms + max_wait_ms
-        reply = self.request("pop", timeout_ms=timeout_ms, **fields)
-        messages = reply["messages"]
-        for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
-            message["receipt_handle"] = handle
-            message["attempt"] = attempt
-        return messages
+        return popped_messages(self.request("pop", timeout_ms=timeout_ms, **fields))
 
     def ack(self, group: str, messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Acknowledge popped messages (their ``receipt_handle``); one request per queue.

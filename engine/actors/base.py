@@ -276,7 +276,7 @@ class Runtime:
         actor, clock = self.actor, self.env.clock
         out = Effects()
         actor.lifecycle = "RECOVERING"
-        send_heartbeat(actor, heartbeat)
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
         actor.recover(out)
         for port in actor.ports():
             self.open(port)
@@ -289,7 +289,7 @@ class Runtime:
         while not self.stopping:
             now = clock.mono_ms()
             if now >= next_beat:
-                send_heartbeat(actor, heartbeat)
+                send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
                 next_beat = now + self.env.config.heartbeat_interval_ms
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
@@ -310,7 +310,7 @@ class Runtime:
                 actor.work_backlog(out)
                 self.carry_out(out)
         actor.lifecycle = "STOPPING"
-        send_heartbeat(actor, heartbeat)
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
         for name in actor.drain_at_stop:
             self.on_readable(name, self.sockets[name])
         actor.shutdown(out)
@@ -318,7 +318,7 @@ class Runtime:
         if self.curve is not None:
             self.curve.stop()
         actor.lifecycle = "STOPPED"
-        send_heartbeat(actor, heartbeat)
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
 
 
 def _die_with_parent() -> None:
@@ -370,8 +370,8 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     return 0
 
 
-def send_heartbeat(actor: Actor, heartbeat: zmq.Socket) -> None:
-    beat = Heartbeat(actor.env.name, os.getpid(), actor.lifecycle, actor.detail())
+def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: str, detail: dict[str, int]) -> None:
+    beat = Heartbeat(name, os.getpid(), lifecycle, detail)
     try:
         heartbeat.send(encoder.encode(beat), zmq.NOBLOCK)
     except zmq.Again:

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -40,22 +39,20 @@ _STOP_GRACE_S = 1.0
 BROKER_NAME = "engine"
 
 
-@dataclass
-class _Identity:
-    name: str
-
-
 class GrpcEndpoint:
     """The process: the gRPC server, its line to the front, the heartbeat."""
 
     def __init__(self, name: str, run_dir: Path, config: StoreConfig) -> None:
-        self.env = _Identity(name)
+        self.name = name
         self.run_dir = run_dir
         self.config = config
         self.lifecycle = "INIT"
         self.service: MessagingService | None = None
         self.link: EngineLink | None = None
         self.stopping = asyncio.Event()
+
+    def beat(self, heartbeat: zmq.Socket) -> None:
+        send_heartbeat(heartbeat, self.name, self.lifecycle, self.detail())
 
     def detail(self) -> dict[str, int]:
         if self.service is None or self.link is None:
@@ -69,7 +66,7 @@ class GrpcEndpoint:
         heartbeat.connect(endpoints.ipc(self.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
         try:
             self.lifecycle = "RECOVERING"
-            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            self.beat(heartbeat)
             curve = None
             if cfg.curve_enabled:
                 curve = CurveKeys.from_files(cfg.curve_server_secret_key_file, cfg.grpc_curve_client_secret_key_file)
@@ -81,7 +78,7 @@ class GrpcEndpoint:
             self.lifecycle = "RUNNING"
             log.info("serving RocketMQ 5 gRPC on %s", cfg.grpc_endpoint)
             while not self.stopping.is_set():
-                send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+                self.beat(heartbeat)
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
                     break
@@ -90,10 +87,10 @@ class GrpcEndpoint:
                 except TimeoutError:
                     self.link.drain()  # a safety net: no reply waits on a missed signal past a beat
             self.lifecycle = "STOPPING"
-            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            self.beat(heartbeat)
             await server.stop(_STOP_GRACE_S)
             self.lifecycle = "STOPPED"
-            send_heartbeat(self, heartbeat)  # type: ignore[arg-type]
+            self.beat(heartbeat)
         finally:
             if self.link is not None:
                 self.link.close()

@@ -164,7 +164,7 @@ class OwnerPops:
             return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
         outcome = ack(queue, request.receipt_handles, tag)
         self.states.write(queue, self.clock.mono_ms())
-        if request.group in self.fifo_groups and outcome.acked and queue.in_flight == len(queue.due):
+        if request.group in self.fifo_groups and outcome.acked and not queue.invisible:
             self.unlocked.add((request.topic, request.queue_id))
         return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
 
@@ -295,7 +295,7 @@ class OwnerPops:
         if state == State.DELIVERED and generation == letter.generation:  # not acked meanwhile
             queue.record(letter.offset, Action.DEAD)
             self.states.write(queue, self.clock.mono_ms())
-            if queue.key[0] in self.fifo_groups and queue.in_flight == len(queue.due):
+            if queue.key[0] in self.fifo_groups and not queue.invisible:
                 self.unlocked.add((queue.key[1], queue.key[2]))
 
     def close(self) -> None:

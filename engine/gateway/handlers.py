@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import Code, service_pb2
 
@@ -59,8 +60,8 @@ def generic_handler(servicer: Any) -> grpc.GenericRpcHandler:
         if not any(method.name in vars(cls) for cls in type(servicer).__mro__[:-2]):
             continue  # the generated base's stub: grpc answers UNIMPLEMENTED for a method not registered
         behaviour = getattr(servicer, method.name)
-        request_type = service_pb2.__dict__.get(method.input_type.name) or _message_class(method.input_type)
-        response_type = service_pb2.__dict__.get(method.output_type.name) or _message_class(method.output_type)
+        request_type = message_factory.GetMessageClass(method.input_type)
+        response_type = message_factory.GetMessageClass(method.output_type)
         decode, encode = _decoder(request_type), response_type.SerializeToString
         if method.client_streaming and method.server_streaming:
             handler = grpc.stream_stream_rpc_method_handler(_bidi(behaviour, response_type), decode, encode)
@@ -70,12 +71,6 @@ def generic_handler(servicer: Any) -> grpc.GenericRpcHandler:
             handler = grpc.unary_unary_rpc_method_handler(_unary(behaviour, response_type), decode, encode)
         handlers[method.name] = handler
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
-
-
-def _message_class(descriptor: Any) -> Any:
-    from google.protobuf import message_factory
-
-    return message_factory.GetMessageClass(descriptor)
 
 
 def _unary(behaviour: Any, response_type: Any) -> Any:

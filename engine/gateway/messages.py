@@ -64,7 +64,7 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
     """(topic, message group, engine messages) for a SendMessageRequest; Refused for what this
     engine does not take: several topics or groups in one request, delay and transactional messages."""
     topics: set[str] = set()
-    groups: set[str] = set()
+    groups: set[str] = set()  # "" for a message without one
     converted = []
     for message in messages:
         system = message.system_properties
@@ -76,8 +76,8 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
         if not system.message_id:
             raise Refused(Code.ILLEGAL_MESSAGE_ID, "system_properties.message_id is required")
         properties[UNIQ_KEY] = system.message_id
+        groups.add(system.message_group)
         if system.message_group:
-            groups.add(system.message_group)
             properties[MESSAGE_GROUP] = system.message_group
         entry: dict[str, Any] = {"body": _body(message.body, system.body_encoding, body_bytes_max),
                                  "keys": list(system.keys), "properties": properties}
@@ -88,9 +88,9 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
         converted.append(entry)
     if len(topics) != 1:
         raise Refused(Code.BAD_REQUEST, "a SendMessageRequest needs 1 or more messages, all of one topic")
-    if len(groups) > 1 or (groups and len(converted) != sum(MESSAGE_GROUP in m["properties"] for m in converted)):
+    if len(groups) > 1:
         raise Refused(Code.ILLEGAL_MESSAGE_GROUP, "the messages of one SendMessageRequest must share one message group")
-    return topics.pop(), groups.pop() if groups else None, converted
+    return topics.pop(), groups.pop() or None, converted
 
 
 # Enum values as plain ints: protobuf's enum wrappers resolve each attribute in Python.

@@ -42,7 +42,7 @@ from rocketmq.grpc_protocol import (
     service_pb2_grpc,
 )
 
-from engine.client import ClientError
+from engine.client import ClientError, popped_messages
 from engine.config import StoreConfig
 from engine.errors import RequestError
 from engine.gateway import settings
@@ -74,19 +74,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def answer(self, make: Callable[..., Response], work: Callable[[], Awaitable[dict[str, Any]]]) -> Response:
-        """``make(status=..., **fields of work())``; a refusal or an engine error becomes the status."""
+    async def answer(self, make: Callable[..., Response],
+                     work: Callable[[], Awaitable[dict[str, Any] | Response]]) -> Response:
+        """``make(status=..., **fields of work())`` (or what work() built whole); a refusal or an
+        engine error becomes the status."""
         self.calls += 1
         try:
             fields = await work()
-        except Refused as exc:
-            return make(status=status(exc.code, exc.message))
-        except RequestError as exc:
-            return make(status=error_status_of(exc))
-        except ClientError as exc:
-            return make(status=error_status(exc))
-        if "response" in fields:
-            return fields["response"]  # built whole by the method
+        except (Refused, ClientError) as exc:
+            return make(status=refusal_status(exc))
+        if not isinstance(fields, dict):
+            return fields  # the response, built whole by the method
         return make(status=fields.pop("status", None) or status(), **fields)
 
     def deadline_ms(self, context: grpc.aio.ServicerContext) -> int:
@@ -158,7 +156,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def SendMessage(self, request: service_pb2.SendMessageRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.SendMessageResponse:
-        async def work() -> dict[str, Any]:
+        async def work() -> service_pb2.SendMessageResponse:
             topic, group, messages = outgoing(request.messages, body_bytes_max=self.config.message_body_bytes_max)
             fields: dict[str, Any] = {"topic": topic, "messages": messages}
             if group is not None:
@@ -170,7 +168,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                              offset=result["queue_offset"])
                 entry.status.CopyFrom(put_status(result["status_code"], result["status"]))
             response.status.CopyFrom(response.entries[0].status)
-            return {"response": response}
+            return response
         return await self.answer(service_pb2.SendMessageResponse, work)
 
     async def EndTransaction(self, request: service_pb2.EndTransactionRequest, context: grpc.aio.ServicerContext) \
@@ -190,14 +188,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.calls += 1
         try:
             invisible_ms, messages = await self.receive(request, context)
-        except Refused as exc:
-            yield service_pb2.ReceiveMessageResponse(status=status(exc.code, exc.message))
-            return
-        except RequestError as exc:
-            yield service_pb2.ReceiveMessageResponse(status=error_status_of(exc))
-            return
-        except ClientError as exc:
-            yield service_pb2.ReceiveMessageResponse(status=error_status(exc))
+        except (Refused, ClientError) as exc:
+            yield service_pb2.ReceiveMessageResponse(status=refusal_status(exc))
             return
         if not messages:
             yield service_pb2.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
@@ -237,13 +229,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         for _ in range(owners):  # each pop without a queue goes to the next owner of the topic's queues
             reply = await self.link.request("pop", **fields)
             if reply["messages"]:
-                return invisible_ms, attach(reply)
+                return invisible_ms, popped_messages(reply)
         while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             wait = remaining_ms if owners == 1 else min(remaining_ms, _RECEIVE_SLICE_MS)
             reply = await self.link.request("pop", max_wait_ms=wait,
                                             timeout_ms=self.config.grpc_request_timeout_ms + wait, **fields)
             if reply["messages"]:
-                return invisible_ms, attach(reply)
+                return invisible_ms, popped_messages(reply)
         return invisible_ms, []
 
     async def AckMessage(self, request: service_pb2.AckMessageRequest, context: grpc.aio.ServicerContext) \
@@ -280,9 +272,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             -> service_pb2.ChangeInvisibleDurationResponse:
         async def work() -> dict[str, Any]:
             group = check_group(request.group.name)
-            queue_id = handle_queue(request.receipt_handle)
-            if queue_id is None:
-                raise Refused(Code.INVALID_RECEIPT_HANDLE, f"{request.receipt_handle!r} is not a receipt handle")
+            queue_id = required_handle_queue(request.receipt_handle)
             invisible_ms = duration_ms(request.invisible_duration)
             if not 0 <= invisible_ms <= self.config.pop_invisible_ms_max:
                 raise Refused(Code.ILLEGAL_INVISIBLE_TIME,
@@ -300,9 +290,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         with ``dead_letter`` moves it to %DLQ%{group} now."""
         async def work() -> dict[str, Any]:
             group = check_group(request.group.name)
-            queue_id = handle_queue(request.receipt_handle)
-            if queue_id is None:
-                raise Refused(Code.INVALID_RECEIPT_HANDLE, f"{request.receipt_handle!r} is not a receipt handle")
+            queue_id = required_handle_queue(request.receipt_handle)
             reply = await self.link.request("ack", group=group, topic=request.topic.name, queue_id=queue_id,
                                             receipt_handles=[request.receipt_handle], dead_letter=True,
                                             timeout_ms=self.deadline_ms(context))
@@ -319,8 +307,9 @@ def check_group(name: str) -> str:
         raise Refused(Code.ILLEGAL_CONSUMER_GROUP, exc.message) from None
 
 
-def error_status_of(exc: RequestError) -> definition_pb2.Status:
-    return status(Code.BAD_REQUEST, exc.message)
+def refusal_status(exc: Refused | ClientError) -> definition_pb2.Status:
+    """The status of a request refused here or by the engine, or not answered in time."""
+    return status(exc.code, exc.message) if isinstance(exc, Refused) else error_status(exc)
 
 
 def handle_queue(handle: str) -> int | None:
@@ -329,12 +318,11 @@ def handle_queue(handle: str) -> int | None:
     return int(head) if head.isdigit() and len(head) < 6 and rest else None
 
 
-def attach(reply: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = reply["messages"]
-    for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
-        message["receipt_handle"] = handle
-        message["attempt"] = attempt
-    return messages
+def required_handle_queue(handle: str) -> int:
+    queue_id = handle_queue(handle)
+    if queue_id is None:
+        raise Refused(Code.INVALID_RECEIPT_HANDLE, f"{handle!r} is not a receipt handle")
+    return queue_id
 
 
 def ack_result(entry: service_pb2.AckMessageEntry, result: definition_pb2.Status) \

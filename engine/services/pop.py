@@ -90,7 +90,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
     scheduled: list[tuple[Sequence[int], int]] = []
     later: list[int] = []  # due, but not readable now (not visible yet, or past this reply's bytes)
     if fifo:
-        if queue.in_flight > len(queue.due):
+        if queue.invisible:
             return scheduled  # locked: a delivery is still invisible
         queue.due = dict.fromkeys(sorted(queue.due))  # redeliveries in offset order
     while queue.due and taken.count < max_messages:

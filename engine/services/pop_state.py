@@ -104,6 +104,11 @@ class PopQueue:
 
     # -- entries ------------------------------------------------------------------------------
 
+    @property
+    def invisible(self) -> int:
+        """Deliveries in flight and not due yet: while there are any, a FIFO group's queue is locked."""
+        return self.in_flight - len(self.due)
+
     def entry(self, offset: int) -> tuple[int, int, int, int]:
         """(state, attempt, generation, invisible until) of ``offset``; NONE for an unknown one."""
         segment = self.segments.get(offset // SEGMENT_ENTRY_COUNT)

@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,34 +151,32 @@ def test_official_and_own_clients_agree_field_for_field(engine: EngineProcess) -
     assert not sent
 
 
-def run_example(engine: EngineProcess, tmp_path: Path, name: str) -> subprocess.Popen[bytes]:
-    """The example with its endpoint (127.0.0.1:8081, RocketMQ's proxy port) set to this engine's."""
-    text = (EXAMPLES / name).read_text().replace("127.0.0.1:8081", engine.config.grpc_endpoint)
-    script = EXAMPLES / f".test-{tmp_path.name}-{name}"  # beside the original: its node_modules resolve
-    script.write_text(text)
-    command = [sys.executable, str(script)] if name.endswith(".py") else ["node", str(script)]
-    try:
+@pytest.fixture
+def run_example(engine: EngineProcess, tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    """Starts an example with its endpoint (127.0.0.1:8081, RocketMQ's proxy port) set to this
+    engine's. The copy lies beside the original, so that its node_modules resolve; it is removed
+    at the end."""
+    copies: list[Path] = []
+
+    def run(name: str) -> subprocess.Popen[bytes]:
+        script = EXAMPLES / f".test-{tmp_path.name}-{name}"
+        script.write_text((EXAMPLES / name).read_text().replace("127.0.0.1:8081", engine.config.grpc_endpoint))
+        copies.append(script)
+        command = [sys.executable, str(script)] if name.endswith(".py") else ["node", str(script)]
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE)
-    finally:
-        script_unlink_later.append(script)
+
+    yield run
+    for script in copies:
+        script.unlink(missing_ok=True)
 
 
-script_unlink_later: list[Path] = []
-
-
-@pytest.fixture(autouse=True)
-def remove_example_copies() -> Iterator[None]:
-    yield
-    while script_unlink_later:
-        script_unlink_later.pop().unlink(missing_ok=True)
-
-
-def test_the_official_quick_start_examples_run_against_the_engine(engine: EngineProcess, tmp_path: Path) -> None:
-    producer = run_example(engine, tmp_path, "normal_producer_example.py")
+def test_the_official_quick_start_examples_run_against_the_engine(
+        run_example: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    producer = run_example("normal_producer_example.py")
     out, _ = producer.communicate(timeout=60)
     assert producer.returncode == 0 and out.count(b"send message success") == 10, out.decode()
 
-    consumer = run_example(engine, tmp_path, "simple_consumer_example.py")  # loops until stopped
+    consumer = run_example("simple_consumer_example.py")  # loops until stopped
     assert consumer.stdout is not None
     acked = 0
     deadline = time.monotonic() + 60
@@ -190,7 +188,7 @@ def test_the_official_quick_start_examples_run_against_the_engine(engine: Engine
     assert acked == 10
 
     for name in ("Producer.cjs", "SimpleConsumer.cjs"):
-        example = run_example(engine, tmp_path, name)
+        example = run_example(name)
         out, _ = example.communicate(timeout=60)
         assert example.returncode == 0, out.decode()
         if name == "SimpleConsumer.cjs":
