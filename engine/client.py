@@ -125,17 +125,25 @@ class StoreClient:
     # -- operations --------------------------------------------------------
 
     def send(self, topic: str, messages: Iterable[Mapping[str, Any]], *, queue_id: int | None = None,
-             sharding_key: str | None = None, wait_store: bool = True) -> list[dict[str, Any]]:
+             sharding_key: str | None = None, wait_store: bool = True, delay_ms: int | None = None,
+             deliver_at_ms: int | None = None, delay_level: int | None = None,
+             transaction: bool = False, producer_group: str | None = None) -> list[dict[str, Any]]:
         """Store a batch in one queue; returns one result per message (status, msg_id, offsets).
 
         The queue is ``queue_id``, else the one ``sharding_key`` hashes to (per-key order),
         else the next one round robin.
+
+        Delayed: ``delay_ms`` from now, ``deliver_at_ms`` (epoch ms) or a RocketMQ
+        ``delay_level``: the batch is stored now and reaches its queue at that time.
+        Transactional (``transaction`` with ``producer_group``): stored as half messages,
+        invisible until ``end_transaction`` commits them; the results' ``msg_id`` names them.
         """
         fields: dict[str, Any] = {"topic": topic, "messages": list(messages), "wait_store": wait_store}
-        if queue_id is not None:
-            fields["queue_id"] = queue_id
-        if sharding_key is not None:
-            fields["sharding_key"] = sharding_key
+        optional = {"queue_id": queue_id, "sharding_key": sharding_key, "delay_ms": delay_ms,
+                    "deliver_at_ms": deliver_at_ms, "delay_level": delay_level, "producer_group": producer_group}
+        fields.update({name: value for name, value in optional.items() if value is not None})
+        if transaction:
+            fields["transaction"] = True
         return self.request("send", **fields)["results"]
 
     def send_one(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] = (),
@@ -267,6 +275,31 @@ class StoreClient:
     def pop_stats(self, group: str, topic: str, queue_id: int) -> dict[str, Any]:
         """ack_floor, pop_cursor, in_flight, due, redelivered, dead_lettered, journal_entries, segments."""
         return self.request("pop_stats", group=group, topic=topic, queue_id=queue_id)
+
+    # -- transactions (docs/protocol.md 4.13) ---------------------------------------------------
+
+    def end_transaction(self, msg_id: str, decision: str, *, producer_group: str | None = None) -> str:
+        """Commit (the half message reaches its topic) or roll back (it never does) the half message
+        ``msg_id``, the id its send returned. Returns the decision that stands."""
+        fields: dict[str, Any] = {"msg_id": msg_id, "decision": decision}
+        if producer_group is not None:
+            fields["producer_group"] = producer_group
+        return self.request("end_transaction", **fields)["decision"]
+
+    def commit(self, msg_id: str) -> str:
+        return self.end_transaction(msg_id, "commit")
+
+    def rollback(self, msg_id: str) -> str:
+        return self.end_transaction(msg_id, "rollback")
+
+    def transaction_checks(self, producer_group: str, *, max_messages: int = 32,
+                           max_wait_ms: int = 0) -> list[dict[str, Any]]:
+        """The half messages of ``producer_group`` still undecided past ``transaction_timeout_ms``:
+        answer each with ``end_transaction`` (its ``msg_id``), or it is asked again, then rolled
+        back. Each carries its real ``topic``/``queue_id`` and ``check_times``."""
+        timeout_ms = self.timeout_ms + max_wait_ms if max_wait_ms else None
+        return self.request("transaction_checks", timeout_ms=timeout_ms, producer_group=producer_group,
+                            max_messages=max_messages, max_wait_ms=max_wait_ms)["checks"]
 
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))

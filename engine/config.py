@@ -102,6 +102,24 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
                                              300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
                                              1_800_000, 3_600_000, 7_200_000)
 
+    # Delay and timer messages (docs/design.md 5.9): RocketMQ 5's timer wheel and timer log.
+    timer_precision_ms: int = 1_000  # RocketMQ's timerPrecisionMs: one wheel slot; delivery within a slot is exact
+    timer_max_delay_ms: int = 3 * 86_400_000  # RocketMQ's timerMaxDelaySec (3 days): further is DELAY_ILLEGAL
+    timer_wheel_slots: int = 2 * 7 * 86_400  # RocketMQ's 2 x 7 days of 1 s slots (32 bytes each)
+    timer_log_segment_bytes: int = 52 * 1_048_576  # 2^20 timer-log units of 52 bytes per file
+    timer_deliveries_in_flight_max: int = 64  # delivery sends (of up to 64 messages each) awaiting the front
+    timer_checkpoint_interval_ms: int = 1_000
+    # RocketMQ 4's delay levels 1..18 (messageDelayLevel); level n waits delay_levels_ms[n - 1].
+    delay_levels_ms: tuple[int, ...] = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
+                                        360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000,
+                                        3_600_000, 7_200_000)
+
+    # Transactional messages (docs/design.md 5.10): half messages, op records and the check service.
+    transaction_timeout_ms: int = 6_000  # RocketMQ's transactionTimeOut: a half this old gets its first check
+    transaction_check_interval_ms: int = 30_000  # RocketMQ's transactionCheckInterval: between two checks
+    transaction_check_max: int = 15  # RocketMQ's transactionCheckMax: then the half is rolled back
+    transaction_halves_max: int = 1_000_000  # unresolved halves the check service keeps in memory
+
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
     flush_interval_ms: int = 500
@@ -195,6 +213,17 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "grpc limits must be positive"),
             (bool(self.grpc_retry_delays_ms) and min(self.grpc_retry_delays_ms) >= 0,
              "grpc_retry_delays_ms needs at least one delay, none negative"),
+            (min(self.timer_precision_ms, self.timer_wheel_slots, self.timer_deliveries_in_flight_max,
+                 self.timer_checkpoint_interval_ms, self.timer_max_delay_ms) >= 1, "timer limits must be positive"),
+            (self.timer_wheel_slots * self.timer_precision_ms >= 2 * self.timer_max_delay_ms,
+             "the timer wheel must span twice timer_max_delay_ms (timer_wheel_slots x timer_precision_ms)"),
+            (self.timer_log_segment_bytes >= 52 * 64 and self.timer_log_segment_bytes % 52 == 0,
+             "timer_log_segment_bytes must be a multiple of 52 (the unit), at least 64 units"),
+            (bool(self.delay_levels_ms) and min(self.delay_levels_ms) >= 1
+             and max(self.delay_levels_ms) <= self.timer_max_delay_ms,
+             "delay_levels_ms needs at least one level, each positive and within timer_max_delay_ms"),
+            (min(self.transaction_timeout_ms, self.transaction_check_interval_ms, self.transaction_check_max,
+                 self.transaction_halves_max) >= 1, "transaction limits must be positive"),
         ]
         for ok, message in checks:
             if not ok:

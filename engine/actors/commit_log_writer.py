@@ -53,6 +53,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.services.delivery_routes import destination
 from engine.services.recovery import plan_commit_log_recovery
 from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
@@ -225,7 +226,7 @@ class CommitLogWriterActor(Actor):
                                                    f"retry later")
             request = decode_request("send", raw)
             assert isinstance(request, SendRequest)
-            stored, end_offset = self.append(request, route.queue_id)
+            stored, end_offset = self.append(request, route.queue_id, internal=route.internal)
         except RequestError as exc:
             out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
             return
@@ -238,7 +239,7 @@ class CommitLogWriterActor(Actor):
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         out.send("requests", [*reply_to, encode_reply(request.id, results=results)])
 
-    def append(self, request: SendRequest, queue_id: int) -> tuple[Stored, int]:
+    def append(self, request: SendRequest, queue_id: int, *, internal: bool = False) -> tuple[Stored, int]:
         """Validate and append a whole batch (all or nothing); RequestError if refused."""
         if queue_id < 0:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
@@ -247,8 +248,10 @@ class CommitLogWriterActor(Actor):
                                                     f"{self.config.disk_space_warning_level_ratio:.0%} full; "
                                                     f"sends are refused until retention frees space")
         now_ms = self.clock.wall_ms()
-        topic = request.topic.encode()
-        batch = build_items(request.messages, config=self.config, born_host=self.store_host, now_ms=now_ms)
+        topic_name, queue_id, messages = destination(request, queue_id, config=self.config, now_ms=now_ms,
+                                                     internal=internal)
+        topic = topic_name.encode()
+        batch = build_items(messages, config=self.config, born_host=self.store_host, now_ms=now_ms)
         batch_bytes = self.log.items_size(topic, len(batch.items), batch.payload_bytes)
         # One message may be as large as message_body_bytes_max; a batch of several is held
         # to send_batch_bytes_max as encoded, so one request never holds the log for long.
@@ -256,7 +259,7 @@ class CommitLogWriterActor(Actor):
                 or batch_bytes + END_FILE_MIN_BLANK_BYTES > self.config.segment_size_bytes:
             raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the batch takes {batch_bytes} bytes as records; the "
                                                           f"limit is {self.config.send_batch_bytes_max}")
-        key = (request.topic, queue_id)
+        key = (topic_name, queue_id)
         first = self.next_queue_offset.get(key, 0)
         store_ts = max(now_ms, self.last_store_timestamp_ms)
         try:

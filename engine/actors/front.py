@@ -47,6 +47,7 @@ from engine.ipc.messages import (
     Append,
     ChangeInvisible,
     DeleteTopic,
+    EndTransaction,
     GetById,
     GetByOffset,
     OffsetForTime,
@@ -55,6 +56,8 @@ from engine.ipc.messages import (
     PopStats,
     Pull,
     QueueStats,
+    TransactionChecks,
+    TransactionRequest,
     WriterRequest,
     encoder,
     topic_deletion_decoder,
@@ -79,12 +82,14 @@ from engine.store.layout import decode_msg_id, java_string_hash
 from engine.store.pop_files import POP_DIR
 from engine.store.records import owner_of
 from engine.store.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets
+from engine.store.system_topics import SYSTEM_TOPICS
 from engine.store.topics import TopicTable
 
 log = logging.getLogger(__name__)
 
 _PLAIN = b"\x00"
 _REQ = b"\x01"
+_INTERNAL = b"\x02"  # from an actor on the internal port
 
 
 @functools.lru_cache(maxsize=4096)
@@ -130,12 +135,27 @@ class FrontActor(Actor):
 
         return [Port("clients", ROUTER, cfg.endpoint, bind=True, max_message_bytes=cfg.client_frame_bytes_max,
                      curve=cfg.curve_enabled),
+                Port("internal", ROUTER, endpoints.FRONT_INTERNAL, bind=True,
+                     max_message_bytes=cfg.client_frame_bytes_max),
                 backend("writer", endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitor=True),
+                backend("transactions", endpoints.TRANSACTIONS),
                 *(backend(name, endpoints.owner_endpoint_name(k)) for k, name in enumerate(self.owner_ports))]
+
+    def recover(self, out: Effects) -> None:
+        """The system topics (one queue each) are in the table before any client is served."""
+        for topic in SYSTEM_TOPICS:
+            if self.topics.get(topic) is None:
+                self.topics.create(topic, 1, topic_count_max=self.config.topic_count_max, system=True)
+        if self.topics.unsaved:
+            self.topics.save()
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
         if port == "clients":
             self.handle_client(frames, out)
+        elif port == "internal":
+            if len(frames) == 2:
+                self.requests_served += 1
+                self.serve(frames[0], _INTERNAL, frames[1], out)
         else:
             self.handle_backend_reply(frames, out)
 
@@ -187,6 +207,8 @@ class FrontActor(Actor):
 
     @staticmethod
     def reply(client: bytes, flag: bytes, reply: bytes) -> Send:
+        if flag == _INTERNAL:
+            return Send("internal", [client, reply])
         return Send("clients", [client, b"", reply] if flag == _REQ else [client, reply])
 
     def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
@@ -199,8 +221,11 @@ class FrontActor(Actor):
             if self.auto_create(envelope):
                 self.hold(client, flag, raw)
                 return
+            internal = flag == _INTERNAL
+            if envelope.topic in SYSTEM_TOPICS and not internal:
+                raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {envelope.topic!r} is reserved for the system")
             queue_id = self.choose_queue(envelope)
-            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms()), raw))
+            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms(), internal), raw))
         elif op == "pull":
             out.append(self.forward(self.queue_owner(envelope), client, flag, Pull(), raw))
         elif op == "pop":
@@ -210,6 +235,10 @@ class FrontActor(Actor):
             self.pop_group(envelope)
             request = Ack() if op == "ack" else ChangeInvisible() if op == "change_invisible" else PopStats()
             out.append(self.forward(owner, client, flag, request, raw))
+        elif op in ("end_transaction", "transaction_checks"):
+            decode_request(op, raw)  # refused here if malformed: the actor gets only valid requests
+            decided = EndTransaction() if op == "end_transaction" else TransactionChecks()
+            out.append(self.forward("transactions", client, flag, decided, raw))
         elif op == "query_by_key":
             self.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
@@ -277,14 +306,14 @@ class FrontActor(Actor):
         queue_id = self.check_queue(envelope)
         return self.owner_ports[owner_of(envelope.topic or "", queue_id, self.owner_count)]
 
-    def forward(self, port: str, client: bytes, flag: bytes, request: WriterRequest | OwnerRequest,
-                raw: bytes) -> Forward:
+    def forward(self, port: str, client: bytes, flag: bytes,
+                request: WriterRequest | OwnerRequest | TransactionRequest, raw: bytes) -> Forward:
         """The request, enveloped, for the actor behind ``port``; refused at once when its queue is full."""
         return Forward(port, [client, flag, encoder.encode(request), raw],
                        partial(self.refusal, port, client, flag, raw, request))
 
     def refusal(self, port: str, client: bytes, flag: bytes, raw: bytes,
-                request: WriterRequest | OwnerRequest) -> Send:
+                request: WriterRequest | OwnerRequest | TransactionRequest) -> Send:
         """The answer to a request the actor behind ``port`` could not take: BUSY from a writer that
         is up (its queue is full), SERVICE_NOT_AVAILABLE from an actor that is down."""
         if port == "writer" and self.writer_up:
@@ -382,7 +411,8 @@ class FrontActor(Actor):
         request = decode_request(op, raw)
         if op == "list_topics":
             topics = [{"topic": name, "queue_count": cfg.write_queue_nums}
-                      for name, cfg in sorted(self.topics.topics.items()) if name not in self.deleting]
+                      for name, cfg in sorted(self.topics.topics.items())
+                      if name not in self.deleting and name not in SYSTEM_TOPICS]
             return encode_reply(envelope.id, topics=topics)
         if op == "ping":
             return encode_reply(envelope.id, pong=True)

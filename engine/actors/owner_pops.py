@@ -265,7 +265,7 @@ class OwnerPops:
         queue.dead_lettering.add(offset)
         self.dead_letters[client] = DeadLetter(queue, offset, generation,
                                                self.clock.mono_ms() + self.config.dead_letter_retry_ms)
-        out.append(Forward("writer", [client, _PLAIN, encoder.encode(Append(0, self.clock.mono_ms())), request],
+        out.append(Forward("writer", [client, _PLAIN, encoder.encode(Append(0, self.clock.mono_ms(), True)), request],
                            lambda: None))  # refused: sent again when its deadline passes
 
     def retry_dead_letters(self, out: Effects) -> None:

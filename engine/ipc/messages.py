@@ -34,11 +34,14 @@ class Append(msgspec.Struct, array_like=True, tag="append"):
     ``queue_id`` is the queue the front chose (given, by sharding key or round robin);
     ``received_ms`` is when the front received it (monotonic ms): a send that waited in the
     writer's queue longer than ``send_queue_wait_ms_max`` is refused with BUSY.
+    ``internal``: it came from an actor (the timer, the transaction actor) on the front's
+    internal port, and may carry the routing properties (``engine/store/system_topics.py``).
     Reply: the client reply (results, or an error).
     """
 
     queue_id: int
     received_ms: int
+    internal: bool = False
 
 
 class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):
@@ -109,6 +112,22 @@ class PopStats(msgspec.Struct, array_like=True, tag="pop_stats"):
 
 
 OwnerRequest = Pull | QueueStats | OffsetForTime | GetById | GetByOffset | Pop | Ack | ChangeInvisible | PopStats
+
+# -- front -> transaction actor ------------------------------------------------------------------
+
+
+class EndTransaction(msgspec.Struct, array_like=True, tag="end_transaction"):
+    """front -> transaction actor: decide the half message of the client ``end_transaction``.
+    Reply: the client reply, once the decision (and, for a commit, the message) is stored."""
+
+
+class TransactionChecks(msgspec.Struct, array_like=True, tag="transaction_checks"):
+    """front -> transaction actor: the client ``transaction_checks`` (a producer asking which of its
+    group's half messages wait for a decision). Reply: the client reply, at once or (long polling)
+    when a check falls due or the wait ends."""
+
+
+TransactionRequest = EndTransaction | TransactionChecks
 
 # -- progress of the log --------------------------------------------------------------------------
 
@@ -221,6 +240,7 @@ class Event(msgspec.Struct, tag="event"):
 encoder = msgspec.msgpack.Encoder()
 writer_request_decoder = msgspec.msgpack.Decoder(WriterRequest)
 owner_request_decoder = msgspec.msgpack.Decoder(OwnerRequest)
+transaction_request_decoder = msgspec.msgpack.Decoder(TransactionRequest)
 topic_deletion_decoder = msgspec.msgpack.Decoder(TopicDeletion)
 progress_decoder = msgspec.msgpack.Decoder(Progress)
 dispatch_decoder = msgspec.msgpack.Decoder(DispatchBatch)

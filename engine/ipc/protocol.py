@@ -23,12 +23,13 @@ from engine.errors import ErrorCode, RequestError
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
        "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic",
-       "pop", "ack", "change_invisible", "pop_stats")
+       "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
 SignedInt32 = Annotated[int, Meta(ge=-0x80000000, le=0x7FFFFFFF)]
 TopicName = Annotated[str, Meta(max_length=255)]
+GroupName = Annotated[str, Meta(max_length=255)]
 
 
 class _Request(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -64,6 +65,13 @@ class SendRequest(_Request, kw_only=True):
     sharding_key: Annotated[str, Meta(max_length=4096)] | None = None  # same key, same queue
     messages: Annotated[list[SendMessage], Meta(min_length=1, max_length=100_000)]
     wait_store: bool = True
+    # A delayed batch waits in the timer until its deliver time (at most one of the three):
+    delay_level: Annotated[int, Meta(ge=1, le=1000)] | None = None  # RocketMQ 4's levels (delay_levels_ms)
+    delay_ms: Int64 | None = None  # from now
+    deliver_at_ms: Int64 | None = None  # wall-clock ms since the epoch
+    # A transactional batch is stored as half messages until end_transaction (or a check) decides.
+    transaction: bool = False
+    producer_group: GroupName | None = None  # whose producers answer the checks; required with transaction
 
 
 class PullRequest(_Request, kw_only=True):
@@ -95,9 +103,6 @@ class CreateTopicRequest(_Request, kw_only=True):
 
 class DeleteTopicRequest(_Request, kw_only=True):
     topic: TopicName
-
-
-GroupName = Annotated[str, Meta(max_length=255)]
 
 
 class CommitOffsetRequest(_Request, kw_only=True):
@@ -172,6 +177,23 @@ class PopStatsRequest(_Request, kw_only=True):
     queue_id: Int32
 
 
+class EndTransactionRequest(_Request, kw_only=True):
+    """Commit or roll back the half message ``msg_id`` (the id its send returned)."""
+
+    msg_id: Annotated[str, Meta(max_length=64)]
+    decision: Literal["commit", "rollback"]
+    producer_group: GroupName | None = None
+
+
+class TransactionChecksRequest(_Request, kw_only=True):
+    """Take the half messages of ``producer_group`` that wait for a decision past
+    ``transaction_timeout_ms``; each must be answered with ``end_transaction``."""
+
+    producer_group: GroupName
+    max_messages: Annotated[int, Meta(ge=1, le=1024)] = 32
+    max_wait_ms: Annotated[int, Meta(ge=0)] = 0
+
+
 class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
@@ -195,6 +217,8 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "ack": AckRequest,
     "change_invisible": ChangeInvisibleRequest,
     "pop_stats": PopStatsRequest,
+    "end_transaction": EndTransactionRequest,
+    "transaction_checks": TransactionChecksRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

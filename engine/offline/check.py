@@ -7,7 +7,9 @@
   record whose queue offset is below its queue's max has exactly that unit;
 * every IndexFile item points at a record that carries a key with its hash;
 * the checkpoint's offsets are not ahead of the log;
-* the pop groups' journals and segments are intact and agree (``check_pop.py``).
+* the pop groups' journals and segments are intact and agree (``check_pop.py``);
+* the timer's log, wheel and checkpoint, and the transaction checkpoint, agree with the
+  log (``check_timer.py``).
 
 Records of a deleted topic below its deletion offset (``deleted_topics.py``)
 belong to no queue, and a queue left from before its topic's deletion is
@@ -38,6 +40,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.names import is_decimal
 from engine.offline.check_pop import check_pop_state
+from engine.offline.check_timer import check_timer_state
 from engine.offline.inspect_store import detect_config
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
@@ -57,7 +60,7 @@ def _quiet(_stage: str, _done: int, _total: int) -> None:
 
 @dataclass(frozen=True)
 class Finding:
-    area: str  # commitlog, consumequeue, index, checkpoint, pop
+    area: str  # commitlog, consumequeue, index, checkpoint, pop, timer
     where: str
     problem: str
 
@@ -106,6 +109,8 @@ def check_store(store_dir: Path, config: StoreConfig | None = None, *, progress:
             findings.add(finding)
         for where, problem in check_pop_state(store_dir, queues, deleted.deletion_offsets):
             findings.add(Finding("pop", where, problem))
+        for where, problem in check_timer_state(store_dir, config, reader, log_end):
+            findings.add(Finding("timer", where, problem))
         return findings.closed()
     finally:
         for cq in queues.values():

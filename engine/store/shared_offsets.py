@@ -15,6 +15,8 @@ store): it describes the running engine, not the data.
     slot 8+k owner k applied  consume queue owner k
     slot 264+k owner k durable  consume queue owner k (applied and flushed to disk)
     slot 520 topic deletions   writer (bumped after each change of config/deletedTopics.json)
+    slot 521 timers pending    timer (delayed messages stored and not delivered yet)
+    slot 522 halves pending    transaction actor (half messages without a decision)
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX + 1
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 3
 TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
+TIMERS_PENDING = TOPIC_DELETIONS + 1
+HALVES_PENDING = TOPIC_DELETIONS + 2
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
-         DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset"}
+         DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset",
+         TIMERS_PENDING: "timers_pending", HALVES_PENDING: "halves_pending"}
 
 
 def owner_slot(instance: int) -> int:

@@ -104,7 +104,7 @@ def test_supervisor_detach_status_and_stop(tmp_path: Path) -> None:
         status = json.loads(run("-m", "supervisor", "status", "--store-dir", str(store), "--json").stdout)
         assert status["state"] == "RUNNING"
         names = {a["name"] for a in status["actors"]}
-        assert names == {"writer", "flusher", "owner-0", "owner-1", "index", "reput", "front"}
+        assert names == {"writer", "flusher", "owner-0", "owner-1", "index", "reput", "timer", "transactions", "front"}
         assert all(psutil.pid_exists(a["pid"]) for a in status["actors"])
         again = run("-m", "supervisor", "start", "--store-dir", str(store), "--config", str(config),
                     "--endpoint", f"tcp://127.0.0.1:{free_port()}", check=False)

@@ -1,0 +1,476 @@
+"""The transaction actor: decides half messages and runs RocketMQ's check service.
+
+A transactional send is stored as a half message in ``RMQ_SYS_TRANS_HALF_TOPIC``
+(``engine/services/delivery_routes.py``), invisible to consumers. This actor, a client of
+the front on its internal port and served by it on ``transactions.sock``:
+
+* ``end_transaction``: appends an op record (``RMQ_SYS_TRANS_OP_HALF_TOPIC``, tag ``d``,
+  body the half's queue offset, ``TRAN_DECISION``); once it is stored the decision stands;
+* follows the op queue and applies each op in order: a commit moves the half to its real
+  topic (``send`` with ``ORIGIN_OFFSET``); the producer's ``end_transaction`` is answered
+  once its commit is stored (a rollback once its op is);
+* follows the half queue and keeps the undecided halves; a half older than
+  ``transaction_timeout_ms`` is offered to its producer group's ``transaction_checks``
+  every ``transaction_check_interval_ms``, and after ``transaction_check_max`` offers it is
+  rolled back (RocketMQ's ``TransactionalMessageCheckService``);
+* checkpoints ``config/transactions.json`` (``engine/store/transaction_state.py``).
+
+Exactly once across a crash: ops before the checkpoint's ``op_next`` are applied; after a
+restart the actor waits until any commit still in the writer's queue is stored or refused,
+reads the log from the first unapplied op for commits already stored, and applies the
+rest. A decision is never taken twice: a second ``end_transaction`` with the same
+decision is answered OK, with the other one TRANSACTION_ENDED.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.actors.base import ROUTER, Actor, Env, Port, main
+from engine.actors.effects import Effects
+from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
+from engine.errors import ErrorCode, RequestError
+from engine.ipc import endpoints
+from engine.ipc.messages import EndTransaction, TransactionChecks, transaction_request_decoder
+from engine.ipc.protocol import (
+    EndTransactionRequest,
+    TransactionChecksRequest,
+    decode_request,
+    encode_error,
+    encode_reply,
+    safe_request_id,
+)
+from engine.services.moved_records import moved_since
+from engine.store.commit_log import CommitLogReader
+from engine.store.layout import Record, RecordError, decode_msg_id
+from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING
+from engine.store.system_topics import (
+    HALF_TOPIC,
+    OP_HALF_TOPIC,
+    OP_TAG,
+    PROPERTY_DECISION,
+    PROPERTY_HALF_OFFSET,
+    PROPERTY_PRODUCER_GROUP,
+    moved_message,
+    real_destination,
+)
+from engine.store.transaction_state import (
+    Half,
+    TransactionCheckpoint,
+    load_transaction_checkpoint,
+    store_transaction_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+_REQUEST_TIMEOUT_MS = 10_000
+_RECENT_DECISIONS_MAX = 100_000  # decisions remembered to answer a repeated end_transaction
+_RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.TIMEOUT}
+
+
+@dataclass
+class Op:
+    """An op record read from the op queue, applied in order."""
+
+    queue_offset: int
+    commit_log_offset: int
+    half_offset: int
+    decision: str
+    applied: bool = False
+    move_offset: int = 0  # where its commit was stored
+
+
+@dataclass
+class Waiter:
+    reply_to: list[bytes]
+    request_id: int
+
+
+@dataclass
+class ParkedChecks:
+    reply_to: list[bytes]
+    request: TransactionChecksRequest
+    deadline_ms: int
+
+
+@dataclass
+class Decision:
+    """An end_transaction (or the checks' rollback) whose op is being written."""
+
+    half: Record
+    decision: str
+    waiters: list[Waiter] = field(default_factory=list)
+
+
+class TransactionActor(Actor):
+    """Takes ``EndTransaction`` and ``TransactionChecks`` on ``requests``, replies on ``front``;
+    gives client replies on ``requests`` and op records and commits (``send``) on ``front``."""
+
+    tick_interval_ms = 20
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.reader = CommitLogReader.for_config(env.store_dir, env.config)
+        self.front = FrontRequests(env.clock)
+        self.checkpoint = TransactionCheckpoint()
+        self.halves: dict[int, Half] = {}
+        self.check_heap: list[tuple[int, int]] = []  # (next check wall ms, half offset), lazily pruned
+        self.next_check: dict[int, int] = {}
+        self.decided: dict[int, str] = {}  # decided before their half was read
+        self.recent: OrderedDict[int, str] = OrderedDict()
+        self.deciding: dict[int, Decision] = {}
+        self.waiting: dict[int, list[Waiter]] = {}  # commits stored: answer these once the op is applied
+        self.ops: deque[Op] = deque()  # read and not checkpointed, in queue order
+        self.to_apply: deque[Op] = deque()
+        self.half_follower = QueueFollower(self.front, HALF_TOPIC, 0)
+        self.op_follower = QueueFollower(self.front, OP_HALF_TOPIC, 0)
+        self.halves_read_to = 0  # commit-log end of the last half read
+        self.offered: dict[str, dict[int, None]] = {}  # producer group -> halves due for a check, in order
+        self.parked: list[ParkedChecks] = []
+        self.already_moved: set[int] = set()
+        self.look_at_ms = 0
+        self.look_pending = True
+        self.last_checkpoint_ms = 0
+        self.changed = True
+        self.committed = self.rolled_back = self.checks_offered = 0
+
+    def ports(self) -> list[Port]:
+        return [front_port(), Port("requests", ROUTER, endpoints.TRANSACTIONS, bind=True)]
+
+    def recover(self, out: Effects) -> None:
+        checkpoint = load_transaction_checkpoint(self.env.store_dir)
+        self.checkpoint = checkpoint
+        self.half_follower.next_offset, self.op_follower.next_offset = checkpoint.half_next, checkpoint.op_next
+        now = self.clock.wall_ms()
+        for half in checkpoint.halves:
+            self.keep_half(half, now)
+        self.decided = dict(checkpoint.decided)
+        self.halves_read_to = checkpoint.halves_read_to
+        self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
+        log.info("recovered: %d undecided halves; reading halves from %d and ops from %d", len(self.halves),
+                 checkpoint.half_next, checkpoint.op_next)
+
+    # -- requests from producers -------------------------------------------------------------
+
+    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+        if port == "requests":
+            reply_to, raw = frames[:3], frames[4]
+            try:
+                match transaction_request_decoder.decode(frames[3]):
+                    case EndTransaction():
+                        self.end_transaction(reply_to, raw, out)
+                    case TransactionChecks():
+                        self.transaction_checks(reply_to, raw, out)
+            except RequestError as exc:
+                out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
+        else:
+            self.front.handle_reply(frames, out)
+        self.work(out)
+
+    def end_transaction(self, reply_to: list[bytes], raw: bytes, out: Effects) -> None:
+        request = decode_request("end_transaction", raw)
+        assert isinstance(request, EndTransactionRequest)
+        half = self.read_half(request.msg_id, request.producer_group)
+        offset = half.commit_log_offset
+        waiter = Waiter(reply_to, request.id)
+        known = self.decision_of(offset)
+        if known is not None:
+            if known != request.decision:
+                raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} was already "
+                                                                f"decided: {known}")
+            if offset in self.waiting:
+                self.waiting[offset].append(waiter)  # its commit is on its way: answered with it
+            else:
+                out.send("requests", [*reply_to, encode_reply(request.id, decision=known)])
+            return
+        if offset in self.deciding:
+            if self.deciding[offset].decision != request.decision:
+                raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} is being "
+                                                                f"decided the other way")
+            self.deciding[offset].waiters.append(waiter)
+            return
+        if offset < self.halves_read_to and offset not in self.halves:
+            raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} was already decided")
+        self.decide(half, request.decision, [waiter], out)
+
+    def read_half(self, msg_id: str, producer_group: str | None) -> Record:
+        try:
+            _host, offset = decode_msg_id(msg_id)
+        except ValueError as exc:
+            raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
+        try:
+            record = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
+        except RecordError:
+            record = None
+        if record is None or record.topic != HALF_TOPIC:
+            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} is not a half message of this store")
+        if producer_group is not None and record.properties.get(PROPERTY_PRODUCER_GROUP) != producer_group:
+            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} is not a half message of producer group "
+                                                                f"{producer_group!r}")
+        return record
+
+    def decision_of(self, offset: int) -> str | None:
+        return self.recent.get(offset) or self.decided.get(offset)
+
+    def decide(self, half: Record, decision: str, waiters: list[Waiter], out: Effects) -> None:
+        """Write the op record; the decision stands once it is stored."""
+        offset = half.commit_log_offset
+        self.deciding[offset] = Decision(half, decision, waiters)
+        op = {"body": str(half.queue_offset).encode(), "tags": OP_TAG,
+              "properties": {PROPERTY_DECISION: decision, PROPERTY_HALF_OFFSET: str(offset)}}
+
+        def on_reply(reply: Reply, later: Effects) -> None:
+            pending = self.deciding.pop(offset)
+            if reply is not None and reply.get("ok"):
+                self.remember(offset, decision)
+                if decision == "commit":  # answered once the op is applied (its message stored)
+                    self.waiting.setdefault(offset, []).extend(pending.waiters)
+                else:
+                    for waiter in pending.waiters:
+                        later.send("requests", [*waiter.reply_to, encode_reply(waiter.request_id, decision=decision)])
+                return
+            code, message = (ErrorCode(reply["error"]["code"]), reply["error"]["message"]) if reply is not None \
+                else (ErrorCode.TIMEOUT, "the op record got no answer in time")
+            for waiter in pending.waiters:  # not decided (or, if the op was stored after all, the op queue says so)
+                later.send("requests", [*waiter.reply_to, encode_error(waiter.request_id, code,
+                                                                       f"the decision was not stored: {message}")])
+
+        self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=OP_HALF_TOPIC, queue_id=0,
+                        messages=[op])
+
+    def remember(self, offset: int, decision: str) -> None:
+        self.recent[offset] = decision
+        if len(self.recent) > _RECENT_DECISIONS_MAX:
+            self.recent.popitem(last=False)
+        if self.halves.pop(offset, None) is not None:
+            self.changed = True
+        elif offset >= self.halves_read_to:
+            self.decided[offset] = decision  # its half is read later: it is not offered to checks
+            self.changed = True
+
+    def transaction_checks(self, reply_to: list[bytes], raw: bytes, out: Effects) -> None:
+        request = decode_request("transaction_checks", raw)
+        assert isinstance(request, TransactionChecksRequest)
+        views = self.take_offered(request.producer_group, request.max_messages)
+        if views or request.max_wait_ms == 0:
+            out.send("requests", [*reply_to, encode_reply(request.id, checks=views)])
+            return
+        wait = min(request.max_wait_ms, self.config.long_poll_wait_ms_max)
+        self.parked.append(ParkedChecks(reply_to, request, self.clock.mono_ms() + wait))
+
+    def take_offered(self, group: str, count: int) -> list[dict[str, Any]]:
+        queue, views = self.offered.get(group), list[dict[str, Any]]()
+        confirmed = self.slots.get(CONFIRMED)
+        while queue and len(views) < count:
+            offset = next(iter(queue))
+            del queue[offset]
+            half = self.halves.get(offset)
+            if half is None:
+                continue  # decided since it was offered
+            try:
+                view = self.reader.read_view(offset, limit=confirmed)
+            except RecordError:
+                continue
+            record = self.reader.read(offset, limit=confirmed)
+            destination = real_destination(record)
+            if destination is not None:
+                view["topic"], view["queue_id"] = destination
+            view["check_times"] = half.checks
+            views.append(view)
+        return views
+
+    # -- following the queues ----------------------------------------------------------------
+
+    def on_halves(self, messages: list[dict[str, Any]], out: Effects) -> None:
+        now = self.clock.wall_ms()
+        for message in messages:
+            offset = message["commit_log_offset"]
+            self.halves_read_to = offset + message["store_size"]
+            if self.decided.pop(offset, None) is not None or offset in self.recent:
+                continue
+            group = message["properties"].get(PROPERTY_PRODUCER_GROUP, "")
+            if len(self.halves) >= self.config.transaction_halves_max:
+                log.error("more than transaction_halves_max undecided halves: the half at %d is rolled back", offset)
+                self.rollback_later(offset)
+                continue
+            self.keep_half(Half(offset, message["queue_offset"], message["store_timestamp"], group), now)
+        self.changed = True
+
+    def keep_half(self, half: Half, now: int) -> None:
+        self.halves[half.commit_log_offset] = half
+        due = max(half.store_ms + self.config.transaction_timeout_ms, now if half.checks else 0)
+        self.next_check[half.commit_log_offset] = due
+        heapq.heappush(self.check_heap, (due, half.commit_log_offset))
+
+    def rollback_later(self, offset: int) -> None:
+        self.next_check[offset] = 0
+        heapq.heappush(self.check_heap, (0, offset))
+
+    def on_ops(self, messages: list[dict[str, Any]], out: Effects) -> None:
+        for message in messages:
+            properties = message["properties"]
+            try:
+                half_offset = int(properties.get(PROPERTY_HALF_OFFSET, ""))
+            except ValueError:
+                continue
+            op = Op(message["queue_offset"], message["commit_log_offset"], half_offset,
+                    properties.get(PROPERTY_DECISION, "rollback"))
+            self.ops.append(op)
+            self.to_apply.append(op)
+
+    def apply_ops(self, out: Effects) -> None:
+        """Apply the ops in order: a commit moves its half (unless the log shows it moved already)."""
+        while self.to_apply:
+            op = self.to_apply.popleft()
+            self.remember(op.half_offset, op.decision)
+            if op.decision != "commit":
+                op.applied = True
+                self.rolled_back += 1
+                continue
+            if op.half_offset in self.already_moved:
+                self.already_moved.discard(op.half_offset)
+                self.finish_commit(op, out)
+                continue
+            self.move(op, out)
+
+    def move(self, op: Op, out: Effects) -> None:
+        confirmed = self.slots.get(CONFIRMED)
+        try:
+            half = self.reader.read(op.half_offset, limit=confirmed)
+        except RecordError as exc:
+            log.error("the committed half at %d cannot be read (%s): its message is lost", op.half_offset, exc.reason)
+            self.finish_commit(op, out)
+            return
+        destination = real_destination(half)
+        if destination is None:
+            self.finish_commit(op, out)
+            return
+        op.move_offset = -1  # in flight
+
+        def on_reply(reply: Reply, later: Effects) -> None:
+            if reply is not None and reply.get("ok"):
+                op.move_offset = max(result.get("commit_log_offset", 0) for result in reply["results"])
+                self.finish_commit(op, later)
+                return
+            code = reply["error"]["code"] if reply is not None else None
+            if code is not None and code not in _RETRY:
+                log.error("the commit of the half at %d cannot be stored: %s", op.half_offset,
+                          reply["error"]["message"] if reply else "")
+                self.finish_commit(op, later)
+                return
+            op.move_offset = 0  # tried again; after a lost reply, only once the log was looked at
+            self.to_apply.append(op)
+            if code is None or code == ErrorCode.TIMEOUT:
+                self.look_pending = True
+                self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
+
+        self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
+                        queue_id=destination[1], messages=[moved_message(half, {})])
+
+    def finish_commit(self, op: Op, out: Effects) -> None:
+        op.applied = True
+        self.committed += 1
+        for waiter in self.waiting.pop(op.half_offset, []):
+            out.send("requests", [*waiter.reply_to, encode_reply(waiter.request_id, decision="commit")])
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def run_checks(self, out: Effects) -> None:
+        now = self.clock.wall_ms()
+        while self.check_heap and self.check_heap[0][0] <= now:
+            due, offset = heapq.heappop(self.check_heap)
+            if self.next_check.get(offset) != due:
+                continue  # decided, or rescheduled
+            half = self.halves.get(offset)
+            if half is None or offset in self.deciding:
+                self.next_check.pop(offset, None)
+                continue
+            if half.checks >= self.config.transaction_check_max or due == 0:
+                self.next_check.pop(offset, None)
+                self.rollback_unanswered(offset, out)
+                continue
+            half.checks += 1
+            self.checks_offered += 1
+            self.changed = True
+            self.offered.setdefault(half.producer_group, {})[offset] = None  # once, however often checked
+            again = now + self.config.transaction_check_interval_ms
+            self.next_check[offset] = again
+            heapq.heappush(self.check_heap, (again, offset))
+        self.answer_parked(out)
+
+    def rollback_unanswered(self, offset: int, out: Effects) -> None:
+        try:
+            half = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
+        except RecordError:
+            self.halves.pop(offset, None)
+            return
+        log.warning("the half message at %d was checked %d times without a decision: rolled back", offset,
+                    self.config.transaction_check_max)
+        self.decide(half, "rollback", [], out)
+
+    def answer_parked(self, out: Effects) -> None:
+        now, kept = self.clock.mono_ms(), []
+        for parked in self.parked:
+            views = self.take_offered(parked.request.producer_group, parked.request.max_messages)
+            if views or parked.deadline_ms <= now:
+                out.send("requests", [*parked.reply_to, encode_reply(parked.request.id, checks=views)])
+            else:
+                kept.append(parked)
+        self.parked = kept
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def work(self, out: Effects) -> None:
+        self.half_follower.pull(out, self.on_halves)
+        self.op_follower.pull(out, self.on_ops)
+        if self.clock.mono_ms() < self.look_at_ms:
+            return
+        if self.look_pending:
+            self.look_pending = False
+            start = self.ops[0].commit_log_offset if self.ops else self.checkpoint.scan_from
+            self.already_moved |= moved_since(self.reader, min(start, self.checkpoint.scan_from),
+                                              self.slots.get(CONFIRMED))
+        self.apply_ops(out)
+
+    def tick(self, out: Effects) -> None:
+        self.front.expire(out)
+        self.work(out)
+        self.run_checks(out)
+        now = self.clock.mono_ms()
+        if now - self.last_checkpoint_ms >= 1_000:
+            self.last_checkpoint_ms = now
+            self.store_checkpoint()
+
+    def store_checkpoint(self) -> None:
+        """Past the applied ops whose commits the flush has passed; every undecided half."""
+        flushed = self.slots.get(FLUSHED)
+        checkpoint = self.checkpoint
+        while self.ops and self.ops[0].applied and self.ops[0].move_offset < flushed:
+            op = self.ops.popleft()
+            checkpoint.op_next = op.queue_offset + 1
+            checkpoint.scan_from = op.commit_log_offset
+            self.changed = True
+        if not self.changed:
+            return
+        checkpoint.half_next, checkpoint.halves_read_to = self.half_follower.next_offset, self.halves_read_to
+        checkpoint.halves = list(self.halves.values())
+        checkpoint.decided = dict(self.decided)
+        store_transaction_checkpoint(self.env.store_dir, checkpoint)
+        self.changed = False
+        self.slots.set(HALVES_PENDING, len(self.halves))
+
+    def detail(self) -> dict[str, int]:
+        return {"halves": len(self.halves), "committed": self.committed, "rolled_back": self.rolled_back,
+                "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next}
+
+    def shutdown(self, out: Effects) -> None:
+        self.changed = True
+        self.store_checkpoint()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(TransactionActor))

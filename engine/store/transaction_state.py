@@ -1,0 +1,48 @@
+"""The transaction actor's checkpoint (``config/transactions.json``), written whole and atomically.
+
+``half_next`` and ``op_next``: the next queue offsets of ``RMQ_SYS_TRANS_HALF_TOPIC`` and
+``RMQ_SYS_TRANS_OP_HALF_TOPIC`` to read. Every op before ``op_next`` is applied: a commit's
+message is in its real topic. ``scan_from``: the commit-log offset of the first op not
+applied, where a restart looks for commits already stored. ``halves_read_to``: the
+commit-log end of the last half read (a half below it and not in ``halves`` is decided).
+``halves``: the half messages
+read and not decided yet, with how often they were checked; ``decided``: decisions
+taken for halves not read yet (a producer may decide before this actor reads its half).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from engine.store.atomic_file import read_with_backup, write_atomically
+
+TRANSACTIONS_FILE = "config/transactions.json"
+
+
+class Half(msgspec.Struct, array_like=True):
+    commit_log_offset: int
+    queue_offset: int
+    store_ms: int
+    producer_group: str
+    checks: int = 0
+
+
+class TransactionCheckpoint(msgspec.Struct, kw_only=True):
+    half_next: int = 0
+    op_next: int = 0
+    scan_from: int = 0
+    halves_read_to: int = 0
+    halves: list[Half] = []
+    decided: dict[int, str] = {}
+
+
+def load_transaction_checkpoint(store_dir: Path) -> TransactionCheckpoint:
+    loaded = read_with_backup(store_dir / TRANSACTIONS_FILE,
+                              lambda data: msgspec.json.decode(data, type=TransactionCheckpoint))
+    return loaded if loaded is not None else TransactionCheckpoint()
+
+
+def store_transaction_checkpoint(store_dir: Path, checkpoint: TransactionCheckpoint) -> None:
+    write_atomically(store_dir / TRANSACTIONS_FILE, msgspec.json.encode(checkpoint))
