@@ -121,7 +121,10 @@ function resultMessage(message) {
 
 const OPERATIONS = {
   async send(client, c) {
-    const options = { queueId: c.queue_id, shardingKey: c.sharding_key, waitStore: c.wait_store };
+    const options = {
+      queueId: c.queue_id, shardingKey: c.sharding_key, waitStore: c.wait_store, delayMs: c.delay_ms,
+      deliverAtMs: c.deliver_at_ms, delayLevel: c.delay_level, transaction: c.transaction, producerGroup: c.producer_group,
+    };
     const messages = Array.isArray(c.messages) ? c.messages.map(commandMessage) : c.messages;
     if (Array.isArray(messages) && messages.length === 1) {
       return { results: [await client.send(c.topic, messages[0], options)] };
@@ -181,6 +184,15 @@ const OPERATIONS = {
   },
   async pop_stats(client, c) {
     return await client.popStats(c.group, c.topic, c.queue_id);
+  },
+  async end_transaction(client, c) {
+    return { decision: await client.endTransaction(c.msg_id, c.decision, { producerGroup: c.producer_group }) };
+  },
+  async transaction_checks(client, c) {
+    const checks = await client.transactionChecks(c.producer_group, {
+      maxMessages: c.max_messages, maxWaitMs: c.max_wait_ms,
+    });
+    return { checks: checks.map(resultMessage) };
   },
   // Not in the contract's table; handy to set up a scenario.
   async create_topic(client, c) {

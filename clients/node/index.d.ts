@@ -86,6 +86,40 @@ export interface SendOptions extends CallOptions {
   queueId?: Int | null;
   shardingKey?: string | null;
   waitStore?: boolean | null;
+  /**
+   * Delayed delivery, at most one of the three: stored now, in its queue at its time. Further
+   * than the engine's timer_max_delay_ms (3 days by default) is DELAY_ILLEGAL (24); a time
+   * already past is stored for consumers at once.
+   */
+  delayMs?: Int | null;
+  /** Wall-clock milliseconds since the epoch. */
+  deliverAtMs?: Int | null;
+  /** RocketMQ 4's delay levels: 1 (1 s), 2 (5 s), 3 (10 s), 4 (30 s), 5 (1 min) … 18 (2 h). */
+  delayLevel?: Int | null;
+  /** Half messages, invisible until endTransaction commits them; needs producerGroup. */
+  transaction?: boolean | null;
+  /** The group whose producers answer the transaction checks. */
+  producerGroup?: string | null;
+}
+
+export type TransactionDecision = "commit" | "rollback";
+
+export interface EndTransactionOptions extends CallOptions {
+  /** When given, the half message must be this group's (else TRANSACTION_NOT_FOUND). */
+  producerGroup?: string | null;
+}
+
+export interface TransactionChecksOptions extends CallOptions {
+  /** 1 … 1024 (engine default 32). */
+  maxMessages?: Int | null;
+  /** Long polling: wait this long for a half to be due; the call's deadline grows by as much. */
+  maxWaitMs?: Int | null;
+}
+
+/** A half message due for a check; `topic` and `queue_id` are where a commit puts it. */
+export interface TransactionCheck extends StoredMessage {
+  /** How many times it was offered (1 = first). */
+  check_times: number;
 }
 
 export interface PullOptions extends CallOptions {
@@ -207,6 +241,16 @@ export declare class StoreClient {
   /** Redelivered now with attempt + 1; resolves to the new receipt handle. */
   nack(group: string, message: Receipt, options?: CallOptions): Promise<string>;
   popStats(group: string, topic: string, queueId: Int, options?: CallOptions): Promise<PopStats>;
+  /**
+   * Decide the half message `msgId` (the msg_id its transactional send returned). Resolves to
+   * the decision once it stands; TRANSACTION_ENDED (26) when it was decided the other way.
+   */
+  endTransaction(msgId: string, decision: TransactionDecision, options?: EndTransactionOptions):
+    Promise<TransactionDecision>;
+  commit(msgId: string, options?: EndTransactionOptions): Promise<TransactionDecision>;
+  rollback(msgId: string, options?: EndTransactionOptions): Promise<TransactionDecision>;
+  /** Half messages of the group undecided past the engine's transaction_timeout_ms; answer each with endTransaction. */
+  transactionChecks(producerGroup: string, options?: TransactionChecksOptions): Promise<TransactionCheck[]>;
   ping(options?: CallOptions): Promise<boolean>;
   close(): void;
 }

@@ -359,17 +359,34 @@ export class StoreClient {
    * a message is `{body, tags?, keys?, properties?, flag?, bornTimestamp?}` or a bare body.
    * Returns the result (`status`, `status_code`, `msg_id`, `queue_id`, `queue_offset`,
    * `commit_log_offset`, `store_timestamp`) for one message, or the array of results for an array.
+   *
+   * Delayed (one of `delayMs` from now, `deliverAtMs` since the epoch, or RocketMQ 4's
+   * `delayLevel`): stored now, in its queue at that time. Transactional (`transaction: true`
+   * with `producerGroup`): stored as half messages, invisible until `endTransaction` commits
+   * them by the `msg_id` of their results.
    */
-  async send(topic, messages, { queueId, shardingKey, waitStore, timeoutMs } = {}) {
+  async send(topic, messages, {
+    queueId, shardingKey, waitStore, delayMs, deliverAtMs, delayLevel, transaction, producerGroup, timeoutMs,
+  } = {}) {
     checkString("topic", topic);
     checkOptional(checkInt, "queueId", queueId);
     checkOptional(checkString, "shardingKey", shardingKey);
     checkOptional(checkBoolean, "waitStore", waitStore);
+    checkOptional(checkInt, "delayMs", delayMs);
+    checkOptional(checkInt, "deliverAtMs", deliverAtMs);
+    checkOptional(checkInt, "delayLevel", delayLevel);
+    checkOptional(checkBoolean, "transaction", transaction);
+    checkOptional(checkString, "producerGroup", producerGroup);
     const batch = Array.isArray(messages);
     const fields = { topic, messages: (batch ? messages : [messages]).map(toWireMessage) };
     if (queueId !== undefined && queueId !== null) fields.queue_id = queueId;
     if (shardingKey !== undefined && shardingKey !== null) fields.sharding_key = shardingKey;
     if (waitStore !== undefined && waitStore !== null) fields.wait_store = waitStore;
+    if (delayMs !== undefined && delayMs !== null) fields.delay_ms = delayMs;
+    if (deliverAtMs !== undefined && deliverAtMs !== null) fields.deliver_at_ms = deliverAtMs;
+    if (delayLevel !== undefined && delayLevel !== null) fields.delay_level = delayLevel;
+    if (transaction === true) fields.transaction = true;
+    if (producerGroup !== undefined && producerGroup !== null) fields.producer_group = producerGroup;
     const reply = await this.request("send", fields, { timeoutMs });
     return batch ? reply.results : reply.results[0];
   }
@@ -520,6 +537,53 @@ export class StoreClient {
     checkString("topic", topic);
     checkInt("queueId", queueId);
     return envelopeless(await this.request("pop_stats", { group, topic, queue_id: queueId }, { timeoutMs }));
+  }
+
+  /**
+   * Transactional messages: commit (`"commit"`: the half message reaches its topic) or roll
+   * back (`"rollback"`: it never does) the half message `msgId`, the `msg_id` its send
+   * returned. With `producerGroup`, the half must be that group's. Resolves to the decision
+   * that stands, once it does (a commit: once the message is stored). Refused with
+   * TRANSACTION_NOT_FOUND (25) or TRANSACTION_ENDED (26: decided the other way already).
+   */
+  async endTransaction(msgId, decision, { producerGroup, timeoutMs } = {}) {
+    checkString("msgId", msgId);
+    checkString("decision", decision);
+    checkOptional(checkString, "producerGroup", producerGroup);
+    const fields = { msg_id: msgId, decision };
+    if (producerGroup !== undefined && producerGroup !== null) fields.producer_group = producerGroup;
+    return (await this.request("end_transaction", fields, { timeoutMs })).decision;
+  }
+
+  /** `endTransaction(msgId, "commit", options)`. */
+  async commit(msgId, options = {}) {
+    return this.endTransaction(msgId, "commit", options);
+  }
+
+  /** `endTransaction(msgId, "rollback", options)`. */
+  async rollback(msgId, options = {}) {
+    return this.endTransaction(msgId, "rollback", options);
+  }
+
+  /**
+   * The half messages of `producerGroup` still undecided past the engine's
+   * transaction_timeout_ms: answer each with `endTransaction` (its `msg_id`), or it is offered
+   * again later and finally rolled back. Each is a stored message whose `topic` and `queue_id`
+   * are where a commit puts it, with `check_times` (1 = first offer). With `maxWaitMs` the
+   * engine holds the call until one is due (long polling); the deadline grows by as much.
+   */
+  async transactionChecks(producerGroup, { maxMessages, maxWaitMs, timeoutMs } = {}) {
+    checkString("producerGroup", producerGroup);
+    checkOptional(checkInt, "maxMessages", maxMessages);
+    checkOptional(checkInt, "maxWaitMs", maxWaitMs);
+    const fields = { producer_group: producerGroup };
+    if (maxMessages !== undefined && maxMessages !== null) fields.max_messages = maxMessages;
+    let deadline = timeoutMs ?? this.timeoutMs;
+    if (maxWaitMs !== undefined && maxWaitMs !== null) {
+      fields.max_wait_ms = maxWaitMs;
+      deadline = Math.min(deadline + Number(maxWaitMs), TIMER_MS_MAX);
+    }
+    return (await this.request("transaction_checks", fields, { timeoutMs: deadline })).checks;
   }
 
   /** Create a topic or grow its queue count. Returns `{topic, queue_count}`. */

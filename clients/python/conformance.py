@@ -33,7 +33,13 @@ def run(client: StoreClient, command: dict[str, Any]) -> dict[str, Any]:
         messages = [{"body": base64.b64decode(m["body_b64"]),
                      **{k: m[k] for k in ("tags", "keys", "properties") if k in m}} for m in command["messages"]]
         queue_id = command.get("queue_id")
-        if len(messages) == 1:
+        delivery = {k: command[k] for k in ("delay_ms", "deliver_at_ms", "delay_level", "producer_group")
+                  if command.get(k) is not None}
+        if command.get("transaction"):
+            delivery["transaction"] = True
+        if delivery:
+            results = client.send(command["topic"], messages, queue_id=queue_id, **delivery)
+        elif len(messages) == 1:
             one = messages[0]
             results = [client.send_one(command["topic"], one["body"], tags=one.get("tags"),
                                        keys=one.get("keys", ()), properties=one.get("properties"),
@@ -43,7 +49,8 @@ def run(client: StoreClient, command: dict[str, Any]) -> dict[str, Any]:
         return {"results": results}
     if op == "pull":
         reply = client.pull(command["topic"], command["queue_id"], command["offset"],
-                            max_messages=command.get("max_messages") or 32)
+                            max_messages=command.get("max_messages") or 32,
+                            max_wait_ms=command.get("max_wait_ms") or 0)
         return {"status": reply["status"], "next_offset": reply["next_offset"], "min_offset": reply["min_offset"],
                 "max_offset": reply["max_offset"], "messages": [message_json(m) for m in reply["messages"]]}
     if op == "query_by_key":
@@ -80,6 +87,13 @@ def run(client: StoreClient, command: dict[str, Any]) -> dict[str, Any]:
     if op == "pop_stats":
         stats = client.pop_stats(command["group"], command["topic"], command["queue_id"])
         return {k: v for k, v in stats.items() if k not in ("v", "id", "ok")}
+    if op == "end_transaction":
+        return {"decision": client.end_transaction(command["msg_id"], command["decision"],
+                                                   producer_group=command.get("producer_group"))}
+    if op == "transaction_checks":
+        checks = client.transaction_checks(command["producer_group"], max_messages=command.get("max_messages") or 32,
+                                           max_wait_ms=command.get("max_wait_ms") or 0)
+        return {"checks": [message_json(m) for m in checks]}
     raise ValueError(f"unknown op {op!r}")
 
 

@@ -99,8 +99,7 @@ def _check_wheel(store_dir: Path, config: StoreConfig, timer_log: TimerLog, read
         return
     data = path.read_bytes()
     precision = config.timer_precision_ms
-    for index in range(len(data) // SLOT.size):
-        time_ms, _first, last, count, _magic = SLOT.unpack_from(data, index * SLOT.size)
+    for index, (time_ms, _first, last, count, _magic) in enumerate(SLOT.iter_unpack(data)):
         if count <= 0 or time_ms < read_time_ms:
             continue  # empty, or delivered
         where = f"{TIMER_WHEEL_FILE} slot {index} ({time_ms})"

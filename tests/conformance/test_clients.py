@@ -4,7 +4,9 @@ Each client sends its own known set of messages (keys, tags and properties
 in non-ASCII text, binary bodies); then every client pulls, queries and
 gets by id what all of them sent, and the three answers must agree field
 for field and match what was sent. Errors must carry the same codes.
-The CURVE test runs the scenario again on an engine with an allow-list,
+Delayed and transactional sends go through every client too: a delayed message
+reaches its queue at its time and not before, and a half message only once
+committed. The CURVE test runs the scenario again on an engine with an allow-list,
 where an unknown key and a plaintext client get no service.
 
 Hand-built bad frames (bin keys, wrong types, unknown ops, oversized frames)
@@ -41,7 +43,12 @@ DRIVERS = {
     "node": ["node", str(ROOT / "clients" / "node" / "conformance.mjs")],
 }
 TOPIC = "conformance"
+TIMED_TOPIC = "conformance-timed"  # one queue per client
+TX_TOPIC = "conformance-tx"  # one queue per client
 ALL_BYTES = bytes(range(256))
+DELAY_MS = 1_000
+DELAY_LEVEL_1_MS = 1_000  # RocketMQ 4's first level (StoreConfig.delay_levels_ms)
+NO_SUCH_HALF = "7F00000100002A9F0000000000000000"  # a well-formed id whose record is not a half message
 
 
 def require_drivers() -> None:
@@ -104,16 +111,21 @@ def error_commands() -> list[dict[str, Any]]:
         {"op": "send", "topic": TOPIC, "messages": [{"body_b64": ""}]},
         {"op": "send", "topic": TOPIC, "messages": [{"body_b64": b64(b"x"), "keys": ["has space"]}]},
         {"op": "fetch_offset", "group": "g", "topic": TOPIC, "queue_id": 42},
+        {"op": "send", "topic": TOPIC, "delay_ms": 4 * 86_400_000, "messages": [{"body_b64": b64(b"x")}]},
+        {"op": "send", "topic": TOPIC, "transaction": True, "messages": [{"body_b64": b64(b"x")}]},
+        {"op": "end_transaction", "msg_id": NO_SUCH_HALF, "decision": "commit"},
     ]
 EXPECTED_ERRORS = ["TOPIC_NOT_FOUND", "QUEUE_NOT_FOUND", "INVALID_TOPIC", "INVALID_MSG_ID", "MESSAGE_ILLEGAL",
-                   "INVALID_PROPERTY", "QUEUE_NOT_FOUND"]
+                   "INVALID_PROPERTY", "QUEUE_NOT_FOUND", "DELAY_ILLEGAL", "INVALID_FIELD", "TRANSACTION_NOT_FOUND"]
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     require_drivers()
-    with engine_with_topics(tmp_path_factory.mktemp("conformance") / "store", StoreConfig.test_min(),
-                            {TOPIC: 2}) as process:
+    # Half messages undecided for a second are offered to transaction_checks (6 s by default).
+    config = StoreConfig.test_min().replace(transaction_timeout_ms=1_000)
+    with engine_with_topics(tmp_path_factory.mktemp("conformance") / "store", config,
+                            {TOPIC: 2, TIMED_TOPIC: len(DRIVERS), TX_TOPIC: len(DRIVERS)}) as process:
         yield process
 
 
@@ -230,6 +242,113 @@ def test_pop_ack_nack_and_stats_agree_through_every_client(engine: EngineProcess
     assert answer["acks"] == [(2, [0, 0]), (0, [22]), (1, [0])]
     assert (answer["stats"]["ack_floor"], answer["stats"]["in_flight"], answer["stats"]["redelivered"]) == (3, 0, 1)
     assert answer["conflict"] == (False, "GROUP_MODE_CONFLICT")
+
+
+def pull_command(topic: str, queue_id: int, offset: int, **fields: Any) -> dict[str, Any]:
+    return {"op": "pull", "topic": topic, "queue_id": queue_id, "offset": offset, **fields}
+
+
+def test_delayed_messages_reach_their_queue_at_their_time_through_every_client(engine: EngineProcess) -> None:
+    """Each client, on its own queue: a send with delay_ms and one with delay_level 1 are stored
+    at once and not visible; long-polling pulls wake as each is delivered, no earlier than its
+    time. A deliver_at_ms already past is stored for consumers at once."""
+    answers = {}
+    for queue_id, client in enumerate(DRIVERS):
+        def send(body: bytes, queue_id: int = queue_id, **timing: int) -> dict[str, Any]:
+            message = {"body_b64": b64(body), "keys": ["later-key"], "tags": "later", "properties": {"app": "timed"}}
+            return {"op": "send", "topic": TIMED_TOPIC, "queue_id": queue_id, **timing, "messages": [message]}
+
+        by_ms, by_level, hidden, first, second, past, third = drive(client, engine.endpoint, [
+            send(b"by delay_ms", delay_ms=DELAY_MS),
+            send(b"by delay_level", delay_level=1),
+            pull_command(TIMED_TOPIC, queue_id, 0),
+            pull_command(TIMED_TOPIC, queue_id, 0, max_messages=1, max_wait_ms=10_000),
+            pull_command(TIMED_TOPIC, queue_id, 1, max_messages=1, max_wait_ms=10_000),
+            send(b"by deliver_at_ms", deliver_at_ms=1),
+            pull_command(TIMED_TOPIC, queue_id, 2, max_wait_ms=10_000)])
+        assert all(r["ok"] for r in (by_ms, by_level, hidden, first, second, past, third)), (client, by_ms, by_level)
+        delivered = {base64.b64decode(m["body_b64"]): m for m in first["messages"] + second["messages"]}
+        sent = {b"by delay_ms": (by_ms["results"][0], DELAY_MS),
+                b"by delay_level": (by_level["results"][0], DELAY_LEVEL_1_MS)}
+        answers[client] = {
+            "sent": [result["status"] for reply in (by_ms, by_level, past) for result in reply["results"]],
+            "hidden": (hidden["status"], hidden["messages"]),
+            "delivered": {body: (m["topic"], m["queue_id"] - queue_id, m["tags"], m["keys"],
+                                 {k: v for k, v in m["properties"].items() if k not in ("UNIQ_KEY", "ORIGIN_OFFSET")})
+                          for body, m in delivered.items()},
+            # stored in its queue no earlier than its time (the send's store time plus its wait)
+            "on_time": {body: delivered[body]["store_timestamp"] - result["store_timestamp"] >= wait
+                        for body, (result, wait) in sent.items() if body in delivered},
+            "at_once": (past["results"][0]["queue_id"] - queue_id, past["results"][0]["queue_offset"],
+                        [base64.b64decode(m["body_b64"]) for m in third["messages"]]),
+        }
+    answer = agree(answers, "delays")
+    assert answer["sent"] == ["PUT_OK"] * 3
+    assert answer["hidden"] == ("NO_MESSAGE_IN_QUEUE", [])
+    user = {"app": "timed"}
+    assert answer["delivered"] == {b"by delay_ms": (TIMED_TOPIC, 0, "later", ["later-key"], user),
+                                   b"by delay_level": (TIMED_TOPIC, 0, "later", ["later-key"], {**user, "DELAY": "1"})}
+    assert answer["on_time"] == {b"by delay_ms": True, b"by delay_level": True}
+    assert answer["at_once"] == (0, 2, [b"by deliver_at_ms"])
+
+
+def test_transactional_messages_are_seen_only_once_committed_through_every_client(engine: EngineProcess) -> None:
+    """Each client, on its own queue: three half messages are invisible; one is committed and
+    appears, one is rolled back and cannot be committed after (TRANSACTION_ENDED), and the third,
+    left undecided, is offered to the producer group's transaction_checks, then committed."""
+    answers = {}
+    for queue_id, client in enumerate(DRIVERS):
+        group = f"producers-{client}"
+
+        def send(body: bytes, group: str = group, queue_id: int = queue_id) -> dict[str, Any]:
+            return {"op": "send", "topic": TX_TOPIC, "queue_id": queue_id, "transaction": True,
+                    "producer_group": group, "messages": [{"body_b64": b64(body), "tags": "tx", "keys": ["tx-key"]}]}
+
+        def end(msg_id: str, decision: str, **fields: str) -> dict[str, Any]:
+            return {"op": "end_transaction", "msg_id": msg_id, "decision": decision, **fields}
+
+        *halves, hidden = drive(client, engine.endpoint, [send(b"commit me"), send(b"roll me back"), send(b"ask me"),
+                                                          pull_command(TX_TOPIC, queue_id, 0)])
+        assert all(h["ok"] for h in halves), (client, halves)
+        to_commit, to_roll_back, to_ask = (h["results"][0]["msg_id"] for h in halves)
+        replies = drive(client, engine.endpoint, [
+            end(to_commit, "commit"),
+            pull_command(TX_TOPIC, queue_id, 0, max_wait_ms=10_000),
+            end(to_roll_back, "rollback", producer_group=group),
+            end(to_roll_back, "commit"),
+            end(to_commit, "commit"),
+            end(to_commit, "rollback"),
+            end(to_commit, "commit", producer_group="someone-else"),
+            {"op": "transaction_checks", "producer_group": group, "max_wait_ms": 10_000},
+            end(to_ask, "commit", producer_group=group),
+            pull_command(TX_TOPIC, queue_id, 1, max_wait_ms=10_000)])
+        committed, visible, rolled_back, late_commit, again, other_way, foreign, checks, answered, last = replies
+
+        def seen(messages: list[dict[str, Any]], queue_id: int = queue_id) -> list[tuple]:
+            return [(base64.b64decode(m["body_b64"]), m["topic"], m["queue_id"] - queue_id, m["tags"], m["keys"])
+                    for m in messages]
+
+        answers[client] = {
+            "sent": [h["results"][0]["status"] for h in halves],
+            "hidden": (hidden["status"], hidden["messages"]),
+            "decisions": [(r["ok"], r.get("decision"), r.get("name")) for r in
+                          (committed, rolled_back, late_commit, again, other_way, foreign, answered)],
+            "visible": seen(visible["messages"]),
+            "checks": seen(checks.get("checks", [])),
+            "check_times": [c["check_times"] for c in checks.get("checks", [])],
+            "checked_ids": [c["msg_id"] for c in checks.get("checks", [])] == [to_ask],
+            "last": seen(last["messages"]),
+        }
+    answer = agree(answers, "transactions")
+    assert answer["sent"] == ["PUT_OK"] * 3
+    assert answer["hidden"] == ("NO_MESSAGE_IN_QUEUE", [])
+    assert answer["decisions"] == [(True, "commit", None), (True, "rollback", None), (False, None, "TRANSACTION_ENDED"),
+                                   (True, "commit", None), (False, None, "TRANSACTION_ENDED"),
+                                   (False, None, "TRANSACTION_NOT_FOUND"), (True, "commit", None)]
+    assert answer["visible"] == [(b"commit me", TX_TOPIC, 0, "tx", ["tx-key"])]
+    assert answer["checks"] == [(b"ask me", TX_TOPIC, 0, "tx", ["tx-key"])]  # where a commit puts it
+    assert answer["check_times"] == [1] and answer["checked_ids"]
+    assert answer["last"] == [(b"ask me", TX_TOPIC, 0, "tx", ["tx-key"])]  # the rolled-back one never came
 
 
 @pytest.fixture

@@ -78,6 +78,14 @@ static int64_t int64_field(const json_value *cmd, const char *name) {
     return v;
 }
 
+/* An optional boolean field: 0 when absent, null or false. */
+static int bool_field(const json_value *cmd, const char *name) {
+    const json_value *v = json_get(cmd, name);
+    if (v == NULL || v->type == JSON_NULL) return 0;
+    if (v->type != JSON_BOOL) die("field '%s' must be a boolean", name);
+    return v->boolean;
+}
+
 /* ---- writing results ------------------------------------------------------------- */
 
 static void write_str(FILE *out, const char *s) {
@@ -93,7 +101,8 @@ static void write_error(FILE *out, const rmq_error *err) {
     fputc('}', out);
 }
 
-static void write_message(FILE *out, const rmq_message *m) {
+/* A message object without its closing brace, so that a caller can add fields. */
+static void write_message_fields(FILE *out, const rmq_message *m) {
     fputs("{\"topic\":", out);
     write_str(out, m->topic);
     fprintf(out, ",\"queue_id\":%" PRId32 ",\"queue_offset\":%" PRId64 ",\"commit_log_offset\":%" PRId64
@@ -123,7 +132,12 @@ static void write_message(FILE *out, const rmq_message *m) {
     write_str(out, m->born_host);
     fprintf(out, ",\"store_timestamp\":%" PRId64 ",\"store_host\":", m->store_timestamp);
     write_str(out, m->store_host);
-    fprintf(out, ",\"reconsume_times\":%" PRId32 "}", m->reconsume_times);
+    fprintf(out, ",\"reconsume_times\":%" PRId32, m->reconsume_times);
+}
+
+static void write_message(FILE *out, const rmq_message *m) {
+    write_message_fields(out, m);
+    fputc('}', out);
 }
 
 static void write_message_list(FILE *out, const rmq_message_list *list) {
@@ -195,6 +209,11 @@ static void run_send(FILE *out, rmq_client *client, const json_value *cmd) {
     options.has_queue_id = int_field(cmd, "queue_id", 0, INT32_MIN, INT32_MAX, &queue_id);
     options.queue_id = (int32_t)queue_id;
     options.sharding_key = string_field(cmd, "sharding_key", 0);
+    int_field(cmd, "delay_ms", 0, INT64_MIN, INT64_MAX, &options.delay_ms);
+    int_field(cmd, "deliver_at_ms", 0, INT64_MIN, INT64_MAX, &options.deliver_at_ms);
+    options.delay_level = int32_field(cmd, "delay_level", 0, 0);
+    options.transaction = bool_field(cmd, "transaction");
+    options.producer_group = string_field(cmd, "producer_group", 0);
     const json_value *specs = json_get(cmd, "messages");
     if (specs == NULL || specs->type != JSON_ARRAY) die("'send' needs a 'messages' array");
     size_t count = specs->count;
@@ -402,6 +421,43 @@ static void run_pop_stats(FILE *out, rmq_client *client, const json_value *cmd) 
             st.segments, st.max_offset);
 }
 
+static void run_end_transaction(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *msg_id = string_field(cmd, "msg_id", 1);
+    const char *decision = string_field(cmd, "decision", 1);
+    const char *producer_group = string_field(cmd, "producer_group", 0);
+    rmq_transaction_decision d = RMQ_TRANSACTION_COMMIT;
+    if (strcmp(decision, "rollback") == 0) d = RMQ_TRANSACTION_ROLLBACK;
+    else if (strcmp(decision, "commit") != 0) die("'decision' must be \"commit\" or \"rollback\"");
+    rmq_error err;
+    if (rmq_end_transaction(client, msg_id, d, producer_group, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"decision\":", out);
+    write_str(out, decision);
+    fputc('}', out);
+}
+
+static void run_transaction_checks(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *producer_group = string_field(cmd, "producer_group", 1);
+    int32_t max_messages = int32_field(cmd, "max_messages", 0, DEFAULT_MAX_MESSAGES);
+    int32_t max_wait_ms = int32_field(cmd, "max_wait_ms", 0, 0);
+    rmq_check_result result;
+    rmq_error err;
+    if (rmq_transaction_checks(client, producer_group, max_messages, max_wait_ms, &result, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"checks\":[", out);
+    for (size_t i = 0; i < result.messages.count; i++) {
+        if (i > 0) fputc(',', out);
+        write_message_fields(out, &result.messages.items[i]);
+        fprintf(out, ",\"check_times\":%" PRId32 "}", result.check_times[i]);
+    }
+    fputs("]}", out);
+    rmq_check_result_free(&result);
+}
+
 typedef void (*command_fn)(FILE *out, rmq_client *client, const json_value *cmd);
 
 static const struct {
@@ -419,6 +475,8 @@ static const struct {
     {"ack", run_ack},
     {"change_invisible", run_change_invisible},
     {"pop_stats", run_pop_stats},
+    {"end_transaction", run_end_transaction},
+    {"transaction_checks", run_transaction_checks},
 };
 
 static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {

@@ -89,11 +89,30 @@ typedef struct rmq_outgoing_message {
     int32_t flag;                   /* stored and returned unchanged; 0 is the default */
 } rmq_outgoing_message;
 
-/* Where a send goes. NULL for rmq_send/rmq_send_batch means "the engine picks". */
+/* Where and when a send goes. NULL for rmq_send/rmq_send_batch means "the engine picks the
+ * queue, stored for consumers at once". Zero-initialise what you do not use.
+ *
+ * Delayed (at most one of delay_ms, deliver_at_ms and delay_level; 0 = not given): the batch is
+ * stored now and reaches its queue (the one chosen now) at its time. A time more than the
+ * engine's timer_max_delay_ms (3 days by default) away is refused with 24 DELAY_ILLEGAL; a
+ * deliver time already past is stored for consumers at once.
+ *
+ * Transactional (`transaction` with `producer_group`): stored as half messages, invisible
+ * until rmq_end_transaction commits them (by the msg_id of their send results) or rolls them
+ * back. A half left undecided is offered to its group's rmq_transaction_checks. A
+ * transactional send cannot be delayed.
+ *
+ * The send results of a batch that waits (for its time or its decision) name its records in
+ * the engine's system topic (queue 0), not the queue it goes to. */
 typedef struct rmq_send_options {
-    int has_queue_id;         /* nonzero: send to queue_id */
+    int has_queue_id;           /* nonzero: send to queue_id */
     int32_t queue_id;
-    const char *sharding_key; /* NULL: none; used only without a queue_id */
+    const char *sharding_key;   /* NULL: none; used only without a queue_id */
+    int64_t delay_ms;           /* nonzero: reaches its queue this many ms from now */
+    int64_t deliver_at_ms;      /* nonzero: reaches its queue at this time (ms since the epoch) */
+    int32_t delay_level;        /* nonzero: RocketMQ 4's delay level, 1 (1 s) .. 18 (2 h) */
+    int transaction;            /* nonzero: a transactional send (half messages) */
+    const char *producer_group; /* required with `transaction`: the group that answers the checks */
 } rmq_send_options;
 
 /* The outcome of one sent message (the reply's results[i], protocol 4.1). */
@@ -257,6 +276,37 @@ int rmq_pop_stats_get(rmq_client *client, const char *group, const char *topic, 
                       rmq_pop_stats *stats, rmq_error *err);
 
 void rmq_pop_result_free(rmq_pop_result *result);
+
+/* ---- transactional messages: half messages decided by their producer ---- */
+
+typedef enum rmq_transaction_decision {
+    RMQ_TRANSACTION_COMMIT = 1,   /* the half message reaches its topic */
+    RMQ_TRANSACTION_ROLLBACK = 2, /* it never does */
+} rmq_transaction_decision;
+
+/* The half messages of a producer group that waited for a decision past the engine's
+ * transaction_timeout_ms: each must be answered with rmq_end_transaction (its msg_id). */
+typedef struct rmq_check_result {
+    rmq_message_list messages; /* the halves; topic and queue_id are where a commit puts each */
+    int32_t *check_times;      /* messages.count entries: how many times each was offered (1 = first) */
+} rmq_check_result;
+
+/* Commits or rolls back the half message `msg_id` (the msg_id its transactional send
+ * returned). `producer_group` may be NULL; when given, the half must be that group's. Returns 0
+ * once the decision stands (a commit: once the message is stored in its topic); the same
+ * decision again is answered 0 too. Engine errors: 25 TRANSACTION_NOT_FOUND (not a half
+ * message, or not the group's), 26 TRANSACTION_ENDED (already decided the other way). */
+int rmq_end_transaction(rmq_client *client, const char *msg_id, rmq_transaction_decision decision,
+                        const char *producer_group, rmq_error *err);
+
+/* Takes up to `max_messages` (1..1024, engine default 32) halves of `producer_group` due for a
+ * check. `max_wait_ms` > 0 waits that long for one (long polling; the call's timeout grows by
+ * it). A half is offered again after the engine's transaction_check_interval_ms, and rolled
+ * back after transaction_check_max offers. Free *result with rmq_check_result_free. */
+int rmq_transaction_checks(rmq_client *client, const char *producer_group, int32_t max_messages, int32_t max_wait_ms,
+                           rmq_check_result *result, rmq_error *err);
+
+void rmq_check_result_free(rmq_check_result *result);
 
 /* Checks that the engine answers. */
 int rmq_ping(rmq_client *client, rmq_error *err);

@@ -361,6 +361,26 @@ static void put_message(rmq_buf *req, const rmq_outgoing_message *m) {
     }
 }
 
+/* The delay and transaction fields of a send that has any (values as given: the engine checks them). */
+static void put_delivery(rmq_buf *req, const rmq_send_options *o) {
+    if (o->delay_ms != 0) {
+        rmq_put_str(req, "delay_ms");
+        rmq_put_int(req, o->delay_ms);
+    }
+    if (o->deliver_at_ms != 0) {
+        rmq_put_str(req, "deliver_at_ms");
+        rmq_put_int(req, o->deliver_at_ms);
+    }
+    if (o->delay_level != 0) {
+        rmq_put_str(req, "delay_level");
+        rmq_put_int(req, o->delay_level);
+    }
+    if (o->transaction) {
+        rmq_put_str(req, "transaction");
+        rmq_put_bool(req, 1);
+    }
+}
+
 int rmq_send_batch(rmq_client *c, const char *topic, const rmq_send_options *options,
                    const rmq_outgoing_message *messages, size_t count, rmq_send_result *results, rmq_error *err) {
     clear_error(err);
@@ -371,20 +391,28 @@ int rmq_send_batch(rmq_client *c, const char *topic, const rmq_send_options *opt
         int rc = check_message(&messages[i], err);
         if (rc != 0) return rc;
     }
-    int has_queue_id = options != NULL && options->has_queue_id;
-    int has_sharding_key = options != NULL && options->sharding_key != NULL;
+    static const rmq_send_options defaults = {0};
+    const rmq_send_options *o = options != NULL ? options : &defaults;
+    int has_sharding_key = o->sharding_key != NULL;
+    int has_producer_group = o->producer_group != NULL;
+    uint32_t delivery = (o->delay_ms != 0) + (o->deliver_at_ms != 0) + (o->delay_level != 0) + (o->transaction != 0);
     rmq_buf req;
     int64_t id = 0;
-    begin_request(c, &req, "send", 2 + has_queue_id + has_sharding_key, &id);
+    begin_request(c, &req, "send", 2 + (o->has_queue_id != 0) + has_sharding_key + has_producer_group + delivery, &id);
     rmq_put_str(&req, "topic");
     rmq_put_str(&req, topic);
-    if (has_queue_id) {
+    if (o->has_queue_id) {
         rmq_put_str(&req, "queue_id");
-        rmq_put_int(&req, options->queue_id);
+        rmq_put_int(&req, o->queue_id);
     }
     if (has_sharding_key) {
         rmq_put_str(&req, "sharding_key");
-        rmq_put_str(&req, options->sharding_key);
+        rmq_put_str(&req, o->sharding_key);
+    }
+    if (delivery != 0) put_delivery(&req, o);
+    if (has_producer_group) {
+        rmq_put_str(&req, "producer_group");
+        rmq_put_str(&req, o->producer_group);
     }
     rmq_put_str(&req, "messages");
     rmq_put_array(&req, (uint32_t)count);
@@ -787,4 +815,96 @@ int rmq_pop_stats_get(rmq_client *c, const char *group, const char *topic, int32
     }
     zmq_msg_close(&frame);
     return why == NULL ? 0 : bad_reply(err, why);
+}
+
+/* ---- transactional messages ---------------------------------------------------------- */
+
+int rmq_end_transaction(rmq_client *c, const char *msg_id, rmq_transaction_decision decision,
+                        const char *producer_group, rmq_error *err) {
+    clear_error(err);
+    if (c == NULL || msg_id == NULL) return invalid_argument(err, "client or msg_id is NULL");
+    const char *wanted = decision == RMQ_TRANSACTION_COMMIT     ? "commit"
+                         : decision == RMQ_TRANSACTION_ROLLBACK ? "rollback"
+                                                                : NULL;
+    if (wanted == NULL) return invalid_argument(err, "decision is neither RMQ_TRANSACTION_COMMIT nor _ROLLBACK");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "end_transaction", 2 + (producer_group != NULL), &id);
+    rmq_put_str(&req, "msg_id");
+    rmq_put_str(&req, msg_id);
+    rmq_put_str(&req, "decision");
+    rmq_put_str(&req, wanted);
+    if (producer_group != NULL) {
+        rmq_put_str(&req, "producer_group");
+        rmq_put_str(&req, producer_group);
+    }
+    static const char *const names[] = {"decision"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    /* The decision that stands: the one asked for (the other way is TRANSACTION_ENDED). */
+    const char *s = NULL;
+    uint32_t len = 0;
+    rc = rmq_read_str(v[0], &s, &len) != 0 || len != strlen(wanted) || memcmp(s, wanted, len) != 0;
+    zmq_msg_close(&frame);
+    return rc == 0 ? 0 : bad_reply(err, "decision");
+}
+
+void rmq_check_result_free(rmq_check_result *result) {
+    if (result == NULL) return;
+    rmq_message_list_free(&result->messages);
+    free(result->check_times);
+    result->check_times = NULL;
+}
+
+/* Reads each check's check_times (an extra field of its message map) into check_times[count]. */
+static const char *read_check_times(const char *checks, int32_t *check_times, size_t count) {
+    static const char *const names[] = {"check_times"};
+    const char *p = checks;
+    if (mp_decode_array(&p) != count) return "checks";
+    for (size_t i = 0; i < count; i++) {
+        const char *v[1];
+        if (rmq_map_lookup(&p, names, 1, v) != 0 || rmq_read_int32(v[0], &check_times[i]) != 0) return "check_times";
+    }
+    return NULL;
+}
+
+int rmq_transaction_checks(rmq_client *c, const char *producer_group, int32_t max_messages, int32_t max_wait_ms,
+                           rmq_check_result *result, rmq_error *err) {
+    clear_error(err);
+    if (result != NULL) memset(result, 0, sizeof *result);
+    if (c == NULL || producer_group == NULL || result == NULL) {
+        return invalid_argument(err, "client, producer_group or result is NULL");
+    }
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "transaction_checks", 2 + (max_wait_ms != 0), &id);
+    rmq_put_str(&req, "producer_group");
+    rmq_put_str(&req, producer_group);
+    rmq_put_str(&req, "max_messages");
+    rmq_put_int(&req, max_messages);
+    if (max_wait_ms != 0) {
+        rmq_put_str(&req, "max_wait_ms");
+        rmq_put_int(&req, max_wait_ms);
+    }
+    static const char *const names[] = {"checks"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int64_t timeout_ms = (int64_t)c->timeout_ms + (max_wait_ms > 0 ? max_wait_ms : 0);
+    int rc = call(c, &req, id, timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = NULL;
+    if (v[0] == NULL || mp_typeof(*v[0]) != MP_ARRAY) why = "checks";
+    else rc = rmq_decode_message_list(v[0], &result->messages, &why);
+    if (rc == 0 && why == NULL && result->messages.count > 0) {
+        result->check_times = calloc(result->messages.count, sizeof *result->check_times);
+        if (result->check_times == NULL) rc = RMQ_ERR_NO_MEMORY;
+        else why = read_check_times(v[0], result->check_times, result->messages.count);
+    }
+    zmq_msg_close(&frame);
+    if (rc == 0 && why == NULL) return 0;
+    rmq_check_result_free(result);
+    if (rc == RMQ_ERR_NO_MEMORY) return set_error(err, rc, "NO_MEMORY", "cannot allocate the checks");
+    return bad_reply(err, why != NULL ? why : "checks");
 }

@@ -94,6 +94,11 @@ void rmq_put_int(rmq_buf *buf, int64_t value) {
     if (w) buf_commit(buf, w, mp_encode_int(w, value), mp_sizeof_int(value));
 }
 
+void rmq_put_bool(rmq_buf *buf, int value) {
+    char *w = buf_reserve(buf, mp_sizeof_bool(value != 0));
+    if (w) buf_commit(buf, w, mp_encode_bool(w, value != 0), mp_sizeof_bool(value != 0));
+}
+
 void rmq_put_nil(rmq_buf *buf) {
     char *w = buf_reserve(buf, mp_sizeof_nil());
     if (w) buf_commit(buf, w, mp_encode_nil(w), mp_sizeof_nil());

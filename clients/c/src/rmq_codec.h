@@ -41,6 +41,7 @@ void rmq_put_str(rmq_buf *buf, const char *s); /* a NUL-terminated string as msg
 void rmq_put_bin(rmq_buf *buf, const void *data, size_t len);
 void rmq_put_int(rmq_buf *buf, int64_t value); /* uint formats for >= 0, int formats below */
 void rmq_put_uint(rmq_buf *buf, uint64_t value);
+void rmq_put_bool(rmq_buf *buf, int value);
 void rmq_put_nil(rmq_buf *buf);
 
 /* Scans the map at *p (advancing *p past it) and sets values[i] to the start of
