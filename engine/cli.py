@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import json
 import sys
 import time
@@ -86,7 +87,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 if args.tags:
                     message["tags"] = args.tags
                 batch.append(message)
-            batch_results = client.send(args.topic, batch, queue_id=args.queue_id, sharding_key=args.sharding_key)
+            batch_results = client.send(args.topic, batch, queue_id=args.queue_id, sharding_key=args.sharding_key,
+                                        delay_ms=args.delay_ms, deliver_at_ms=args.deliver_at,
+                                        delay_level=args.delay_level, transaction=args.transaction,
+                                        producer_group=args.producer_group if args.transaction else None)
             if args.json or args.count <= 20:
                 results.extend(batch_results)
             sent += n
@@ -95,6 +99,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
     summary = {"sent": sent, "seconds": round(elapsed, 3), "messages_per_second": round(rate),
                "megabytes_per_second": round(rate * len(body) / 1e6, 2), "results": results}
     lines = [f"{r['status']} id={r['msg_id']} queue={r['queue_id']} offset={r['queue_offset']}" for r in results]
+    if args.transaction:
+        lines.append("half messages: commit or roll back each with `transaction --commit ID` / `--rollback ID`")
+    elif args.delay_ms is not None or args.deliver_at is not None or args.delay_level is not None:
+        lines.append("delayed: each reaches its queue at its deliver time")
     lines.append(f"sent {sent} messages in {elapsed:.3f} s: {rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
     _emit(args, summary, "\n".join(lines))
     return 0
@@ -179,6 +187,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.topic is None:
+        return _engine_stats(args)
     with _client(args, timeout_ms=args.timeout_ms) as client:
         queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}.get(args.topic)
         if queues is None:
@@ -201,6 +211,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
              f"({r['message_count']} messages), last stored {r['latest_store_timestamp']}" + _group_text(args, r)
              for r in rows]
     _emit(args, rows, "\n".join(lines))
+    return 0
+
+
+def _engine_stats(args: argparse.Namespace) -> int:
+    """Engine-wide figures: the log's offsets, topics, and the messages waiting in the timer and
+    for a transaction decision."""
+    with _client(args, timeout_ms=args.timeout_ms) as client:
+        status = client.status()
+    offsets = status["offsets"]
+    summary = {"topics": status["topics"], "flush_mode": status["flush_mode"], **offsets}
+    text = (f"{status['topics']} topics, log {offsets['min_offset']}..{offsets['confirmed_offset']} "
+            f"(flushed to {offsets['flushed_offset']}, {status['flush_mode']})\n"
+            f"timers pending: {offsets['timers_pending']}; half messages without a decision: "
+            f"{offsets['halves_pending']}")
+    _emit(args, summary, text)
+    return 0
+
+
+def cmd_transaction(args: argparse.Namespace) -> int:
+    with _client(args, timeout_ms=args.timeout_ms) as client:
+        if args.checks:
+            checks = client.transaction_checks(args.producer_group, max_wait_ms=args.wait_ms)
+            lines = [f"{c['msg_id']} -> {c['topic']}/{c['queue_id']} checked {c['check_times']} times, "
+                     f"body={_printable(c['body'])[:60]!r}" for c in checks]
+            _emit(args, checks, "\n".join(lines) or "no half message waits for a decision")
+            return 0
+        msg_id, decision = (args.commit, "commit") if args.commit else (args.rollback, "rollback")
+        stands = client.end_transaction(msg_id, decision)
+    _emit(args, {"msg_id": msg_id, "decision": stands}, f"{msg_id}: {stands}")
     return 0
 
 
@@ -301,6 +340,19 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-key", type=Path, help="CURVE: this client's secret key file (NAME.key_secret)")
 
 
+def _epoch_ms(text: str) -> int:
+    """A time as epoch ms, from digits or from ISO 8601 (a time without a zone is UTC)."""
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither epoch ms nor an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -316,6 +368,15 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
     produce.add_argument("--key-prefix", default="key-")
     produce.add_argument("--tags")
+    timing = produce.add_mutually_exclusive_group()
+    timing.add_argument("--delay-ms", type=int, help="deliver this many ms from now (a delayed message)")
+    timing.add_argument("--deliver-at", type=_epoch_ms, metavar="TIME",
+                        help="deliver at this time: epoch ms, or ISO 8601 such as 2026-11-25T10:00:00Z")
+    timing.add_argument("--delay-level", type=int, help="RocketMQ 4's delay level: 1 = 1 s ... 18 = 2 h")
+    timing.add_argument("--transaction", action="store_true",
+                        help="store half messages, invisible until `transaction --commit` (see --producer-group)")
+    produce.add_argument("--producer-group", default="cli-producers",
+                         help="with --transaction: the group whose producers answer the checks")
     produce.set_defaults(handler=cmd_produce)
     consume = commands.add_parser("consume", help="pull messages, or pop them (--pop) and ack them (--ack)")
     _common(consume)
@@ -348,7 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     query.set_defaults(handler=cmd_query)
     stats = commands.add_parser("stats", help="per-queue offsets, counts, store times, and a group's lag")
     _common(stats)
-    stats.add_argument("--topic", required=True)
+    stats.add_argument("--topic", help="per-queue figures of this topic (default: engine-wide figures, with the "
+                                       "timers and half messages pending)")
     stats.add_argument("--group", help="also show this consumer group's committed offsets and lag, or, for a "
                                        "pop group, its ack floor, in-flight, redelivered and dead-lettered counts")
     stats.set_defaults(handler=cmd_stats)
@@ -378,6 +440,18 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--name", required=True, help="file name stem, e.g. server or billing-service")
     keygen.add_argument("--json", action="store_true")
     keygen.set_defaults(handler=cmd_keygen)
+
+    transaction = commands.add_parser("transaction", help="decide half messages, or list those waiting for a "
+                                                          "decision")
+    _common(transaction)
+    decide = transaction.add_mutually_exclusive_group(required=True)
+    decide.add_argument("--commit", metavar="ID", help="commit the half message ID (the id its send printed)")
+    decide.add_argument("--rollback", metavar="ID", help="roll back the half message ID")
+    decide.add_argument("--checks", action="store_true",
+                        help="list the half messages of --producer-group waiting for a decision")
+    transaction.add_argument("--producer-group", default="cli-producers")
+    transaction.add_argument("--wait-ms", type=int, default=0, help="with --checks: wait this long for one")
+    transaction.set_defaults(handler=cmd_transaction)
     return parser
 
 
