@@ -32,6 +32,9 @@ _BY_ERROR = {
     ErrorCode.LIMIT_EXCEEDED: Code.FORBIDDEN,
     ErrorCode.INVALID_RECEIPT_HANDLE: Code.INVALID_RECEIPT_HANDLE,
     ErrorCode.GROUP_MODE_CONFLICT: Code.PRECONDITION_FAILED,
+    ErrorCode.DELAY_ILLEGAL: Code.ILLEGAL_DELIVERY_TIME,
+    ErrorCode.TRANSACTION_NOT_FOUND: Code.INVALID_TRANSACTION_ID,
+    ErrorCode.TRANSACTION_ENDED: Code.INVALID_TRANSACTION_ID,
 }
 
 # A send whose record was stored but not flushed or replicated in time: RocketMQ's proxy

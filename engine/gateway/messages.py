@@ -11,6 +11,9 @@ What goes where when a message is sent through the API and read back:
     system_properties.message_id        properties["UNIQ_KEY"]              UNIQ_KEY: the message id
     system_properties.message_group     sharding_key, properties[GROUP]     __SHARDINGKEY (RocketMQ's)
     system_properties.born_timestamp    born_timestamp (ms)                 BORNTIMESTAMP
+    system_properties.delivery_timestamp  the send's deliver_at_ms          TIMER_OUT_MS, until delivered
+    message_type TRANSACTION            the send's transaction, with the    TRAN_MSG, PGROUP (a half
+                                        topic as producer_group (as RocketMQ's proxy does)  message until decided)
     user_properties                     properties                          the user properties
 
 On the way back the message id is the UNIQ_KEY (the id the client made at send, as
@@ -23,15 +26,27 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
+from engine.store.system_topics import SYSTEM_PROPERTIES
+
 UNIQ_KEY = "UNIQ_KEY"
 MESSAGE_GROUP = "__SHARDINGKEY"  # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY
-_HIDDEN = (UNIQ_KEY, MESSAGE_GROUP)
+_HIDDEN = frozenset({UNIQ_KEY, MESSAGE_GROUP, *SYSTEM_PROPERTIES})
+
+
+class Outgoing(NamedTuple):
+    """A SendMessageRequest as one engine ``send``."""
+
+    topic: str
+    group: str | None
+    messages: list[dict[str, Any]]
+    deliver_at_ms: int | None
+    transactional: bool
 
 
 class Refused(Exception):
@@ -59,24 +74,26 @@ def duration_ms(value: Duration) -> int:
     return value.seconds * 1000 + value.nanos // 1_000_000
 
 
-def outgoing(messages: Iterable[definition_pb2.Message], *,
-             body_bytes_max: int) -> tuple[str, str | None, list[dict[str, Any]]]:
-    """(topic, message group, engine messages) for a SendMessageRequest; Refused for what this
-    engine does not take: several topics or groups in one request, delay and transactional messages."""
+def outgoing(messages: Iterable[definition_pb2.Message], *, body_bytes_max: int) -> Outgoing:
+    """A SendMessageRequest as one engine send; Refused for what one send cannot carry: several
+    topics, groups, deliver times or kinds, and lite topics."""
     topics: set[str] = set()
     groups: set[str] = set()  # "" for a message without one
+    times: set[int | None] = set()
+    kinds: set[bool] = set()  # transactional or not
     converted = []
     for message in messages:
         system = message.system_properties
         topics.add(message.topic.name)
-        kind = system.message_type
-        if kind not in _PLAIN_TYPES or system.HasField("delivery_timestamp") or system.lite_topic:
-            raise Refused(Code.UNSUPPORTED, _UNSUPPORTED.get(kind, f"messages of type {kind} are not supported"))
+        if system.message_type not in _ACCEPTED or system.lite_topic:
+            raise Refused(Code.UNSUPPORTED, f"messages of type {system.message_type} are not supported")
         properties = dict(message.user_properties)
         if not system.message_id:
             raise Refused(Code.ILLEGAL_MESSAGE_ID, "system_properties.message_id is required")
         properties[UNIQ_KEY] = system.message_id
         groups.add(system.message_group)
+        times.add(to_ms(system.delivery_timestamp) if system.HasField("delivery_timestamp") else None)
+        kinds.add(system.message_type == _TRANSACTION)
         if system.message_group:
             properties[MESSAGE_GROUP] = system.message_group
         entry: dict[str, Any] = {"body": _body(message.body, system.body_encoding, body_bytes_max),
@@ -90,17 +107,16 @@ def outgoing(messages: Iterable[definition_pb2.Message], *,
         raise Refused(Code.BAD_REQUEST, "a SendMessageRequest needs 1 or more messages, all of one topic")
     if len(groups) > 1:
         raise Refused(Code.ILLEGAL_MESSAGE_GROUP, "the messages of one SendMessageRequest must share one message group")
-    return topics.pop(), groups.pop() or None, converted
+    if len(times) > 1 or len(kinds) > 1:
+        raise Refused(Code.BAD_REQUEST, "the messages of one SendMessageRequest must share one delivery timestamp "
+                                        "and one kind (transactional or not)")
+    return Outgoing(topics.pop(), groups.pop() or None, converted, times.pop(), kinds.pop())
 
 
 # Enum values as plain ints: protobuf's enum wrappers resolve each attribute in Python.
-_PLAIN_TYPES = frozenset(int(t) for t in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO))
-_UNSUPPORTED = {
-    int(MessageType.NORMAL): "delay messages (delivery_timestamp) are not supported by this engine yet",
-    int(MessageType.FIFO): "delay messages (delivery_timestamp) are not supported by this engine yet",
-    int(MessageType.DELAY): "delay messages (delivery_timestamp) are not supported by this engine yet",
-    int(MessageType.TRANSACTION): "transactional messages are not supported by this engine yet",
-}
+_ACCEPTED = frozenset(int(t) for t in (MessageType.MESSAGE_TYPE_UNSPECIFIED, MessageType.NORMAL, MessageType.FIFO,
+                                       MessageType.DELAY, MessageType.TRANSACTION))
+_TRANSACTION = int(MessageType.TRANSACTION)
 _GZIP = int(Encoding.GZIP)
 # The body digest as RocketMQ's proxy gives it: MD5, uppercase hex. The clients agree on that
 # one; their CRC32 strings differ (the Node client writes it in decimal, the Python one in hex).
@@ -124,6 +140,12 @@ def _body(body: bytes, encoding: int, body_bytes_max: int) -> bytes:
     return plain
 
 
+def _message_type(properties: Mapping[str, str], group: str | None) -> int:
+    if "TRAN_MSG" in properties:
+        return _TRANSACTION
+    return int(MessageType.FIFO) if group else int(MessageType.NORMAL)
+
+
 def message_id(message: Mapping[str, Any]) -> str:
     """The id a client knows the message by: its UNIQ_KEY, else the offsetMsgId."""
     return message.get("uniq_key") or message["msg_id"]
@@ -137,7 +159,7 @@ def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> 
     system = definition_pb2.SystemProperties(
         keys=message["keys"], message_id=message_id(message),
         body_digest=definition_pb2.Digest(type=_MD5, checksum=_md5(body)),
-        body_encoding=Encoding.IDENTITY, message_type=MessageType.FIFO if group else MessageType.NORMAL,
+        body_encoding=Encoding.IDENTITY, message_type=_message_type(properties, group),
         born_timestamp=timestamp(message["born_timestamp"]), born_host=message["born_host"],
         store_timestamp=timestamp(message["store_timestamp"]), store_host=message["store_host"],
         queue_id=message["queue_id"], queue_offset=message["queue_offset"])

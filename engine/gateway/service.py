@@ -19,13 +19,17 @@ What each call does here (RocketMQ's proxy is the model; docs/grpc.md has the ta
   engine's ``ack`` with ``dead_letter``.
 * Groups of ``fifo_groups`` consume in order: the owners give a queue's next message only once
   the earlier ones are acked; such consumers are told ``fifo`` in their settings.
-* Delay, transactional, lite and priority messages, ``EndTransaction`` and ``RecallMessage``:
-  UNSUPPORTED; the offset calls of the pull consumer
+* Delay messages (``delivery_timestamp``): the send's ``deliver_at_ms``; transactional ones: a
+  transactional send whose producer group is the topic (as in the proxy); ``EndTransaction``:
+  the engine's ``end_transaction``. A producer's telemetry stream carries the checks of its
+  topics' half messages (``RecoverOrphanedTransactionCommand``).
+* Lite and priority messages, ``RecallMessage``: UNSUPPORTED; the offset calls of the pull consumer
   (``PullMessage``, ``GetOffset`` …): gRPC's own UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +41,7 @@ from rocketmq.grpc_protocol import (
     FilterType,
     MessageType,
     Permission,
+    TransactionResolution,
     definition_pb2,
     service_pb2,
     service_pb2_grpc,
@@ -59,8 +64,8 @@ Response = TypeVar("Response")
 _TOPIC_CACHE_MS = 1000  # how long a topic's queue count is trusted before asking again
 _RECEIVE_SLICE_MS = 200  # a long poll's turn on one owner when the topic spans several
 _DEADLINE_MARGIN_MS = 300  # answer this long before the client's deadline
-# Delay and transactional messages are let through the clients' own type check, so that the
-# engine's answer, UNSUPPORTED, is what their users see.
+_CHECKS_WAIT_MS = 1_000  # a producer stream's long poll for transaction checks, per topic
+_DECISIONS = {int(TransactionResolution.COMMIT): "commit", int(TransactionResolution.ROLLBACK): "rollback"}
 _ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 
 
@@ -145,27 +150,67 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def Telemetry(self, request_iterator: AsyncIterator[service_pb2.TelemetryCommand],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.TelemetryCommand]:
-        async for command in request_iterator:
-            self.calls += 1
-            if command.HasField("settings"):
-                yield service_pb2.TelemetryCommand(status=status(),
-                                                   settings=settings.answer(command.settings, self.config))
-            # thread stack traces and message verification results answer commands never sent
+        commands: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue()
+        checks: list[asyncio.Task[None]] = []
+
+        async def read() -> None:
+            async for command in request_iterator:
+                self.calls += 1
+                if command.HasField("settings"):
+                    await commands.put(service_pb2.TelemetryCommand(
+                        status=status(), settings=settings.answer(command.settings, self.config)))
+                    topics = [topic.name for topic in command.settings.publishing.topics]
+                    if topics and not checks:  # a producer: it answers the checks of its topics' halves
+                        checks.append(asyncio.create_task(self.offer_checks(topics, commands)))
+                # thread stack traces and message verification results answer commands never sent
+            await commands.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (command := await commands.get()) is not None:
+                yield command
+        finally:
+            for task in (reader, *checks):
+                task.cancel()
+
+    async def offer_checks(self, topics: list[str], commands: asyncio.Queue[Any]) -> None:
+        """RocketMQ's orphaned-transaction recovery: each half message of these topics that waits for
+        a decision goes to this producer's stream; its checker answers with EndTransaction."""
+        while True:
+            for topic in topics:
+                try:
+                    reply = await self.link.request("transaction_checks", producer_group=topic,
+                                                    max_wait_ms=_CHECKS_WAIT_MS,
+                                                    timeout_ms=_CHECKS_WAIT_MS + self.config.grpc_request_timeout_ms)
+                except ClientError as exc:
+                    log.warning("transaction checks of %r: %s", topic, exc)
+                    await asyncio.sleep(_CHECKS_WAIT_MS / 1000)  # the engine is restarting: ask again later
+                    continue
+                for check in reply["checks"]:
+                    await commands.put(service_pb2.TelemetryCommand(
+                        recover_orphaned_transaction_command=service_pb2.RecoverOrphanedTransactionCommand(
+                            message=incoming(check), transaction_id=check["msg_id"])))
 
     # -- producers ---------------------------------------------------------------------------
 
     async def SendMessage(self, request: service_pb2.SendMessageRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.SendMessageResponse:
         async def work() -> service_pb2.SendMessageResponse:
-            topic, group, messages = outgoing(request.messages, body_bytes_max=self.config.message_body_bytes_max)
-            fields: dict[str, Any] = {"topic": topic, "messages": messages}
-            if group is not None:
-                fields["sharding_key"] = group
+            sending = outgoing(request.messages, body_bytes_max=self.config.message_body_bytes_max)
+            fields: dict[str, Any] = {"topic": sending.topic, "messages": sending.messages}
+            if sending.group is not None:
+                fields["sharding_key"] = sending.group
+            if sending.deliver_at_ms is not None:
+                fields["deliver_at_ms"] = sending.deliver_at_ms
+            if sending.transactional:  # the topic names the producers, as in RocketMQ's proxy
+                fields.update(transaction=True, producer_group=sending.topic)
             reply = await self.link.request("send", timeout_ms=self.deadline_ms(context), **fields)
             response = service_pb2.SendMessageResponse()
-            for message, result in zip(messages, reply["results"], strict=True):
+            for message, result in zip(sending.messages, reply["results"], strict=True):
                 entry = response.entries.add(message_id=message["properties"]["UNIQ_KEY"],
                                              offset=result["queue_offset"])
+                if sending.transactional:
+                    entry.transaction_id = result["msg_id"]  # the half message, which EndTransaction names
                 entry.status.CopyFrom(put_status(result["status_code"], result["status"]))
             response.status.CopyFrom(response.entries[0].status)
             return response
@@ -173,13 +218,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def EndTransaction(self, request: service_pb2.EndTransactionRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.EndTransactionResponse:
-        return service_pb2.EndTransactionResponse(
-            status=status(Code.UNSUPPORTED, "transactional messages are not supported by this engine yet"))
+        async def work() -> dict[str, Any]:
+            if request.resolution not in _DECISIONS:
+                raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+            await self.link.request("end_transaction", timeout_ms=self.deadline_ms(context),
+                                    msg_id=request.transaction_id, decision=_DECISIONS[request.resolution],
+                                    producer_group=request.topic.name)
+            return {}
+        return await self.answer(service_pb2.EndTransactionResponse, work)
 
     async def RecallMessage(self, request: service_pb2.RecallMessageRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.RecallMessageResponse:
         return service_pb2.RecallMessageResponse(
-            status=status(Code.UNSUPPORTED, "delay messages, and so their recall, are not supported yet"))
+            status=status(Code.UNSUPPORTED, "a delay message cannot be recalled here: it is delivered at its time"))
 
     # -- consumers ---------------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ def grpc_config(**overrides: object) -> StoreConfig:
     that redeliveries and dead letters happen within a test."""
     return StoreConfig.test_min().replace(grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}",
                                           max_delivery_attempts=3, grpc_retry_delays_ms=(1_000,),
-                                          grpc_long_polling_ms=2_000, **overrides)
+                                          grpc_long_polling_ms=2_000, transaction_timeout_ms=1_000,
+                                          transaction_check_interval_ms=1_000, **overrides)
 
 
 def official(engine: EngineProcess) -> ClientConfiguration:

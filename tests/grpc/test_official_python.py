@@ -28,7 +28,7 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
-from rocketmq.v5.exception import BadRequestException, ClientException
+from rocketmq.v5.exception import BadRequestException
 
 from engine.names import dead_letter_topic
 from supervisor.launcher import EngineProcess
@@ -181,27 +181,62 @@ def test_a_push_consumer_failure_is_redelivered_then_dead_lettered_after_the_att
         consumer.shutdown()
 
 
-def test_delay_and_transactional_messages_are_refused_at_once_not_left_hanging(
-        grpc_engine: EngineProcess, producer: Producer) -> None:
-    topic = "py-unsupported"
+def test_a_delay_message_arrives_at_its_delivery_time(grpc_engine: EngineProcess, producer: Producer) -> None:
+    topic = "py-delay"
     create(grpc_engine, topic)
     delayed = message(topic, b"later")
-    delayed.delivery_timestamp = int(time.time()) + 60
-    started = time.monotonic()
-    with pytest.raises(ClientException) as refused:
-        producer.send(delayed)
-    assert "not supported" in str(refused.value) and time.monotonic() - started < 8
+    delayed.delivery_timestamp = int(time.time()) + 2  # the client sends whole seconds
+    receipt = producer.send(delayed)
+    consumer = SimpleConsumer(official(grpc_engine), "py-delay-g", {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        [got] = receive_all(consumer, 1)
+        assert time.time() >= delayed.delivery_timestamp  # not before its time
+        assert (got.message_id, got.body) == (receipt.message_id, b"later")
+        consumer.ack(got)
+    finally:
+        consumer.shutdown()
 
-    class Commit(TransactionChecker):
-        def check(self, message: Message) -> TransactionResolution:
-            return TransactionResolution.COMMIT
 
-    transactional = Producer(official(grpc_engine), (topic,), Commit())
+class Decides(TransactionChecker):
+    """Answers the engine's checks of half messages left undecided: commits those marked so."""
+
+    def __init__(self) -> None:
+        self.checked: list[bytes] = []
+
+    def check(self, message: Message) -> TransactionResolution:
+        self.checked.append(message.body)
+        return TransactionResolution.COMMIT if message.body.startswith(b"commit") else TransactionResolution.ROLLBACK
+
+
+def test_transactions_commit_roll_back_and_are_decided_by_the_checker_when_left_open(
+        grpc_engine: EngineProcess) -> None:
+    topic = "py-tx"
+    create(grpc_engine, topic)
+    checker = Decides()
+    transactional = Producer(official(grpc_engine), (topic,), checker)
     transactional.startup()
     try:
-        with pytest.raises(ClientException) as refused:
-            transactional.send(message(topic, b"in a transaction"), transactional.begin_transaction())
-        assert "not supported" in str(refused.value)
+        for body, decide in ((b"committed", "commit"), (b"rolled back", "rollback"), (b"commit-on-check", None),
+                             (b"drop-on-check", None)):
+            transaction = transactional.begin_transaction()
+            receipt = transactional.send(message(topic, body), transaction)
+            assert receipt.transaction_id
+            if decide == "commit":
+                transaction.commit()
+            elif decide == "rollback":
+                transaction.rollback()
+        consumer = SimpleConsumer(official(grpc_engine), "py-tx-g", {topic: FilterExpression()})
+        consumer.startup()
+        try:
+            got = receive_all(consumer, 2)
+            assert sorted(m.body for m in got) == [b"commit-on-check", b"committed"]
+            for m in got:
+                consumer.ack(m)
+            assert sorted(checker.checked) == [b"commit-on-check", b"drop-on-check"]
+            assert consumer.receive(32, 20) == []
+        finally:
+            consumer.shutdown()
     finally:
         transactional.shutdown()
 
@@ -231,8 +266,12 @@ def test_unknown_topics_bad_names_and_bad_handles_get_the_api_status_codes(
                  service_pb2.AckMessageEntry(message_id="y", receipt_handle="0:0:1:0000")]), timeout=10)
     assert ack.status.code == Code.INVALID_RECEIPT_HANDLE
     assert [e.status.code for e in ack.entries] == [Code.INVALID_RECEIPT_HANDLE] * 2
-    end = stub.EndTransaction(service_pb2.EndTransactionRequest(topic=topic), timeout=10)
-    assert end.status.code == Code.UNSUPPORTED
+    end = stub.EndTransaction(service_pb2.EndTransactionRequest(topic=topic, transaction_id="not-an-id",
+                                                                resolution=definition_pb2.COMMIT), timeout=10)
+    assert end.status.code == Code.ILLEGAL_MESSAGE_ID
+    unknown = stub.EndTransaction(service_pb2.EndTransactionRequest(
+        topic=topic, transaction_id="7F0000010000DF4D00000000FFFFFFFF", resolution=definition_pb2.COMMIT), timeout=10)
+    assert unknown.status.code == Code.INVALID_TRANSACTION_ID
     responses = list(stub.ReceiveMessage(service_pb2.ReceiveMessageRequest(
         group=definition_pb2.Resource(name="g"), message_queue=definition_pb2.MessageQueue(topic=topic),
         batch_size=1, filter_expression=definition_pb2.FilterExpression(type=definition_pb2.SQL, expression="a>1"),
