@@ -11,7 +11,9 @@ every queue is read back and checked (``workload.verify``); the pop group must
 ack every stored message of ``POP_TOPIC`` (its own counts agreeing), and none
 acked under SYNC_FLUSH may be delivered again. The gRPC endpoint is on, so it is killed
 too, and the official RocketMQ 5 producer sends through it all along
-(``supervisor/grpc_workload.py``): every message it got a receipt for must be stored. The
+(``supervisor/grpc_workload.py``): every message it got a receipt for must be stored. Delayed
+and transactional messages go to ``TIMER_TOPIC`` all along (``supervisor/timer_workload.py``):
+each answered one must arrive exactly once, not early, and no rolled-back one at all. The
 engine is stopped, and ``check_store`` must find nothing. The seed replays the same schedule.
 """
 
@@ -33,6 +35,7 @@ from supervisor.faults import actor_pids, kill_actor
 from supervisor.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
 from supervisor.launcher import EngineProcess, free_port
 from supervisor.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
+from supervisor.timer_workload import TIMER_QUEUES, TIMER_TOPIC, TimerSender, TimerVerdict, timer_verdict
 from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 
 TOPICS = {"chaos-a": 4, "chaos-b": 3}
@@ -51,19 +54,24 @@ class ChaosReport:
     pop_drained: bool = False
     grpc_receipts: int = 0
     grpc_missing: list[str] = field(default_factory=list)
+    timer_verdict: TimerVerdict | None = None
 
     @property
     def ok(self) -> bool:
         pops_ok = self.pop_verdict is not None and self.pop_verdict.ok() and self.pop_drained
         grpc_ok = self.grpc_receipts > 0 and not self.grpc_missing
-        return self.verdict is not None and self.verdict.ok() and pops_ok and grpc_ok and not self.findings
+        timer_ok = self.timer_verdict is not None and self.timer_verdict.ok()
+        return self.verdict is not None and self.verdict.ok() and pops_ok and grpc_ok and timer_ok \
+            and not self.findings
 
     def summary(self) -> str:
         verdict = self.verdict.summary() if self.verdict else "not verified"
         pops = self.pop_verdict.summary() if self.pop_verdict else "pop: not verified"
         return (f"seed={self.seed} cycles={len(self.schedule)} consumed_live={self.consumed} {verdict} {pops} "
                 f"(engine counts all acked: {self.pop_drained}) grpc_receipts={self.grpc_receipts} "
-                f"grpc_missing={len(self.grpc_missing)} check_findings={len(self.findings)}")
+                f"grpc_missing={len(self.grpc_missing)} "
+                f"{self.timer_verdict.summary() if self.timer_verdict else 'timer: not verified'} "
+                f"check_findings={len(self.findings)}")
 
 
 class Consumer(threading.Thread):
@@ -136,6 +144,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
     ledger = PopLedger()
     workers: list[PopWorker] = []
     grpc_senders: list[GrpcSender] = []
+    timer_senders: list[TimerSender] = []
     engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH"))
     try:
         for phase, flush_mode in enumerate(("ASYNC_FLUSH", "SYNC_FLUSH")):
@@ -149,6 +158,10 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             consumer.start()
             with engine.client() as setup:
                 setup.create_topic(GRPC_TOPIC, queue_count=GRPC_QUEUES)
+                setup.create_topic(TIMER_TOPIC, queue_count=TIMER_QUEUES)
+            timer_sender = TimerSender(engine, f"t{phase}", random.Random(rng.random()))
+            timer_senders.append(timer_sender)
+            timer_sender.start()
             grpc_sender = GrpcSender(engine, f"g{phase}")
             grpc_senders.append(grpc_sender)
             grpc_sender.start()
@@ -167,6 +180,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             thread.wait_acked(thread.acked + 50)
             thread.stop()
             grpc_sender.stop()
+            timer_sender.stop()
             consumer.stop_event.set()
             consumer.join(30)
             report.consumed += consumer.consumed
@@ -185,7 +199,10 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
         report.pop_verdict = ledger.verdict(stored)
         report.grpc_receipts = sum(len(sender.receipts) for sender in grpc_senders)
         report.grpc_missing = missing_receipts(client, grpc_senders)
+        report.timer_verdict = timer_verdict(client, timer_senders)
     finally:
+        for timer_sender in timer_senders:
+            timer_sender.stop()
         for worker in workers:
             worker.stop()
         for sender in grpc_senders:
