@@ -28,7 +28,9 @@ _decoder = msgspec.msgpack.Decoder()
 
 
 def front_port() -> Port:
-    return Port(FRONT_PORT, DEALER, endpoints.FRONT_INTERNAL, bind=False, immediate=True, reconnect_ivl_ms=10)
+    """Monitored: when the front goes, the requests it held are handed back at once (``lost``)."""
+    return Port(FRONT_PORT, DEALER, endpoints.FRONT_INTERNAL, bind=False, immediate=True, reconnect_ivl_ms=10,
+                monitor=True)
 
 
 @dataclass
@@ -64,6 +66,10 @@ class FrontRequests:
         pending = self._pending.pop(reply.get("id", 0), None) if isinstance(reply, dict) else None
         if pending is not None:
             pending.on_reply(reply, out)
+
+    def lost(self) -> None:
+        """The connection to the front broke: no request it held will be answered."""
+        self._refused.extend(self._pending)
 
     def expire(self, out: Effects) -> None:
         """Hand back, with no reply, the requests refused or past their deadline."""
@@ -105,5 +111,5 @@ class QueueFollower:
                 self.next_offset = reply["next_offset"]  # past entries retention removed
             on_messages(messages, later)
 
-        self.front.send(out, "pull", on_reply, timeout_ms=self.wait_ms + 10_000, topic=self.topic, queue_id=0,
+        self.front.send(out, "pull", on_reply, timeout_ms=self.wait_ms + 2_000, topic=self.topic, queue_id=0,
                         offset=self.next_offset, max_messages=self.messages_max, max_wait_ms=self.wait_ms)

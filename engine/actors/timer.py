@@ -56,7 +56,7 @@ from engine.store.timer_files import (
 
 log = logging.getLogger(__name__)
 
-_REQUEST_TIMEOUT_MS = 10_000
+_REQUEST_TIMEOUT_MS = 5_000
 _MOVE_MESSAGES_MAX = 64
 _SLOTS_PER_TURN_MAX = 4_096  # empty slots passed in one call while catching up
 # Refusals after which nothing was stored: the move is tried again. Any other refusal is
@@ -156,11 +156,26 @@ class TimerActor(Actor):
             self.wheel.relink(self.wheel.slot_start(unit.deliver_ms), unit)
             self.enqueue_next = max(self.enqueue_next, record.queue_offset + 1)
             end, relinked = unit.pos + UNIT_BYTES, relinked + 1
+        self.unlink_lost(end)
         self.log.open_at(end)
         self.follower.next_offset = self.enqueue_next
         self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
         log.info("recovered: delivering from %d, enqueueing from queue offset %d, timer log end %d (%d units "
                  "linked again)", self.read_ms, self.enqueue_next, end, relinked)
+
+    def unlink_lost(self, end: int) -> None:
+        """Units past ``end`` name messages a power cut took (the log lost its tail under ASYNC_FLUSH):
+        a wheel slot written at a checkpoint may still hold them. Take them out of their lists, the
+        newest first, and write the wheel before the log's tail is zeroed."""
+        lost = list(self.log.units_from(end))
+        for unit in reversed(lost):
+            slot_start = self.wheel.slot_start(unit.deliver_ms)
+            slot = self.wheel.get(slot_start)
+            if slot.units and slot.last_pos == unit.pos:
+                self.wheel.unlink_head(slot_start, unit.prev_pos)
+        if lost:
+            log.warning("%d timer units past %d name messages the log no longer holds: unlinked", len(lost), end)
+        self.wheel.write_dirty()
 
     def source(self, unit: Unit, confirmed: int) -> Any:
         """The rmq_sys_wheel_timer record of ``unit``, or None if the log does not hold it (any more)."""
@@ -358,6 +373,10 @@ class TimerActor(Actor):
         self.front.handle_reply(frames, out)
         self.enqueue(out)
         self.deliver(out)
+
+    def connection(self, port: str, up: bool) -> None:
+        if not up:
+            self.front.lost()  # handed back at the next tick, their outcome unknown
 
     def tick(self, out: Effects) -> None:
         self.front.expire(out)

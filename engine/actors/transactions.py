@@ -67,7 +67,7 @@ from engine.store.transaction_state import (
 
 log = logging.getLogger(__name__)
 
-_REQUEST_TIMEOUT_MS = 10_000
+_REQUEST_TIMEOUT_MS = 5_000
 _RECENT_DECISIONS_MAX = 100_000  # decisions remembered to answer a repeated end_transaction
 _RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.TIMEOUT}
 
@@ -435,6 +435,10 @@ class TransactionActor(Actor):
             self.already_moved |= moved_since(self.reader, min(start, self.checkpoint.scan_from),
                                               self.slots.get(CONFIRMED))
         self.apply_ops(out)
+
+    def connection(self, port: str, up: bool) -> None:
+        if not up:
+            self.front.lost()  # handed back at the next tick, their outcome unknown
 
     def tick(self, out: Effects) -> None:
         self.front.expire(out)

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.simulation.checks import violations
+from engine.simulation.checks import delayed_arrivals, violations
 from engine.simulation.workload import Workload
 from engine.simulation.world import World, sim_config
 from engine.store.shared_offsets import CONFIRMED, FLUSHED
@@ -100,7 +100,9 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
             _ordinary_step(world, workload, rng, plan)
         if found:
             return found
+    world.pass_time(15_000)  # every delayed message due, every move lost with a front timed out
     found += _settled_check(world, workload, "at the end")
+    found += [f"at the end: {v}" for v in delayed_arrivals(world.store_dir, world.config, workload)]
     return found
 
 
@@ -112,8 +114,10 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
     roll = rng.random()
     if roll < 0.003:
         workload.delete_topic()
-    elif roll < 0.15:
+    elif roll < 0.12:
         workload.send()
+    elif roll < 0.15:
+        workload.send_delayed()
     elif roll < 0.19:
         workload.pull()
     elif roll < 0.22:

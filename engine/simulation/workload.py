@@ -12,6 +12,9 @@ confirmed is never delivered to its group again: under SYNC_FLUSH through every 
 ASYNC_FLUSH until a power cut (which may take the acks of the last flush interval). The FIFO
 group never gets a message of a queue while an earlier one it was given is still open (no ack
 sent for it, and not at the attempt limit), unless that one comes first in the same reply.
+
+Delayed sends go to ``TIMER_TOPIC``; each one the flush mode promised must arrive there once
+(``checks.py`` also finds any move made twice, or before its deliver time, in the log).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from engine.ipc.protocol import encode_request
 from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
+TIMER_TOPIC = "sim-t"  # delayed messages only; never deleted
 PULL_MESSAGES_MAX = 16
 POP_TOPIC, POP_GROUP, FIFO_GROUP = "sim-b", "sim-pop", "sim-fifo"
 
@@ -64,6 +68,9 @@ class Workload:
     fifo_open: dict[Position, int] = field(default_factory=dict)  # the FIFO group's deliveries -> attempt
     attempts_max: int = 16
     violations: list[str] = field(default_factory=list)
+    delayed_durable: dict[bytes, int] = field(default_factory=dict)  # body -> its timer record's offset
+    delayed_unsettled: dict[bytes, int] = field(default_factory=dict)
+    delayed_sent: int = 0
 
     def __post_init__(self) -> None:
         self.network.to_client = self.on_reply
@@ -74,8 +81,14 @@ class Workload:
             self.waiting[request_id] = what
 
     def create_topics(self) -> None:
-        for topic, count in TOPICS.items():
+        for topic, count in [*TOPICS.items(), (TIMER_TOPIC, 1)]:
             self.request("create_topic", ("create",), topic=topic, queue_count=count)
+
+    def send_delayed(self) -> None:
+        n = self.delayed_sent = self.delayed_sent + 1
+        body = f"d{n}:".encode() + self.rng.randbytes(self.rng.randrange(8, 200))
+        self.request("send", ("delayed", body), topic=TIMER_TOPIC, messages=[{"body": body}],
+                     delay_ms=self.rng.randrange(1, 1_500))
 
     def send(self) -> None:
         topic = self.rng.choice(sorted(TOPICS))
@@ -183,6 +196,10 @@ class Workload:
                     self.durable[position] = stored
                 else:
                     self.unsettled[position] = stored
+        elif what[0] == "delayed":
+            [result] = reply["results"]
+            promised = self.sync_flush and result["status"] == "PUT_OK"
+            (self.delayed_durable if promised else self.delayed_unsettled)[what[1]] = result["commit_log_offset"]
         elif what[0] == "pop":
             self.on_popped(reply, what[1], what[2])
         elif what[0] == "ack":
@@ -222,6 +239,10 @@ class Workload:
             if stored.commit_log_offset < flushed_offset:
                 self.durable[position] = stored
         self.unsettled.clear()
+        for body, offset in self.delayed_unsettled.items():
+            if offset < flushed_offset:
+                self.delayed_durable[body] = offset
+        self.delayed_unsettled.clear()
         self.waiting.clear()  # the replies died with the engine
         self.lose_deletion_answers()
         if not self.sync_flush:

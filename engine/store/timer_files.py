@@ -223,6 +223,12 @@ class TimerWheel:
         self.link(slot_start, unit.pos)
         return True
 
+    def unlink_head(self, slot_start: int, prev_pos: int) -> None:
+        """Recovery: drop the head of the slot's list (a unit the log lost); ``prev_pos`` is next."""
+        slot = self.get(slot_start)
+        self.dirty[slot_start] = Slot(slot_start, slot.first_pos if slot.units > 1 else NO_UNIT, prev_pos,
+                                      slot.units - 1)
+
     def write_dirty(self) -> None:
         """The slot changes into the file, synced (the log must be synced before)."""
         for slot_start, slot in self.dirty.items():

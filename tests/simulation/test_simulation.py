@@ -77,3 +77,16 @@ def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(simulation, "sim_config", lambda flush_mode: real(flush_mode).replace(fifo_groups=()))
     failing = [seed for seed in range(40) if any("fifo" in v for v in simulate(seed).violations)]
     assert failing, "the simulation missed a FIFO group that gets messages out of order"
+
+
+def test_a_timer_that_forgets_its_moves_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer's restart rule broken on purpose: it never looks in the log for the moves it made
+    before a kill (or a lost reply), so it delivers some messages twice."""
+    from engine.actors.timer import TimerActor
+
+    def never_look(self: TimerActor) -> None:
+        self.look_pending = False
+
+    monkeypatch.setattr(TimerActor, "look_for_moves", never_look)
+    failing = [seed for seed in range(200) if any("moved twice" in v for v in simulate(seed).violations)]
+    assert failing, "the simulation missed a delayed message delivered twice"
