@@ -105,7 +105,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # Delay and timer messages (docs/design.md 5.9): RocketMQ 5's timer wheel and timer log.
     timer_precision_ms: int = 1_000  # RocketMQ's timerPrecisionMs: one wheel slot; delivery within a slot is exact
     timer_max_delay_ms: int = 3 * 86_400_000  # RocketMQ's timerMaxDelaySec (3 days): further is DELAY_ILLEGAL
-    timer_wheel_slots: int = 2 * 7 * 86_400  # RocketMQ's 2 x 7 days of 1 s slots (32 bytes each)
+    timer_wheel_slots: int = 2 * 7 * 86_400  # RocketMQ's 2 x 7 days of 1 s slots (32 bytes each: 37 MiB)
     timer_log_segment_bytes: int = 52 * 1_048_576  # 2^20 timer-log units of 52 bytes per file
     timer_deliveries_in_flight_max: int = 64  # delivery sends (of up to 64 messages each) awaiting the front
     timer_checkpoint_interval_ms: int = 1_000
@@ -215,6 +215,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "grpc_retry_delays_ms needs at least one delay, none negative"),
             (min(self.timer_precision_ms, self.timer_wheel_slots, self.timer_deliveries_in_flight_max,
                  self.timer_checkpoint_interval_ms, self.timer_max_delay_ms) >= 1, "timer limits must be positive"),
+            (self.timer_max_delay_ms < 2**31 - 2 * self.timer_precision_ms,
+             "timer_max_delay_ms must be below 2^31 ms (24.8 days): a timer unit holds the delay in 32 bits"),
             (self.timer_wheel_slots * self.timer_precision_ms >= 2 * self.timer_max_delay_ms,
              "the timer wheel must span twice timer_max_delay_ms (timer_wheel_slots x timer_precision_ms)"),
             (self.timer_log_segment_bytes >= 52 * 64 and self.timer_log_segment_bytes % 52 == 0,
@@ -249,7 +251,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             flush_consume_queue_interval_ms=100,
             checkpoint_interval_ms=100,
             heartbeat_interval_ms=100,
-            timer_max_delay_ms=3_600_000,  # a wheel of 2 h (225 KiB), not 2 weeks (19 MiB)
+            timer_max_delay_ms=3_600_000,  # a wheel of 2 h (225 KiB), not 2 weeks (37 MiB)
             timer_wheel_slots=7_200,
             timer_log_segment_bytes=52 * 4_096,
         ).validate()

@@ -67,7 +67,7 @@ class ErrorCode(enum.IntEnum):
     LIMIT_EXCEEDED = 21  # a count limit of the store (topics, consumer offsets) would be passed
     INVALID_RECEIPT_HANDLE = 22  # not a handle of this group and queue, or stale: redelivered or changed since
     GROUP_MODE_CONFLICT = 23  # a group that commits offsets cannot pop, and a pop group cannot commit offsets
-    DELAY_ILLEGAL = 24  # a deliver time further than timer_max_delay_ms, or an unknown delay level
+    DELAY_ILLEGAL = 24  # a deliver time further than timer_max_delay_ms (levels past the last are capped)
     TRANSACTION_NOT_FOUND = 25  # the id is not a half message of this store (or of this producer group)
     TRANSACTION_ENDED = 26  # the half message was already decided the other way (or rolled back by the checks)
 

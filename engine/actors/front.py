@@ -254,6 +254,9 @@ class FrontActor(Actor):
             out.append(self.forward(self.owner_for_record(op, raw), client, flag, GetByOffset(), raw))
         elif op == "delete_topic":
             topic = self.check_topic(envelope, deleting_ok=True)
+            if topic in SYSTEM_TOPICS:
+                raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {topic!r} is the engine's own: it cannot "
+                                                            f"be deleted")
             decode_request(op, raw)
             out.append(self.forward("writer", client, flag, DeleteTopic(), raw))
             self.deleting.add(topic)

@@ -42,7 +42,9 @@ class _Pending:
 class FrontRequests:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._ids = itertools.count(1)
+        # ids unique across incarnations: a reply meant for the actor before a restart is never taken
+        # for the answer to a request of this one
+        self._ids = itertools.count((clock.wall_ms() << 20) + 1)
         self._pending: dict[int, _Pending] = {}
         self._refused: list[int] = []
 

@@ -4,9 +4,9 @@ RocketMQ 5's ``TimerMessageStore`` (``docs/design.md`` 5.9). The writer stores a
 send in ``rmq_sys_wheel_timer`` queue 0 (``engine/services/delivery_routes.py``). This
 actor, a client of the front on its internal port:
 
-* enqueues: pulls that queue (long polling) and, for each message once the log is flushed
-  past it, writes a 52-byte unit to the timer log and links it into the wheel slot of its
-  deliver time (``engine/store/timer_files.py``). A pending timer costs disk, not memory;
+* enqueues: pulls that queue (long polling) and, for each message, writes a 52-byte unit to
+  the timer log and links it into the wheel slot of its deliver time
+  (``engine/store/timer_files.py``). A pending timer costs disk, not memory;
 * delivers: when a slot's time comes, reads its list, sorts it by deliver time, and sends
   each message, as its deliver time passes, to its real topic and queue (``send`` with
   ``ORIGIN_OFFSET``). A slot is done when every message in it is stored;

@@ -80,6 +80,7 @@ class Op:
     commit_log_offset: int
     half_offset: int
     decision: str
+    end: int  # where the op record ends in the log
     applied: bool = False
     move_offset: int = 0  # where its commit was stored
 
@@ -121,7 +122,12 @@ class TransactionActor(Actor):
         self.check_heap: list[tuple[int, int]] = []  # (next check wall ms, half offset), lazily pruned
         self.next_check: dict[int, int] = {}
         self.decided: dict[int, str] = {}  # decided before their half was read
+        self.decided_since: dict[int, Half] = {}  # decided by an op the checkpoint does not cover yet
+        self.half_marks: deque[tuple[int, int]] = deque()  # (end of a half read, the half queue's next offset)
         self.recent: OrderedDict[int, str] = OrderedDict()
+        # the first op of each half (its decision and queue offset): it stands, later ones are void
+        self.applied: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self.uncertain: dict[int, int] = {}  # half -> until when (mono ms) an op with a lost reply may appear
         self.deciding: dict[int, Decision] = {}
         self.waiting: dict[int, list[Waiter]] = {}  # commits stored: answer these once the op is applied
         self.ops: deque[Op] = deque()  # read and not checkpointed, in queue order
@@ -148,7 +154,6 @@ class TransactionActor(Actor):
         now = self.clock.wall_ms()
         for half in checkpoint.halves:
             self.keep_half(half, now)
-        self.decided = dict(checkpoint.decided)
         self.halves_read_to = checkpoint.halves_read_to
         self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
         log.info("recovered: %d undecided halves; reading halves from %d and ops from %d", len(self.halves),
@@ -187,6 +192,9 @@ class TransactionActor(Actor):
             else:
                 out.send("requests", [*reply_to, encode_reply(request.id, decision=known)])
             return
+        if self.uncertain.get(offset, 0) > self.clock.mono_ms():
+            raise RequestError(ErrorCode.BUSY, f"an earlier decision on {request.msg_id} got no answer; whether it "
+                                               f"was stored is known in a moment: retry")
         if offset in self.deciding:
             if self.deciding[offset].decision != request.decision:
                 raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} is being "
@@ -226,6 +234,12 @@ class TransactionActor(Actor):
         def on_reply(reply: Reply, later: Effects) -> None:
             pending = self.deciding.pop(offset)
             if reply is not None and reply.get("ok"):
+                first = self.applied.get(offset)
+                if first is not None and first[0] != decision:  # an earlier op (its answer lost) stands
+                    for waiter in pending.waiters:
+                        later.send("requests", [*waiter.reply_to, encode_error(
+                            waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first[0]}")])
+                    return
                 self.remember(offset, decision)
                 if decision == "commit":  # answered once the op is applied (its message stored)
                     self.waiting.setdefault(offset, []).extend(pending.waiters)
@@ -235,6 +249,8 @@ class TransactionActor(Actor):
                 return
             code, message = (ErrorCode(reply["error"]["code"]), reply["error"]["message"]) if reply is not None \
                 else (ErrorCode.TIMEOUT, "the op record got no answer in time")
+            if reply is None:  # stored or not: the op queue tells within this time
+                self.uncertain[offset] = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 3_000
             for waiter in pending.waiters:  # not decided (or, if the op was stored after all, the op queue says so)
                 later.send("requests", [*waiter.reply_to, encode_error(waiter.request_id, code,
                                                                        f"the decision was not stored: {message}")])
@@ -246,7 +262,9 @@ class TransactionActor(Actor):
         self.recent[offset] = decision
         if len(self.recent) > _RECENT_DECISIONS_MAX:
             self.recent.popitem(last=False)
-        if self.halves.pop(offset, None) is not None:
+        half = self.halves.pop(offset, None)
+        if half is not None:
+            self.decided_since[offset] = half  # undecided as far as the checkpoint goes, until its op is
             self.changed = True
         elif offset >= self.halves_read_to:
             self.decided[offset] = decision  # its half is read later: it is not offered to checks
@@ -290,6 +308,7 @@ class TransactionActor(Actor):
         for message in messages:
             offset = message["commit_log_offset"]
             self.halves_read_to = offset + message["store_size"]
+            self.half_marks.append((self.halves_read_to, message["queue_offset"] + 1))
             if self.decided.pop(offset, None) is not None or offset in self.recent:
                 continue
             group = message["properties"].get(PROPERTY_PRODUCER_GROUP, "")
@@ -318,7 +337,7 @@ class TransactionActor(Actor):
             except ValueError:
                 continue
             op = Op(message["queue_offset"], message["commit_log_offset"], half_offset,
-                    properties.get(PROPERTY_DECISION, "rollback"))
+                    properties.get(PROPERTY_DECISION, "rollback"), message["commit_log_offset"] + message["store_size"])
             self.ops.append(op)
             self.to_apply.append(op)
 
@@ -326,6 +345,16 @@ class TransactionActor(Actor):
         """Apply the ops in order: a commit moves its half (unless the log shows it moved already)."""
         while self.to_apply:
             op = self.to_apply.popleft()
+            self.uncertain.pop(op.half_offset, None)
+            first = self.applied.get(op.half_offset)
+            if first is not None and first[1] != op.queue_offset:  # a later op of a decided half: void
+                op.applied = True
+                self.recent[op.half_offset] = first[0]
+                self.answer_waiting(op.half_offset, first[0], out)
+                continue
+            self.applied[op.half_offset] = (op.decision, op.queue_offset)
+            if len(self.applied) > _RECENT_DECISIONS_MAX:
+                self.applied.popitem(last=False)
             self.remember(op.half_offset, op.decision)
             if op.decision != "commit":
                 op.applied = True
@@ -374,8 +403,14 @@ class TransactionActor(Actor):
     def finish_commit(self, op: Op, out: Effects) -> None:
         op.applied = True
         self.committed += 1
-        for waiter in self.waiting.pop(op.half_offset, []):
-            out.send("requests", [*waiter.reply_to, encode_reply(waiter.request_id, decision="commit")])
+        self.answer_waiting(op.half_offset, "commit", out)
+
+    def answer_waiting(self, offset: int, decision: str, out: Effects) -> None:
+        """The producers waiting for the commit of ``offset``: done, or the half went the other way."""
+        for waiter in self.waiting.pop(offset, []):
+            reply = encode_reply(waiter.request_id, decision="commit") if decision == "commit" else encode_error(
+                waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"the half message at {offset} was rolled back")
+            out.send("requests", [*waiter.reply_to, reply])
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -385,11 +420,15 @@ class TransactionActor(Actor):
             due, offset = heapq.heappop(self.check_heap)
             if self.next_check.get(offset) != due:
                 continue  # decided, or rescheduled
+            if due == 0 and offset not in self.deciding:  # past transaction_halves_max: never kept
+                self.next_check.pop(offset, None)
+                self.rollback_unanswered(offset, out)
+                continue
             half = self.halves.get(offset)
             if half is None or offset in self.deciding:
                 self.next_check.pop(offset, None)
                 continue
-            if half.checks >= self.config.transaction_check_max or due == 0:
+            if half.checks >= self.config.transaction_check_max:
                 self.next_check.pop(offset, None)
                 self.rollback_unanswered(offset, out)
                 continue
@@ -450,19 +489,24 @@ class TransactionActor(Actor):
             self.store_checkpoint()
 
     def store_checkpoint(self) -> None:
-        """Past the applied ops whose commits the flush has passed; every undecided half."""
+        """What the flush has passed, so that a power cut never takes what the checkpoint names: the
+        halves read, the ops applied (with their commits) whose halves are among them, and every half
+        undecided as far as those ops go."""
         flushed = self.slots.get(FLUSHED)
         checkpoint = self.checkpoint
-        while self.ops and self.ops[0].applied and self.ops[0].move_offset < flushed:
+        while self.half_marks and self.half_marks[0][0] <= flushed:
+            checkpoint.halves_read_to, checkpoint.half_next = self.half_marks.popleft()
+            self.changed = True
+        while self.ops and self.ops[0].applied and self.ops[0].end <= flushed \
+                and self.ops[0].move_offset < flushed and self.ops[0].half_offset < checkpoint.halves_read_to:
             op = self.ops.popleft()
-            checkpoint.op_next = op.queue_offset + 1
-            checkpoint.scan_from = op.commit_log_offset
+            self.decided_since.pop(op.half_offset, None)
+            checkpoint.op_next, checkpoint.scan_from = op.queue_offset + 1, op.end
             self.changed = True
         if not self.changed:
             return
-        checkpoint.half_next, checkpoint.halves_read_to = self.half_follower.next_offset, self.halves_read_to
-        checkpoint.halves = list(self.halves.values())
-        checkpoint.decided = dict(self.decided)
+        checkpoint.halves = [half for half in (*self.halves.values(), *self.decided_since.values())
+                             if half.commit_log_offset < checkpoint.halves_read_to]
         store_transaction_checkpoint(self.env.store_dir, checkpoint)
         self.changed = False
         self.slots.set(HALVES_PENDING, len(self.halves))

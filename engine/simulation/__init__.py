@@ -116,8 +116,10 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
         workload.delete_topic()
     elif roll < 0.12:
         workload.send()
-    elif roll < 0.15:
+    elif roll < 0.14:
         workload.send_delayed()
+    elif roll < 0.15:
+        workload.send_half()
     elif roll < 0.19:
         workload.pull()
     elif roll < 0.22:

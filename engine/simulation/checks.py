@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.offline.check import check_store
-from engine.simulation.workload import TIMER_TOPIC, Workload
+from engine.simulation.workload import TIMER_TOPIC, TRANSACTION_TOPIC, Workload
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
@@ -125,19 +125,29 @@ def _moves(reader: CommitLogReader, log_end: int) -> list[str]:
 
 
 def delayed_arrivals(store_dir: Path, config: StoreConfig, workload: Workload) -> list[str]:
-    """Every delayed send the flush mode promised is in ``TIMER_TOPIC``, once."""
+    """Every delayed send the flush mode promised is in ``TIMER_TOPIC``, once; every commit the flush
+    mode promised is in ``TRANSACTION_TOPIC`` once, and no such rollback is there."""
+    delayed = _bodies(store_dir, config, TIMER_TOPIC)
+    found = [f"delayed: {body[:12]!r} arrived {delayed[body]} times" for body in workload.delayed_durable
+             if delayed[body] != 1]
+    found += [f"delayed: {body[:12]!r} arrived {count} times" for body, count in delayed.items() if count > 1]
+    committed = _bodies(store_dir, config, TRANSACTION_TOPIC)
+    for body, decision in workload.decided.items():
+        if committed[body] != (1 if decision == "commit" else 0):
+            found.append(f"transaction: {body[:12]!r} was a confirmed {decision} and arrived {committed[body]} times")
+    return found
+
+
+def _bodies(store_dir: Path, config: StoreConfig, topic: str) -> Counter[bytes]:
     reader = CommitLogReader.for_config(store_dir, config)
-    cq = ConsumeQueue(store_dir, TIMER_TOPIC, 0, file_units=config.consume_queue_file_units, writable=False)
+    cq = ConsumeQueue(store_dir, topic, 0, file_units=config.consume_queue_file_units, writable=False)
     try:
         arrived: Counter[bytes] = Counter()
         offset = cq.min_offset
         while (unit := cq.get(offset)) is not None:
             arrived[bytes(reader.read(unit.commit_log_offset, limit=1 << 62).body)] += 1
             offset += 1
+        return arrived
     finally:
         cq.close()
         reader.segments.close()
-    found = [f"delayed: {body[:12]!r} arrived {arrived[body]} times" for body in workload.delayed_durable
-             if arrived[body] != 1]
-    found += [f"delayed: {body[:12]!r} arrived {count} times" for body, count in arrived.items() if count > 1]
-    return found

@@ -15,6 +15,8 @@ sent for it, and not at the attempt limit), unless that one comes first in the s
 
 Delayed sends go to ``TIMER_TOPIC``; each one the flush mode promised must arrive there once
 (``checks.py`` also finds any move made twice, or before its deliver time, in the log).
+Half messages go to ``TRANSACTION_TOPIC`` and are committed or rolled back at once: each
+decision the flush mode promised holds (a commit arrives once, a rollback never).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
 TIMER_TOPIC = "sim-t"  # delayed messages only; never deleted
+TRANSACTION_TOPIC = "sim-x"  # transactional messages only; never deleted
 PULL_MESSAGES_MAX = 16
 POP_TOPIC, POP_GROUP, FIFO_GROUP = "sim-b", "sim-pop", "sim-fifo"
 
@@ -71,6 +74,8 @@ class Workload:
     delayed_durable: dict[bytes, int] = field(default_factory=dict)  # body -> its timer record's offset
     delayed_unsettled: dict[bytes, int] = field(default_factory=dict)
     delayed_sent: int = 0
+    decided: dict[bytes, str] = field(default_factory=dict)  # body -> the decision the engine confirmed
+    decided_unsettled: dict[bytes, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.network.to_client = self.on_reply
@@ -81,8 +86,14 @@ class Workload:
             self.waiting[request_id] = what
 
     def create_topics(self) -> None:
-        for topic, count in [*TOPICS.items(), (TIMER_TOPIC, 1)]:
+        for topic, count in [*TOPICS.items(), (TIMER_TOPIC, 1), (TRANSACTION_TOPIC, 1)]:
             self.request("create_topic", ("create",), topic=topic, queue_count=count)
+
+    def send_half(self) -> None:
+        n = self.delayed_sent = self.delayed_sent + 1
+        body = f"x{n}:".encode() + self.rng.randbytes(self.rng.randrange(8, 200))
+        self.request("send", ("half", body), topic=TRANSACTION_TOPIC, messages=[{"body": body}], transaction=True,
+                     producer_group="sim-producers")
 
     def send_delayed(self) -> None:
         n = self.delayed_sent = self.delayed_sent + 1
@@ -196,6 +207,12 @@ class Workload:
                     self.durable[position] = stored
                 else:
                     self.unsettled[position] = stored
+        elif what[0] == "half":
+            decision = self.rng.choice(("commit", "rollback"))
+            self.request("end_transaction", ("decided", what[1], decision), msg_id=reply["results"][0]["msg_id"],
+                         decision=decision)
+        elif what[0] == "decided":
+            (self.decided if self.sync_flush else self.decided_unsettled)[what[1]] = what[2]
         elif what[0] == "delayed":
             [result] = reply["results"]
             promised = self.sync_flush and result["status"] == "PUT_OK"
@@ -239,6 +256,7 @@ class Workload:
             if stored.commit_log_offset < flushed_offset:
                 self.durable[position] = stored
         self.unsettled.clear()
+        self.decided_unsettled.clear()  # the cut may take the op record, or the commit
         for body, offset in self.delayed_unsettled.items():
             if offset < flushed_offset:
                 self.delayed_durable[body] = offset

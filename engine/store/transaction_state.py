@@ -2,12 +2,13 @@
 
 ``half_next`` and ``op_next``: the next queue offsets of ``RMQ_SYS_TRANS_HALF_TOPIC`` and
 ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` to read. Every op before ``op_next`` is applied: a commit's
-message is in its real topic. ``scan_from``: the commit-log offset of the first op not
-applied, where a restart looks for commits already stored. ``halves_read_to``: the
+message is in its real topic. ``scan_from``: where the last op before ``op_next`` ends in
+the log; every commit of a later op lies past it, and a restart looks there for commits
+already stored. ``halves_read_to``: the
 commit-log end of the last half read (a half below it and not in ``halves`` is decided).
 ``halves``: the half messages
-read and not decided yet, with how often they were checked; ``decided``: decisions
-taken for halves not read yet (a producer may decide before this actor reads its half).
+read and not decided by an op before ``op_next``, with how often they were checked. Every
+offset and every half named lies below the flushed offset when the file is written.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ class TransactionCheckpoint(msgspec.Struct, kw_only=True):
     scan_from: int = 0
     halves_read_to: int = 0
     halves: list[Half] = []
-    decided: dict[int, str] = {}
 
 
 def load_transaction_checkpoint(store_dir: Path) -> TransactionCheckpoint:

@@ -10,6 +10,7 @@ import pytest
 from engine.client import EngineError, StoreClient
 from engine.errors import ErrorCode
 from supervisor.launcher import EngineProcess
+from tests.helpers import wait_dispatched
 from tests.timer.conftest import TOPIC
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +38,7 @@ def test_a_delayed_message_reaches_its_queue_at_its_time_and_not_before(timed_en
         result = client.send(TOPIC, [{"body": b"later", "tags": "T", "keys": ["k-1"],
                                       "properties": {"app": "x"}}], queue_id=1, delay_ms=1_200)[0]
         assert result["status"] == "PUT_OK"
+        wait_dispatched(client)
         assert client.pull(TOPIC, 1, 0)["messages"] == []  # stored, not visible
         assert client.status()["offsets"]["timers_pending"] >= 0
         [message] = wait_messages(client, 1, 1)
@@ -89,7 +91,7 @@ def test_a_deliver_time_already_past_is_stored_for_consumers_at_once(timed_engin
     with timed_engine.client() as client:
         result = client.send(TOPIC, [{"body": b"now"}], queue_id=1, deliver_at_ms=wall_ms() - 10_000)[0]
         assert (result["queue_id"], result["queue_offset"]) == (1, 0)
-        assert bytes(client.pull(TOPIC, 1, 0)["messages"][0]["body"]) == b"now"
+        assert bytes(client.pull(TOPIC, 1, 0, max_wait_ms=5_000)["messages"][0]["body"]) == b"now"
 
 
 @pytest.mark.parametrize(("fields", "code"), [
@@ -117,8 +119,12 @@ def test_the_routing_properties_and_the_system_topics_are_the_engines_own(timed_
         with pytest.raises(EngineError) as refused:
             client.send(TOPIC, [{"body": b"x", "properties": {"ORIGIN_OFFSET": "0"}}])
         assert refused.value.code == ErrorCode.INVALID_PROPERTY
-        for system_topic in ("rmq_sys_wheel_timer", "RMQ_SYS_TRANS_HALF_TOPIC"):
+        for system_topic in ("rmq_sys_wheel_timer", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC"):
             with pytest.raises(EngineError) as refused:
                 client.send(system_topic, [{"body": b"x"}])
             assert refused.value.code == ErrorCode.INVALID_TOPIC
+            with pytest.raises(EngineError) as refused:
+                client.delete_topic(system_topic)
+            assert refused.value.code == ErrorCode.INVALID_TOPIC
+        assert "rmq_sys_wheel_timer" not in {t["topic"] for t in client.list_topics()}
         assert client.status()["offsets"]["written_offset"] == 0

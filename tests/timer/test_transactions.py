@@ -10,7 +10,7 @@ import pytest
 from engine.client import EngineError, StoreClient
 from engine.errors import ErrorCode
 from supervisor.launcher import EngineProcess
-from tests.helpers import engine_with_topics
+from tests.helpers import engine_with_topics, wait_dispatched
 from tests.timer.conftest import TOPIC, timer_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,6 +25,8 @@ def half(client: StoreClient, body: bytes, queue_id: int = 0) -> str:
 
 
 def visible(client: StoreClient, queue_id: int = 0) -> list[bytes]:
+    """What consumers see in the queue once everything stored so far is dispatched."""
+    wait_dispatched(client)
     return [bytes(m["body"]) for m in client.pull(TOPIC, queue_id, 0, max_messages=1_000)["messages"]]
 
 
