@@ -127,6 +127,7 @@ class TimerActor(Actor):
         # (end of the source in the log, enqueue_next and timer-log end after it): the checkpoint takes
         # the last one the flush has passed, so that it never counts a source a power cut may take
         self.enqueued: deque[tuple[int, int, int]] = deque()
+        self.due_until: dict[int, int] = {}  # timer-log file start -> the latest deliver time in it
         self.enqueue_durable = (0, 0)  # (enqueue_next, log end) the checkpoint may name
         self.retry_at_ms = 0
         self.delivered_at_slot_start = 0
@@ -147,6 +148,8 @@ class TimerActor(Actor):
         self.enqueue_next, self.delivered = checkpoint.enqueue_next, checkpoint.delivered
         self.delivered_at_slot_start = self.delivered
         self.enqueue_durable = (checkpoint.enqueue_next, checkpoint.log_end)
+        present = set(self.log.files.known)
+        self.due_until = {start: until for start, until in checkpoint.files_due_until.items() if start in present}
         end, relinked = checkpoint.log_end, 0
         confirmed = self.slots.get(CONFIRMED)
         for unit in self.log.units_from(checkpoint.log_end):
@@ -154,6 +157,7 @@ class TimerActor(Actor):
             if record is None:
                 break
             self.wheel.relink(self.wheel.slot_start(unit.deliver_ms), unit)
+            self.note_due(unit.pos, unit.deliver_ms)
             self.enqueue_next = max(self.enqueue_next, record.queue_offset + 1)
             end, relinked = unit.pos + UNIT_BYTES, relinked + 1
         self.unlink_lost(end)
@@ -162,6 +166,10 @@ class TimerActor(Actor):
         self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
         log.info("recovered: delivering from %d, enqueueing from queue offset %d, timer log end %d (%d units "
                  "linked again)", self.read_ms, self.enqueue_next, end, relinked)
+
+    def note_due(self, pos: int, deliver_ms: int) -> None:
+        start = self.log.files.file_start(pos)
+        self.due_until[start] = max(self.due_until.get(start, 0), deliver_ms)
 
     def unlink_lost(self, end: int) -> None:
         """Units past ``end`` name messages a power cut took (the log lost its tail under ASYNC_FLUSH):
@@ -227,6 +235,7 @@ class TimerActor(Actor):
             self.log.append(unit.prev_pos, unit.write_ms, unit.delay_ms, unit.offset_py, unit.size_py,
                             unit.topic_hash)
             self.wheel.link(slot_start, unit.pos)
+            self.note_due(unit.pos, at)
             self.enqueue_next = source.queue_offset + 1
             self.enqueued.append((source.commit_log_offset + source.size, self.enqueue_next, self.log.end))
             if self.loaded and slot_start == self.read_ms:
@@ -361,9 +370,13 @@ class TimerActor(Actor):
             _end, enqueue_next, log_end = self.enqueued.popleft()
             self.enqueue_durable = (enqueue_next, log_end)
         checkpoint.enqueue_next, checkpoint.log_end = self.enqueue_durable
+        checkpoint.files_due_until = dict(self.due_until)
         self.log.flush()
         self.wheel.write_dirty()
         store_timer_checkpoint(self.env.store_dir, checkpoint)
+        for start in self.log.delete_delivered(self.due_until, checkpoint.read_time_ms):
+            del self.due_until[start]  # the next checkpoint forgets it; a restart before skips what is gone
+            log.info("timer log file %d: every unit delivered; deleted", start)
         self.slots.set(TIMERS_PENDING, self.pending())
 
     def pending(self) -> int:

@@ -126,7 +126,7 @@ class TransactionActor(Actor):
         self.half_marks: deque[tuple[int, int]] = deque()  # (end of a half read, the half queue's next offset)
         self.recent: OrderedDict[int, str] = OrderedDict()
         # the first op of each half (its decision and queue offset): it stands, later ones are void
-        self.applied: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self.applied: OrderedDict[int, Op] = OrderedDict()
         self.uncertain: dict[int, int] = {}  # half -> until when (mono ms) an op with a lost reply may appear
         self.deciding: dict[int, Decision] = {}
         self.waiting: dict[int, list[Waiter]] = {}  # commits stored: answer these once the op is applied
@@ -235,10 +235,10 @@ class TransactionActor(Actor):
             pending = self.deciding.pop(offset)
             if reply is not None and reply.get("ok"):
                 first = self.applied.get(offset)
-                if first is not None and first[0] != decision:  # an earlier op (its answer lost) stands
+                if first is not None and first.decision != decision:  # an earlier op (its answer lost) stands
                     for waiter in pending.waiters:
                         later.send("requests", [*waiter.reply_to, encode_error(
-                            waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first[0]}")])
+                            waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first.decision}")])
                     return
                 self.remember(offset, decision)
                 if decision == "commit":  # answered once the op is applied (its message stored)
@@ -347,12 +347,13 @@ class TransactionActor(Actor):
             op = self.to_apply.popleft()
             self.uncertain.pop(op.half_offset, None)
             first = self.applied.get(op.half_offset)
-            if first is not None and first[1] != op.queue_offset:  # a later op of a decided half: void
+            if first is not None and first is not op:  # a later op of a decided half: void
                 op.applied = True
-                self.recent[op.half_offset] = first[0]
-                self.answer_waiting(op.half_offset, first[0], out)
+                self.recent[op.half_offset] = first.decision
+                if first.applied or first.decision != "commit":  # else answered when the first commit is
+                    self.answer_waiting(op.half_offset, first.decision, out)
                 continue
-            self.applied[op.half_offset] = (op.decision, op.queue_offset)
+            self.applied[op.half_offset] = op
             if len(self.applied) > _RECENT_DECISIONS_MAX:
                 self.applied.popitem(last=False)
             self.remember(op.half_offset, op.decision)

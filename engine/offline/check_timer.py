@@ -62,18 +62,16 @@ def _check_timer(store_dir: Path, config: StoreConfig, reader: CommitLogReader,
         return
     timer_log = TimerLog(store_dir, config.timer_log_segment_bytes)
     try:
-        first = timer_log.files.first_offset()
-        pos = checkpoint.log_end if first is None else first
-        while pos < checkpoint.log_end:
-            unit = timer_log.read(pos)
-            if unit is None:
-                yield TIMER_LOG_DIR, f"the unit at {pos}, before the checkpoint's log end {checkpoint.log_end}, " \
-                                     f"is damaged"
-            elif unit.offset_py >= reader.min_offset():
-                problem = _source_problem(reader, unit.offset_py, unit.size_py, log_end)
-                if problem:
-                    yield TIMER_LOG_DIR, f"the unit at {pos}: {problem}"
-            pos += UNIT_BYTES
+        for start in timer_log.files.known:  # files whose units were all delivered are gone
+            for pos in range(start, min(start + config.timer_log_segment_bytes, checkpoint.log_end), UNIT_BYTES):
+                unit = timer_log.read(pos)
+                if unit is None:
+                    yield TIMER_LOG_DIR, f"the unit at {pos}, before the checkpoint's log end " \
+                                         f"{checkpoint.log_end}, is damaged"
+                elif unit.offset_py >= reader.min_offset():
+                    problem = _source_problem(reader, unit.offset_py, unit.size_py, log_end)
+                    if problem:
+                        yield TIMER_LOG_DIR, f"the unit at {pos}: {problem}"
         units_end = checkpoint.log_end + UNIT_BYTES * sum(1 for _ in timer_log.units_from(checkpoint.log_end))
         yield from _check_wheel(store_dir, config, timer_log, checkpoint.read_time_ms, units_end)
     finally:

@@ -93,13 +93,16 @@ class TimerCheckpoint(msgspec.Struct, kw_only=True):
     ``read_time_ms``: every slot before it is delivered; ``slot_log_start``: the commit-log
     offset the log ended at when that slot's delivery began, where a restart looks for
     moves already made; ``log_end``: the timer log's end, every unit before it linked in
-    the wheel file; ``enqueue_next``: the next queue offset of rmq_sys_wheel_timer to read."""
+    the wheel file; ``enqueue_next``: the next queue offset of rmq_sys_wheel_timer to read;
+    ``files_due_until``: for each timer-log file, the latest deliver time of its units (a file
+    is deleted once the read time passes it)."""
 
     read_time_ms: int = 0
     slot_log_start: int = 0
     log_end: int = 0
     enqueue_next: int = 0
     delivered: int = 0
+    files_due_until: dict[int, int] = {}
 
 
 def load_timer_checkpoint(store_dir: Path) -> TimerCheckpoint | None:
@@ -170,12 +173,13 @@ class TimerLog:
         for mapped in list(self.files.files.values()):
             mapped.flush()
 
-    def delete_before(self, pos: int) -> int:
-        """Delete the files that end at or before ``pos`` (every unit in them delivered); how many."""
-        gone = [start for start in self.files.known if start + self.segment_bytes <= pos]
+    def delete_delivered(self, due_until: dict[int, int], read_time_ms: int) -> list[int]:
+        """Delete the full files whose every unit is due before ``read_time_ms`` (delivered); their starts."""
+        current = self.files.file_start(self.end)
+        gone = [start for start, until in due_until.items() if start < current and until < read_time_ms]
         for start in gone:
             self.files.delete(start)
-        return len(gone)
+        return gone
 
     def close(self) -> None:
         self.files.close()

@@ -19,6 +19,7 @@ import msgspec
 from engine.errors import ErrorCode, RequestError
 from engine.names import is_topic_name, validate_topic
 from engine.store.atomic_file import read_with_backup, write_atomically
+from engine.store.system_topics import SYSTEM_TOPICS
 
 TOPICS_FILE = Path("config") / "topics.json"
 PERM_READ_WRITE = 6
@@ -58,8 +59,9 @@ class TopicTable:
         existing = self.topics.get(name)
         if existing is not None and (queue_count is None or queue_count == existing.write_queue_nums):
             return existing
-        if existing is None and len(self.topics) >= topic_count_max:
-            raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"the store holds {len(self.topics)} topics "
+        count = len(self.topics) - sum(1 for own in SYSTEM_TOPICS if own in self.topics)  # the engine's own: free
+        if existing is None and count >= topic_count_max and name not in SYSTEM_TOPICS:
+            raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"the store holds {count} topics "
                                                          f"(topic_count_max); delete some or raise the limit")
         queue_count = queue_count or default_queue_count
         if existing is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,3 +129,23 @@ def test_the_routing_properties_and_the_system_topics_are_the_engines_own(timed_
             assert refused.value.code == ErrorCode.INVALID_TOPIC
         assert "rmq_sys_wheel_timer" not in {t["topic"] for t in client.list_topics()}
         assert client.status()["offsets"]["written_offset"] == 0
+
+
+def test_timer_log_files_go_once_every_unit_in_them_is_delivered(store_dir: Path) -> None:
+    from engine.offline.check import check_store
+    from engine.store.timer_files import TIMER_LOG_DIR
+    from tests.helpers import engine_with_topics
+    from tests.timer.conftest import timer_config
+
+    config = timer_config(flush_mode="SYNC_FLUSH", timer_log_segment_bytes=52 * 64)  # 64 units a file
+    with engine_with_topics(store_dir, config, {TOPIC: 1}) as engine, engine.client() as client:
+        now = wall_ms()
+        for n in range(200):
+            client.send(TOPIC, [{"body": b"%d" % n}], queue_id=0, deliver_at_ms=now + 200 + n)
+        client.send(TOPIC, [{"body": b"after"}], queue_id=0, deliver_at_ms=now + 2_500)  # slots before are done
+        client.send(TOPIC, [{"body": b"last"}], queue_id=0, delay_ms=3_000_000)  # holds the newest file
+        assert len(wait_messages(client, 0, 201)) == 201
+        assert engine.stop() == 0  # the last checkpoint deletes what is delivered
+    files = sorted(path.name for path in (store_dir / TIMER_LOG_DIR).iterdir())
+    assert len(files) == 1, files  # 202 units made 4 files; the 3 full ones are delivered
+    assert check_store(store_dir, config) == []
