@@ -1,13 +1,20 @@
 """Which actors make up the engine, in which order they start, and their restart policy.
 
-Start order follows what each actor's recovery reads: the writer recovers the
-log tail first (and publishes the confirmed offset), the flusher follows it,
-queue owners and the index builder rebuild what the log holds beyond their
-files, the reput dispatcher resumes from what they hold, and the front opens
-the client endpoint, after the timer and the transaction actor (clients of the
-front on its internal port, and served by it: the front finds them bound); the
-gRPC endpoint (when on), a client of the front, comes last. Stop order is the
-reverse, so the dispatcher drains before the owners stop, and the writer's last bytes are flushed at the end.
+Start order follows what each actor's recovery reads, in waves; the actors of one wave
+start together, and the next wave starts once all of them run:
+
+1. the writer recovers the log tail (and publishes the confirmed offset);
+2. the flusher flushes it and brings the checkpoint within the log;
+3. the queue owners and the index builder rebuild what the log holds beyond their files
+   (each from the checkpoint, each its own files), and the timer and the transaction actor
+   load their own files (they read only the confirmed offset);
+4. the reput dispatcher resumes from what the owners and the index builder hold;
+5. the front opens the client endpoint (and the internal port, where the timer and the
+   transaction actor are already bound for it);
+6. the gRPC endpoint (when on), a client of the front.
+
+Stop order is the reverse, one actor at a time, so the dispatcher drains before the owners
+stop, and the writer's last bytes are flushed at the end.
 """
 
 from __future__ import annotations
@@ -22,19 +29,20 @@ class ActorSpec:
     name: str
     module: str
     instance: int = 0
+    wave: int = 0  # actors of one wave start together (see above)
 
 
 def actor_specs(config: StoreConfig) -> list[ActorSpec]:
-    owners = [ActorSpec(f"owner-{k}", "engine.actors.consume_queue_owner", k)
+    owners = [ActorSpec(f"owner-{k}", "engine.actors.consume_queue_owner", k, wave=3)
               for k in range(config.consume_queue_owner_count)]
     return [
-        ActorSpec("writer", "engine.actors.commit_log_writer"),
-        ActorSpec("flusher", "engine.actors.flusher"),
+        ActorSpec("writer", "engine.actors.commit_log_writer", wave=1),
+        ActorSpec("flusher", "engine.actors.flusher", wave=2),
         *owners,
-        ActorSpec("index", "engine.actors.index_builder"),
-        ActorSpec("reput", "engine.actors.reput_dispatcher"),
-        ActorSpec("timer", "engine.actors.timer"),
-        ActorSpec("transactions", "engine.actors.transactions"),
-        ActorSpec("front", "engine.actors.front"),
-        *([ActorSpec("grpc", "engine.actors.grpc_endpoint")] if config.grpc_enabled else []),
+        ActorSpec("index", "engine.actors.index_builder", wave=3),
+        ActorSpec("timer", "engine.actors.timer", wave=3),
+        ActorSpec("transactions", "engine.actors.transactions", wave=3),
+        ActorSpec("reput", "engine.actors.reput_dispatcher", wave=4),
+        ActorSpec("front", "engine.actors.front", wave=5),
+        *([ActorSpec("grpc", "engine.actors.grpc_endpoint", wave=6)] if config.grpc_enabled else []),
     ]

@@ -130,9 +130,12 @@ class Supervisor:
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
         state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir)}
         (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
-        for actor in self.actors.values():
-            self._spawn(actor)
-            self._await_running(actor)
+        for wave in sorted({actor.spec.wave for actor in self.actors.values()}):
+            starting = [actor for actor in self.actors.values() if actor.spec.wave == wave]
+            for actor in starting:
+                self._spawn(actor)
+            for actor in starting:
+                self._await_running(actor)
         # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
         (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
         self.publish("engine.ready")
@@ -311,8 +314,12 @@ class Supervisor:
         """Stop every actor in reverse start order; True if the stop was clean."""
         self.publish("engine.stopping")
         clean = True
-        for actor in reversed(list(self.actors.values())):
-            clean &= self._stop_actor(actor)
+        for wave in sorted({actor.spec.wave for actor in self.actors.values()}, reverse=True):
+            stopping = [actor for actor in reversed(self.actors.values()) if actor.spec.wave == wave]
+            for actor in stopping:  # an actor's stop waits for nothing of another in its wave
+                self._signal_stop(actor)
+            for actor in stopping:
+                clean &= self._stop_actor(actor, signalled=True)
         caught_up = self.offsets.get(DISPATCHED) >= self.offsets.get(CONFIRMED)
         if clean and caught_up:
             (self.store_dir / ABORT_FILE).unlink(missing_ok=True)
@@ -328,12 +335,19 @@ class Supervisor:
         os.close(self.lock_fd)
         return clean and caught_up
 
-    def _stop_actor(self, actor: ActorProcess) -> bool:
+    @staticmethod
+    def _signal_stop(actor: ActorProcess) -> None:
+        if actor.process is not None and actor.process.poll() is None:
+            actor.process.send_signal(signal.SIGTERM)
+
+    def _stop_actor(self, actor: ActorProcess, *, signalled: bool = False) -> bool:
+        """Wait for the actor to stop (after a SIGTERM, sent here unless ``signalled``: a second one
+        could reach it while Python is finalizing, with the default handler back, and kill it)."""
         process = actor.process
         if process is None:
             return actor.restart_at_ms is None and not actor.gave_up
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        if not signalled:
+            self._signal_stop(actor)
         try:
             code = process.wait(self.config.actor_stop_timeout_ms / 1000)
         except subprocess.TimeoutExpired:
@@ -345,4 +359,6 @@ class Supervisor:
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
         actor.lifecycle = "STOPPED"
+        if code != 0:
+            log.warning("actor %s exited with code %d when asked to stop", actor.spec.name, code)
         return code == 0

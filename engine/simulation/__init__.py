@@ -100,7 +100,7 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
             _ordinary_step(world, workload, rng, plan)
         if found:
             return found
-    world.pass_time(15_000)  # every delayed message due, every move lost with a front timed out
+    world.pass_time(8_000)  # every delayed message due, every move lost with a front timed out
     found += _settled_check(world, workload, "at the end")
     found += [f"at the end: {v}" for v in delayed_arrivals(world.store_dir, world.config, workload)]
     return found

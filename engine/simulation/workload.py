@@ -99,7 +99,7 @@ class Workload:
         n = self.delayed_sent = self.delayed_sent + 1
         body = f"d{n}:".encode() + self.rng.randbytes(self.rng.randrange(8, 200))
         self.request("send", ("delayed", body), topic=TIMER_TOPIC, messages=[{"body": body}],
-                     delay_ms=self.rng.randrange(1, 1_500))
+                     delay_ms=self.rng.randrange(1, 400))
 
     def send(self) -> None:
         topic = self.rng.choice(sorted(TOPICS))

@@ -97,7 +97,7 @@ def sim_config(flush_mode: str) -> StoreConfig:
         message_body_bytes_max=8 * KiB, properties_bytes_max=4 * KiB, send_batch_bytes_max=32 * KiB,
         client_frame_bytes_max=128 * KiB, flush_mode=flush_mode,  # type: ignore[arg-type]
         flush_interval_ms=50, flush_consume_queue_interval_ms=100, checkpoint_interval_ms=150,
-        flush_thorough_interval_ms=400, sync_flush_timeout_ms=60_000, send_queue_wait_ms_max=2_000,
+        flush_thorough_interval_ms=400, sync_flush_timeout_ms=60_000, send_queue_wait_ms_max=200,
         consume_queue_owner_count=2, topic_queue_count_default=2, fifo_groups=(FIFO_GROUP,),
         timer_max_delay_ms=60_000, timer_wheel_slots=120, timer_log_segment_bytes=52 * 64,
     ).validate()

@@ -139,7 +139,7 @@ def test_thousands_of_parked_pulls_woken_at_once_are_served_in_slices(tmp_path) 
     turn (long_poll_wakes_per_turn_max), heartbeating between slices, and every one is answered.
     (The front's queue to an owner holds socket_hwm_messages requests: a client that pipelines
     far more than that before the owner parks them gets SERVICE_NOT_AVAILABLE for the rest.)"""
-    parked = 20_000
+    parked = 15_000
     config = StoreConfig.test_min().replace(heartbeat_timeout_ms=1_000, long_poll_wait_ms_max=60_000)
     engine = EngineProcess(tmp_path / "store", config=config)
     engine.start()
