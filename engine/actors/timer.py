@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.actors.base import Actor, Env, Port, main
@@ -40,7 +40,7 @@ from engine.store.system_topics import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_OUT_MS,
     TIMER_TOPIC,
-    moved_message,
+    moved_view_message,
     real_destination,
 )
 from engine.store.timer_files import (
@@ -86,11 +86,7 @@ class Done:
     delivered: int
 
 
-@dataclass(order=True)
-class Due:
-    deliver_ms: int
-    pos: int
-    unit: Unit = field(compare=False)
+Due = tuple[int, int, Unit]  # (deliver ms, timer-log position, unit): a plain tuple, for the heap's speed
 
 
 class TimerActor(Actor):
@@ -202,6 +198,20 @@ class TimerActor(Actor):
             return None
         return record
 
+    def source_view(self, unit: Unit, confirmed: int) -> dict[str, Any] | None:
+        """``source``, as the C codec reads it: the record's message map."""
+        if unit.offset_py + unit.size_py > confirmed:
+            return None
+        try:
+            view = self.reader.read_view(unit.offset_py, limit=confirmed)
+        except RecordError:
+            view = None
+        if view is None or view["topic"] != TIMER_TOPIC or view["store_size"] != unit.size_py \
+                or view["store_timestamp"] != unit.write_ms:
+            self.source(unit, confirmed)  # logs why
+            return None
+        return view
+
     # -- enqueue -----------------------------------------------------------------------------
 
     def pull(self, out: Effects) -> None:
@@ -239,7 +249,7 @@ class TimerActor(Actor):
             self.enqueue_next = source.queue_offset + 1
             self.enqueued.append((source.commit_log_offset + source.size, self.enqueue_next, self.log.end))
             if self.loaded and slot_start == self.read_ms:
-                heapq.heappush(self.due, Due(at, unit.pos, unit))
+                heapq.heappush(self.due, (at, unit.pos, unit))
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -279,7 +289,7 @@ class TimerActor(Actor):
                 break
             units.append(unit)
             pos = unit.prev_pos
-        self.due = [Due(unit.deliver_ms, unit.pos, unit) for unit in units]
+        self.due = [(unit.deliver_ms, unit.pos, unit) for unit in units]
         heapq.heapify(self.due)
         self.loaded = True
         self.delivered_at_slot_start = self.delivered
@@ -291,24 +301,24 @@ class TimerActor(Actor):
         if self.clock.mono_ms() < self.retry_at_ms:
             return
         in_flight_max = self.config.timer_deliveries_in_flight_max
-        while self.due and self.due[0].deliver_ms <= now and len(self.front) < in_flight_max:
+        while self.due and self.due[0][0] <= now and len(self.front) < in_flight_max:
             batches: dict[tuple[str, int], list[tuple[Unit, dict[str, object]]]] = {}
             taken = 0
-            while self.due and self.due[0].deliver_ms <= now and taken < _MOVE_MESSAGES_MAX:
+            while self.due and self.due[0][0] <= now and taken < _MOVE_MESSAGES_MAX:
                 taken += 1
-                unit = heapq.heappop(self.due).unit
+                unit = heapq.heappop(self.due)[2]
                 if unit.offset_py in self.already_moved:
                     self.already_moved.discard(unit.offset_py)
                     self.delivered += 1
                     continue
-                record = self.source(unit, confirmed)
-                destination = real_destination(record) if record is not None else None
-                if record is None or destination is None:
+                view = self.source_view(unit, confirmed)
+                destination = real_destination(view["properties"]) if view is not None else None
+                if view is None or destination is None:
                     self.dropped += 1
                     self.delivered += 1
                     continue
                 batch = batches.setdefault(destination, [])
-                batch.append((unit, moved_message(record, {})))
+                batch.append((unit, moved_view_message(view)))
                 if len(batch) >= _MOVE_MESSAGES_MAX:
                     break
             for (topic, queue_id), batch in batches.items():
@@ -339,7 +349,7 @@ class TimerActor(Actor):
                       reply["error"]["message"] if reply else "")
             return
         for unit in units:  # stored or not: look in the log before trying again
-            heapq.heappush(self.due, Due(unit.deliver_ms, unit.pos, unit))
+            heapq.heappush(self.due, (unit.deliver_ms, unit.pos, unit))
         self.retry_at_ms = self.clock.mono_ms() + 100
         if code is None or code == ErrorCode.TIMEOUT:
             self.look_pending = True

@@ -294,7 +294,7 @@ class TransactionActor(Actor):
             except RecordError:
                 continue
             record = self.reader.read(offset, limit=confirmed)
-            destination = real_destination(record)
+            destination = real_destination(record.properties)
             if destination is not None:
                 view["topic"], view["queue_id"] = destination
             view["check_times"] = half.checks
@@ -375,7 +375,7 @@ class TransactionActor(Actor):
             log.error("the committed half at %d cannot be read (%s): its message is lost", op.half_offset, exc.reason)
             self.finish_commit(op, out)
             return
-        destination = real_destination(half)
+        destination = real_destination(half.properties)
         if destination is None:
             self.finish_commit(op, out)
             return
@@ -399,7 +399,7 @@ class TransactionActor(Actor):
                 self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
         self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
-                        queue_id=destination[1], messages=[moved_message(half, {})])
+                        queue_id=destination[1], messages=[moved_message(half)])
 
     def finish_commit(self, op: Op, out: Effects) -> None:
         op.applied = True

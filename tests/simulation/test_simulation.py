@@ -63,7 +63,7 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
 
     monkeypatch.setattr(PopStates, "sync", no_sync)
     plan = Plan(power_cut_ratio=0.02)  # the bug shows only when a cut follows an ack: cut more often
-    outcomes = [simulate(seed, plan) for seed in range(100)]
+    outcomes = [simulate(seed, plan) for seed in range(50)]
     failing = [o.seed for o in outcomes if not o.ok and any("after its ack" in v for v in o.violations)]
     assert failing, "the simulation missed acks that a power cut took back"
     assert all(o.flush_mode == "SYNC_FLUSH" for o in outcomes if o.seed in failing)
