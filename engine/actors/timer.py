@@ -34,7 +34,7 @@ from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, fr
 from engine.errors import ErrorCode
 from engine.services.moved_records import moved_since
 from engine.store.commit_log import CommitLogReader
-from engine.store.layout import RecordError, java_string_hash
+from engine.store.layout import Record, RecordError, java_string_hash
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, TIMERS_PENDING
 from engine.store.system_topics import (
     PROPERTY_REAL_TOPIC,
@@ -181,7 +181,7 @@ class TimerActor(Actor):
             log.warning("%d timer units past %d name messages the log no longer holds: unlinked", len(lost), end)
         self.wheel.write_dirty()
 
-    def source(self, unit: Unit, confirmed: int) -> Any:
+    def source(self, unit: Unit, confirmed: int) -> Record | None:
         """The rmq_sys_wheel_timer record of ``unit``, or None if the log does not hold it (any more)."""
         if unit.offset_py + unit.size_py > confirmed:
             return None

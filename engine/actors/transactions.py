@@ -293,8 +293,7 @@ class TransactionActor(Actor):
                 view = self.reader.read_view(offset, limit=confirmed)
             except RecordError:
                 continue
-            record = self.reader.read(offset, limit=confirmed)
-            destination = real_destination(record.properties)
+            destination = real_destination(view["properties"])  # the view has them decoded already
             if destination is not None:
                 view["topic"], view["queue_id"] = destination
             view["check_times"] = half.checks
