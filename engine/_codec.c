@@ -281,34 +281,6 @@ read_buffer(PyObject *buf, Py_ssize_t pos, Py_ssize_t limit, Py_buffer *view)
     return 0;
 }
 
-/* "/<queue_id>" in decimal, as f"{topic}/{queue_id}" writes it; returns the length. */
-static int
-format_slash_int(char *out, long long value)
-{
-    char digits[24];
-    int n = 0, len = 0;
-    unsigned long long u = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
-    do {
-        digits[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    out[len++] = '/';
-    if (value < 0)
-        out[len++] = '-';
-    while (n)
-        out[len++] = digits[--n];
-    return len;
-}
-
-/* zlib.crc32(f"{topic}/{queue_id}".encode()) over the topic's UTF-8 bytes. */
-static uint32_t
-owner_crc(const uint8_t *topic, Py_ssize_t topic_len, long long queue_id)
-{
-    char suffix[32];
-    int n = format_slash_int(suffix, queue_id);
-    return crc_update(crc_update(0, topic, topic_len), (const uint8_t *)suffix, n);
-}
-
 static inline int32_t java_int(uint32_t h) { return (int32_t)h; }
 
 /* Java String.hashCode over bytes that are whole code units (ASCII or Latin-1). */
@@ -669,29 +641,26 @@ codec_java_hash(PyObject *Py_UNUSED(module), PyObject *text)
     return PyLong_FromLong(h);
 }
 
-/* f"{topic}/{queue_id}".encode() for any objects, as the Python reference builds it. */
+/* f"{topic}".encode() for any object, as the Python reference builds it. */
 static PyObject *
-owner_key_bytes(PyObject *topic, PyObject *queue_id)
+owner_topic_bytes(PyObject *topic)
 {
     PyObject *empty = PyUnicode_New(0, 0);
     if (empty == NULL)
         return NULL;
-    PyObject *t = PyObject_Format(topic, empty);
-    PyObject *q = t ? PyObject_Format(queue_id, empty) : NULL;
-    PyObject *joined = q ? PyUnicode_FromFormat("%U/%U", t, q) : NULL;
-    PyObject *encoded = joined ? PyUnicode_AsUTF8String(joined) : NULL;
+    PyObject *text = PyObject_Format(topic, empty);
+    PyObject *encoded = text ? PyUnicode_AsUTF8String(text) : NULL;
     Py_DECREF(empty);
-    Py_XDECREF(t);
-    Py_XDECREF(q);
-    Py_XDECREF(joined);
+    Py_XDECREF(text);
     return encoded;
 }
 
 /*
  * owner_index(topic: str, queue_id: int, owner_count: int) -> int:
- * zlib.crc32(f"{topic}/{queue_id}".encode()) % owner_count. The plain case
- * (a str, an int that fits 64 bits, a positive count) is computed here; any
- * other goes through the same Python operations as the reference.
+ * (zlib.crc32(f"{topic}".encode()) + queue_id) % owner_count: the queues of a topic go
+ * round the owners from a place its name picks. The plain case (a str, an int within
+ * +-2^62, a positive count) is computed here; any other goes through the same Python
+ * operations as the reference.
  */
 static PyObject *
 codec_owner_index(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -702,33 +671,38 @@ codec_owner_index(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
     }
     PyObject *topic = args[0], *queue_id = args[1], *owner_count = args[2];
     uint32_t crc;
-    int overflow = 1;
-    long long qid = 0;
-    if (PyUnicode_CheckExact(topic) && PyLong_CheckExact(queue_id))
-        qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow);
-    if (!overflow) {
+    if (PyUnicode_CheckExact(topic)) {
         Py_ssize_t len;
         const char *utf8 = PyUnicode_AsUTF8AndSize(topic, &len);
         if (utf8 == NULL)
             return NULL;
-        crc = owner_crc((const uint8_t *)utf8, len, qid);
+        crc = crc_update(0, (const uint8_t *)utf8, len);
     } else {
-        PyObject *encoded = owner_key_bytes(topic, queue_id);
+        PyObject *encoded = owner_topic_bytes(topic);
         if (encoded == NULL)
             return NULL;
         crc = crc_update(0, (const uint8_t *)PyBytes_AS_STRING(encoded), PyBytes_GET_SIZE(encoded));
         Py_DECREF(encoded);
     }
-    if (PyLong_CheckExact(owner_count)) {
-        long count = PyLong_AsLongAndOverflow(owner_count, &overflow);
-        if (!overflow && count > 0)
-            return PyLong_FromUnsignedLong(crc % (unsigned long)count);
+    if (PyLong_CheckExact(queue_id) && PyLong_CheckExact(owner_count)) {
+        int overflow_q = 0, overflow_c = 0;
+        long long qid = PyLong_AsLongLongAndOverflow(queue_id, &overflow_q);
+        long long count = PyLong_AsLongLongAndOverflow(owner_count, &overflow_c);
+        const long long bound = 1LL << 62;
+        if (!overflow_q && !overflow_c && count > 0 && qid > -bound && qid < bound) {
+            long long r = ((long long)crc + qid) % count;
+            return PyLong_FromLongLong(r < 0 ? r + count : r);
+        }
     }
     PyObject *value = PyLong_FromUnsignedLong(crc);
     if (value == NULL)
         return NULL;
-    PyObject *result = PyNumber_Remainder(value, owner_count);
+    PyObject *sum = PyNumber_Add(value, queue_id);
     Py_DECREF(value);
+    if (sum == NULL)
+        return NULL;
+    PyObject *result = PyNumber_Remainder(sum, owner_count);
+    Py_DECREF(sum);
     return result;
 }
 
@@ -1056,7 +1030,9 @@ static Py_ssize_t
 cached_owner(TopicCache *cache, long long queue_id, long owner_count)
 {
     if (!cache->have_owner || cache->queue_id != queue_id) {
-        cache->owner = (Py_ssize_t)(owner_crc(cache->bytes, cache->len, queue_id) % (unsigned long)owner_count);
+        /* owner_index: (crc32(topic) + queue_id) % owner_count, never negative (a record's queue id is 32 bits) */
+        long long r = ((long long)crc_update(0, cache->bytes, cache->len) + queue_id) % (long long)owner_count;
+        cache->owner = (Py_ssize_t)(r < 0 ? r + owner_count : r);
         cache->queue_id = queue_id;
         cache->have_owner = 1;
     }

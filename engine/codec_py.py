@@ -60,8 +60,9 @@ def java_hash(text: str) -> int:
 
 
 def owner_index(topic: str, queue_id: int, owner_count: int) -> int:
-    """Which ConsumeQueue owner holds (topic, queue_id): CRC-32 of ``topic/queue_id``."""
-    return zlib.crc32(f"{topic}/{queue_id}".encode()) % owner_count
+    """Which ConsumeQueue owner holds (topic, queue_id): the topic's queues go round the owners,
+    from the one the CRC-32 of its name picks."""
+    return (zlib.crc32(f"{topic}".encode()) + queue_id) % owner_count
 
 
 def encode_records(buf, pos: int, base_offset: int, topic: bytes, queue_id: int, first_queue_offset: int,

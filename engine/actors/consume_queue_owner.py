@@ -48,10 +48,12 @@ from engine.ipc.messages import (
     GetByOffset,
     OffsetForTime,
     Pop,
+    PopElsewhere,
     PopStats,
     Pull,
     QueueStats,
     dispatch_decoder,
+    encoder,
     owner_request_decoder,
 )
 from engine.ipc.protocol import (
@@ -174,10 +176,16 @@ class ConsumeQueueOwnerActor(Actor):
                     reply = self.queue_question("queue_stats", raw)
                 case OffsetForTime():
                     reply = self.queue_question("offset_for_time", raw)
-                case Pop(queue_ids):
+                case Pop(queue_ids, then):
                     request = decode_request("pop", raw)
                     assert isinstance(request, PopRequest)
-                    reply = self.pop(request, queue_ids, reply_to=reply_to)
+                    if then:  # other owners hold queues of the topic: pass on rather than wait
+                        reply, empty = self.pops.pop(request, queue_ids)
+                        if empty:
+                            out.send("requests", [*reply_to, raw, encoder.encode(PopElsewhere(then))])
+                            return
+                    else:
+                        reply = self.pop(request, queue_ids, reply_to=reply_to)
                 case Ack():
                     reply = self.pops.ack(raw, out)
                     self.wake_unlocked()

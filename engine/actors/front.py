@@ -53,14 +53,15 @@ from engine.ipc.messages import (
     OffsetForTime,
     OwnerRequest,
     Pop,
+    PopElsewhere,
     PopStats,
     Pull,
     QueueStats,
     TransactionChecks,
     TransactionRequest,
     WriterRequest,
+    backend_note_decoder,
     encoder,
-    topic_deletion_decoder,
 )
 from engine.ipc.protocol import (
     CommitOffsetRequest,
@@ -176,9 +177,13 @@ class FrontActor(Actor):
         self.held.append(partial(self.serve, client, flag, raw))
 
     def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
+        note = backend_note_decoder.decode(frames[3]) if len(frames) > 3 else None
+        if isinstance(note, PopElsewhere):  # frames[2] is the client's pop: on to the next owner
+            out.append(self.pop_at(frames[0], frames[1], frames[2], note.then))
+            return
         relay = self.reply(frames[0], frames[1], frames[2])
-        if len(frames) > 3:  # the writer's word on a topic deletion
-            deletion = topic_deletion_decoder.decode(frames[3])
+        if note is not None:  # the writer's word on a topic deletion
+            deletion = note
             self.deleting.discard(deletion.topic)
             if deletion.recorded:
                 self.finish_deletion(deletion.topic)
@@ -299,10 +304,16 @@ class FrontActor(Actor):
         config = self.topics.get(topic)
         assert config is not None
         by_owner = _queues_by_owner(topic, config.read_queue_nums, self.owner_count)
-        turn = self.pop_turn.get(topic, 0)
+        turn = self.pop_turn.get(topic, 0) % len(by_owner)
         self.pop_turn[topic] = turn + 1
-        owner, queue_ids = by_owner[turn % len(by_owner)]
-        out.append(self.forward(self.owner_ports[owner], client, flag, Pop(list(queue_ids)), raw))
+        order = [(owner, list(queue_ids)) for owner, queue_ids in by_owner[turn:] + by_owner[:turn]]
+        out.append(self.pop_at(client, flag, raw, order))
+
+    def pop_at(self, client: bytes, flag: bytes, raw: bytes, order: list[tuple[int, list[int]]]) -> Forward:
+        """The pop for the first owner of ``order``; it hands the pop back if it has nothing now and
+        others are left, so every owner's queues are looked at before one waits (long polling)."""
+        (owner, queue_ids), *then = order
+        return self.forward(self.owner_ports[owner], client, flag, Pop(queue_ids, then), raw)
 
     def queue_owner(self, envelope: Envelope) -> str:
         """The port of the owner of the request's (topic, queue), once both are checked."""

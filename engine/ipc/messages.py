@@ -18,7 +18,8 @@ Frames, front -> writer or owner (DEALER to ROUTER)::
     [client id, REQ flag, envelope (one of ``WriterRequest`` / ``OwnerRequest``), client request]
 
 and back: ``[client id, REQ flag, client reply]``, plus a ``TopicDeletion``
-frame when the writer answers a ``DeleteTopic``.
+frame when the writer answers a ``DeleteTopic``; an owner that passes a pop on sends
+``[client id, REQ flag, client request, PopElsewhere]``.
 """
 
 from __future__ import annotations
@@ -94,9 +95,21 @@ class GetByOffset(msgspec.Struct, array_like=True, tag="get_by_offset"):
 class Pop(msgspec.Struct, array_like=True, tag="pop"):
     """front -> an owner: serve the client ``pop`` from ``queue_ids`` (the request's queue, or
     every queue of the topic this owner holds). Reply: the client reply, at once or (long
-    polling) when a message arrives or becomes due again, or when the wait ends."""
+    polling) when a message arrives or becomes due again, or when the wait ends.
+
+    ``then``: the other owners holding queues of the topic, (owner, its queue ids), to try in
+    turn. An owner that finds nothing to deliver now, with ``then`` left, neither answers nor
+    parks the pop: it hands it back to the front with a ``PopElsewhere`` frame. So a pop finds
+    a message in any queue of the topic, and only the last owner tried waits for one."""
 
     queue_ids: list[int]
+    then: list[tuple[int, list[int]]] = []
+
+
+class PopElsewhere(msgspec.Struct, array_like=True, tag="pop_elsewhere"):
+    """owner -> front, in place of a reply: nothing to pop here; forward the pop to ``then[0]``."""
+
+    then: list[tuple[int, list[int]]]
 
 
 class Ack(msgspec.Struct, array_like=True, tag="ack"):
@@ -241,7 +254,7 @@ encoder = msgspec.msgpack.Encoder()
 writer_request_decoder = msgspec.msgpack.Decoder(WriterRequest)
 owner_request_decoder = msgspec.msgpack.Decoder(OwnerRequest)
 transaction_request_decoder = msgspec.msgpack.Decoder(TransactionRequest)
-topic_deletion_decoder = msgspec.msgpack.Decoder(TopicDeletion)
+backend_note_decoder = msgspec.msgpack.Decoder(TopicDeletion | PopElsewhere)
 progress_decoder = msgspec.msgpack.Decoder(Progress)
 dispatch_decoder = msgspec.msgpack.Decoder(DispatchBatch)
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)

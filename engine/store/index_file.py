@@ -223,7 +223,9 @@ class IndexService:
         while added < len(keys):
             index = self._writing
             if index is None or index.is_full:
-                index = self._writing = self._writable_file(int(time.time() * 1000))
+                # named by the record's store time, not by the clock: close to the moment of
+                # creation (RocketMQ's name), and the same on every replay of a simulated run
+                index = self._writing = self._writable_file(store_timestamp_ms)
             took = index.put_keys(prefix, keys[added:] if added else keys, commit_log_offset, store_timestamp_ms)
             if not took:
                 raise ValueError(f"index_count_max {self.index_count_max} leaves no room for an item")

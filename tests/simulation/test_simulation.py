@@ -62,11 +62,13 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
         self.written.clear()
 
     monkeypatch.setattr(PopStates, "sync", no_sync)
-    plan = Plan(power_cut_ratio=0.02)  # the bug shows only when a cut follows an ack: cut more often
-    outcomes = [simulate(seed, plan) for seed in range(50)]
-    failing = [o.seed for o in outcomes if not o.ok and any("after its ack" in v for v in o.violations)]
+    # The bug shows only when a cut follows an ack and takes the page of its journal entry, and
+    # only under SYNC_FLUSH (ASYNC promises nothing across a power cut): cut more often, in that
+    # mode only. About 2 seeds in 100 catch it.
+    plan = Plan(power_cut_ratio=0.04, flush_mode="SYNC_FLUSH")
+    failing = [seed for seed in range(150)
+               if any("after its ack" in v for v in simulate(seed, plan).violations)]
     assert failing, "the simulation missed acks that a power cut took back"
-    assert all(o.flush_mode == "SYNC_FLUSH" for o in outcomes if o.seed in failing)
 
 
 def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
