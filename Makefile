@@ -26,10 +26,14 @@ setup: $(TEST_STAMP)
 start: $(STAMP)
 	$(PY) -m supervisor start --store-dir $(or $(STORE),store)
 
-# Fault-injection tests use strace (fsync failures); install it when we can.
+# Fault-injection tests use strace (fsync failures), and the dashboard's test drives headless
+# Chromium through ChromeDriver (Debian's chromium and chromium-driver); install them when we can.
+SYSTEM_PACKAGES := strace chromium chromium-driver
 system-tools:
-	@command -v strace >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && (apt-get update -qq && apt-get install -y -qq strace >/dev/null) || echo "note: strace missing; its tests skip"; }
+	@command -v strace >/dev/null 2>&1 && command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get update -qq && apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null) \
+	  || echo "note: $(SYSTEM_PACKAGES) not all installed; the tests that need them skip"; }
 
 # The C and Node clients and their conformance drivers (tests/conformance), and the official
 # RocketMQ 5 Node client of examples/rocketmq5 (tests/grpc).
@@ -45,8 +49,8 @@ clients:
 
 # Lint and types are part of the tests: ruff's rules and mypy's settings are in pyproject.toml.
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check engine supervisor tests scripts
-	$(PY) -m mypy engine supervisor
+	$(PY) -m ruff check engine supervisor rmqpy tests scripts
+	$(PY) -m mypy engine supervisor rmqpy
 
 test: $(TEST_STAMP) system-tools clients lint
 	@$(PY) -c 'import engine.codec as c; assert c.COMPILED, "engine/_codec.c did not build: gcc and zlib1g-dev needed"'

@@ -1,4 +1,5 @@
-"""``python -m engine``: produce, consume, query and inspect from the command line.
+# PYTHON_ARGCOMPLETE_OK (argcomplete's global completion looks for this line)
+"""``rmqpy`` and ``python -m engine``: produce, consume, query and inspect from the command line.
 
     python -m engine produce --topic T --count 10000 --body-size 256 --batch-size 100 --keys --tags TagA
     python -m engine consume --topic T [--queue-id 0] [--offset 0] [--count 100]
@@ -12,6 +13,8 @@
 
 Online commands reach the engine at ``--endpoint``, or at the endpoint of the
 engine running on ``--store-dir``. ``--json`` prints machine-readable output.
+Every command's ``--help`` shows examples; ``rmqpy`` (pyproject.toml's console
+script) is the same program, with shell completion through argcomplete.
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import argcomplete
+
 from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClient
 from engine.ipc.curve import CurveKeys, keygen
 from engine.ipc.endpoints import NotRunning, read_engine_state
+from engine.progress import StageBars, count_bar
+
+PRODUCE_BAR_COUNT_MIN = 1_000  # produce draws a progress bar (on a terminal) from this many messages on
 
 
 def _endpoint(args: argparse.Namespace) -> str:
@@ -73,7 +81,9 @@ def _message_line(m: dict[str, Any]) -> str:
 
 def cmd_produce(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else b"x" * args.body_size
-    with _client(args, timeout_ms=args.timeout_ms) as client:
+    bar = count_bar(args.count, desc="produce", unit=" msg",
+                    enabled=False if args.json or args.count < PRODUCE_BAR_COUNT_MIN else None)
+    with _client(args, timeout_ms=args.timeout_ms) as client, bar:
         sent = 0
         results: list[dict[str, Any]] = []
         started = time.perf_counter()
@@ -94,6 +104,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
             if args.json or args.count <= 20:
                 results.extend(batch_results)
             sent += n
+            bar.update(n)
         elapsed = time.perf_counter() - started
     rate = sent / elapsed if elapsed > 0 else float("inf")
     summary = {"sent": sent, "seconds": round(elapsed, 3), "messages_per_second": round(rate),
@@ -297,8 +308,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not args.store_dir:
         print("error: inspect reads a store directory offline; give --store-dir", file=sys.stderr)
         return 2
-    report = inspect_store(args.store_dir, segment_size_bytes=args.segment_size_bytes, records_max=args.records,
-                           config_path=args.config)
+    with StageBars(enabled=False if args.json else None) as bars:
+        report = inspect_store(args.store_dir, segment_size_bytes=args.segment_size_bytes,
+                               records_max=args.records, config_path=args.config, progress=bars)
     _emit(args, report, render(report))
     return 0
 
@@ -315,15 +327,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         from engine.offline.repair import StoreBusy, rebuild_derived
 
         try:
-            report = rebuild_derived(args.store_dir, config)
+            with StageBars(enabled=False if args.json else None) as bars:
+                report = rebuild_derived(args.store_dir, config, progress=bars)
         except StoreBusy as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         print(f"rebuilt queues and index from {report.records} records (log end {report.log_end}, "
               f"{report.damaged_ranges} damaged ranges); the old files are in {report.evidence_dir}",
               file=sys.stderr)
-    from engine.progress import StageBars
-
     with StageBars(enabled=None if not args.json else False) as bars:
         findings = check_store(args.store_dir, config, progress=bars)
     _emit(args, [f.__dict__ for f in findings],
@@ -332,12 +343,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", help=f"engine endpoint (default {DEFAULT_ENDPOINT})")
-    parser.add_argument("--store-dir", type=Path, help="use the engine running on this store directory")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--timeout-ms", type=int, default=10_000, help="deadline of each request")
-    parser.add_argument("--server-key", type=Path, help="CURVE: the engine's public key file (NAME.key)")
-    parser.add_argument("--client-key", type=Path, help="CURVE: this client's secret key file (NAME.key_secret)")
+    where = parser.add_argument_group("engine connection")
+    where.add_argument("--endpoint", metavar="URL", help=f"the engine's client endpoint (default {DEFAULT_ENDPOINT})")
+    where.add_argument("--store-dir", type=Path, metavar="DIR",
+                       help="reach the engine running on this store directory (its endpoint is read from it)")
+    where.add_argument("--timeout-ms", type=int, default=10_000, metavar="MS",
+                       help="deadline of each request, in ms (default 10000)")
+    where.add_argument("--server-key", type=Path, metavar="FILE", help="CURVE: the engine's public key file (NAME.key)")
+    where.add_argument("--client-key", type=Path, metavar="FILE",
+                       help="CURVE: this client's secret key file (NAME.key_secret)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout (and no progress bar)")
 
 
 def _epoch_ms(text: str) -> int:
@@ -353,110 +368,209 @@ def _epoch_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    produce = commands.add_parser("produce", help="send messages")
-    _common(produce)
-    produce.add_argument("--topic", required=True)
-    produce.add_argument("--count", type=int, default=1)
-    produce.add_argument("--body", help="the body text (default: --body-size bytes of 'x')")
-    produce.add_argument("--body-size", type=int, default=256)
-    produce.add_argument("--batch-size", type=int, default=1)
-    produce.add_argument("--queue-id", type=int)
-    produce.add_argument("--sharding-key", help="messages with one key go to one queue (per-key order)")
-    produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
-    produce.add_argument("--key-prefix", default="key-")
-    produce.add_argument("--tags")
-    timing = produce.add_mutually_exclusive_group()
-    timing.add_argument("--delay-ms", type=int, help="deliver this many ms from now (a delayed message)")
-    timing.add_argument("--deliver-at", type=_epoch_ms, metavar="TIME",
-                        help="deliver at this time: epoch ms, or ISO 8601 such as 2026-11-25T10:00:00Z")
-    timing.add_argument("--delay-level", type=int, help="RocketMQ 4's delay level: 1 = 1 s ... 18 = 2 h")
-    timing.add_argument("--transaction", action="store_true",
-                        help="store half messages, invisible until `transaction --commit` (see --producer-group)")
-    produce.add_argument("--producer-group", default="cli-producers",
-                         help="with --transaction: the group whose producers answer the checks")
-    produce.set_defaults(handler=cmd_produce)
-    consume = commands.add_parser("consume", help="pull messages, or pop them (--pop) and ack them (--ack)")
-    _common(consume)
-    consume.add_argument("--topic", required=True)
-    consume.add_argument("--queue-id", type=int, help="one queue (default: all queues of the topic)")
-    consume.add_argument("--offset", type=int, default=0)
-    consume.add_argument("--since-ms", type=int, help="start at the first message stored at or after this time "
-                                                      "(ms since the epoch; a group's committed offset wins)")
-    consume.add_argument("--count", type=int, default=100)
-    consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
-    consume.add_argument("--subscription", default="*", help='tags to receive: "*" or "tagA || tagB"')
-    consume.add_argument("--wait-ms", type=int, default=0, help="long polling: wait this long for new messages")
-    consume.add_argument("--pop", action="store_true",
-                         help="pop for --group: each message is invisible to the group's other pops until acked "
-                              "or --invisible-ms passes")
-    consume.add_argument("--ack", action="store_true", help="with --pop: acknowledge what was popped")
-    consume.add_argument("--invisible-ms", type=int, default=30_000, help="with --pop: how long a message stays "
-                                                                          "invisible before it is redelivered")
-    consume.set_defaults(handler=cmd_consume)
-    query = commands.add_parser("query", help="look messages up by key or by id")
-    _common(query)
-    query.add_argument("--topic")
-    query.add_argument("--key")
-    query.add_argument("--id", help="a message id: the offsetMsgId, or with --topic the id a RocketMQ 5 "
-                                    "client was given (UNIQ_KEY)")
-    query.add_argument("--offset", type=int, help="a commit log offset")
-    query.add_argument("--begin", type=int, default=0, help="earliest store time, ms")
-    query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, help="latest store time, ms")
-    query.add_argument("--max-results", type=int, default=64)
-    query.set_defaults(handler=cmd_query)
-    stats = commands.add_parser("stats", help="per-queue offsets, counts, store times, and a group's lag")
+_HELP = argparse.RawDescriptionHelpFormatter
+
+# The examples under each command's --help (%(prog)s is how it was run: "rmqpy produce" or
+# "python -m engine produce"), written as a user types them.
+_EXAMPLES = {
+    "": """examples:
+  %(prog)s topics --create orders --queues 4
+  %(prog)s produce --topic orders --count 10000 --batch-size 100 --keys --tags TagA
+  %(prog)s consume --topic orders --group billing --wait-ms 5000
+
+Shell completion (bash): eval "$(register-python-argcomplete rmqpy)"
+
+Each command has its own --help with examples. Online commands reach the engine at
+--endpoint, or at the endpoint of the engine running on --store-dir; offline ones
+(inspect, check, keygen) read or write files only.""",
+    "produce": """examples:
+  %(prog)s --topic orders --body "hello"
+  %(prog)s --topic orders --count 10000 --batch-size 100 --keys --tags TagA   # a bar on a terminal
+  %(prog)s --topic orders --body "reminder" --delay-ms 30000   # delivered in 30 s""",
+    "consume": """examples:
+  %(prog)s --topic orders --queue-id 0 --count 5
+  %(prog)s --topic orders --group billing --subscription "paid || refunded" --wait-ms 5000
+  %(prog)s --topic jobs --group workers --pop --ack --count 500 --wait-ms 1000""",
+    "query": """examples:
+  %(prog)s --topic orders --key key-42
+  %(prog)s --id 7F00000100002A9F0000000000000000
+  %(prog)s --offset 0 --json                   # the record at commit log offset 0""",
+    "stats": """examples:
+  %(prog)s                                     # engine-wide: log offsets, timers, open transactions
+  %(prog)s --topic orders                      # per queue: offsets, counts, last store time
+  %(prog)s --topic orders --group billing      # and the group's committed offsets and lag""",
+    "topics": """examples:
+  %(prog)s
+  %(prog)s --create orders --queues 8
+  %(prog)s --delete orders""",
+    "inspect": """examples:
+  %(prog)s --store-dir /var/lib/rmqpy
+  %(prog)s --store-dir /var/lib/rmqpy --records 100 --json > inspect.json
+  %(prog)s --store-dir copy-of-broker-store --config engine.toml""",
+    "check": """examples:
+  %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml
+  %(prog)s --store-dir /var/lib/rmqpy --json
+  %(prog)s --store-dir /var/lib/rmqpy --repair   # the engine must be stopped
+
+Exit status: 0 when nothing is found, 1 with findings (each printed on a line).""",
+    "keygen": """examples:
+  %(prog)s --dir keys --name server                # the engine's key pair
+  %(prog)s --dir keys/clients --name billing       # one pair per client; the engine allows keys/clients/*.key""",
+    "transaction": """examples:
+  %(prog)s --commit 7F00000100002A9F00000000000A1B2C
+  %(prog)s --rollback 7F00000100002A9F00000000000A1B2C
+  %(prog)s --checks --producer-group cli-producers --wait-ms 5000""",
+}
+
+
+def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text,
+                                                          epilog=_EXAMPLES[name], formatter_class=_HELP)
+    return parser
+
+
+def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Send, receive and look up messages of a running "
+                                     "engine; inspect and check a store's files offline.", epilog=_EXAMPLES[""],
+                                     formatter_class=_HELP)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_produce(_command(commands, "produce", "send messages"))
+    _add_consume(_command(commands, "consume", "pull messages, or pop them (--pop) and ack them (--ack)"))
+    _add_query(_command(commands, "query", "look messages up by key, by id or by log offset"))
+    stats = _command(commands, "stats", "per-queue offsets, counts, store times, and a group's lag")
     _common(stats)
     stats.add_argument("--topic", help="per-queue figures of this topic (default: engine-wide figures, with the "
                                        "timers and half messages pending)")
     stats.add_argument("--group", help="also show this consumer group's committed offsets and lag, or, for a "
                                        "pop group, its ack floor, in-flight, redelivered and dead-lettered counts")
     stats.set_defaults(handler=cmd_stats)
-    topics = commands.add_parser("topics", help="list, create, grow or delete topics")
+    topics = _command(commands, "topics", "list, create, grow or delete topics")
     _common(topics)
     action = topics.add_mutually_exclusive_group()
     action.add_argument("--create", metavar="TOPIC", help="create TOPIC, or grow it to --queues queues")
     action.add_argument("--delete", metavar="TOPIC", help="delete TOPIC: its queues and consumer offsets")
-    topics.add_argument("--queues", type=int)
+    topics.add_argument("--queues", type=int, metavar="N",
+                        help="with --create: the number of queues (default: the engine's topic_queue_count_default)")
     topics.set_defaults(handler=cmd_topics)
-    inspect = commands.add_parser("inspect", help="dump a store directory offline")
-    inspect.add_argument("--store-dir", type=Path)
-    inspect.add_argument("--config", type=Path, help="the TOML the store was written with")
-    inspect.add_argument("--segment-size-bytes", type=int, help="override the segment size")
-    inspect.add_argument("--records", type=int, default=20, help="how many records to list")
-    inspect.add_argument("--json", action="store_true")
-    inspect.set_defaults(handler=cmd_inspect)
-    check = commands.add_parser("check", help="verify a store offline (CRCs, queues, index, checkpoint)")
-    check.add_argument("--store-dir", type=Path)
-    check.add_argument("--config", type=Path, help="the TOML the store was written with")
-    check.add_argument("--json", action="store_true")
-    check.add_argument("--repair", action="store_true",
-                       help="first rebuild queues and index from the log (the store must be stopped)")
-    check.set_defaults(handler=cmd_check)
-    keygen = commands.add_parser("keygen", help="make a CURVE key pair (NAME.key, NAME.key_secret)")
-    keygen.add_argument("--dir", type=Path, required=True, help="where to write the two files")
-    keygen.add_argument("--name", required=True, help="file name stem, e.g. server or billing-service")
-    keygen.add_argument("--json", action="store_true")
-    keygen.set_defaults(handler=cmd_keygen)
-
-    transaction = commands.add_parser("transaction", help="decide half messages, or list those waiting for a "
-                                                          "decision")
+    _add_offline(commands)
+    transaction = _command(commands, "transaction", "decide half messages, or list those waiting for a decision")
     _common(transaction)
     decide = transaction.add_mutually_exclusive_group(required=True)
     decide.add_argument("--commit", metavar="ID", help="commit the half message ID (the id its send printed)")
     decide.add_argument("--rollback", metavar="ID", help="roll back the half message ID")
     decide.add_argument("--checks", action="store_true",
                         help="list the half messages of --producer-group waiting for a decision")
-    transaction.add_argument("--producer-group", default="cli-producers")
-    transaction.add_argument("--wait-ms", type=int, default=0, help="with --checks: wait this long for one")
+    transaction.add_argument("--producer-group", default="cli-producers", metavar="GROUP",
+                             help="with --checks: the producer group whose halves to list (default cli-producers)")
+    transaction.add_argument("--wait-ms", type=int, default=0, metavar="MS",
+                             help="with --checks: wait this long for one (default 0)")
     transaction.set_defaults(handler=cmd_transaction)
     return parser
 
 
+def _add_produce(produce: argparse.ArgumentParser) -> None:
+    _common(produce)
+    produce.add_argument("--topic", required=True, help="the topic to send to (created on first use unless the "
+                                                        "engine has auto_create_topic = false)")
+    produce.add_argument("--count", type=int, default=1, metavar="N",
+                         help=f"how many messages (default 1; from {PRODUCE_BAR_COUNT_MIN:,} on, a progress bar "
+                              f"on a terminal)")
+    produce.add_argument("--body", help="the body text (default: --body-size bytes of 'x')")
+    produce.add_argument("--body-size", type=int, default=256, metavar="BYTES",
+                         help="the size of the generated body when --body is not given (default 256)")
+    produce.add_argument("--batch-size", type=int, default=1, metavar="N",
+                         help="messages per send request (default 1)")
+    produce.add_argument("--queue-id", type=int, metavar="Q", help="send to this queue (default: the engine picks)")
+    produce.add_argument("--sharding-key", metavar="KEY",
+                         help="messages with one key go to one queue (per-key order)")
+    produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
+    produce.add_argument("--key-prefix", default="key-", metavar="TEXT", help="with --keys (default key-)")
+    produce.add_argument("--tags", metavar="TAG", help="the tag of every message (consumers filter on it)")
+    timing = produce.add_mutually_exclusive_group()
+    timing.add_argument("--delay-ms", type=int, metavar="MS",
+                        help="deliver this many ms from now (a delayed message)")
+    timing.add_argument("--deliver-at", type=_epoch_ms, metavar="TIME",
+                        help="deliver at this time: epoch ms, or ISO 8601 such as 2026-11-25T10:00:00Z")
+    timing.add_argument("--delay-level", type=int, metavar="LEVEL",
+                        help="RocketMQ 4's delay level: 1 = 1 s ... 18 = 2 h")
+    timing.add_argument("--transaction", action="store_true",
+                        help="store half messages, invisible until `transaction --commit` (see --producer-group)")
+    produce.add_argument("--producer-group", default="cli-producers", metavar="GROUP",
+                         help="with --transaction: the group whose producers answer the checks (default cli-producers)")
+    produce.set_defaults(handler=cmd_produce)
+
+
+def _add_consume(consume: argparse.ArgumentParser) -> None:
+    _common(consume)
+    consume.add_argument("--topic", required=True, help="the topic to read")
+    consume.add_argument("--queue-id", type=int, metavar="Q", help="one queue (default: all queues of the topic)")
+    consume.add_argument("--offset", type=int, default=0, metavar="N",
+                         help="the queue offset to start at (default 0; a group's committed offset wins)")
+    consume.add_argument("--since-ms", type=int, metavar="MS",
+                         help="start at the first message stored at or after this time (ms since the epoch; a "
+                              "group's committed offset wins)")
+    consume.add_argument("--count", type=int, default=100, metavar="N",
+                         help="the most messages to print (default 100)")
+    consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
+    consume.add_argument("--subscription", default="*", metavar="EXPR",
+                         help='tags to receive: "*" or "tagA || tagB" (default *)')
+    consume.add_argument("--wait-ms", type=int, default=0, metavar="MS",
+                         help="long polling: wait this long for new messages (default 0)")
+    consume.add_argument("--pop", action="store_true",
+                         help="pop for --group: each message is invisible to the group's other pops until acked "
+                              "or --invisible-ms passes")
+    consume.add_argument("--ack", action="store_true", help="with --pop: acknowledge what was popped")
+    consume.add_argument("--invisible-ms", type=int, default=30_000, metavar="MS",
+                         help="with --pop: how long a message stays invisible before it is redelivered "
+                              "(default 30000)")
+    consume.set_defaults(handler=cmd_consume)
+
+
+def _add_query(query: argparse.ArgumentParser) -> None:
+    _common(query)
+    query.add_argument("--topic", help="with --key: the topic whose index to search")
+    query.add_argument("--key", help="a message key (with --topic)")
+    query.add_argument("--id", help="a message id: the offsetMsgId, or with --topic the id a RocketMQ 5 "
+                                    "client was given (UNIQ_KEY)")
+    query.add_argument("--offset", type=int, metavar="N", help="a commit log offset")
+    query.add_argument("--begin", type=int, default=0, metavar="MS",
+                       help="with --key: earliest store time, ms since the epoch")
+    query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, metavar="MS",
+                       help="with --key: latest store time, ms since the epoch")
+    query.add_argument("--max-results", type=int, default=64, metavar="N",
+                       help="with --key: the most messages to return (default 64)")
+    query.set_defaults(handler=cmd_query)
+
+
+def _add_offline(commands: Any) -> None:
+    inspect = _command(commands, "inspect", "dump a store directory offline: segments, records, queues, index, "
+                                            "checkpoint")
+    inspect.add_argument("--store-dir", type=Path, metavar="DIR", help="the store directory to read")
+    inspect.add_argument("--config", type=Path, metavar="FILE", help="the TOML the store was written with")
+    inspect.add_argument("--segment-size-bytes", type=int, metavar="BYTES",
+                         help="override the segment size (default: the size of the files)")
+    inspect.add_argument("--records", type=int, default=20, metavar="N", help="how many records to list (default 20)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output (and no progress display)")
+    inspect.set_defaults(handler=cmd_inspect)
+    check = _command(commands, "check", "verify a store offline (CRCs, queues, index, checkpoint)")
+    check.add_argument("--store-dir", type=Path, metavar="DIR", help="the store directory to verify")
+    check.add_argument("--config", type=Path, metavar="FILE", help="the TOML the store was written with")
+    check.add_argument("--json", action="store_true", help="machine-readable output (and no progress bars)")
+    check.add_argument("--repair", action="store_true",
+                       help="first rebuild queues and index from the log (the store must be stopped)")
+    check.set_defaults(handler=cmd_check)
+    keygen = _command(commands, "keygen", "make a CURVE key pair (NAME.key, NAME.key_secret)")
+    keygen.add_argument("--dir", type=Path, required=True, help="where to write the two files")
+    keygen.add_argument("--name", required=True, help="file name stem, e.g. server or billing-service")
+    keygen.add_argument("--json", action="store_true", help="machine-readable output")
+    keygen.set_defaults(handler=cmd_keygen)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """``rmqpy`` and ``python -m engine``."""
+    parser = build_parser("rmqpy" if Path(sys.argv[0]).name == "rmqpy" else "python -m engine")
+    argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except EngineError as exc:

@@ -102,6 +102,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
                                              300_000, 360_000, 420_000, 480_000, 540_000, 600_000, 1_200_000,
                                              1_800_000, 3_600_000, 7_200_000)
 
+    # Metrics and the dashboard (docs/metrics.md), served by the monitor actor; "" turns one off.
+    metrics_endpoint: str = "127.0.0.1:9108"  # host:port of Prometheus' /metrics
+    dashboard_endpoint: str = ""  # host:port of the web dashboard (which serves /metrics too)
+    metrics_report_interval_ms: int = 1_000  # how often each actor writes its figures for the monitor
+
     # Delay and timer messages (docs/design.md 5.9): RocketMQ 5's timer wheel and timer log.
     timer_precision_ms: int = 1_000  # RocketMQ's timerPrecisionMs: one wheel slot; delivery within a slot is exact
     timer_max_delay_ms: int = 3 * 86_400_000  # RocketMQ's timerMaxDelaySec (3 days): further is DELAY_ILLEGAL
@@ -161,6 +166,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     socket_hwm_messages: int = 10_000
     client_frame_bytes_max: int = 4 * MiB + 64 * KiB
 
+    # Logs (docs/configuration.md 2.8): each process writes STORE/logs/<name>.log, rotated by size.
+    log_format: Literal["text", "json"] = "text"  # "json": one object per line, with an event field for events
+    log_file_bytes_max: int = 64 * MiB  # a log file past this size is renamed <name>.log.1 (older ones shift)
+    log_files_kept: int = 5  # files per log, the live one included; the oldest is deleted
+
     def validate(self) -> StoreConfig:
         """Check relationships between fields; raise ConfigError naming the field."""
         checks = [
@@ -213,6 +223,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "grpc limits must be positive"),
             (bool(self.grpc_retry_delays_ms) and min(self.grpc_retry_delays_ms) >= 0,
              "grpc_retry_delays_ms needs at least one delay, none negative"),
+            *_http_endpoint_checks("metrics_endpoint", self.metrics_endpoint, self.bind_non_loopback),
+            *_http_endpoint_checks("dashboard_endpoint", self.dashboard_endpoint, self.bind_non_loopback),
+            (not self.metrics_endpoint or self.metrics_endpoint != self.dashboard_endpoint,
+             "metrics_endpoint and dashboard_endpoint must differ (the dashboard serves /metrics too)"),
+            (self.metrics_report_interval_ms >= 1, "metrics_report_interval_ms must be positive"),
             (min(self.timer_precision_ms, self.timer_wheel_slots, self.timer_deliveries_in_flight_max,
                  self.timer_checkpoint_interval_ms, self.timer_max_delay_ms) >= 1, "timer limits must be positive"),
             (self.timer_max_delay_ms < 2**31 - 2 * self.timer_precision_ms,
@@ -225,6 +240,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "delay_levels_ms needs at least one level, each positive"),
             (min(self.transaction_timeout_ms, self.transaction_check_interval_ms, self.transaction_check_max,
                  self.transaction_halves_max) >= 1, "transaction limits must be positive"),
+            (self.log_format in ("text", "json"), 'log_format must be "text" or "json"'),
+            (self.log_file_bytes_max >= 4 * KiB, "log_file_bytes_max must be at least 4096"),
+            (self.log_files_kept >= 2, "log_files_kept must be at least 2 (the live file and one rotated file)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -254,6 +272,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             timer_max_delay_ms=3_600_000,  # a wheel of 2 h (225 KiB), not 2 weeks (37 MiB)
             timer_wheel_slots=7_200,
             timer_log_segment_bytes=52 * 4_096,
+            metrics_endpoint="",  # engines of tests that do not look at metrics need no monitor
         ).validate()
 
     @classmethod
@@ -312,6 +331,15 @@ _ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.*-]+):[0-9]{1,5}|i
 
 
 _GRPC_ENDPOINT = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}", re.ASCII)
+
+
+def _http_endpoint_checks(key: str, value: str, bind_non_loopback: bool) -> list[tuple[bool, str]]:
+    """An HTTP endpoint of the monitor: "" (off) or host:port, on loopback unless allowed otherwise."""
+    if not value:
+        return []
+    return [(_GRPC_ENDPOINT.fullmatch(value) is not None, f"{key} {value!r} must be host:port"),
+            (bind_non_loopback or is_loopback_endpoint(f"tcp://{value}"),
+             f"{key} {value} is not a loopback address; set bind_non_loopback = true to serve other machines")]
 
 
 def is_endpoint(endpoint: str) -> bool:

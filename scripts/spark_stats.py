@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine.progress import SparkJobBar
 from engine.spark.jobs import queue_statistics, topic_statistics
 from engine.spark.session import build_session, stop_session
 
@@ -35,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         queues = queue_statistics(spark, args.store_dir, topics=args.topics.split(",") if args.topics else None)
         queues.cache()
-        topic_rows = [r.asDict() for r in topic_statistics(queues).collect()]
-        queue_rows = [r.asDict() for r in queues.collect()]
+        with SparkJobBar(spark.sparkContext, desc="stats", enabled=False if args.json else None):
+            topic_rows = [r.asDict() for r in topic_statistics(queues).collect()]
+            queue_rows = [r.asDict() for r in queues.collect()]
     finally:
         stop_session(spark)
     if args.json:

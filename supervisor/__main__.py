@@ -1,4 +1,5 @@
-"""``python -m supervisor start|stop|status``: run and manage the engine.
+# PYTHON_ARGCOMPLETE_OK (argcomplete's global completion looks for this line)
+"""``rmqpy-server`` and ``python -m supervisor start|stop|status``: run and manage the engine.
 
     python -m supervisor start [--store-dir DIR] [--endpoint URL] [--config FILE] [--detach | --die-with-parent PID]
     python -m supervisor stop [--store-dir DIR]
@@ -9,6 +10,9 @@ actor serves; Ctrl-C (SIGINT) or SIGTERM stops it cleanly, in order.
 ``--die-with-parent PID`` (for scripts and tests, which pass their own pid)
 makes that stop happen when the process that started the engine dies, even by
 SIGKILL: see ``_die_with_parent``.
+
+Log lines go to ``STORE/logs/supervisor.log`` (and, in the foreground, to stderr);
+each actor writes its own ``STORE/logs/<name>.log`` (``engine/actors/base.py``).
 """
 
 from __future__ import annotations
@@ -23,39 +27,86 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import argcomplete
 import psutil
 
 from engine.config import ConfigError, StoreConfig
 from engine.ipc.curve import check_authorized_keys_dir, load_server_keys
 from engine.ipc.messages import StatusQuery, StopCommand
 from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
-from supervisor.supervisor import EngineError, Supervisor
+from supervisor.supervisor import LOG_DIR, EngineError, Supervisor
 
 DEFAULT_STORE_DIR = Path("store")
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store-dir", type=Path, default=DEFAULT_STORE_DIR,
+    parser.add_argument("--store-dir", type=Path, default=DEFAULT_STORE_DIR, metavar="DIR",
                         help="the store directory (default: ./store)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m supervisor", description="run the message store engine")
-    commands = parser.add_subparsers(dest="command", required=True)
-    start = commands.add_parser("start", help="start the engine (foreground unless --detach)")
+_HELP = argparse.RawDescriptionHelpFormatter
+
+# The examples under each command's --help (%(prog)s is how it was run: "rmqpy-server start" or
+# "python -m supervisor start").
+_EXAMPLES = {
+    "": """examples:
+  %(prog)s start --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml
+  %(prog)s status --store-dir /var/lib/rmqpy
+  %(prog)s stop --store-dir /var/lib/rmqpy
+
+Shell completion (bash): eval "$(register-python-argcomplete rmqpy-server)"
+
+Logs: STORE/logs/<actor>.log and supervisor.log (rotated; log_format, log_file_bytes_max and
+log_files_kept in the config file), raw stderr of each process in STORE/logs/<actor>.stderr.""",
+    "start": """examples:
+  %(prog)s                                          # ./store on tcp://127.0.0.1:10911; Ctrl-C stops it
+  %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml --detach
+  %(prog)s --endpoint tcp://127.0.0.1:10912 --store-dir /tmp/second-store
+
+Prints "ready <endpoint> store=<dir>" once every actor serves. In the foreground, log lines
+also go to stderr; SIGINT or SIGTERM stops the actors in order (exit status 0).""",
+    "stop": """examples:
+  %(prog)s
+  %(prog)s --store-dir /var/lib/rmqpy
+
+Waits up to 60 s for the supervisor to exit; exit status 1 if no engine runs there.""",
+    "status": """examples:
+  %(prog)s --store-dir /var/lib/rmqpy
+  %(prog)s --store-dir /var/lib/rmqpy --json
+
+Exit status: 0 running (RUNNING or DEGRADED), 3 no engine on the store.""",
+}
+
+
+def build_parser(prog: str = "python -m supervisor") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Run the message store engine: start its actors, "
+                                     "watch and restart them, stop them in order.", epilog=_EXAMPLES[""],
+                                     formatter_class=_HELP)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    start = _command(commands, "start", "start the engine (foreground unless --detach)")
     _add_store(start)
-    start.add_argument("--endpoint", help="client endpoint (default tcp://127.0.0.1:10911)")
-    start.add_argument("--config", type=Path, help="TOML file of settings (see docs/configuration.md)")
+    start.add_argument("--endpoint", metavar="URL", help="client endpoint (default tcp://127.0.0.1:10911, or the "
+                                                         "config file's endpoint)")
+    start.add_argument("--config", type=Path, metavar="FILE", help="TOML file of settings (see docs/configuration.md)")
     mode = start.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     mode.add_argument("--die-with-parent", type=int, metavar="PID",
                       help="stop cleanly when process PID, which started this one, exits (for scripts)")
-    stop = commands.add_parser("stop", help="stop the engine running on a store directory")
+    # The background supervisor that --detach starts: its stderr is a file, so it logs to its log only.
+    start.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
+    stop = _command(commands, "stop", "stop the engine running on a store directory")
     _add_store(stop)
-    status = commands.add_parser("status", help="actors, pids, states and offsets")
+    status = _command(commands, "status", "actors, pids, states and offsets")
     _add_store(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text,
+                                                          epilog=_EXAMPLES[name], formatter_class=_HELP)
     return parser
 
 
@@ -78,8 +129,10 @@ def cmd_start(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     if args.detach:
         return _start_detached(args, config)
+    # Until the supervisor holds the store's lock and opens logs/supervisor.log (Supervisor.start).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s supervisor %(levelname)s %(message)s")
-    supervisor = Supervisor(args.store_dir, config, parent_pid=args.die_with_parent)
+    supervisor = Supervisor(args.store_dir, config, parent_pid=args.die_with_parent,
+                            log_stderr=not args.detached_child)
     signal.signal(signal.SIGINT, lambda *_: supervisor.request_stop())
     signal.signal(signal.SIGTERM, lambda *_: supervisor.request_stop())
     if args.die_with_parent is not None and not _die_with_parent(args.die_with_parent):
@@ -124,19 +177,21 @@ def _die_with_parent(parent_pid: int) -> bool:
 def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
     store_dir = args.store_dir.resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(store_dir)]
+    command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(store_dir), "--detached-child"]
     if args.endpoint:
         command += ["--endpoint", args.endpoint]
     if args.config:
         command += ["--config", str(args.config.resolve())]
-    log_path = store_dir / "supervisor.log"
-    with open(log_path, "ab") as log_file:
+    (store_dir / LOG_DIR).mkdir(exist_ok=True)
+    log_path = store_dir / LOG_DIR / "supervisor.log"  # written by the child; its raw stderr beside it
+    with open(store_dir / LOG_DIR / "supervisor.stderr", "ab") as log_file:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                  start_new_session=True)
     deadline = time.monotonic() + config.actor_start_timeout_ms / 1000 * 2
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            print(f"the engine failed to start; see {log_path}", file=sys.stderr)
+            print(f"the engine failed to start; see {log_path} and {log_path.with_suffix('.stderr')}",
+                  file=sys.stderr)
             return 1
         try:
             reply = control(store_dir, StatusQuery(), timeout_ms=500)
@@ -146,7 +201,8 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
         if reply.state == "RUNNING":
             print(f"ready {config.endpoint} store={store_dir} pid={child.pid}", flush=True)
             return 0
-    print(f"the engine did not become ready; see {log_path}", file=sys.stderr)
+    print(f"the engine did not become ready; see {log_path} and {log_path.with_suffix('.stderr')}",
+          file=sys.stderr)
     return 1
 
 
@@ -191,7 +247,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """``rmqpy-server`` and ``python -m supervisor``."""
+    parser = build_parser("rmqpy-server" if Path(sys.argv[0]).name == "rmqpy-server" else "python -m supervisor")
+    argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
+    args = parser.parse_args(argv)
     try:
         return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[args.command](args)
     except (ConfigError, EngineError) as exc:

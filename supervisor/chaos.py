@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class ChaosReport:
     grpc_receipts: int = 0
     grpc_missing: list[str] = field(default_factory=list)
     timer_verdict: TimerVerdict | None = None
+    monitor_ok: bool = False  # after the faults, a scrape of the metrics shows every actor up
 
     @property
     def ok(self) -> bool:
@@ -62,7 +64,7 @@ class ChaosReport:
         grpc_ok = self.grpc_receipts > 0 and not self.grpc_missing
         timer_ok = self.timer_verdict is not None and self.timer_verdict.ok()
         return self.verdict is not None and self.verdict.ok() and pops_ok and grpc_ok and timer_ok \
-            and not self.findings
+            and self.monitor_ok and not self.findings
 
     def summary(self) -> str:
         verdict = self.verdict.summary() if self.verdict else "not verified"
@@ -71,7 +73,7 @@ class ChaosReport:
                 f"(engine counts all acked: {self.pop_drained}) grpc_receipts={self.grpc_receipts} "
                 f"grpc_missing={len(self.grpc_missing)} "
                 f"{self.timer_verdict.summary() if self.timer_verdict else 'timer: not verified'} "
-                f"check_findings={len(self.findings)}")
+                f"monitor_ok={self.monitor_ok} check_findings={len(self.findings)}")
 
 
 class Consumer(threading.Thread):
@@ -103,7 +105,26 @@ class Consumer(threading.Thread):
 def chaos_config(flush_mode: str) -> StoreConfig:
     return StoreConfig.test_min().replace(flush_mode=flush_mode, segment_size_bytes=1 << 20,
                                           message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024,
-                                          grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}")
+                                          grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}",
+                                          metrics_endpoint=f"127.0.0.1:{free_port()}")
+
+
+def _every_actor_up_in_metrics(engine: EngineProcess, timeout_s: float = 15) -> bool:
+    """A scrape of the monitor (killed like the others) shows every actor of the engine up."""
+    expected = set(actor_pids(engine.store_dir)) - {"supervisor"}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{engine.config.metrics_endpoint}/metrics", timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            text = ""
+        up = {line.split('"')[1] for line in text.splitlines()
+              if line.startswith("rmqpy_actor_up{") and line.endswith(" 1.0")}
+        if up == expected:
+            return True
+        time.sleep(0.2)  # the monitor may be restarting; the actors report once a second
+    return False
 
 
 def _kill_supervisor(engine: EngineProcess) -> None:
@@ -200,6 +221,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
         report.grpc_receipts = sum(len(sender.receipts) for sender in grpc_senders)
         report.grpc_missing = missing_receipts(client, grpc_senders)
         report.timer_verdict = timer_verdict(client, timer_senders)
+        report.monitor_ok = _every_actor_up_in_metrics(engine)
     finally:
         for timer_sender in timer_senders:
             timer_sender.stop()

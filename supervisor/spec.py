@@ -11,7 +11,8 @@ start together, and the next wave starts once all of them run:
 4. the reput dispatcher resumes from what the owners and the index builder hold;
 5. the front opens the client endpoint (and the internal port, where the timer and the
    transaction actor are already bound for it);
-6. the gRPC endpoint (when on), a client of the front.
+6. the gRPC endpoint (when on), a client of the front, and the monitor (metrics and the
+   dashboard, when on), which reads what the others report.
 
 Stop order is the reverse, one actor at a time, so the dispatcher drains before the owners
 stop, and the writer's last bytes are flushed at the end.
@@ -45,4 +46,6 @@ def actor_specs(config: StoreConfig) -> list[ActorSpec]:
         ActorSpec("reput", "engine.actors.reput_dispatcher", wave=4),
         ActorSpec("front", "engine.actors.front", wave=5),
         *([ActorSpec("grpc", "engine.actors.grpc_endpoint", wave=6)] if config.grpc_enabled else []),
+        *([ActorSpec("monitor", "engine.actors.monitor", wave=6)]
+          if config.metrics_endpoint or config.dashboard_endpoint else []),
     ]

@@ -46,6 +46,7 @@ from engine.ipc.messages import (
     encoder,
     heartbeat_decoder,
 )
+from engine.logs import LOG_DIR, configure_logging, event
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
 from supervisor.spec import ActorSpec, actor_specs
 
@@ -54,7 +55,6 @@ log = logging.getLogger("supervisor")
 _STACK_DUMP_GRACE_MS = 300
 LOCK_FILE = "lock"
 ABORT_FILE = "abort"
-LOG_DIR = "logs"
 
 
 class EngineError(RuntimeError):
@@ -75,6 +75,7 @@ class ActorProcess:
     restarts: int = 0
     restart_times: deque[int] = field(default_factory=deque)
     restart_at_ms: int | None = None
+    spawned_at_ms: int = 0  # for the recovery time in the log
     kill_at_ms: int | None = None  # a hung actor dumps its stacks, then is killed at this time
     gave_up: bool = False
 
@@ -98,9 +99,11 @@ def _resources(pid: int) -> dict[str, int]:
 
 
 class Supervisor:
-    def __init__(self, store_dir: Path, config: StoreConfig, *, parent_pid: int | None = None) -> None:
+    def __init__(self, store_dir: Path, config: StoreConfig, *, parent_pid: int | None = None,
+                 log_stderr: bool = True) -> None:
         self.store_dir = store_dir.resolve()
         self.config = config
+        self.log_stderr = log_stderr  # log lines go to logs/supervisor.log, and to stderr too unless detached
         self.parent_pid = parent_pid  # --die-with-parent: stop when our parent is no longer this process
         self.actors = {spec.name: ActorProcess(spec) for spec in actor_specs(config)}
         self.stopping = False
@@ -113,13 +116,20 @@ class Supervisor:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
         self._lock()
+        # Only the engine holding the lock writes (and rotates) the store's logs.
+        configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
+        started_ms = monotonic_ms()
         self.crash_start = (self.store_dir / ABORT_FILE).exists()
         if self.crash_start:
-            log.warning("the previous run did not stop cleanly (abort marker present); recovering")
+            log.warning("the previous run did not stop cleanly (abort marker present); recovering",
+                        extra=event("engine.recovering"))
         (self.store_dir / ABORT_FILE).write_text(str(os.getpid()))
         self.run_dir = endpoints.ensure_run_dir(self.store_dir)
-        for stale in self.run_dir.iterdir():
-            stale.unlink()
+        for stale in self.run_dir.iterdir():  # a killed engine's sockets and files, and its metrics/
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
         self.offsets = SharedOffsets(self.run_dir)
         if self.crash_start:
             (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
@@ -138,6 +148,9 @@ class Supervisor:
                 self._await_running(actor)
         # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
         (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
+        took_ms = monotonic_ms() - started_ms
+        log.info("engine ready on %s in %d ms (%d actors)", self.config.endpoint, took_ms, len(self.actors),
+                 extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms))
         self.publish("engine.ready")
 
     def _lock(self) -> None:
@@ -159,7 +172,10 @@ class Supervisor:
 
     def _spawn(self, actor: ActorProcess) -> None:
         spec = actor.spec
-        log_file = open(self.store_dir / LOG_DIR / f"{spec.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        # The actor logs to logs/<name>.log itself; its raw stderr (a traceback, a stack dump) goes here.
+        stderr_path = self.store_dir / LOG_DIR / f"{spec.name}.stderr"
+        _rotate_if_full(stderr_path, self.config.log_file_bytes_max, self.config.log_files_kept)
+        log_file = open(stderr_path, "ab")  # noqa: SIM115 - handed to the child
         command = [sys.executable, "-m", spec.module, "--name", spec.name, "--instance", str(spec.instance),
                    "--store-dir", str(self.store_dir), "--run-dir", str(self.run_dir),
                    "--config", str(self.config_path)]
@@ -167,17 +183,21 @@ class Supervisor:
                                          pass_fds=(self.lock_fd,), start_new_session=False)
         log_file.close()
         actor.lifecycle = "STARTING"
-        actor.last_heartbeat_ms = monotonic_ms()
+        actor.last_heartbeat_ms = actor.spawned_at_ms = monotonic_ms()
         actor.restart_at_ms = None
+        log.info("actor %s started (pid %d)", spec.name, actor.pid,
+                 extra=event("actor.started", actor_name=spec.name, actor_pid=actor.pid))
         self.publish("actor.started", actor)
 
     def _await_running(self, actor: ActorProcess) -> None:
         deadline = monotonic_ms() + self.config.actor_start_timeout_ms
         while actor.lifecycle != "RUNNING":
             if actor.process is not None and actor.process.poll() is not None:
+                code = actor.process.returncode  # before the shutdown lets the process go
                 self.shutdown()
-                raise EngineError(f"actor {actor.spec.name} exited with code {actor.process.returncode} while "
-                                  f"starting; see {self.store_dir / LOG_DIR / (actor.spec.name + '.log')}")
+                logs = self.store_dir / LOG_DIR / actor.spec.name
+                raise EngineError(f"actor {actor.spec.name} exited with code {code} while "
+                                  f"starting; see {logs}.log and {logs}.stderr")
             if monotonic_ms() > deadline:
                 self.shutdown()
                 raise EngineError(f"actor {actor.spec.name} did not start within "
@@ -216,6 +236,10 @@ class Supervisor:
             if actor is None or beat.pid != actor.pid:
                 continue
             if actor.lifecycle != "RUNNING" and beat.lifecycle == "RUNNING":
+                took_ms = monotonic_ms() - actor.spawned_at_ms
+                log.info("actor %s recovered in %d ms (pid %d)", actor.spec.name, took_ms, actor.pid,
+                         extra=event("recovery.done", actor_name=actor.spec.name, actor_pid=actor.pid,
+                                     duration_ms=took_ms))
                 self.publish("recovery.done", actor)
                 self.publish("actor.running", actor)
             actor.lifecycle = beat.lifecycle
@@ -271,18 +295,26 @@ class Supervisor:
                     actor.kill_at_ms = None
             elif process is not None and actor.lifecycle == "RUNNING" \
                     and now - actor.last_heartbeat_ms > self.config.heartbeat_timeout_ms:
+                silent_ms = now - actor.last_heartbeat_ms
                 log.error("actor %s (pid %d) sent no heartbeat for %d ms; dumping its stacks, then killing it",
-                          actor.spec.name, actor.pid, now - actor.last_heartbeat_ms)
+                          actor.spec.name, actor.pid, silent_ms,
+                          extra=event("actor.hung", actor_name=actor.spec.name, actor_pid=actor.pid,
+                                      silent_ms=silent_ms))
                 os.kill(actor.pid, signal.SIGUSR1)  # a stopped process dumps when killed: nothing lost
                 os.kill(actor.pid, signal.SIGCONT)
                 actor.kill_at_ms = now + _STACK_DUMP_GRACE_MS
             elif process is None and actor.restart_at_ms is not None and now >= actor.restart_at_ms:
                 actor.restarts += 1
                 self._spawn(actor)
+                log.info("actor %s restarted (pid %d, restart %d)", actor.spec.name, actor.pid, actor.restarts,
+                         extra=event("actor.restarted", actor_name=actor.spec.name, actor_pid=actor.pid,
+                                     restarts=actor.restarts))
                 self.publish("actor.restarted", actor)
 
     def _on_exit(self, actor: ActorProcess, code: int, now: int) -> None:
-        log.warning("actor %s (pid %d) exited with code %d", actor.spec.name, actor.pid, code)
+        log.warning("actor %s (pid %d) %s", actor.spec.name, actor.pid, _how_it_ended(code),
+                    extra=event("actor.exited", actor_name=actor.spec.name, actor_pid=actor.pid, exit_code=code,
+                                signal=_signal_name(code)))
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
         actor.lifecycle = "DOWN"
@@ -293,7 +325,9 @@ class Supervisor:
         if len(actor.restart_times) >= self.config.restart_count_max:
             actor.gave_up = True
             log.error("actor %s restarted %d times within %d ms; leaving it down", actor.spec.name,
-                      len(actor.restart_times), window)
+                      len(actor.restart_times), window,
+                      extra=event("actor.gave_up", actor_name=actor.spec.name, restarts=len(actor.restart_times),
+                                  window_ms=window))
             self.publish("actor.gave_up", actor)
             return
         # The first restart in a window is immediate (serving again fast matters most);
@@ -312,6 +346,7 @@ class Supervisor:
 
     def shutdown(self) -> bool:
         """Stop every actor in reverse start order; True if the stop was clean."""
+        log.info("engine stopping", extra=event("engine.stopping"))
         self.publish("engine.stopping")
         clean = True
         for wave in sorted({actor.spec.wave for actor in self.actors.values()}, reverse=True):
@@ -323,9 +358,10 @@ class Supervisor:
         caught_up = self.offsets.get(DISPATCHED) >= self.offsets.get(CONFIRMED)
         if clean and caught_up:
             (self.store_dir / ABORT_FILE).unlink(missing_ok=True)
+            log.info("engine stopped cleanly", extra=event("engine.stopped", clean=True))
         else:
             log.warning("stopped abnormally (clean=%s, dispatcher caught up=%s); keeping the abort marker",
-                        clean, caught_up)
+                        clean, caught_up, extra=event("engine.stopped", clean=False))
         self.publish("engine.stopped")
         for sock in (self.control, self.events, self.heartbeats):
             sock.close()
@@ -352,7 +388,8 @@ class Supervisor:
             code = process.wait(self.config.actor_stop_timeout_ms / 1000)
         except subprocess.TimeoutExpired:
             log.error("actor %s did not stop within %d ms; killing it", actor.spec.name,
-                      self.config.actor_stop_timeout_ms)
+                      self.config.actor_stop_timeout_ms,
+                      extra=event("actor.stop_timeout", actor_name=actor.spec.name, actor_pid=actor.pid))
             process.kill()
             code = process.wait()
         self._drain_heartbeats()
@@ -360,5 +397,40 @@ class Supervisor:
         actor.process = None
         actor.lifecycle = "STOPPED"
         if code != 0:
-            log.warning("actor %s exited with code %d when asked to stop", actor.spec.name, code)
+            log.warning("actor %s exited with code %d when asked to stop", actor.spec.name, code,
+                        extra=event("actor.exited", actor_name=actor.spec.name, actor_pid=process.pid,
+                                    exit_code=code, signal=_signal_name(code)))
+        else:
+            log.info("actor %s stopped (pid %d)", actor.spec.name, process.pid,
+                     extra=event("actor.stopped", actor_name=actor.spec.name, actor_pid=process.pid))
         return code == 0
+
+
+def _signal_name(code: int) -> str | None:
+    """SIGKILL for a process that a signal ended (Popen's return code -9), else None."""
+    if code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _how_it_ended(code: int) -> str:
+    name = _signal_name(code)
+    return f"exited with code {code}" if name is None else f"was killed by {name}"
+
+
+def _rotate_if_full(path: Path, bytes_max: int, files_kept: int) -> None:
+    """As the log handlers rotate ``<name>.log``: past ``bytes_max``, ``path`` becomes ``path.1``,
+    ``path.1`` becomes ``path.2`` ..., and at most ``files_kept`` files remain (``path`` included).
+    Runs before an actor starts, while nothing writes to ``path``."""
+    try:
+        if path.stat().st_size < bytes_max:
+            return
+    except FileNotFoundError:
+        return
+    for older in range(files_kept - 1, 0, -1):
+        source = path.with_name(f"{path.name}.{older - 1}") if older > 1 else path
+        if source.exists():
+            os.replace(source, path.with_name(f"{path.name}.{older}"))

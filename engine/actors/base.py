@@ -42,6 +42,8 @@ from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
 from engine.ipc.messages import Heartbeat, encoder
+from engine.logs import LOG_DIR, configure_logging
+from engine.metrics.report import Figures, Reporter
 from engine.store.shared_offsets import SharedOffsets
 
 if TYPE_CHECKING:
@@ -172,6 +174,10 @@ class Actor:
         """Figures for the heartbeat (offsets, counts)."""
         return {}
 
+    def metrics(self) -> Figures:
+        """Figures for the monitor, by family of ``engine/metrics/families.py`` (``report.py``)."""
+        return {}
+
     def backlog(self) -> bool:
         """True while work is left that a handler cut short to keep one loop turn bounded.
 
@@ -272,6 +278,12 @@ class Runtime:
             if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
                 self.actor.connection(port, event["event"] == zmq.EVENT_CONNECTED)
 
+    def report(self, reporter: Reporter) -> None:
+        try:
+            reporter.write(self.actor.metrics(), self.env.clock.wall_ms())
+        except OSError as exc:  # the run directory is on a full or gone file system: metrics wait
+            log.warning("cannot write the metrics report: %s", exc)
+
     def run(self, heartbeat: zmq.Socket, parent: int) -> None:
         actor, clock = self.actor, self.env.clock
         out = Effects()
@@ -285,15 +297,21 @@ class Runtime:
         poller = zmq.Poller()
         for sock in self.readers:
             poller.register(sock, zmq.POLLIN)
-        next_tick = next_beat = clock.mono_ms()
+        cfg = self.env.config
+        reporter = Reporter(self.env.run_dir, actor.env.name) \
+            if cfg.metrics_endpoint or cfg.dashboard_endpoint else None
+        next_tick = next_beat = next_report = clock.mono_ms()
         while not self.stopping:
             now = clock.mono_ms()
             if now >= next_beat:
                 send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
-                next_beat = now + self.env.config.heartbeat_interval_ms
+                next_beat = now + cfg.heartbeat_interval_ms
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
                     break
+            if reporter is not None and now >= next_report:
+                self.report(reporter)
+                next_report = now + cfg.metrics_report_interval_ms
             if now >= next_tick:
                 actor.tick(out)
                 self.carry_out(out)
@@ -343,11 +361,11 @@ def process_setup(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
     """What every actor process does first: its arguments, its log, and its ties to the
     supervisor. Returns the arguments and the supervisor's pid."""
     args = _parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {args.name}[%(process)d] %(levelname)s %(message)s")
+    configure_logging(args.name, args.store_dir / LOG_DIR, decode_config(args.config.read_bytes()))
     parent = os.getppid()
     _die_with_parent()
-    # The supervisor sends SIGUSR1 before killing a hung actor: its stacks land in the actor's log.
+    # The supervisor sends SIGUSR1 before killing a hung actor: its stacks land in the actor's raw
+    # stderr, logs/<name>.stderr (faulthandler writes to the descriptor, past logging).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
     return args, parent

@@ -53,6 +53,8 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.logs import event
+from engine.metrics.report import Figures, Histogram, per_queue
 from engine.services.delivery_routes import destination
 from engine.services.recovery import plan_commit_log_recovery
 from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
@@ -96,6 +98,7 @@ class PendingAck:
     end_offset: int
     deadline_ms: int
     stored: Stored
+    received_ms: int  # when the front took the send (0: not known), for the latency histogram
 
 
 def _utc(timestamp_ms: int) -> str:
@@ -136,6 +139,10 @@ class CommitLogWriterActor(Actor):
         self.pending: deque[PendingAck] = deque()
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
         self.busy_refusals = 0
+        self.disk_full_refusals = 0
+        self.sent_messages: dict[tuple[str, int], int] = {}  # since this process started, for metrics
+        self.sent_bytes: dict[tuple[str, int], int] = {}
+        self.send_latency = Histogram.new()
         self.announce_due = False  # appended since the followers were last woken
         self.last_clean_ms = self.clock.mono_ms()
         self.unsaved_deletions: list[UnsavedDeletion] = []  # recorded in memory, answered after the save
@@ -156,7 +163,8 @@ class CommitLogWriterActor(Actor):
         try:
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
         except OSError as exc:
-            log.error("cannot create the segment at %d: %s; sends will be refused", plan.end_offset, exc)
+            log.error("cannot create the segment at %d: %s; sends will be refused", plan.end_offset, exc,
+                      extra=event("segment.create_failed", reason=str(exc)))
         moved = self.deleted_topics.clamp_to(plan.end_offset)
         if moved:  # saved before the owners and the index builder read it
             log.warning("the log ends at %d, before the deletion of %s: their deletion offsets follow it down",
@@ -228,14 +236,18 @@ class CommitLogWriterActor(Actor):
             assert isinstance(request, SendRequest)
             stored, end_offset = self.append(request, route.queue_id, internal=route.internal)
         except RequestError as exc:
+            self.disk_full_refusals += exc.code == ErrorCode.DISK_FULL
             out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
             return
         self.store_offsets()
         self.announce_due = True
+        now_ms = self.clock.mono_ms()
         if self.sync_flush and request.wait_store and end_offset > self.flushed_offset:
-            deadline = self.clock.mono_ms() + self.config.sync_flush_timeout_ms
-            self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, stored))
+            deadline = now_ms + self.config.sync_flush_timeout_ms
+            self.pending.append(PendingAck(reply_to, request.id, end_offset, deadline, stored, route.received_ms))
             return
+        if route.received_ms:
+            self.send_latency.observe((now_ms - route.received_ms) / 1000)
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         out.send("requests", [*reply_to, encode_reply(request.id, results=results)])
 
@@ -267,10 +279,12 @@ class CommitLogWriterActor(Actor):
                                              batch_bytes=batch_bytes, first_queue_offset=first,
                                              store_timestamp_ms=store_ts)
         except OSError as exc:
-            log.error("cannot create a segment: %s", exc)
+            log.error("cannot create a segment: %s", exc, extra=event("segment.create_failed", reason=str(exc)))
             code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
             raise RequestError(code, f"cannot create a segment: {exc}") from None
         self.next_queue_offset[key] = first + len(batch.items)
+        self.sent_messages[key] = self.sent_messages.get(key, 0) + len(batch.items)
+        self.sent_bytes[key] = self.sent_bytes.get(key, 0) + batch_bytes
         self.last_store_timestamp_ms = store_ts
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
 
@@ -331,7 +345,8 @@ class CommitLogWriterActor(Actor):
     def fail_stop(self, out: Effects, failure: FlushFailed) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
         log.critical("the log could not be flushed past %d (%s); refusing acks and exiting",
-                     self.flushed_offset, failure.reason)
+                     self.flushed_offset, failure.reason,
+                     extra=event("flush.failed", reason=failure.reason, flushed_offset=self.flushed_offset))
         for ack in self.pending:
             out.send("requests", [*ack.reply_to, encode_error(
                 ack.request_id, ErrorCode.FLUSH_FAILED, f"the disk refused a flush: {failure.reason}")])
@@ -342,6 +357,8 @@ class CommitLogWriterActor(Actor):
         while self.pending and (self.pending[0].end_offset <= self.flushed_offset
                                 or self.pending[0].deadline_ms <= now_ms):
             ack = self.pending.popleft()
+            if ack.received_ms:
+                self.send_latency.observe((now_ms - ack.received_ms) / 1000)
             status = PutStatus.PUT_OK if ack.end_offset <= self.flushed_offset else PutStatus.FLUSH_DISK_TIMEOUT
             results = ack.stored.results(self.msg_id_prefix, status)
             out.send("requests", [*ack.reply_to, encode_reply(ack.request_id, results=results)])
@@ -362,7 +379,9 @@ class CommitLogWriterActor(Actor):
                                   used_ratio=disk_used_ratio(self.env.store_dir))
         if decision.refuse_sends != self.refuse_sends:
             log.warning("disk %.0f %% used: sends are %s", decision.disk_used_ratio * 100,
-                        "refused" if decision.refuse_sends else "accepted again")
+                        "refused" if decision.refuse_sends else "accepted again",
+                        extra=event("disk.full" if decision.refuse_sends else "disk.space_ok",
+                                    disk_used_ratio=round(decision.disk_used_ratio, 4)))
         self.refuse_sends = decision.refuse_sends
         for start in decision.delete:
             if start in decision.forced:
@@ -402,7 +421,9 @@ class CommitLogWriterActor(Actor):
         self.forced_deleted_messages += summary.messages
         log.warning("retention: deleted unexpired segment %s: %d messages%s, stored from %s to %s",
                     offset_to_file_name(start), summary.messages, "" if summary.complete else " (counted up to "
-                    "a damaged record)", _utc(summary.first_store_timestamp_ms), _utc(summary.last_store_timestamp_ms))
+                    "a damaged record)", _utc(summary.first_store_timestamp_ms), _utc(summary.last_store_timestamp_ms),
+                    extra=event("retention.forced_deletion", segment=offset_to_file_name(start),
+                                messages=summary.messages))
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()
@@ -418,7 +439,8 @@ class CommitLogWriterActor(Actor):
         try:
             self.log.ensure_next_segment()
         except OSError as exc:
-            log.error("cannot preallocate the next segment: %s", exc)
+            log.error("cannot preallocate the next segment: %s", exc,
+                      extra=event("segment.create_failed", reason=str(exc)))
 
     def detail(self) -> dict[str, int]:
         return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
@@ -426,6 +448,14 @@ class CommitLogWriterActor(Actor):
                 "busy_refusals": self.busy_refusals, "retention_rounds": self.retention_rounds,
                 "forced_deleted_segments": self.forced_deleted_segments,
                 "forced_deleted_messages": self.forced_deleted_messages}
+
+    def metrics(self) -> Figures:
+        return {"rmqpy_queue_sent_messages": per_queue(self.sent_messages),
+                "rmqpy_queue_sent_bytes": per_queue(self.sent_bytes),
+                "rmqpy_send_latency_seconds": self.send_latency,
+                "rmqpy_refusals": [["BUSY", "writer", self.busy_refusals],
+                                   ["DISK_FULL", "writer", self.disk_full_refusals]],
+                "rmqpy_disk_full": [[int(self.refuse_sends)]]}
 
     def shutdown(self, out: Effects) -> None:
         if self.forced_counter is not None:

@@ -68,6 +68,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.metrics.report import Figures, per_queue
 from engine.services.long_poll import LongPolls, ParkedPull
 from engine.services.owned_queues import OwnedQueues, QueueKey
 from engine.services.pull import PullResult, Subscription, pull
@@ -100,6 +101,8 @@ class ConsumeQueueOwnerActor(Actor):
         self.long_polls = LongPolls(parked_max=cfg.long_poll_parked_max, wait_ms_max=cfg.long_poll_wait_ms_max)
         self.woken: deque[ParkedPull] = deque()  # unparked, served long_poll_wakes_per_turn_max a turn
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.pulled_messages: dict[QueueKey, int] = {}  # since this process started, for metrics
+        self.pulled_bytes: dict[QueueKey, int] = {}
         self.pops = OwnerPops(self.owned, self.read_queue, self.subscription, config=cfg, clock=self.clock,
                               sync_flush=self.sync_flush)
 
@@ -247,6 +250,10 @@ class ConsumeQueueOwnerActor(Actor):
                                f"checks, or the log lost it) and is not served; the next offset is "
                                f"{result.next_offset}", next_offset=result.next_offset,
                                min_offset=result.min_offset, max_offset=result.max_offset)
+        if result.message_count:
+            key = (request.topic, request.queue_id)
+            self.pulled_messages[key] = self.pulled_messages.get(key, 0) + result.message_count
+            self.pulled_bytes[key] = self.pulled_bytes.get(key, 0) + sum(map(len, result.encoded))
         nothing_yet = result.status in _NOTHING_YET or (
             result.status == GetStatus.NO_MATCHED_MESSAGE and cq is not None and result.next_offset >= cq.max_offset)
         if not final and nothing_yet and request.max_wait_ms > 0 and reply_to is not None:
@@ -359,6 +366,14 @@ class ConsumeQueueOwnerActor(Actor):
     def detail(self) -> dict[str, int]:
         return {"applied_offset": self.owned.applied_offset, "queues": len(self.owned.queues),
                 "parked_pulls": len(self.long_polls), "pop_queues": len(self.pops.states.queues)}
+
+    def metrics(self) -> Figures:
+        queues = self.owned.queues.values()
+        return {"rmqpy_queue_pulled_messages": per_queue(self.pulled_messages),
+                "rmqpy_queue_pulled_bytes": per_queue(self.pulled_bytes),
+                "rmqpy_queue_min_offset": [[cq.topic, str(cq.queue_id), cq.min_offset] for cq in queues],
+                "rmqpy_queue_max_offset": [[cq.topic, str(cq.queue_id), cq.max_offset] for cq in queues],
+                **self.pops.metrics()}
 
     def shutdown(self, out: Effects) -> None:
         self.catch_up()

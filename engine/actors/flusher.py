@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,8 @@ from engine.actors.base import PUB, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
+from engine.logs import event
+from engine.metrics.report import Figures, Histogram
 from engine.services.restart_points import checkpoint_dispatched, checkpoint_within_log, flusher_restart
 from engine.store import sync
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
@@ -58,6 +61,8 @@ class FlusherActor(Actor):
         self.checkpoint = Checkpoint()  # what the next write stores
         self.stored = Checkpoint()  # what the file holds
         self.failed = False  # a flush failed: the process ends once this call's effects are out
+        self.flush_seconds = Histogram.new()  # for metrics: each flush round, and each fdatasync in it
+        self.fdatasync_seconds = Histogram.new()
         self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = self.clock.mono_ms()
 
     def ports(self) -> list[Port]:
@@ -128,15 +133,19 @@ class FlusherActor(Actor):
             return
         size = self.config.segment_size_bytes
         start = self.flushed_offset - self.flushed_offset % size
+        began = time.perf_counter()
         for segment in range(start, target, size):
             fd = self._segment_fd(segment)
             if fd is None:
                 continue
+            synced = time.perf_counter()
             try:
                 sync.fdatasync(fd, self.segment_path(segment))
             except OSError as exc:
                 self.fail_stop(out, f"fdatasync of segment {segment}: {exc}")
                 return
+            self.fdatasync_seconds.observe(time.perf_counter() - synced)
+        self.flush_seconds.observe(time.perf_counter() - began)
         for segment in [s for s in self.segment_fds if s + size <= target - target % size and s < start]:
             os.close(self.segment_fds.pop(segment))
         self.flushed_offset = target
@@ -148,7 +157,8 @@ class FlusherActor(Actor):
 
     def fail_stop(self, out: Effects, reason: str) -> None:
         """Never retry a failed flush (fsyncgate): tell the writer, then exit so recovery runs."""
-        log.critical("flush failed: %s; the writer stops acknowledging and both restart", reason)
+        log.critical("flush failed: %s; the writer stops acknowledging and both restart", reason,
+                     extra=event("flush.failed", reason=reason, flushed_offset=self.flushed_offset))
         out.send("flushes", [endpoints.TOPIC_FLUSHED, encoder.encode(FlushFailed(reason))])
         out.exit(71, f"flush failed: {reason}")
         self.failed = True
@@ -204,13 +214,17 @@ class FlusherActor(Actor):
                 store_checkpoint(self.env.store_dir, updated)
             except OSError as exc:
                 # The checkpoint only shortens recovery; without it recovery scans further.
-                log.error("cannot write the checkpoint: %s", exc)
+                log.error("cannot write the checkpoint: %s", exc, extra=event("checkpoint.write_failed",
+                                                                             reason=str(exc)))
                 return
             self.checkpoint = self.stored = updated
 
     def detail(self) -> dict[str, int]:
         return {"flushed_offset": self.flushed_offset, "confirmed_offset": self.confirmed_offset,
                 "dispatched_offset": self.checkpoint.dispatched_offset}
+
+    def metrics(self) -> Figures:
+        return {"rmqpy_flush_seconds": self.flush_seconds, "rmqpy_fdatasync_seconds": self.fdatasync_seconds}
 
     def shutdown(self, out: Effects) -> None:
         self.follow_confirmed()

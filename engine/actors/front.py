@@ -76,6 +76,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group, validate_topic
 from engine.services.key_lookup import KeyLookup
 from engine.store.consumer_offsets import ConsumerOffsets
@@ -116,6 +117,8 @@ class FrontActor(Actor):
         self.owner_count = env.config.consume_queue_owner_count
         self.owner_ports = [f"owner-{k}" for k in range(self.owner_count)]
         self.requests_served = 0
+        self.requests_by_op: dict[str, int] = {}  # since this process started, for metrics
+        self.refusals: dict[str, int] = {}  # BUSY and SERVICE_NOT_AVAILABLE given for an actor
         self.deleting: set[str] = set()  # deletions forwarded to the writer, not yet answered
         self.lookup = KeyLookup(env.store_dir, env.config)
         self.sync_flush = env.config.flush_mode == "SYNC_FLUSH"
@@ -219,6 +222,7 @@ class FrontActor(Actor):
     def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
         envelope = decode_envelope(raw)
         op = envelope.op
+        self.requests_by_op[op] = self.requests_by_op.get(op, 0) + 1
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
             self.hold(client, flag, raw)
             return
@@ -337,6 +341,7 @@ class FrontActor(Actor):
             op = type(request).__struct_config__.tag
             refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                    f"the actor serving {op!r} is not available; retry later")
+        self.refusals[refusal.code.name] = self.refusals.get(refusal.code.name, 0) + 1
         return self.error_reply(client, flag, raw, refusal)
 
     def finish_deletion(self, topic: str) -> None:
@@ -470,6 +475,13 @@ class FrontActor(Actor):
 
     def detail(self) -> dict[str, int]:
         return {"requests": self.requests_served, "topics": len(self.topics.topics)}
+
+    def metrics(self) -> Figures:
+        committed = [[key.partition("@")[2], key.partition("@")[0], queue_id, offset]
+                     for key, queues in self.consumer_offsets.table.items() for queue_id, offset in queues.items()]
+        return {"rmqpy_requests": [[op, count] for op, count in self.requests_by_op.items()],
+                "rmqpy_refusals": [[code, "front", count] for code, count in self.refusals.items()],
+                "rmqpy_group_committed_offset": committed}
 
 
 if __name__ == "__main__":

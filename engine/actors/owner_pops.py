@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -43,6 +44,7 @@ from engine.ipc.protocol import (
     encode_reply,
     encode_request,
 )
+from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group
 from engine.services.owned_queues import OwnedQueues
 from engine.services.pop import (
@@ -90,6 +92,19 @@ class OwnerPops:
         self.tags: dict[tuple[str, str], str] = {}
         self.fifo_groups = frozenset(config.fifo_groups)
         self.unlocked: set[tuple[str, int]] = set()  # FIFO queues an ack unlocked: their parked pops wake
+
+    def metrics(self) -> Figures:
+        """Each pop group's queue: in flight, due, redelivered and dead-lettered messages."""
+        rows: dict[str, list[list[Any]]] = {"rmqpy_pop_in_flight_messages": [], "rmqpy_pop_due_messages": [],
+                                            "rmqpy_pop_redelivered_messages": [],
+                                            "rmqpy_pop_dead_lettered_messages": []}
+        for (group, topic, queue_id), queue in self.states.queues.items():
+            labels = [group, topic, str(queue_id)]
+            rows["rmqpy_pop_in_flight_messages"].append([*labels, queue.in_flight])
+            rows["rmqpy_pop_due_messages"].append([*labels, len(queue.due)])
+            rows["rmqpy_pop_redelivered_messages"].append([*labels, queue.redeliveries])
+            rows["rmqpy_pop_dead_lettered_messages"].append([*labels, queue.dead_lettered])
+        return rows
 
     def recover(self) -> None:
         """Open the ack state of every pop group on the queues this owner holds."""

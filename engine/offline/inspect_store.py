@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from engine.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from engine.store.index_file import INDEX_DIR
 from engine.store.layout import CQ_UNIT_BYTES, INDEX_HEADER
 from engine.store.mapped_file import list_files
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes
+PROGRESS_STEP_BYTES = 16 << 20  # a long read of the log reports this often
+
+
+def _quiet(_stage: str, _done: int, _total: int) -> None:
+    pass
 
 
 def _file_size(files: list[tuple[int, Path]]) -> int | None:
@@ -42,7 +50,8 @@ def detect_config(store_dir: Path, config: StoreConfig, *, segment_size_bytes: i
 
 
 def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, records_max: int = 20,
-                  config_path: Path | None = None) -> dict[str, Any]:
+                  config_path: Path | None = None, progress: Progress = _quiet) -> dict[str, Any]:
+    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal)."""
     config = detect_config(store_dir, StoreConfig.load(config_path), segment_size_bytes=segment_size_bytes)
     segments = list_files(store_dir / COMMIT_LOG_DIR)
     size = config.segment_size_bytes
@@ -50,7 +59,7 @@ def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, rec
                               "abort_marker": (store_dir / "abort").exists(),
                               "segments": [{"name": p.name, "start_offset": o, "bytes": p.stat().st_size}
                                            for o, p in segments]}
-    report["records"], report["damage"] = _records(store_dir, config, records_max, segments)
+    report["records"], report["damage"] = _records(store_dir, config, records_max, segments, progress)
     report["queues"] = _queues(store_dir, config)
     report["index_files"] = _index_files(store_dir)
     try:
@@ -65,16 +74,20 @@ def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, rec
     return report
 
 
-def _records(store_dir: Path, config: StoreConfig, records_max: int,
-             segments: list[tuple[int, Path]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _records(store_dir: Path, config: StoreConfig, records_max: int, segments: list[tuple[int, Path]],
+             progress: Progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if not segments:
         return [], []
     size = config.segment_size_bytes
     reader = CommitLogReader.for_config(store_dir, config)
     records: list[dict[str, Any]] = []
     damage: list[dict[str, Any]] = []
-    end = segments[-1][0] + size
-    for item in reader.scan(segments[0][0], end, check_crc=True):
+    first, end = segments[0][0], segments[-1][0] + size
+    next_report = first
+    for item in reader.scan(first, end, check_crc=True):
+        if not isinstance(item, Damage) and item.commit_log_offset >= next_report:
+            progress("log", item.commit_log_offset - first, end - first)
+            next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
         if isinstance(item, Damage):
             damage.append({"start": item.start, "end": item.end, "reason": item.reason})
             continue
@@ -84,6 +97,7 @@ def _records(store_dir: Path, config: StoreConfig, records_max: int,
                             "store_timestamp": item.store_timestamp_ms, "tags": item.tags, "keys": item.keys,
                             "body_bytes": len(item.body), "msg_id": item.msg_id})
     reader.segments.close()
+    progress("log", end - first, end - first)
     # Zeros after the last record are the unwritten rest of the log, not damage.
     if damage and damage[-1]["reason"] == "bad magic":
         damage.pop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.offline.inspect_store import detect_config
+from engine.offline.inspect_store import PROGRESS_STEP_BYTES, Progress, _quiet, detect_config
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
@@ -75,13 +75,15 @@ def mark_dispatched(store_dir: Path, log_end: int) -> None:
                                                     flushed_offset=min(checkpoint.flushed_offset, log_end)))
 
 
-def rebuild_derived(store_dir: Path, config: StoreConfig | None = None) -> RepairReport:
+def rebuild_derived(store_dir: Path, config: StoreConfig | None = None, *,
+                    progress: Progress = _quiet) -> RepairReport:
+    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal)."""
     config = detect_config(store_dir, config or StoreConfig())
     with store_locked(store_dir):
-        return _rebuild(store_dir, config)
+        return _rebuild(store_dir, config, progress)
 
 
-def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
+def _rebuild(store_dir: Path, config: StoreConfig, progress: Progress) -> RepairReport:
     evidence = move_derived_aside(store_dir)
     reader = CommitLogReader.for_config(store_dir, config)
     index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
@@ -92,7 +94,12 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
     log_end = reader.min_offset()
     last = reader.segments.last_offset()
     if last is not None:
-        for item in reader.scan(reader.min_offset(), last + config.segment_size_bytes, check_crc=True):
+        first, end = reader.min_offset(), last + config.segment_size_bytes
+        next_report = first
+        for item in reader.scan(first, end, check_crc=True):
+            if not isinstance(item, Damage) and item.commit_log_offset >= next_report:
+                progress("log", item.commit_log_offset - first, end - first)
+                next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
             if isinstance(item, Damage):
                 pending += 1  # damage counts once a valid record follows (else it is the unwritten end)
                 continue
@@ -114,5 +121,7 @@ def _rebuild(store_dir: Path, config: StoreConfig) -> RepairReport:
     index.flush()
     index.close()
     reader.segments.close()
+    if last is not None:
+        progress("log", end - first, end - first)
     mark_dispatched(store_dir, log_end)
     return RepairReport(records, damaged, log_end, evidence)

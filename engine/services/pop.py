@@ -102,6 +102,7 @@ def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken
         result = read(cq, offset, 1, max(1, max_bytes - taken.bytes_taken), subscription)
         if result.message_count and result.offsets[0] == offset:
             queue.record(offset, Action.DELIVER, attempt + 1, generation + 1, until_ms)
+            queue.redeliveries += 1
             taken.add(result, queue.key[2], tag, attempt=attempt + 1, generation=generation + 1)
             scheduled.append(([offset], generation + 1))
         elif (result.status in _GONE and result.next_offset > offset) or result.corrupt_offset == offset:

@@ -98,6 +98,7 @@ class PopQueue:
     pending: bytearray = field(default_factory=bytearray)  # journal entries not written yet
     in_flight: int = 0
     dead_lettered: int = 0  # entries DEAD in the loaded segments
+    redeliveries: int = 0  # deliveries after the first, since the owner started (a metric)
     last_change_ms: int = 0
     damaged_entries: int = 0  # journal entries found damaged at recovery
     tail_forgotten: bool = False  # recovery dropped state past the queue's end: fold before serving

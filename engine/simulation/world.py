@@ -100,6 +100,9 @@ def sim_config(flush_mode: str) -> StoreConfig:
         flush_thorough_interval_ms=400, sync_flush_timeout_ms=60_000, send_queue_wait_ms_max=200,
         consume_queue_owner_count=2, topic_queue_count_default=2, fifo_groups=(FIFO_GROUP,),
         timer_max_delay_ms=60_000, timer_wheel_slots=120, timer_log_segment_bytes=52 * 64,
+        # No monitor: it serves HTTP from its own threads, outside the simulated network, reads
+        # only what the others report, and writes nothing the invariants look at.
+        metrics_endpoint="",
     ).validate()
 
 

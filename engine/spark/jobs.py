@@ -11,6 +11,8 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from engine.progress import SparkJobBar
+
 
 def read_store(spark: SparkSession, store_dir: str, *, topics: list[str] | None = None, include_body: bool = True,
                start_ms: int | None = None, end_ms: int | None = None) -> DataFrame:
@@ -26,16 +28,19 @@ def read_store(spark: SparkSession, store_dir: str, *, topics: list[str] | None 
 
 def export_parquet(spark: SparkSession, store_dir: str, output_dir: str, *, topics: list[str] | None = None,
                    include_body: bool = True, start_ms: int | None = None, end_ms: int | None = None,
-                   by_date: bool = False) -> int:
-    """Write the messages as Parquet partitioned by topic (and store date); returns the rows written."""
+                   by_date: bool = False, progress: bool | None = None) -> int:
+    """Write the messages as Parquet partitioned by topic (and store date); returns the rows written.
+
+    ``progress``: a bar of the jobs' tasks on stderr (None: when stderr is a terminal)."""
     messages = read_store(spark, store_dir, topics=topics, include_body=include_body, start_ms=start_ms,
                           end_ms=end_ms)
     columns = ["topic"]
     if by_date:
         messages = messages.withColumn("store_date", F.to_date("store_timestamp"))
         columns.append("store_date")
-    messages.write.partitionBy(*columns).mode("errorifexists").parquet(output_dir)
-    return spark.read.parquet(output_dir).count()
+    with SparkJobBar(spark.sparkContext, desc="export", enabled=progress):
+        messages.write.partitionBy(*columns).mode("errorifexists").parquet(output_dir)
+        return spark.read.parquet(output_dir).count()
 
 
 def queue_statistics(spark: SparkSession, store_dir: str, *, topics: list[str] | None = None) -> DataFrame:

@@ -43,6 +43,7 @@ from engine.names import is_decimal
 from engine.offline.check import Finding, check_checkpoint
 from engine.offline.inspect_store import detect_config
 from engine.offline.repair import StoreBusy, mark_dispatched, move_derived_aside, store_locked
+from engine.progress import SparkJobBar
 from engine.spark import rebuild_tasks, task_sink
 from engine.spark.log_heads import DAMAGE, RECORD, LogHeadsDataSource
 from engine.spark.rebuild_tasks import BUILT, DIFFERENCE, FINDING, IndexPlan, JobContext, ResultRow
@@ -77,8 +78,10 @@ class RebuildReport:
 
 
 def rebuild_store(spark: SparkSession, store_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],
-                  *, config: StoreConfig | None = None) -> RebuildReport:
-    """Rebuild into ``output_dir`` (which must not exist yet) and verify the store; see the module doc."""
+                  *, config: StoreConfig | None = None, progress: bool | None = None) -> RebuildReport:
+    """Rebuild into ``output_dir`` (which must not exist yet) and verify the store; see the module doc.
+
+    ``progress``: a bar of the jobs' tasks on stderr (None: when stderr is a terminal)."""
     store = Path(store_dir).resolve()
     output = Path(output_dir).resolve()
     if not (store / "commitlog").is_dir():
@@ -95,10 +98,11 @@ def rebuild_store(spark: SparkSession, store_dir: str | os.PathLike[str], output
     heads.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         report = RebuildReport(output_dir=str(output))
-        _check_log(heads, store, report)
-        context = JobContext(str(store), str(output), config, report.log_end)
-        _rebuild_queues(spark, heads, store, context, report)
-        _rebuild_index(spark, heads, context, report)
+        with SparkJobBar(spark.sparkContext, desc="rebuild", enabled=progress):
+            _check_log(heads, store, report)
+            context = JobContext(str(store), str(output), config, report.log_end)
+            _rebuild_queues(spark, heads, store, context, report)
+            _rebuild_index(spark, heads, context, report)
         report.findings += check_checkpoint(store, report.log_end)
         return report
     finally:

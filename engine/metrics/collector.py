@@ -1,0 +1,150 @@
+"""The monitor's view of the engine, gathered when it is asked for (a scrape, a page).
+
+Sources, none of which the monitor waits on for long:
+
+* the actors' reports (``report.py``), at most ``metrics_report_interval_ms`` old;
+* the shared offsets of the log (``engine/store/shared_offsets.py``), read as they are;
+* the supervisor's status (actors, states, restarts, memory), one control request;
+* the store's file system (``statvfs``).
+
+A consumer group's lag is worked out here: the queue's max offset (its owner's report)
+less the group's committed offset (the front's).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.config import StoreConfig
+from engine.ipc.messages import ControlReply, StatusQuery
+from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
+from engine.metrics.report import Histogram, read_reports
+from engine.store.shared_offsets import SharedOffsets
+
+log = logging.getLogger(__name__)
+_STATUS_TIMEOUT_MS = 2_000
+_STATES = ("INIT", "RECOVERING", "RUNNING", "STOPPING", "STOPPED", "GAVE_UP", "DOWN")
+
+
+@dataclass
+class View:
+    """Every sample, by family: rows of [label values..., value]; histograms by label values."""
+
+    samples: dict[str, list[list[Any]]] = field(default_factory=dict)
+    histograms: dict[str, list[tuple[list[str], Histogram]]] = field(default_factory=dict)
+    supervisor: ControlReply | None = None
+
+    def add(self, family: str, *row: Any) -> None:
+        self.samples.setdefault(family, []).append(list(row))
+
+    def rows(self, family: str) -> list[list[Any]]:
+        return self.samples.get(family, [])
+
+
+def supervisor_status(store_dir: Path) -> ControlReply | None:
+    from supervisor.control import ControlTimeout, NotRunning, control
+
+    try:
+        reply = control(store_dir, StatusQuery(), timeout_ms=_STATUS_TIMEOUT_MS)
+    except (ControlTimeout, NotRunning, OSError) as exc:
+        log.warning("no status from the supervisor: %s", exc)
+        return None
+    return reply if reply.ok else None
+
+
+def gather(store_dir: Path, run_dir: Path, config: StoreConfig, offsets: SharedOffsets) -> View:
+    view = View()
+    for report in read_reports(run_dir):
+        for family, rows in report.samples.items():
+            view.samples.setdefault(family, []).extend(rows)
+        for family, histogram in report.histograms.items():
+            labels: list[str] = [config.flush_mode] if family == "rmqpy_send_latency_seconds" else []
+            view.histograms.setdefault(family, []).append((labels, histogram))
+    _add_log(view, offsets.snapshot(0))
+    _add_lag(view)
+    usage = shutil.disk_usage(store_dir)
+    view.add("rmqpy_disk_used_ratio", (usage.total - usage.free) / usage.total if usage.total else 0.0)
+    view.add("rmqpy_disk_free_bytes", usage.free)
+    view.supervisor = supervisor_status(store_dir)
+    if view.supervisor is not None:
+        _add_actors(view, view.supervisor)
+    return view
+
+
+def _add_log(view: View, slots: dict[str, int]) -> None:
+    confirmed = slots["confirmed_offset"]
+    for name in ("written", "confirmed", "flushed", "dispatched", "index_applied", "min"):
+        view.add("rmqpy_log_offset_bytes", name.removesuffix("_applied"), slots[f"{name}_offset"])
+    view.add("rmqpy_log_behind_bytes", "flush", max(0, confirmed - slots["flushed_offset"]))
+    view.add("rmqpy_log_behind_bytes", "dispatch", max(0, confirmed - slots["dispatched_offset"]))
+    view.add("rmqpy_log_behind_bytes", "index", max(0, confirmed - slots["index_applied_offset"]))
+    view.add("rmqpy_timers_pending_messages", slots["timers_pending"])
+    view.add("rmqpy_transaction_halves_pending_messages", slots["halves_pending"])
+
+
+def _add_lag(view: View) -> None:
+    max_offsets = {(topic, queue_id): value for topic, queue_id, value in view.rows("rmqpy_queue_max_offset")}
+    for group, topic, queue_id, committed in view.rows("rmqpy_group_committed_offset"):
+        end = max_offsets.get((topic, queue_id))
+        if end is not None and committed >= 0:
+            view.add("rmqpy_group_lag_messages", group, topic, queue_id, max(0, end - committed))
+
+
+def _add_actors(view: View, status: ControlReply) -> None:
+    for actor in status.actors:
+        view.add("rmqpy_actor_up", actor.name, int(actor.lifecycle == "RUNNING"))
+        for state in _STATES:
+            view.add("rmqpy_actor_state", actor.name, state, int(actor.lifecycle == state))
+        view.add("rmqpy_actor_restarts", actor.name, actor.restarts)
+        if "rss_bytes" in actor.detail:
+            view.add("rmqpy_actor_resident_memory_bytes", actor.name, actor.detail["rss_bytes"])
+            view.add("rmqpy_actor_open_files", actor.name, actor.detail["open_files"])
+
+
+class EngineCollector(Collector):
+    """prometheus_client's view of ``gather``: one family per entry of ``FAMILIES``."""
+
+    def __init__(self, store_dir: Path, run_dir: Path, config: StoreConfig) -> None:
+        self.store_dir = store_dir
+        self.run_dir = run_dir
+        self.config = config
+        self.offsets = SharedOffsets(run_dir)
+
+    def collect(self) -> Iterator[Metric]:
+        view = gather(self.store_dir, self.run_dir, self.config, self.offsets)
+        for family in FAMILIES.values():
+            names = list(family.labels)
+            metric: CounterMetricFamily | GaugeMetricFamily
+            if family.kind == COUNTER:
+                metric = CounterMetricFamily(family.name, family.help, labels=names)
+            elif family.kind == GAUGE:
+                metric = GaugeMetricFamily(family.name, family.help, labels=names)
+            else:
+                histogram = HistogramMetricFamily(family.name, family.help, labels=names)
+                for values, h in view.histograms.get(family.name, []):
+                    histogram.add_metric(values, _buckets(h), h.sum_s)
+                yield histogram
+                continue
+            seen: dict[tuple[str, ...], float] = {}  # one sample per label set, the last reported
+            for row in view.rows(family.name):
+                seen[tuple(str(v) for v in row[:-1])] = row[-1]
+            for label_values, value in seen.items():
+                metric.add_metric(list(label_values), value)
+            yield metric
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip([*map(str, LATENCY_BOUNDS_S), "+Inf"], histogram.counts, strict=True):
+        running += count
+        buckets.append((bound, running))
+    return buckets
