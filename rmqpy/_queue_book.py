@@ -1,0 +1,204 @@
+"""``QueueBook``: a pull consumer's offsets and buffers, with no I/O (both consumers share it).
+
+Per queue of the topic the book keeps three offsets:
+
+* ``fetch_offset``: where the next pull starts (the last reply's ``next_offset``);
+* ``position``: the first offset the application has not finished; what a commit records;
+* ``committed``: the last position committed (-1: none yet).
+
+Invariants, per queue: ``committed`` is a ``position`` the book once had, and messages
+are handed out in queue offset order, each once, between ``position`` and
+``fetch_offset`` (both move back only on a ``seek`` or when the engine says the queue
+is shorter than the group thought, ``OFFSET_OVERFLOW_BADLY``).
+
+A message is *handed out* by ``take`` and *finished* by ``finish``: the consumer
+finishes the messages it handed out when the application comes back for more, commits,
+or closes normally, so a commit never covers a message the application did not finish
+(at least once). Messages the subscription skipped count as finished as soon as the
+queue has nothing before them in hand: the position jumps to ``fetch_offset``.
+
+Fairness: ``take`` goes round the queues, one message from each in turn, and the next
+call goes on from the queue after the last one served, so a busy queue cannot starve
+the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+
+from engine.client import EngineError
+from engine.errors import ErrorCode
+from rmqpy.message import Message
+
+
+class QueueState:
+    __slots__ = ("buffer", "committed", "failures", "fetch_offset", "in_hand", "position", "pull_token", "retry_at")
+
+    def __init__(self, position: int, committed: int) -> None:
+        self.fetch_offset = position
+        self.position = position
+        self.committed = committed
+        self.buffer: deque[Message] = deque()
+        self.in_hand = 0  # messages of this queue handed out and not finished
+        self.pull_token: int | None = None  # the pull in flight whose reply the book will take
+        self.retry_at = 0.0  # monotonic seconds: no pull before this, after a failed one
+        self.failures = 0  # failed pulls in a row
+
+
+class QueueBook:
+    def __init__(self, starts: Mapping[int, tuple[int, int]], *, refill_below: int = 1) -> None:
+        """``starts``: queue id -> (first offset to consume, committed offset or -1).
+        ``refill_below``: a queue with fewer buffered messages pulls again (if no pull is in
+        flight), so that its next messages are there before the last are handed out."""
+        assert starts, "a consumer needs at least one queue"
+        assert refill_below >= 1, refill_below
+        self._refill_below = refill_below
+        self._queues = {queue_id: QueueState(position, committed)
+                        for queue_id, (position, committed) in sorted(starts.items())}
+        self._order = list(self._queues)
+        self._cursor = 0
+        self._in_hand: list[Message] = []
+        self._tokens = itertools.count(1)
+        self.finished_since_commit = 0
+
+    @property
+    def queue_ids(self) -> list[int]:
+        return list(self._order)
+
+    def positions(self) -> dict[int, int]:
+        return {q: s.position for q, s in self._queues.items()}
+
+    def buffered(self) -> int:
+        return sum(len(s.buffer) for s in self._queues.values())
+
+    # -- pulls ---------------------------------------------------------------
+
+    def to_pull(self, now: float) -> list[tuple[int, int, int]]:
+        """The pulls to send now, as (queue id, offset, token): one per queue with fewer than
+        ``refill_below`` messages buffered, no pull in flight and no retry pending. They
+        count as in flight from now."""
+        pulls = []
+        for queue_id, state in self._queues.items():
+            if len(state.buffer) < self._refill_below and state.pull_token is None and state.retry_at <= now:
+                state.pull_token = next(self._tokens)
+                pulls.append((queue_id, state.fetch_offset, state.pull_token))
+        return pulls
+
+    def pulled(self, queue_id: int, token: int, messages: Sequence[Message], next_offset: int) -> bool:
+        """Take a pull's reply; False if it is stale (a seek came since), and then nothing changes."""
+        state = self._queues[queue_id]
+        if token != state.pull_token:
+            return False
+        state.pull_token = None
+        state.failures = 0
+        state.retry_at = 0.0
+        assert all(m.queue_id == queue_id for m in messages)
+        assert [m.queue_offset for m in messages] == sorted(m.queue_offset for m in messages)
+        state.buffer.extend(m for m in messages if m.queue_offset >= state.fetch_offset)
+        state.fetch_offset = next_offset
+        self._settle(state)
+        return True
+
+    def failed(self, queue_id: int, token: int, retry_at: float) -> int:
+        """A pull ended without a reply to use; pull again from the same offset at ``retry_at``.
+        Returns the failures in a row, for the backoff."""
+        state = self._queues[queue_id]
+        if token == state.pull_token:
+            state.pull_token = None
+            state.failures += 1
+            state.retry_at = retry_at
+        return state.failures
+
+    def failures(self, queue_id: int) -> int:
+        return self._queues[queue_id].failures
+
+    def next_retry_at(self) -> float | None:
+        """The earliest time a failed queue may be pulled again (None: no retry pending)."""
+        pending = [s.retry_at for s in self._queues.values() if s.pull_token is None and s.retry_at > 0]
+        return min(pending) if pending else None
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        """Consume ``queue_id`` from ``offset`` on: buffered messages go, a pull in flight is ignored."""
+        state = self._queues[queue_id]
+        state.buffer.clear()
+        self._in_hand = [m for m in self._in_hand if m.queue_id != queue_id]
+        state.in_hand = 0
+        state.pull_token = None
+        state.retry_at = 0.0
+        state.fetch_offset = state.position = offset
+
+    # -- handing out and finishing -----------------------------------------------
+
+    def take(self, count: int) -> list[Message]:
+        """Hand out up to ``count`` buffered messages, one queue at a time in turn."""
+        assert count >= 1
+        taken: list[Message] = []
+        idle = 0  # queues looked at in a row that had nothing
+        while len(taken) < count and idle < len(self._order):
+            state = self._queues[self._order[self._cursor]]
+            self._cursor = (self._cursor + 1) % len(self._order)
+            if state.buffer:
+                taken.append(state.buffer.popleft())
+                state.in_hand += 1
+                idle = 0
+            else:
+                idle += 1
+        self._in_hand.extend(taken)
+        return taken
+
+    def finish(self) -> int:
+        """The application finished every message handed out; returns how many that was."""
+        for message in self._in_hand:
+            state = self._queues[message.queue_id]
+            state.position = message.queue_offset + 1
+            state.in_hand -= 1
+        for state in {id(s): s for s in (self._queues[m.queue_id] for m in self._in_hand)}.values():
+            self._settle(state)
+        count = len(self._in_hand)
+        self._in_hand.clear()
+        self.finished_since_commit += count
+        return count
+
+    def _settle(self, state: QueueState) -> None:
+        """Nothing of the queue buffered or in hand: everything before ``fetch_offset`` is done."""
+        if not state.buffer and state.in_hand == 0:
+            state.position = state.fetch_offset
+
+    # -- commits -------------------------------------------------------------------
+
+    def to_commit(self) -> dict[int, int]:
+        """The positions that differ from the last commit."""
+        return {q: s.position for q, s in self._queues.items() if s.position != s.committed}
+
+    def committed(self, queue_id: int, offset: int) -> None:
+        self._queues[queue_id].committed = offset
+
+    def commit_done(self) -> None:
+        self.finished_since_commit = 0
+
+
+# -- where a consumer starts (shared by the blocking and the asyncio consumer) -----------------
+
+START_FROM = ("earliest", "latest")
+
+
+def assigned_queues(topics: Sequence[Mapping[str, object]], topic: str, queue_ids: Sequence[int] | None) -> list[int]:
+    """The queues to consume: ``queue_ids``, or all of the topic's; raises if the topic has no such queue."""
+    counts = {t["topic"]: t["queue_count"] for t in topics}
+    if topic not in counts:
+        raise EngineError(ErrorCode.TOPIC_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND.name, f"no topic {topic!r}")
+    count = counts[topic]
+    assert isinstance(count, int)
+    chosen = sorted(set(range(count) if queue_ids is None else queue_ids))
+    if not chosen or chosen[0] < 0 or chosen[-1] >= count:
+        raise EngineError(ErrorCode.QUEUE_NOT_FOUND, ErrorCode.QUEUE_NOT_FOUND.name,
+                          f"topic {topic!r} has queues 0..{count - 1}, not {queue_ids}")
+    return chosen
+
+
+def first_offset(stats: Mapping[str, int], start_from: str) -> int:
+    """Where a group that never committed on a queue starts: its oldest message, or the next one to come."""
+    assert start_from in START_FROM, start_from
+    return stats["min_offset"] if start_from == "earliest" else stats["max_offset"]

@@ -1,0 +1,206 @@
+"""``Producer``: send typed messages, wait for the result or get a future; retries on BUSY.
+
+    with Producer("tcp://127.0.0.1:10911") as producer:
+        result = producer.send("orders", b"hello", keys=["order-1"], tags="paid")
+        future = producer.send_async("orders", b"later", delay_ms=30_000)
+        print(result.msg_id, future.result().uniq_key)
+
+Thread-safety: a ``Producer`` may be shared by any number of threads.
+
+* ``send`` and ``send_batch`` go through one ``StoreClient`` socket, one request at a
+  time (a lock keeps threads off each other's replies). A thread that waits for a
+  retry's pause does not hold the lock.
+* ``send_async`` and ``send_batch_async`` hand the send to a background thread that
+  owns a second socket and runs an ``AsyncProducer``: requests from all threads are in
+  flight together there, so this is the fast path for many threads or many messages.
+  The thread and its socket are made at the first async send.
+
+Retries: a send refused with ``BUSY`` or ``SERVICE_NOT_AVAILABLE`` (nothing was stored)
+is sent again after a growing pause (``RetryPolicy``); any other refusal is raised at
+once as ``EngineError``, and a ``RequestTimeout`` is never retried (the messages may
+have been stored). Each message carries a ``UNIQ_KEY`` the producer made, the same on
+every attempt: ``SendResult.uniq_key`` names it, and a consumer can drop duplicates by it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from engine.client import DEFAULT_ENDPOINT, StoreClient
+from engine.ipc.curve import CurveKeys
+from rmqpy._loop_thread import LoopThread
+from rmqpy._send import SendOptions, UniqKeys, one_message, prepare_batch
+from rmqpy.aio.producer import AsyncProducer
+from rmqpy.errors import ClientClosed
+from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
+from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
+
+__all__ = ["Producer"]
+
+T = TypeVar("T")
+
+
+class Producer:
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
+                 on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+        """``timeout_ms``: the deadline of each attempt; keep it above the engine's
+        ``sync_flush_timeout_ms`` (5 s) under ``SYNC_FLUSH``.
+        ``retry``: when to retry (default ``RetryPolicy()``: up to 5 retries, 20 ms to 2 s apart);
+        ``RetryPolicy.never()`` raises every refusal. ``on_retry(error, retry, pause_ms)`` is told
+        of each retry, from the thread that sends (the background thread for async sends).
+        ``wait_store``: under ``SYNC_FLUSH``, answer once on disk (True) or once written (False).
+        ``in_flight_max``: async sends in flight at once; more wait for a free slot."""
+        self.endpoint = endpoint
+        self.timeout_ms = timeout_ms
+        self.retry = retry or RetryPolicy()
+        self.on_retry = on_retry
+        self.wait_store = wait_store
+        self._in_flight_max = in_flight_max
+        self._context = context
+        self._curve = curve
+        self._uniq_keys = UniqKeys()
+        self._client = StoreClient(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
+        self._client_lock = threading.Lock()
+        self._async_lock = threading.Lock()  # guards the fields below
+        self._loop_thread: LoopThread | None = None
+        self._async_producer: AsyncProducer | None = None
+        self._unfinished: set[concurrent.futures.Future[Any]] = set()
+        self._closed = False
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Wait (up to ``timeout_s``) for the async sends under way, then close both sockets."""
+        with self._async_lock:
+            if self._closed:
+                return
+            self._closed = True
+            unfinished = list(self._unfinished)
+        concurrent.futures.wait(unfinished, timeout=timeout_s)
+        if self._loop_thread is not None and self._async_producer is not None:
+            self._loop_thread.stop(self._async_producer.close(), timeout_s=timeout_s)
+        with self._client_lock:
+            self._client.close()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""
+        with self._async_lock:
+            unfinished = list(self._unfinished)
+        concurrent.futures.wait(unfinished, timeout=timeout_s)
+
+    # -- blocking sends ----------------------------------------------------
+
+    def send(self, topic: str, body: bytes, *, keys: Iterable[str] = (), tags: str | None = None,
+             properties: Mapping[str, str] | None = None, flag: int = 0, born_timestamp: int | None = None,
+             queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+             deliver_at_ms: int | None = None, delay_level: int | None = None) -> SendResult:
+        """Store one message and return where it went.
+
+        The queue is ``queue_id``, else the one ``sharding_key`` hashes to (messages with
+        one key keep their order), else the engine's next one round robin. At most one of
+        ``delay_ms`` (from now), ``deliver_at_ms`` (epoch ms) and ``delay_level``
+        (RocketMQ's levels) delays the message: it is stored now and reaches its queue then.
+        """
+        message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
+                              born_timestamp=born_timestamp)
+        [result] = self._send_now(topic, [message], self._options(queue_id, sharding_key, delay_ms,
+                                                                  deliver_at_ms, delay_level))
+        return result
+
+    def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *, queue_id: int | None = None,
+                   sharding_key: str | None = None, delay_ms: int | None = None, deliver_at_ms: int | None = None,
+                   delay_level: int | None = None) -> list[SendResult]:
+        """Store messages in one queue with one request, all or nothing, at consecutive offsets.
+
+        A batch of two or more messages may take at most 4 MiB as records (about 180 bytes
+        plus body, topic and properties per message; protocol 8.1); split larger ones.
+        """
+        return self._send_now(topic, messages, self._options(queue_id, sharding_key, delay_ms, deliver_at_ms,
+                                                             delay_level))
+
+    def _options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
+                 deliver_at_ms: int | None, delay_level: int | None) -> SendOptions:
+        return SendOptions(queue_id=queue_id, sharding_key=sharding_key, delay_ms=delay_ms,
+                           deliver_at_ms=deliver_at_ms, delay_level=delay_level, wait_store=self.wait_store)
+
+    def _send_now(self, topic: str, messages: Iterable[OutgoingMessage | bytes],
+                  options: SendOptions) -> list[SendResult]:
+        wire, uniq_keys = prepare_batch(messages, self._uniq_keys)
+        fields = options.fields()
+
+        def attempt() -> list[SendResult]:
+            with self._client_lock:
+                if self._closed:
+                    raise ClientClosed("the producer is closed")
+                results = self._client.request("send", topic=topic, messages=wire, **fields)["results"]
+            return send_results_from_wire(topic, results, uniq_keys)
+
+        return call_with_retry(self.retry, attempt, on_retry=self.on_retry)
+
+    # -- async sends -------------------------------------------------------
+
+    def send_async(self, topic: str, body: bytes, *, keys: Iterable[str] = (), tags: str | None = None,
+                   properties: Mapping[str, str] | None = None, flag: int = 0, born_timestamp: int | None = None,
+                   queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+                   deliver_at_ms: int | None = None, delay_level: int | None = None,
+                   ) -> concurrent.futures.Future[SendResult]:
+        """``send`` without waiting: the future holds the ``SendResult`` or the exception. Any thread."""
+        message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
+                              born_timestamp=born_timestamp)
+        options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
+
+        async def send_one(producer: AsyncProducer) -> SendResult:
+            [result] = await producer.send_with_options(topic, [message], options)
+            return result
+
+        return self._send_later(send_one)
+
+    def send_batch_async(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *,
+                         queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+                         deliver_at_ms: int | None = None, delay_level: int | None = None,
+                         ) -> concurrent.futures.Future[list[SendResult]]:
+        """``send_batch`` without waiting. Any thread."""
+        batch = list(messages)  # the caller may change its list at once
+        options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
+
+        async def send_all(producer: AsyncProducer) -> list[SendResult]:
+            return await producer.send_with_options(topic, batch, options)
+
+        return self._send_later(send_all)
+
+    def _send_later(self, send: Callable[[AsyncProducer], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        """Run ``send`` on the background thread's producer; the future is tracked until done."""
+        with self._async_lock:
+            if self._closed:
+                raise ClientClosed("the producer is closed")
+            loop_thread, producer = self._started()
+            future = loop_thread.submit(send(producer))
+            self._unfinished.add(future)
+        future.add_done_callback(self._finished)
+        return future
+
+    def _finished(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._async_lock:
+            self._unfinished.discard(future)
+
+    def _started(self) -> tuple[LoopThread, AsyncProducer]:
+        """The background thread and its producer, started on first use (under ``_async_lock``)."""
+        if self._loop_thread is None or self._async_producer is None:
+            context = zmq.asyncio.Context.shadow(self._context) if self._context is not None else None
+            self._async_producer = AsyncProducer(self.endpoint, timeout_ms=self.timeout_ms, retry=self.retry,
+                                                 on_retry=self.on_retry, wait_store=self.wait_store,
+                                                 in_flight_max=self._in_flight_max, context=context,
+                                                 curve=self._curve)
+            self._loop_thread = LoopThread(f"rmqpy-producer-{self.endpoint}")
+        return self._loop_thread, self._async_producer

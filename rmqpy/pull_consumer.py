@@ -1,0 +1,214 @@
+"""``PullConsumer``: a consumer group reading every queue of a topic, committing its offsets.
+
+    with PullConsumer("billing", "orders", subscription="paid || refunded") as consumer:
+        for message in consumer:                 # waits for messages (long polling)
+            handle(message)                      # committed every 100 messages and at the end
+
+How it reads. The consumer keeps one pull in flight per queue, all on one socket,
+each parked at the engine until its queue has a message (long polling, ``max_wait_ms``),
+so a message on any queue is handed out at once, and an idle consumer costs nothing.
+A queue's next pull is sent once fewer than half a ``batch_size`` of its messages wait
+in the consumer, so the next ones are there before these are handed out. Messages are
+handed out one queue at a time in turn, among the queues that have some, so a queue
+with a backlog never holds up a message that arrives on another.
+
+Offsets. The group starts at its committed offset on each queue; a queue the group
+never committed starts at its oldest message (``start_from="earliest"``) or at the
+next one to come (``"latest"``). A message counts as finished when the application
+comes back for more (the next iteration, ``poll``, ``commit``) or leaves the ``with``
+block normally; only finished messages are committed, so after a crash or an exception
+the group reads again what it had not finished: at least once. With ``auto_commit``
+the consumer commits every ``commit_every`` finished messages and when it closes;
+without, only ``commit()`` commits.
+
+One consumer per group and topic reads all queues: two consumers of one group would
+read the same messages (this engine does not share queues out between a group's
+members). Give each its own ``queue_ids``, or use a ``PopConsumer`` for a pool of workers.
+
+Not thread-safe: use a consumer from one thread at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+import zmq
+
+from engine.client import DEFAULT_ENDPOINT, EngineError
+from engine.ipc.curve import CurveKeys
+from rmqpy._channel import Channel, Outcome
+from rmqpy._queue_book import QueueBook, assigned_queues, first_offset
+from rmqpy.errors import ClientClosed
+from rmqpy.message import Message, messages_from_wire
+from rmqpy.retry import RetryPolicy, call_with_retry
+from rmqpy.subscription import subscription_expression
+
+__all__ = ["PullConsumer"]
+
+
+class PullConsumer:
+    def __init__(self, group: str, topic: str, *, endpoint: str = DEFAULT_ENDPOINT,
+                 subscription: str | Iterable[str] = "*", queue_ids: Iterable[int] | None = None,
+                 start_from: Literal["earliest", "latest"] = "earliest", auto_commit: bool = True,
+                 commit_every: int = 100, batch_size: int = 32, max_wait_ms: int = 5_000,
+                 idle_timeout_ms: int | None = None, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+        """Connect and read the group's committed offsets (raises ``EngineError`` if the topic is missing).
+
+        ``subscription``: ``"*"``, ``"a || b"`` or a list of tags. ``batch_size``: messages per
+        pull, and per ``poll`` by default. ``max_wait_ms``: how long a pull waits at the engine
+        for a message (at most 30 000), and ``poll``'s default wait. ``idle_timeout_ms``: the
+        iteration ends after this long without a message (None: it never ends by itself).
+        ``retry``: how refused pulls and commits are retried (reads are always safe to retry).
+        """
+        if min(commit_every, batch_size, max_wait_ms) < 1:
+            raise ValueError("commit_every, batch_size and max_wait_ms must be >= 1")
+        self.group = group
+        self.topic = topic
+        self.subscription = subscription_expression(subscription)
+        self.auto_commit = auto_commit
+        self.commit_every = commit_every
+        self.batch_size = batch_size
+        self.max_wait_ms = max_wait_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.retry = retry or RetryPolicy()
+        self._pulls: dict[int, tuple[int, int]] = {}  # request id -> (queue id, book token)
+        self._closed = False
+        self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
+        try:
+            self._book = self._open_book(None if queue_ids is None else list(queue_ids), start_from)
+        except BaseException:
+            self._channel.close()
+            raise
+
+    def _open_book(self, queue_ids: list[int] | None, start_from: str) -> QueueBook:
+        topics = call_with_retry(self.retry, self._channel.list_topics)
+        starts = {}
+        for queue_id in assigned_queues(topics, self.topic, queue_ids):
+            committed = call_with_retry(self.retry, functools.partial(self._channel.fetch_offset, self.group,
+                                                                      self.topic, queue_id))
+            if committed < 0:
+                stats = call_with_retry(self.retry, functools.partial(self._channel.queue_stats, self.topic, queue_id))
+                starts[queue_id] = (first_offset(stats, start_from), committed)
+            else:
+                starts[queue_id] = (committed, committed)
+        return QueueBook(starts, refill_below=max(1, self.batch_size // 2))
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(finish=exc_type is None)
+
+    def close(self, *, finish: bool = True) -> None:
+        """Commit (with ``auto_commit``) and close. ``finish``: count the messages handed out as
+        finished first; leaving ``with`` by an exception does not, so they are read again."""
+        if self._closed:
+            return
+        try:
+            if finish:
+                self._book.finish()
+            if self.auto_commit:
+                self._commit()
+        finally:
+            self._closed = True
+            self._channel.close()
+
+    @property
+    def queue_ids(self) -> list[int]:
+        return self._book.queue_ids
+
+    def positions(self) -> dict[int, int]:
+        """Per queue, the first offset not yet finished: what the next commit records."""
+        return self._book.positions()
+
+    # -- reading -----------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Message]:
+        """Messages one by one, waiting for more; ends after ``idle_timeout_ms`` without any, or on close."""
+        idle_since = time.monotonic()
+        while not self._closed:
+            if self.idle_timeout_ms is None:
+                wait_ms = self.max_wait_ms
+            else:
+                wait_ms = max(0, int(self.idle_timeout_ms - (time.monotonic() - idle_since) * 1000))
+            messages = self.poll(wait_ms, max_messages=1)
+            if messages:
+                yield messages[0]
+                idle_since = time.monotonic()
+            elif self.idle_timeout_ms is not None and wait_ms == 0:
+                return
+
+    def poll(self, timeout_ms: int | None = None, *, max_messages: int | None = None) -> list[Message]:
+        """Up to ``max_messages`` (default ``batch_size``) messages, waiting up to ``timeout_ms``
+        (default ``max_wait_ms``) for the first; [] if none came. Finishes those of the last poll."""
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        self._book.finish()
+        if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
+            self._commit()
+        deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
+        while True:
+            self._send_pulls(time.monotonic())
+            self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
+            taken = self._book.take(max_messages or self.batch_size)
+            if taken:
+                return taken
+            now = time.monotonic()
+            if now >= deadline:
+                return []
+            wake = min(deadline, self._book.next_retry_at() or deadline)
+            self._take_replies(self._channel.replies(max(1, int((wake - now) * 1000))))
+
+    def _send_pulls(self, now: float) -> None:
+        for queue_id, offset, token in self._book.to_pull(now):
+            request_id = self._channel.submit(
+                "pull", wait_ms=self.max_wait_ms, topic=self.topic, queue_id=queue_id, offset=offset,
+                max_messages=self.batch_size, subscription=self.subscription, max_wait_ms=self.max_wait_ms)
+            self._pulls[request_id] = (queue_id, token)
+
+    def _take_replies(self, replies: list[tuple[int, Outcome]]) -> None:
+        """Give each reply to the book; a refusal that retrying cannot cure is raised after all are in."""
+        refusal: EngineError | None = None
+        for request_id, outcome in replies:
+            queue_id, token = self._pulls.pop(request_id)
+            if isinstance(outcome, dict):
+                self._book.pulled(queue_id, token, messages_from_wire(outcome["messages"]), outcome["next_offset"])
+                continue
+            pause_ms = self.retry.backoff_ms(self._book.failures(queue_id) + 1, jitter=random.random())
+            self._book.failed(queue_id, token, time.monotonic() + pause_ms / 1000)
+            if isinstance(outcome, EngineError) and outcome.code not in self.retry.retriable_codes:
+                outcome.details.setdefault("queue_id", queue_id)
+                refusal = refusal or outcome
+        if refusal is not None:
+            raise refusal
+
+    # -- offsets -----------------------------------------------------------
+
+    def commit(self) -> None:
+        """Count every message handed out as finished and commit the group's positions now."""
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        self._book.finish()
+        self._commit()
+
+    def _commit(self) -> None:
+        for queue_id, offset in self._book.to_commit().items():
+            call_with_retry(self.retry, functools.partial(self._channel.commit_offset, self.group, self.topic,
+                                                          queue_id, offset))
+            self._book.committed(queue_id, offset)
+        self._book.commit_done()
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        """Read ``queue_id`` from ``offset`` on (for example past a ``MESSAGE_CORRUPT`` record)."""
+        self._book.seek(queue_id, offset)
+
+    def lag(self) -> dict[int, int]:
+        """Per queue, the messages after the group's position (as far as dispatch has come)."""
+        positions = self._book.positions()
+        return {queue_id: max(0, self._channel.queue_stats(self.topic, queue_id)["max_offset"] - position)
+                for queue_id, position in positions.items()}
