@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored
 
 pytestmark = pytest.mark.timeout(120)
@@ -57,6 +58,7 @@ def test_the_dashboard_shows_the_engine_its_queues_groups_and_messages(monitored
             client.send("orders", [{"body": f"order {i}: 3 apples".encode(), "keys": [f"order-{i}"], "tags": "fruit",
                                     "properties": {"region": "eu"}}])
         client.commit_offset("billing", "orders", 0, 5)
+        wait_dispatched(client)  # the queues' units are written after the sends are answered
         ends = {q: client.queue_stats("orders", q)["max_offset"] for q in (0, 1)}
     stop = threading.Event()
     load = threading.Thread(target=_produce_and_pull, args=(monitored, stop))  # for the chart of rates

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from engine.config import ConfigError, StoreConfig
+from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored, total, value
 
 pytestmark = pytest.mark.timeout(90)
@@ -43,6 +44,7 @@ def test_a_scrape_under_load_counts_what_was_sent_pulled_and_committed(monitored
             stop.set()
             thread.join(30)
         assert not errors, errors
+        wait_dispatched(client)  # the queues' units are written after the sends are answered
         pulled = len(client.pull(TOPIC, 0, 0, max_messages=50)["messages"])
         client.commit_offset("billing", TOPIC, 0, 7)
         max_offset_0 = client.queue_stats(TOPIC, 0)["max_offset"]

@@ -7,6 +7,7 @@ import pytest
 
 from supervisor.control import EventStream
 from supervisor.faults import kill_actor
+from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored, value
 
 pytestmark = pytest.mark.timeout(90)
@@ -35,6 +36,7 @@ def test_a_killed_actor_restarts_and_the_metrics_say_so(monitored: Monitored, ro
     # the store did not notice: what was sent is there, and sends go on
     with monitored.engine.client() as client:
         client.send("before", [{"body": b"b"}] * 5)
+        wait_dispatched(client)  # a send is answered before its queue units are written
         assert sum(client.queue_stats("before", q)["max_offset"] for q in range(4)) == 10
     status, overview = monitored.api("/api/overview")
     assert status == 200 and overview["state"] == "RUNNING"
