@@ -49,6 +49,8 @@ from rmqpy.subscription import subscription_expression
 
 __all__ = ["PullConsumer"]
 
+_LOOK_INTERVAL_S = 0.001  # how often the socket is looked at while messages are buffered
+
 
 class PullConsumer:
     def __init__(self, group: str, topic: str, *, endpoint: str = DEFAULT_ENDPOINT,
@@ -77,6 +79,7 @@ class PullConsumer:
         self.idle_timeout_ms = idle_timeout_ms
         self.retry = retry or RetryPolicy()
         self._pulls: dict[int, tuple[int, int]] = {}  # request id -> (queue id, book token)
+        self._next_look = 0.0  # when poll next reads the socket while messages are buffered
         self._closed = False
         self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         try:
@@ -151,10 +154,16 @@ class PullConsumer:
         self._book.finish()
         if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
             self._commit()
-        deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
+        now = time.monotonic()
+        deadline = now + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
-            self._send_pulls(time.monotonic())
-            self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
+            # While messages are buffered, the socket is looked at once a millisecond, not at every
+            # message (a look that finds nothing costs more than handing out a message); a queue
+            # whose pull was answered meanwhile still takes its turn within that millisecond.
+            if now >= self._next_look or not self._book.buffered():
+                self._send_pulls(now)
+                self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
+                self._next_look = now + _LOOK_INTERVAL_S
             taken = self._book.take(max_messages or self.batch_size)
             if taken:
                 return taken
@@ -163,6 +172,7 @@ class PullConsumer:
                 return []
             wake = min(deadline, self._book.next_retry_at() or deadline)
             self._take_replies(self._channel.replies(max(1, int((wake - now) * 1000))))
+            now = time.monotonic()
 
     def _send_pulls(self, now: float) -> None:
         for queue_id, offset, token in self._book.to_pull(now):
