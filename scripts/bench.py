@@ -3,6 +3,7 @@
     python scripts/bench.py                 # everything, 3 repetitions (about 5-10 minutes)
     python scripts/bench.py --quick         # fewer messages, 3 repetitions
     python scripts/bench.py --only send,pull --json bench.json
+    python scripts/bench.py --only peers --million   # the peers' workload (scripts/bench_peers.py)
 
 It starts real engines (``python -m supervisor start`` through
 ``supervisor.launcher``) and talks to them only through the public protocol
@@ -56,7 +57,9 @@ def record(name: str, values: list[float], unit: str) -> None:
     RESULTS[name] = {"median": statistics.median(values), "min": min(values), "max": max(values), "unit": unit,
                      "runs": len(values)}
     r = RESULTS[name]
-    print(f"{name:<58} {r['median']:>14,.1f} {unit:<8} (min {r['min']:,.1f}, max {r['max']:,.1f})", flush=True)
+    digits = 3 if unit == "ms" else 1  # latencies of a tenth of a millisecond need the places
+    print(f"{name:<58} {r['median']:>14,.{digits}f} {unit:<8} (min {r['min']:,.{digits}f}, max {r['max']:,.{digits}f})",
+          flush=True)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -505,8 +508,9 @@ def ref_sqlite(workdir: Path, *, body: int, batch: int, total: int, reps: int) -
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
     record(f"reference SQLite WAL FULL insert body={body}B batch={batch}", send_rates, "msg/s")
-    record(f"reference SQLite read all body={body}B", read_rates, "msg/s")
-    record("reference SQLite key lookups (indexed)", lookup_rates, "lookups/s")
+    # named with the row count: the runs of one body size but fewer rows must not overwrite these
+    record(f"reference SQLite read all body={body}B rows={total}", read_rates, "msg/s")
+    record(f"reference SQLite key lookups (indexed) rows={total}", lookup_rates, "lookups/s")
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -522,14 +526,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer messages per figure")
     parser.add_argument("--only", default="",
-                        help="comma list: refs,send,pull,lookup,latency,e2e,restart,recovery,pop")
+                        help="comma list: refs,send,pull,lookup,latency,e2e,restart,recovery,pop,peers "
+                             "(peers runs only when named)")
+    parser.add_argument("--million", action="store_true", help="peers: also 1,000,000 messages")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workdir", type=Path, help="where stores go (default: a temporary directory)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
 
+    peers = "peers" in only  # the peers' workload is a run of its own (scripts/bench_peers.py)
+    only.discard("peers")
+
     def want(part: str) -> bool:
-        return not only or part in only
+        return (not only and not peers) or part in only
 
     scale = 0.25 if args.quick else 1.0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-"))
@@ -539,6 +548,11 @@ def main() -> int:
     grid = [(256, 1, int(5_000 * scale)), (256, 32, int(64_000 * scale)), (256, 1000, int(300_000 * scale)),
             (4096, 1, int(3_000 * scale)), (4096, 32, int(32_000 * scale)), (4096, 1000, int(60_000 * scale))]
     try:
+        if peers:
+            import bench_peers  # it imports this file as the module ``bench``: its figures land there
+
+            bench_peers.run(workdir, million=args.million)
+            RESULTS.update(bench_peers.RESULTS)
         if want("refs"):
             ref_raw_append(workdir, reps=reps)
             for body, batch, total in grid:

@@ -1,0 +1,312 @@
+"""The peers' workload: what a user comparing message stores would run, through each one's own
+Python client, in one run on one machine, beside SQLite in WAL mode with synchronous=FULL.
+
+    python scripts/bench_peers.py                    # 100,000 messages
+    python scripts/bench_peers.py --million          # and 1,000,000
+    python scripts/bench.py --only peers [--million]  # the same, from the suite
+
+Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
+
+* produce in batches of 1000, one batch at a time (how most users call it) and 4 in flight;
+* one durable send at a time (SYNC_FLUSH) and one ASYNC send at a time: p50 and p99;
+* consume everything back through the public client (``StoreClient.pull``, 1024 a pull);
+* 1,000 key lookups, one at a time;
+* SIGKILL of each actor kind, 10 times: the worst time until it serves again;
+* each actor's share of the engine's CPU over produce and consume (would it scale with cores?);
+* references: one ``pwrite`` + ``fdatasync`` of 300 bytes, and a ZeroMQ DEALER/ROUTER echo, one at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import RESULTS, body_of, engine_config, percentile, pipelined, record, request_frame
+
+from engine.client import ClientError, StoreClient
+from rmqpy import PullConsumer
+from supervisor.control import EventStream
+from supervisor.faults import actor_pids
+from supervisor.launcher import EngineProcess
+from supervisor.workload import wait_dispatched
+
+QUEUES = 4
+BATCH = 1000
+BODY = 256
+SINGLES = 1000
+LOOKUPS = 1000
+KILLS = 10
+
+
+def messages(first: int, count: int) -> list[dict[str, Any]]:
+    return [{"body": body_of(BODY, i), "keys": [f"key-{i}"], "tags": "tag"} for i in range(first, first + count)]
+
+
+def timed_ms(action: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    action()
+    return (time.perf_counter() - t0) * 1000
+
+
+# -- references ----------------------------------------------------------------------------------
+
+def ref_fdatasync(workdir: Path) -> None:
+    path = workdir / "fdatasync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.posix_fallocate(fd, 0, 4 << 20)
+    os.fsync(fd)
+    latencies = []
+    for i in range(2000):
+        latencies.append(timed_ms(lambda i=i: (os.pwrite(fd, b"x" * 300, i * 300), os.fdatasync(fd))))
+    os.close(fd)
+    path.unlink()
+    record("reference pwrite 300 B + fdatasync p50", [percentile(latencies, 0.5)], "ms")
+    record("reference pwrite 300 B + fdatasync p99", [percentile(latencies, 0.99)], "ms")
+
+
+def ref_zmq_round_trip() -> None:
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def echo() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                router.send_multipart(router.recv_multipart())
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    frame = request_frame("send", 1, topic="t", messages=messages(0, 1))
+    latencies = [timed_ms(lambda: (dealer.send(frame), dealer.recv())) for _ in range(3000)]
+    stop.set()
+    thread.join()
+    dealer.close()
+    router.close()
+    record("reference ZeroMQ echo round trip, one at a time, p50", [percentile(latencies[500:], 0.5)], "ms")
+
+
+# -- SQLite --------------------------------------------------------------------------------------
+
+def sqlite_peer(workdir: Path, total: int) -> None:
+    path = workdir / f"peer-{total}.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE m (id INTEGER PRIMARY KEY, queue INTEGER, key TEXT, tags TEXT, born INTEGER, body BLOB)")
+    db.execute("CREATE INDEX m_key ON m (key)")
+    insert = "INSERT INTO m (queue, key, tags, born, body) VALUES (?, ?, ?, ?, ?)"
+    t0 = time.perf_counter()
+    for n in range(total // BATCH):
+        rows = [(i % QUEUES, f"key-{i}", "tag", 0, body_of(BODY, i)) for i in range(n * BATCH, (n + 1) * BATCH)]
+        db.execute("BEGIN")
+        db.executemany(insert, rows)
+        db.execute("COMMIT")
+    record(f"SQLite FULL produce {total:,} batch={BATCH}", [total / (time.perf_counter() - t0)], "msg/s")
+    t0 = time.perf_counter()
+    count = sum(1 for _ in db.execute("SELECT * FROM m ORDER BY queue, id"))
+    record(f"SQLite consume all {total:,}", [count / (time.perf_counter() - t0)], "msg/s")
+    if total <= 100_000:
+        latencies = [timed_ms(lambda i=i: db.execute(insert, (0, f"one-{i}", "tag", 0, body_of(BODY, i))))
+                     for i in range(SINGLES)]
+        record("SQLite FULL single insert p50", [percentile(latencies, 0.5)], "ms")
+        record("SQLite FULL single insert p99", [percentile(latencies, 0.99)], "ms")
+        rng = random.Random(3)
+        t0 = time.perf_counter()
+        for _ in range(LOOKUPS):
+            db.execute("SELECT * FROM m WHERE key = ?", (f"key-{rng.randrange(total)}",)).fetchall()
+        record("SQLite key lookups one at a time", [LOOKUPS / (time.perf_counter() - t0)], "lookups/s")
+    db.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+# -- the engine ----------------------------------------------------------------------------------
+
+class CpuMeter:
+    """CPU seconds each actor process spent between ``start`` and ``stop``."""
+
+    def __init__(self, engine: EngineProcess) -> None:
+        self.processes = {name: psutil.Process(pid) for name, pid in engine.actor_pids().items()}
+        self.before: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(p.cpu_times()[:2]) for name, p in self.processes.items()}
+
+    def start(self) -> None:
+        self.before = self._now()
+
+    def stop(self) -> None:
+        after = self._now()
+        for name, value in after.items():
+            self.spent[name] = self.spent.get(name, 0.0) + value - self.before[name]
+
+
+def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMeter | None) -> None:
+    label = f"engine {flush_mode} {total:,}"
+    topic = f"peers-{flush_mode}-{total}"
+    with engine.client(timeout_ms=60_000) as client:
+        client.create_topic(topic, queue_count=QUEUES)
+        if meter:
+            meter.start()
+        t0 = time.perf_counter()
+        for first in range(0, total, BATCH):
+            client.send(topic, messages(first, BATCH))
+        record(f"{label} produce batch={BATCH}, 1 in flight", [total / (time.perf_counter() - t0)], "msg/s")
+        frames = [request_frame("send", n, topic=f"{topic}-4", messages=messages(n * BATCH, BATCH))
+                  for n in range(total // BATCH)]
+        seconds, replies = pipelined(engine.endpoint, frames, inflight=4)
+        assert all(r["ok"] for r in replies)
+        record(f"{label} produce batch={BATCH}, 4 in flight", [total / seconds], "msg/s")
+        wait_dispatched(client, timeout_ms=300_000)
+        t0 = time.perf_counter()
+        count = 0
+        for queue_id in range(QUEUES):
+            offset = 0
+            while True:
+                reply = client.pull(topic, queue_id, offset, max_messages=1024)
+                if not reply["messages"]:
+                    break
+                count += len(reply["messages"])
+                offset = reply["next_offset"]
+        assert count == total, (count, total)
+        record(f"{label} consume all (StoreClient.pull)", [count / (time.perf_counter() - t0)], "msg/s")
+        t0 = time.perf_counter()
+        with PullConsumer(f"peers-{total}", topic, endpoint=engine.endpoint, batch_size=1024, auto_commit=False,
+                          idle_timeout_ms=300) as consumer:
+            count = sum(1 for _ in consumer)
+        assert count == total, (count, total)
+        record(f"{label} consume all (rmqpy.PullConsumer, typed)", [count / (time.perf_counter() - t0 - 0.3)],
+               "msg/s")
+        if meter:
+            meter.stop()
+        if total > 100_000:
+            return
+        single = [timed_ms(lambda i=i: client.send(f"{topic}-one", messages(i, 1), queue_id=0))
+                  for i in range(SINGLES)]
+        record(f"engine {flush_mode} single send p50", [percentile(single, 0.5)], "ms")
+        record(f"engine {flush_mode} single send p99", [percentile(single, 0.99)], "ms")
+        if flush_mode == "ASYNC_FLUSH":
+            rng = random.Random(3)
+            t0 = time.perf_counter()
+            for _ in range(LOOKUPS):
+                found = client.query_by_key(topic, f"key-{rng.randrange(total)}", max_results=8)
+                assert len(found) == 1
+            record("engine key lookups one at a time", [LOOKUPS / (time.perf_counter() - t0)], "lookups/s")
+
+
+def hops(engine: EngineProcess, flush_mode: str) -> None:
+    """One request at a time, each kind 2,000 times (the first 500 warm up): what each hop adds.
+
+    ping: client -> front -> client. get_by_offset: the same, through an owner. send: through
+    the writer (and under SYNC_FLUSH the flusher's fdatasync and its wake-up of the writer)."""
+    with engine.client() as client:
+        client.create_topic("hops", queue_count=1)
+        sent = client.send("hops", messages(0, 1), queue_id=0)[0]
+        kinds: dict[str, Callable[[], Any]] = {
+            "ping (front)": client.ping,
+            "get_by_offset (front + owner)": lambda: client.get_by_offset(sent["commit_log_offset"]),
+            "send 1 message": lambda: client.send("hops", messages(0, 1), queue_id=0),
+        }
+        for kind, call in kinds.items():
+            latencies = [timed_ms(call) for _ in range(2000)][500:]
+            record(f"engine {flush_mode} one at a time: {kind} p50", [percentile(latencies, 0.5)], "ms")
+
+
+def kills(engine: EngineProcess) -> None:
+    """SIGKILL each actor kind ``KILLS`` times: ms until a request it serves succeeds again."""
+    with engine.client() as client:
+        client.create_topic("kills", queue_count=2)
+        sent = client.send("kills", messages(0, 10), queue_id=0)
+    probes: dict[str, Callable[[StoreClient], Any]] = {
+        "writer": lambda c: c.send("kills", messages(0, 1), queue_id=0),
+        "flusher": lambda c: c.send("kills", messages(0, 1), queue_id=1),
+        "owner-0": lambda c: [c.pull("kills", q, 0) for q in range(2)],
+        "owner-1": lambda c: [c.pull("kills", q, 0) for q in range(2)],
+        "index": lambda c: c.query_by_key("kills", "key-3"),
+        "reput": lambda c: c.get_by_id(sent[0]["msg_id"]),
+        "front": lambda c: c.ping(),
+        "timer": lambda c: c.ping(),
+        "transactions": lambda c: c.ping(),
+    }
+    for name, probe in probes.items():
+        times = []
+        for _ in range(KILLS):
+            events = EventStream(engine.store_dir)
+            with engine.client(timeout_ms=2000) as client:
+                pid = actor_pids(engine.store_dir)[name]
+                t0 = time.perf_counter()
+                os.kill(pid, 9)
+                events.wait_for("actor.exited", name=name)
+                events.wait_for("actor.running", name=name)
+                while True:
+                    try:
+                        if probe(client):
+                            break
+                    except ClientError:
+                        continue
+                times.append((time.perf_counter() - t0) * 1000)
+            events.close()
+        record(f"engine SIGKILL {name} -> serving again (worst of {KILLS})", [max(times)], "ms")
+
+
+def run(workdir: Path, *, million: bool) -> None:
+    """Everything, in one run. The kills run on an engine of their own whose restarts are all
+    immediate (``restart_window_ms`` of 1 ms: each is the first of its window), so what is timed is
+    the restart itself, not the back-off that protects against crash loops."""
+    ref_fdatasync(workdir)
+    ref_zmq_round_trip()
+    totals = [100_000, 1_000_000] if million else [100_000]
+    for total in totals:
+        sqlite_peer(workdir, total)
+    for flush_mode in ("SYNC_FLUSH", "ASYNC_FLUSH"):
+        with EngineProcess(workdir / f"peers-{flush_mode}", config=engine_config(flush_mode),
+                           start_timeout_s=120) as engine:
+            hops(engine, flush_mode)
+            meter = CpuMeter(engine)
+            for total in totals:
+                engine_peer(engine, flush_mode, total, meter)
+            spent = sum(meter.spent.values())
+            for name, seconds in sorted(meter.spent.items(), key=lambda kv: -kv[1]):
+                record(f"engine {flush_mode} CPU share {name}", [100 * seconds / spent], "%")
+    kill_config = engine_config("ASYNC_FLUSH").replace(restart_window_ms=1, restart_count_max=1_000)
+    with EngineProcess(workdir / "peers-kills", config=kill_config, start_timeout_s=120) as engine:
+        kills(engine)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--million", action="store_true", help="also 1,000,000 messages")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as workdir:
+        run(Path(workdir), million=args.million)
+    if args.json:
+        import json
+
+        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": RESULTS}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
