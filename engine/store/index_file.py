@@ -245,7 +245,9 @@ class IndexService:
         dropped = 0
         while self.names:
             name = self.names[-1]
-            if dropped and self.headers[name][3] <= durable_offset:
+            # end_phy_offset is where the file's last record starts, not where it ends: a record
+            # that starts at the durable offset is past it (durable offsets are record boundaries)
+            if dropped and self.headers[name][3] < durable_offset:
                 break
             mapped = self.mapped.pop(name, None)
             if mapped is not None:
