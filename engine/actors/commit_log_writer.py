@@ -234,6 +234,8 @@ class CommitLogWriterActor(Actor):
                                                    f"retry later")
             request = decode_request("send", raw)
             assert isinstance(request, SendRequest)
+            if self.unsaved_deletions:  # a deletion's queues start again at 0: it is saved before a later send
+                self.save_deletions(out)
             stored, end_offset = self.append(request, route.queue_id, internal=route.internal)
         except RequestError as exc:
             self.disk_full_refusals += exc.code == ErrorCode.DISK_FULL

@@ -37,6 +37,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 from engine.actors.base import DEALER, ROUTER, Actor, Env, Port, main
 from engine.actors.effects import Effects, Forward, Send
@@ -103,6 +104,15 @@ def _queues_by_owner(topic: str, queue_count: int, owner_count: int) -> tuple[tu
     return tuple((owner, tuple(queue_ids)) for owner, queue_ids in sorted(by_owner.items()))
 
 
+class PendingDeletion(NamedTuple):
+    """A ``delete_topic`` forwarded to the writer and not answered yet: sent again, as it came,
+    if the writer restarts before answering it."""
+
+    client: bytes
+    flag: bytes
+    raw: bytes
+
+
 class FrontActor(Actor):
     """Takes client requests on ``clients`` and backend replies on ``writer`` and ``owner-<k>``;
     gives client replies on ``clients`` and enveloped requests (``Append``, ``DeleteTopic``,
@@ -119,7 +129,8 @@ class FrontActor(Actor):
         self.requests_served = 0
         self.requests_by_op: dict[str, int] = {}  # since this process started, for metrics
         self.refusals: dict[str, int] = {}  # BUSY and SERVICE_NOT_AVAILABLE given for an actor
-        self.deleting: set[str] = set()  # deletions forwarded to the writer, not yet answered
+        self.deleting: dict[str, list[PendingDeletion]] = {}  # forwarded to the writer, not yet answered
+        self.redo_deletions = False  # the writer restarted with deletions unanswered: send them again
         self.lookup = KeyLookup(env.store_dir, env.config)
         self.sync_flush = env.config.flush_mode == "SYNC_FLUSH"
         self.log_min_offset = 0
@@ -173,7 +184,50 @@ class FrontActor(Actor):
             action(out)
 
     def connection(self, port: str, up: bool) -> None:
+        if up and self.deleting:  # a new writer: what the old one took and did not answer may be lost
+            self.redo_deletions = True
         self.writer_up = up
+
+    def answered(self, topic: str, client: bytes, flag: bytes) -> bool:
+        """The writer answered a deletion of ``topic`` for ``client``: it is no longer pending. False
+        when none is (the answer to a deletion sent twice, whose first answer came)."""
+        for pending in self.deleting.get(topic, ()):
+            if pending.client == client and pending.flag == flag:
+                self.forget_deletion(topic, pending)
+                return True
+        return False
+
+    def forget_deletion(self, topic: str, pending: PendingDeletion) -> None:
+        waiting = self.deleting.get(topic, [])
+        if pending in waiting:
+            waiting.remove(pending)
+        if not waiting:
+            self.deleting.pop(topic, None)
+
+    def forward_deletion(self, topic: str, pending: PendingDeletion,
+                         refused: Callable[[], Send | None] | None = None) -> Forward:
+        """To the writer; refused (the writer is down or busy), it is no longer pending and its client
+        is told so, unless ``refused`` says otherwise."""
+        return Forward("writer", [pending.client, pending.flag, encoder.encode(DeleteTopic()), pending.raw],
+                       refused or partial(self.deletion_refused, topic, pending))
+
+    def deletion_refused(self, topic: str, pending: PendingDeletion) -> Send:
+        self.forget_deletion(topic, pending)
+        return self.refusal("writer", pending.client, pending.flag, pending.raw, DeleteTopic())
+
+    def send_deletions_again(self, out: Effects) -> None:
+        """After a writer restart, the deletions it had not answered: it may have recorded them or not,
+        and the topic stays "being deleted" until one is answered. A deletion recorded twice deletes
+        nothing more the second time: the front sent nothing for the topic in between, and the writer
+        takes its requests in order. A second answer is dropped (``answered``)."""
+        self.redo_deletions = False
+        for topic, waiting in self.deleting.items():
+            log.warning("the writer restarted before answering %d deletion(s) of %r: sent again", len(waiting), topic)
+            for pending in waiting:
+                out.append(self.forward_deletion(topic, pending, self.redo_refused))
+
+    def redo_refused(self) -> None:
+        self.redo_deletions = True  # the writer is down or busy again: at a later tick
 
     def hold(self, client: bytes, flag: bytes, raw: bytes) -> None:
         """Route this request again once the topic table is on disk."""
@@ -184,10 +238,13 @@ class FrontActor(Actor):
         if isinstance(note, PopElsewhere):  # frames[2] is the client's pop: on to the next owner
             out.append(self.pop_at(frames[0], frames[1], frames[2], note.then))
             return
+        if note is not None and not self.answered(note.topic, frames[0], frames[1]):
+            log.info("a second answer to the deletion of %r (sent again after a writer restart) is dropped: "
+                     "its client has the first", note.topic)
+            return
         relay = self.reply(frames[0], frames[1], frames[2])
         if note is not None:  # the writer's word on a topic deletion
             deletion = note
-            self.deleting.discard(deletion.topic)
             if deletion.recorded:
                 self.finish_deletion(deletion.topic)
                 self.held.append(lambda later: later.append(relay))
@@ -267,8 +324,9 @@ class FrontActor(Actor):
                 raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {topic!r} is the engine's own: it cannot "
                                                             f"be deleted")
             decode_request(op, raw)
-            out.append(self.forward("writer", client, flag, DeleteTopic(), raw))
-            self.deleting.add(topic)
+            pending = PendingDeletion(client, flag, raw)
+            self.deleting.setdefault(topic, []).append(pending)
+            out.append(self.forward_deletion(topic, pending))
         elif op == "create_topic":
             if self.create_topic(envelope, raw):
                 self.hold(client, flag, raw)  # answered once the new entry is on disk
@@ -454,6 +512,8 @@ class FrontActor(Actor):
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()
+        if self.redo_deletions:
+            self.send_deletions_again(out)
         self.drained("clients", out)  # a held request that changed the table again
         log_min = self.slots.get(MIN_OFFSET)
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go

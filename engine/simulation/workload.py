@@ -61,6 +61,10 @@ class Workload:
     deleted_below: dict[str, int] = field(default_factory=dict)  # topic -> its last deletion offset
     epochs: dict[str, int] = field(default_factory=dict)  # topic -> deletions seen: older pulls are void
     deleting: set[str] = field(default_factory=set)  # deletions asked for and not answered yet
+    # topic -> the first request id after its deletion's answer was lost: until a later send is
+    # answered, the deletion may still be carried out (the writer takes it from its queue), and what
+    # a pull or pop reads of the topic may be what it deletes
+    doubtful: dict[str, int] = field(default_factory=dict)
     sent_messages: int = 0
     deletions: int = 0
     acked: int = 0
@@ -147,7 +151,7 @@ class Workload:
 
     def on_popped(self, reply: dict, epoch: int, group: str) -> None:
         """Check each delivery; then ack about half, nack a few, and let the rest expire."""
-        if epoch != self.epochs.get(POP_TOPIC, 0):
+        if epoch != self.epochs.get(POP_TOPIC, 0) or POP_TOPIC in self.doubtful:
             return
         if group == FIFO_GROUP:
             self.check_fifo(reply)
@@ -193,10 +197,12 @@ class Workload:
             return  # refused (BUSY, not available, ...): nothing was promised
         if what[0] == "delete":
             self.deleting.discard(what[1])
+            self.doubtful.pop(what[1], None)  # the writer took this deletion after any earlier one
             self.forget_topic(what[1], reply["deletion_offset"])
             self.request("create_topic", ("create",), topic=what[1], queue_count=TOPICS[what[1]])
         elif what[0] == "send":
             _, topic, messages = what
+            self.settle_doubts(reply["id"])
             for (body, key), result in zip(messages, reply["results"], strict=True):
                 if result["commit_log_offset"] < self.deleted_below.get(topic, 0):
                     continue  # answered after the deletion, but stored before it: deleted with the topic
@@ -223,8 +229,8 @@ class Workload:
             self.on_acked(reply, what[1], what[2], what[3])
         elif what[0] == "pull":
             _, topic, queue_id, epoch = what
-            if epoch != self.epochs.get(topic, 0):
-                return  # asked before the topic was deleted: its answer is about the old topic
+            if epoch != self.epochs.get(topic, 0) or topic in self.doubtful:
+                return  # about the topic before a deletion, or read while a lost deletion may still happen
             for message in reply.get("messages", []):
                 position = (topic, queue_id, message["queue_offset"])
                 body = bytes(message["body"])
@@ -240,9 +246,16 @@ class Workload:
     def forget_topic(self, topic: str, deletion_offset: int) -> None:
         """The topic's messages stored below the deletion offset are gone with it, by design."""
         self.deletions += 1
-        self.epochs[topic] = self.epochs.get(topic, 0) + 1
         self.deleted_below[topic] = deletion_offset
-        for table in (self.durable, self.unsettled, self.seen, self.fifo_open):
+        for table in (self.durable, self.unsettled):
+            for position in [p for p in table if p[0] == topic]:
+                del table[position]
+        self.void_reads(topic)
+
+    def void_reads(self, topic: str) -> None:
+        """What was read of the topic no longer holds (a new epoch: older reads' answers are void)."""
+        self.epochs[topic] = self.epochs.get(topic, 0) + 1
+        for table in (self.seen, self.fifo_open):
             for position in [p for p in table if p[0] == topic]:
                 del table[position]
         for acked in [a for a in self.acked_positions if a[1][0] == topic]:
@@ -270,9 +283,8 @@ class Workload:
             self.fifo_open.clear()  # and the log's tail: offsets may be given to new messages
 
     def kill(self, actor: str) -> None:
-        if actor in (self.front, "writer"):
+        if actor == self.front:  # a writer's death is not enough: the front sends its deletions again
             self.lose_deletion_answers()
-        if actor == self.front:
             self.waiting.clear()  # what the front held or was relaying is lost with it
 
     def lose_deletion_answers(self) -> None:
@@ -280,5 +292,15 @@ class Workload:
         expected no more, and the topic is created again (a no-op if it was never deleted)."""
         for topic in sorted(self.deleting):
             self.forget_topic(topic, 0)
+            self.doubtful[topic] = next(self.ids)
             self.request("create_topic", ("create",), topic=topic, queue_count=TOPICS[topic])
         self.deleting.clear()
+
+    def settle_doubts(self, request_id: int) -> None:
+        """A send asked after a lost deletion answer was stored: the writer took every request the
+        front gave it before, that deletion too if it ever reached it. What was read of the topic
+        meanwhile may be gone with it: those reads no longer count (a new epoch)."""
+        for topic, since in list(self.doubtful.items()):
+            if request_id > since:
+                del self.doubtful[topic]
+                self.void_reads(topic)

@@ -156,6 +156,7 @@ class World:
         if self.down.pop(name, None) is not None:
             self.counts.restarts += 1
         self.next_tick[name] = self.clock.mono_ms()
+        self.tell_connections(name, up=True)
         self.carry_out(name, out)
 
     def start_all(self) -> None:
@@ -169,7 +170,22 @@ class World:
         self.jobs = [job for job in self.jobs if job.actor != name]
         self.down[name] = self.counts.steps
         self.counts.kills += 1
+        self.tell_connections(name, up=False)
         self.on_kill(name)
+
+    def tell_connections(self, name: str, *, up: bool) -> None:
+        """What ZeroMQ's monitor tells an actor (``Actor.connection``): a monitored port connected
+        to an endpoint ``name`` binds reconnects when it starts and drops when it dies; a starting
+        actor's own monitored ports connect to the peers that are up."""
+        bound = {port.endpoint for port in self.network.ports.get(name, {}).values() if port.bind}
+        for other, actor in self.actors.items():
+            for port in self.network.ports[other].values():
+                if not port.monitor or port.bind:
+                    continue
+                if other != name and port.endpoint in bound:
+                    actor.connection(port.name, up)
+                elif other == name and up and self.network.bound(port.endpoint) is not None:
+                    actor.connection(port.name, True)
 
     def power_cut(self) -> None:
         for name in list(self.actors):

@@ -7,15 +7,18 @@ after the deletion, and with ``check_store`` over the files each time.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
+from engine.ipc.protocol import encode_request
 from engine.offline.check import check_store
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
+from supervisor.faults import pause_actor
 from supervisor.launcher import EngineProcess
 from supervisor.workload import wait_dispatched
 
@@ -137,3 +140,28 @@ def test_deleting_needs_an_existing_valid_topic(engine: EngineProcess) -> None:
         client.create_topic("t", queue_count=1)
         assert client.delete_topic("t")["topic"] == "t"
         assert client.ping()
+
+
+def test_a_deletion_lost_with_a_killed_writer_is_sent_again_to_the_restarted_one(engine: EngineProcess,
+                                                                                   store_dir: Path) -> None:
+    """The writer dies with a deletion in its socket: the front sends it again once a new writer
+    connects, the client gets its answer, and the topic is not left "being deleted"."""
+    with engine.client() as client, engine.client(timeout_ms=30_000) as deleter:
+        client.create_topic("doomed", queue_count=2)
+        fill(client, "doomed", 10, key_prefix="d")
+        wait_dispatched(client)
+        _name, writer = pause_actor(store_dir, "writer")
+        try:
+            deleter.send_raw(encode_request("delete_topic", 1, topic="doomed"))
+            deadline = time.monotonic() + 10
+            while "doomed" in [t["topic"] for t in client.list_topics()]:  # hidden once forwarded
+                assert time.monotonic() < deadline, "the front did not take the deletion"
+        finally:
+            writer.kill()  # while stopped: what it had not read is lost with it
+        reply = deleter.receive_raw()  # from the writer the supervisor started again
+        assert reply["ok"] and reply["topic"] == "doomed", reply
+        client.create_topic("doomed", queue_count=2)
+        assert client.send("doomed", [{"body": b"after"}], queue_id=0)[0]["queue_offset"] == 0
+        wait_dispatched(client)
+        assert [m["body"] for m in pull_all(client, "doomed", 0)] == [b"after"]
+        assert pull_all(client, "doomed", 1) == []
