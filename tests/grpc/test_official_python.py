@@ -203,10 +203,19 @@ class Decides(TransactionChecker):
 
     def __init__(self) -> None:
         self.checked: list[bytes] = []
+        self.changed = threading.Condition()
 
     def check(self, message: Message) -> TransactionResolution:
-        self.checked.append(message.body)
+        with self.changed:
+            self.checked.append(message.body)
+            self.changed.notify_all()
         return TransactionResolution.COMMIT if message.body.startswith(b"commit") else TransactionResolution.ROLLBACK
+
+    def wait_checked(self, count: int, *, timeout_s: float) -> list[bytes]:
+        """The bodies checked, once there are ``count`` (the checks of two halves come one by one)."""
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.checked) >= count, timeout=timeout_s)
+            return sorted(self.checked)
 
 
 def test_transactions_commit_roll_back_and_are_decided_by_the_checker_when_left_open(
@@ -233,7 +242,7 @@ def test_transactions_commit_roll_back_and_are_decided_by_the_checker_when_left_
             assert sorted(m.body for m in got) == [b"commit-on-check", b"committed"]
             for m in got:
                 consumer.ack(m)
-            assert sorted(checker.checked) == [b"commit-on-check", b"drop-on-check"]
+            assert checker.wait_checked(2, timeout_s=20) == [b"commit-on-check", b"drop-on-check"]
             assert consumer.receive(32, 20) == []
         finally:
             consumer.shutdown()
