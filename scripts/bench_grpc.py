@@ -16,6 +16,9 @@ percentiles. The pairs:
   a time from a thread pool (the client acks one message a call, and its ``ack_async`` in
   5.1.2 returns no future to wait on), against ``StoreClient.pop(32)`` and one ``ack`` of the
   32.
+
+Beside each send figure it prints the CPU time each process spent per call (this client
+process included), from one more run: what bounds the gRPC path, process by process.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
+import psutil
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from engine.config import StoreConfig
+from supervisor.faults import actor_pids
 from supervisor.launcher import EngineProcess, free_port
 from supervisor.workload import wait_dispatched
 
@@ -60,6 +65,20 @@ def timed(work: Callable[[], int]) -> tuple[int, float]:
     return count, time.perf_counter() - started
 
 
+def cpu_per_call(store_dir: Path, work: Callable[[], int], calls_per_run: int) -> str:
+    """One run of ``work``: the CPU time (user + system) of each process per call, largest first."""
+    processes = {"client": psutil.Process(), **{name: psutil.Process(pid)
+                                                for name, pid in actor_pids(store_dir).items()}}
+
+    def cpu() -> dict[str, float]:
+        return {name: sum(process.cpu_times()[:2]) for name, process in processes.items()}
+
+    before = cpu()
+    work()
+    spent = {name: (seconds - before[name]) / calls_per_run * 1e3 for name, seconds in cpu().items()}
+    return ", ".join(f"{name} {ms:.2f}" for name, ms in sorted(spent.items(), key=lambda kv: -kv[1]) if ms >= 0.01)
+
+
 def official_message(topic: str) -> Message:
     m = Message()
     m.topic, m.body = topic, BODY
@@ -75,6 +94,7 @@ def main() -> int:
     config = StoreConfig().replace(grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}",
                                    segment_size_bytes=256 * 1024 * 1024)
     with tempfile.TemporaryDirectory() as workdir, EngineProcess(Path(workdir) / "store", config=config) as engine:
+        store_dir = Path(workdir) / "store"
         target = engine.config.grpc_endpoint
         official = ClientConfiguration(target, Credentials(), request_timeout=10)
         client = engine.client()
@@ -109,6 +129,8 @@ def main() -> int:
         print(f"send, batch 1: ZeroMQ {results['zmq send b1']:,.0f} msg/s ({percentiles(zmq_lat)}); "
               f"gRPC, official client {results['grpc send b1 (official client)']:,.0f} msg/s "
               f"({percentiles(grpc_lat)})", flush=True)
+        print(f"  CPU ms per send, ZeroMQ: {cpu_per_call(store_dir, zmq_one, n)}", flush=True)
+        print(f"  CPU ms per send, gRPC: {cpu_per_call(store_dir, grpc_one, n)}", flush=True)
 
         # send, batch 32
         def zmq_batch() -> int:
@@ -144,6 +166,8 @@ def main() -> int:
         print(f"send, batch 32: ZeroMQ {results['zmq send b32']:,.0f} msg/s; gRPC request of 32 "
               f"{results['grpc send b32 (stub)']:,.0f} msg/s; official client, 32 in flight "
               f"{results['grpc send 32 in flight (official client)']:,.0f} msg/s", flush=True)
+        print(f"  CPU ms per request of 32, ZeroMQ: {cpu_per_call(store_dir, zmq_batch, n // 32)}", flush=True)
+        print(f"  CPU ms per request of 32, gRPC: {cpu_per_call(store_dir, grpc_batch, n // 32)}", flush=True)
         producer.shutdown()
         channel.close()
         wait_dispatched(client)
