@@ -118,6 +118,7 @@ class Env:
     clock: Clock = field(default_factory=Clock)
     syncer: SyncerFactory = FileSyncer
     background: bool = True  # may the store objects prepare files in background threads
+    process_id: int = field(default_factory=os.getpid)  # in message ids (the simulation gives its own)
 
 
 @dataclass(frozen=True)

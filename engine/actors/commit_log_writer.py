@@ -61,7 +61,7 @@ from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletio
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
-from engine.store.records import build_items
+from engine.store.records import UniqKeys, build_items
 from engine.store.shared_offsets import (
     CONFIRMED,
     FLUSHED,
@@ -127,6 +127,7 @@ class CommitLogWriterActor(Actor):
         cfg = env.config
         self.store_host = HostAddress.parse(cfg.store_host, cfg.store_port)
         self.msg_id_prefix = encode_msg_id(self.store_host, 0)[:-16]  # ip and port; the offset follows
+        self.uniq_keys = UniqKeys(self.store_host, env.process_id)
         self.log = CommitLogWriter(env.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
                                    with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments,
                                    background=env.background)
@@ -265,7 +266,7 @@ class CommitLogWriterActor(Actor):
         topic_name, queue_id, messages = destination(request, queue_id, config=self.config, now_ms=now_ms,
                                                      internal=internal)
         topic = topic_name.encode()
-        batch = build_items(messages, config=self.config, born_host=self.store_host, now_ms=now_ms)
+        batch = build_items(messages, config=self.config, uniq_keys=self.uniq_keys, now_ms=now_ms)
         batch_bytes = self.log.items_size(topic, len(batch.items), batch.payload_bytes)
         # One message may be as large as message_body_bytes_max; a batch of several is held
         # to send_batch_bytes_max as encoded, so one request never holds the log for long.

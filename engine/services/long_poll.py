@@ -79,7 +79,7 @@ class LongPolls:
         parks again (``park`` with its ``deadline_ms``).
         """
         woken: list[ParkedPull] = []
-        for key in queues:
+        for key in sorted(queues):  # in one order every run: a set of strings is not (a replay must be)
             for parked in list(self.by_queue.get(key, {}).values()):
                 if self._take(parked):
                     woken.append(parked)

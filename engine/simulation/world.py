@@ -11,6 +11,7 @@ the same seed gives the same run, byte for byte.
 from __future__ import annotations
 
 import importlib
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -133,6 +134,7 @@ class World:
         self.actors: dict[str, Actor] = {}
         self.next_tick: dict[str, int] = {}
         self.down: dict[str, int] = {}  # killed actor -> step it died at
+        self.process_ids = itertools.count(100)  # each start a new "pid", the same in every replay
         self.jobs: list[SyncJob] = []
         self.counts = Counts()
         self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
@@ -145,7 +147,8 @@ class World:
         actor_cls = next(v for v in vars(module).values()
                          if isinstance(v, type) and issubclass(v, Actor) and v is not Actor)
         env = Env(name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
-                  syncer=lambda actor, on_durable: SimSyncer(self, actor, on_durable), background=False)
+                  syncer=lambda actor, on_durable: SimSyncer(self, actor, on_durable), background=False,
+                  process_id=next(self.process_ids))
         actor = actor_cls(env)
         out = Effects()
         actor.lifecycle = "RECOVERING"

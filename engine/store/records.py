@@ -7,8 +7,6 @@ a reply carries it, is ``codec.read_view``.
 
 from __future__ import annotations
 
-import os
-import time
 from typing import NamedTuple
 
 from engine import codec
@@ -32,19 +30,21 @@ _TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x
 _KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
 _UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
 _END = PROPERTY_SEPARATOR
-_uniq_next = 0  # the counter of the next message id
-_uniq_prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big")
-
-
-def new_uniq_keys(host: HostAddress, count: int) -> list[str]:
-    """``count`` message ids in MessageClientIDSetter's shape, sharing one clock reading (a batch
-    is stored at one time).
+class UniqKeys:
+    """Message ids in MessageClientIDSetter's shape, for one writer process.
 
     Layout (16 bytes, upper-case hex): ip (4) | pid (2) | counter >> 16 (4) | time ms (4) | counter (2).
-    """
-    global _uniq_next
-    first, _uniq_next = _uniq_next, _uniq_next + count
-    return codec.uniq_keys((host.ip + _uniq_prefix).hex().upper(), first, count, time.time_ns() // 1_000_000)
+    The pid and the clock come from the actor's ``Env``, so a simulated run makes the same ids
+    each time it is replayed."""
+
+    def __init__(self, host: HostAddress, process_id: int) -> None:
+        self.prefix = (host.ip + (process_id & 0xFFFF).to_bytes(2, "big")).hex().upper()
+        self.next = 0  # the counter of the next message id
+
+    def take(self, count: int, now_ms: int) -> list[str]:
+        """``count`` ids sharing one clock reading (a batch is stored at one time)."""
+        first, self.next = self.next, self.next + count
+        return codec.uniq_keys(self.prefix, first, count, now_ms)
 
 
 def _check_text(what: str, value: str) -> None:
@@ -59,11 +59,11 @@ class BatchItems(NamedTuple):
     payload_bytes: int      # the bodies and encoded properties, summed
 
 
-def build_items(messages: list[SendMessage], *, config: StoreConfig, born_host: HostAddress,
+def build_items(messages: list[SendMessage], *, config: StoreConfig, uniq_keys: UniqKeys,
                 now_ms: int) -> BatchItems:
     """Validate every message of a batch (all or nothing: RequestError names the first refusal)."""
     items, payload = codec.build_items(messages, config.message_body_bytes_max, config.properties_bytes_max,
-                                       new_uniq_keys(born_host, len(messages)), now_ms)
+                                       uniq_keys.take(len(messages), now_ms), now_ms)
     if items is None:
         explain_refusal(messages[payload], config)
         raise RequestError(ErrorCode.INVALID_PROPERTY, f"message {payload} of the batch was refused")

@@ -7,6 +7,11 @@ runs thousands.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from engine.actors.flusher import FlusherActor
@@ -36,6 +41,22 @@ def test_a_seed_replays_exactly() -> None:
     first, second = simulate(7), simulate(7)
     assert (first.flush_mode, first.figures, first.trace) == (second.flush_mode, second.figures, second.trace)
     assert first.figures["deliveries"] > 100
+
+
+_REPLAY = """
+import json, sys
+from engine.simulation import simulate
+print(json.dumps([[o.flush_mode, o.figures, o.trace] for o in map(simulate, range(40))]))
+"""
+
+
+def test_seeds_replay_the_same_in_another_process_with_another_hash_seed() -> None:
+    """Nothing of the process leaks into a run: not its pid (once in message ids), not the order
+    in which it iterates a set of strings (once the order in which parked pulls were answered)."""
+    runs = [subprocess.run([sys.executable, "-c", _REPLAY], env={**os.environ, "PYTHONHASHSEED": str(hash_seed)},
+                           capture_output=True, text=True, check=True, timeout=120).stdout
+            for hash_seed in (1, 2)]
+    assert json.loads(runs[0]) == json.loads(runs[1])
 
 
 def test_a_checkpoint_taken_before_the_queues_are_flushed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage, SendResult
 from engine.store.layout import HostAddress
-from engine.store.records import build_items, explain_refusal
+from engine.store.records import UniqKeys, build_items, explain_refusal
 
 try:
     from engine import _codec as c
@@ -120,7 +120,7 @@ def test_build_items_through_records_explains_with_codes():
              (SendMessage(body=b"x", properties={"big": "x" * 40_000}), ErrorCode.PROPERTIES_SIZE_EXCEEDED)]
     for message, code in cases:
         with pytest.raises(RequestError) as refused:
-            build_items([SendMessage(body=b"ok"), message], config=CONFIG, born_host=host, now_ms=NOW)
+            build_items([SendMessage(body=b"ok"), message], config=CONFIG, uniq_keys=UniqKeys(host, 1), now_ms=NOW)
         assert refused.value.code == code
 
 
