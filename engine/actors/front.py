@@ -208,8 +208,8 @@ class FrontActor(Actor):
                          refused: Callable[[], Send | None] | None = None) -> Forward:
         """To the writer; refused (the writer is down or busy), it is no longer pending and its client
         is told so, unless ``refused`` says otherwise."""
-        return Forward("writer", [pending.client, pending.flag, encoder.encode(DeleteTopic()), pending.raw],
-                       refused or partial(self.deletion_refused, topic, pending))
+        forward = self.forward("writer", pending.client, pending.flag, DeleteTopic(), pending.raw)
+        return forward._replace(refused=refused or partial(self.deletion_refused, topic, pending))
 
     def deletion_refused(self, topic: str, pending: PendingDeletion) -> Send:
         self.forget_deletion(topic, pending)

@@ -30,6 +30,8 @@ _TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x
 _KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
 _UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
 _END = PROPERTY_SEPARATOR
+
+
 class UniqKeys:
     """Message ids in MessageClientIDSetter's shape, for one writer process.
 
