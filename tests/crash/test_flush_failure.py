@@ -21,6 +21,7 @@ from supervisor.control import EventStream
 from supervisor.faults import actor_pids
 from supervisor.launcher import EngineProcess
 from supervisor.workload import Producer, read_everything, verify, wait_dispatched
+from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,8 +46,8 @@ def inject_into_fdatasync(pid: int, fault: str) -> subprocess.Popen[bytes]:
     return tracer
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path) -> None:
+    require(shutil.which("strace") is not None, "strace")
     config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH")
     engine = EngineProcess(store_dir, config=config)
     engine.start()
@@ -80,8 +81,8 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
     assert check_store(store_dir, config) == []
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> None:
+    require(shutil.which("strace") is not None, "strace")
     config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH", sync_flush_timeout_ms=300)
     engine = EngineProcess(store_dir, config=config)
     engine.start()

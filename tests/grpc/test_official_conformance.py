@@ -25,7 +25,7 @@ from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 from supervisor.launcher import EngineProcess
 from tests.conformance.test_clients import DRIVERS, drive, require_drivers
 from tests.grpc.conftest import grpc_config, official
-from tests.helpers import engine_with_topics, wait_dispatched
+from tests.helpers import engine_with_topics, require, wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -60,8 +60,7 @@ def run_node(endpoint: str, commands: list[dict[str, Any]]) -> list[dict[str, An
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     require_drivers()
-    if not (EXAMPLES / "node_modules" / "rocketmq-client-nodejs").is_dir():
-        pytest.fail("examples/rocketmq5/node_modules missing (make clients)")
+    require((EXAMPLES / "node_modules" / "rocketmq-client-nodejs").is_dir(), "examples/rocketmq5/node_modules")
     with engine_with_topics(tmp_path_factory.mktemp("official") / "store", grpc_config(), {TOPIC: 2}) as process:
         yield process
 

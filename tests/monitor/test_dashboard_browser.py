@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_dispatched
+from tests.helpers import require, wait_dispatched
 from tests.monitor.conftest import Monitored
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,9 +27,7 @@ ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR", "build/test-artifacts"))
 WAIT_S = 20
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test dependency (pip install -e '.[test]')")
-if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-    pytest.skip("Chromium and ChromeDriver are needed (make system-tools installs Debian's chromium and "
-                "chromium-driver)", allow_module_level=True)
+require(os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK), "Chromium and ChromeDriver")
 
 from selenium.webdriver.common.by import By  # noqa: E402 - after the skip above
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
