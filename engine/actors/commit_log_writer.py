@@ -130,7 +130,7 @@ class CommitLogWriterActor(Actor):
         self.uniq_keys = UniqKeys(self.store_host, env.process_id)
         self.log = CommitLogWriter(env.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
                                    with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments,
-                                   background=env.background)
+                                   background=env.background, reserve_step_bytes=cfg.segment_reserve_step_bytes)
         self.next_queue_offset: dict[tuple[str, int], int] = {}
         self.deleted_topics = DeletedTopics(env.store_dir)
         self.last_store_timestamp_ms = 0

@@ -99,8 +99,9 @@ class TimerActor(Actor):
         cfg = env.config
         self.precision = cfg.timer_precision_ms
         self.span_ms = cfg.timer_wheel_slots * cfg.timer_precision_ms
-        self.log = TimerLog(env.store_dir, cfg.timer_log_segment_bytes)
-        self.wheel = TimerWheel(env.store_dir, cfg.timer_wheel_slots, cfg.timer_precision_ms)
+        self.log = TimerLog(env.store_dir, cfg.timer_log_segment_bytes,
+                            reserve_step_bytes=cfg.timer_reserve_step_bytes)
+        self.wheel = TimerWheel(env.store_dir, cfg.timer_wheel_slots, cfg.timer_precision_ms, sparse=True)
         self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.front = FrontRequests(env.clock)
         self.checkpoint = TimerCheckpoint()
