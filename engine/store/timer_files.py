@@ -254,8 +254,8 @@ class TimerWheel:
         for slot_start, slot in self.dirty.items():
             SLOT.pack_into(self.file.mm, self._at(slot_start), slot.time_ms, slot.first_pos, slot.last_pos,
                            slot.units, 0)
-        self.dirty.clear()
         self.file.flush()
+        self.dirty.clear()
 
     def close(self) -> None:
         self.file.close()
