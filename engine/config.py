@@ -166,6 +166,17 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     socket_hwm_messages: int = 10_000
     client_frame_bytes_max: int = 4 * MiB + 64 * KiB
 
+    # Disk footprint (docs/configuration.md 2.9). Files keep RocketMQ's sizes (a 1 GiB segment is
+    # 1 GiB long) but are sparse: real blocks are reserved with fallocate ahead of the writes, in
+    # steps that double from one page up to these, so a full disk is an ENOSPC error, never a
+    # SIGBUS. ``profile = "dev"`` (in a config file) starts from DEV_PROFILE's smaller files.
+    profile: Literal["default", "dev"] = "default"
+    segment_reserve_step_bytes: int = 16 * MiB  # CommitLog segments
+    consume_queue_reserve_step_bytes: int = 64 * KiB  # ConsumeQueue files (3,276 units)
+    index_reserve_step_bytes: int = 4 * MiB  # the IndexFile's items (its header and slots are reserved whole)
+    timer_reserve_step_bytes: int = 1 * MiB  # timer-log files
+    auto_create_topics_max: int = 1_000  # a send creates a missing topic only while fewer topics exist
+
     # Logs (docs/configuration.md 2.8): each process writes STORE/logs/<name>.log, rotated by size.
     log_format: Literal["text", "json"] = "text"  # "json": one object per line, with an event field for events
     log_file_bytes_max: int = 64 * MiB  # a log file past this size is renamed <name>.log.1 (older ones shift)
@@ -242,6 +253,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
                  self.transaction_halves_max) >= 1, "transaction limits must be positive"),
             (self.log_format in ("text", "json"), 'log_format must be "text" or "json"'),
             (self.log_file_bytes_max >= 4 * KiB, "log_file_bytes_max must be at least 4096"),
+            (min(self.segment_reserve_step_bytes, self.consume_queue_reserve_step_bytes,
+                 self.index_reserve_step_bytes, self.timer_reserve_step_bytes) >= 4 * KiB,
+             "the *_reserve_step_bytes must be at least 4096"),
+            (self.auto_create_topics_max >= 0, "auto_create_topics_max must not be negative"),
             (self.log_files_kept >= 2, "log_files_kept must be at least 2 (the live file and one rotated file)"),
         ]
         for ok, message in checks:
@@ -285,6 +300,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             except (OSError, tomllib.TOMLDecodeError) as exc:
                 raise ConfigError(f"cannot read config {path}: {exc}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values.get("profile") == "dev":
+            values = {**DEV_PROFILE, **values}  # the file's own values win over the profile's
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
                     "grpc_tls_key_file", "grpc_curve_client_secret_key_file"):
@@ -298,6 +315,24 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     def to_toml_dict(self) -> dict[str, object]:
         return msgspec.structs.asdict(self)
+
+
+# ``profile = "dev"``: a store for a laptop or a test run (docs/configuration.md 2.9). The file
+# formats stay RocketMQ's; the files are smaller (RocketMQ reads them with the same sizes set:
+# mappedFileSizeCommitLog, maxHashSlotNum, maxIndexNum).
+DEV_PROFILE: dict[str, object] = {
+    "segment_size_bytes": 64 * MiB,
+    "index_hash_slot_count": 100_000,  # 400 KB of slots
+    "index_item_count_max": 400_000,  # 8 MB of items
+    "timer_max_delay_ms": 86_400_000,  # 1 day: a wheel of 2 days of 1 s slots (5.3 MiB)
+    "timer_wheel_slots": 2 * 86_400,
+    "timer_log_segment_bytes": 52 * 65_536,  # 3.25 MiB timer-log files
+    "segment_reserve_step_bytes": 1 * MiB,
+    "consume_queue_reserve_step_bytes": 16 * KiB,
+    "index_reserve_step_bytes": 256 * KiB,
+    "timer_reserve_step_bytes": 256 * KiB,
+    "auto_create_topics_max": 100,
+}
 
 
 def is_loopback_endpoint(endpoint: str) -> bool:

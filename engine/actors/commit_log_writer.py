@@ -57,7 +57,7 @@ from engine.logs import event
 from engine.metrics.report import Figures, Histogram, per_queue
 from engine.services.delivery_routes import destination
 from engine.services.recovery import plan_commit_log_recovery
-from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
+from engine.services.retention import SegmentFact, disk_space, disk_used_ratio, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
@@ -130,7 +130,7 @@ class CommitLogWriterActor(Actor):
         self.uniq_keys = UniqKeys(self.store_host, env.process_id)
         self.log = CommitLogWriter(env.store_dir, cfg.segment_size_bytes, store_host=self.store_host,
                                    with_record_crc=cfg.record_crc_enabled, warm_segments=cfg.warm_segments,
-                                   background=env.background)
+                                   background=env.background, reserve_step_bytes=cfg.segment_reserve_step_bytes)
         self.next_queue_offset: dict[tuple[str, int], int] = {}
         self.deleted_topics = DeletedTopics(env.store_dir)
         self.last_store_timestamp_ms = 0
@@ -282,9 +282,14 @@ class CommitLogWriterActor(Actor):
                                              batch_bytes=batch_bytes, first_queue_offset=first,
                                              store_timestamp_ms=store_ts)
         except OSError as exc:
-            log.error("cannot create a segment: %s", exc, extra=event("segment.create_failed", reason=str(exc)))
+            free = disk_space(self.env.store_dir).free_bytes
+            needed = batch_bytes + END_FILE_MIN_BLANK_BYTES
+            log.error("cannot store %d bytes (%d free): %s", needed, free, exc,
+                      extra=event("segment.create_failed", reason=str(exc)))
             code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
-            raise RequestError(code, f"cannot create a segment: {exc}") from None
+            raise RequestError(code, f"the disk has no room for this batch: it needs {needed} bytes (up to "
+                                     f"{self.config.segment_reserve_step_bytes} are reserved ahead at a time) and "
+                                     f"{free} bytes are free: {exc.strerror}") from None
         self.next_queue_offset[key] = first + len(batch.items)
         self.sent_messages[key] = self.sent_messages.get(key, 0) + len(batch.items)
         self.sent_bytes[key] = self.sent_bytes.get(key, 0) + batch_bytes

@@ -440,6 +440,10 @@ class FrontActor(Actor):
         topic = envelope.topic
         if not (self.config.auto_create_topic and isinstance(topic, str) and self.topics.get(topic) is None):
             return False
+        if self.topics.user_topic_count() >= self.config.auto_create_topics_max:
+            raise RequestError(ErrorCode.LIMIT_EXCEEDED,
+                               f"topic {topic!r} does not exist and the store holds {self.topics.user_topic_count()} "
+                               f"topics (auto_create_topics_max): create it with create_topic, or raise the limit")
         self.topics.create(validate_topic(topic), self.config.topic_queue_count_default,
                            topic_count_max=self.config.topic_count_max)
         return True

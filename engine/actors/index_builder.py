@@ -42,7 +42,8 @@ class IndexBuilderActor(Actor):
         cfg = env.config
         self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.index = IndexService(env.store_dir, hash_slot_count=cfg.index_hash_slot_count,
-                                  index_count_max=cfg.index_item_count_max, writable=True)
+                                  index_count_max=cfg.index_item_count_max, writable=True,
+                                  reserve_step_bytes=cfg.index_reserve_step_bytes)
         self.applied_offset = 0
         self.stalled = False
         self.behind = False  # catch-up stopped at its per-turn budget: the loop goes on with it

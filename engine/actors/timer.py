@@ -34,6 +34,7 @@ from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, fr
 from engine.errors import ErrorCode
 from engine.services.moved_records import moved_since
 from engine.store.commit_log import CommitLogReader
+from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import Record, RecordError, java_string_hash
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, TIMERS_PENDING
 from engine.store.system_topics import (
@@ -99,8 +100,9 @@ class TimerActor(Actor):
         cfg = env.config
         self.precision = cfg.timer_precision_ms
         self.span_ms = cfg.timer_wheel_slots * cfg.timer_precision_ms
-        self.log = TimerLog(env.store_dir, cfg.timer_log_segment_bytes)
-        self.wheel = TimerWheel(env.store_dir, cfg.timer_wheel_slots, cfg.timer_precision_ms)
+        self.log = TimerLog(env.store_dir, cfg.timer_log_segment_bytes,
+                            reserve_step_bytes=cfg.timer_reserve_step_bytes)
+        self.wheel = TimerWheel(env.store_dir, cfg.timer_wheel_slots, cfg.timer_precision_ms, sparse=True)
         self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.front = FrontRequests(env.clock)
         self.checkpoint = TimerCheckpoint()
@@ -118,6 +120,7 @@ class TimerActor(Actor):
         self.look_at_ms = 0  # mono ms when to look in the log for moves (after a start or a lost reply)
         self.look_pending = True
         self.last_checkpoint_ms = 0
+        self.disk = DiskRefusals("timer")  # a full disk: checkpoints and enqueues wait, deliveries go on
         self.delivered = 0
         self.dropped = 0
         # (end of the source in the log, enqueue_next and timer-log end after it): the checkpoint takes
@@ -238,12 +241,16 @@ class TimerActor(Actor):
             slot_start = self.wheel.slot_start(at)
             if slot_start - self.read_ms >= self.span_ms:
                 return  # the wheel would wrap onto undelivered slots: wait for delivery to catch up
-            self.sources.popleft()
             slot = self.wheel.get(slot_start)
             unit = Unit(self.log.end, slot.last_pos if slot.units else NO_UNIT, source.store_ms,
                         at - source.store_ms, source.commit_log_offset, source.size, source.topic_hash)
-            self.log.append(unit.prev_pos, unit.write_ms, unit.delay_ms, unit.offset_py, unit.size_py,
-                            unit.topic_hash)
+            try:
+                self.log.append(unit.prev_pos, unit.write_ms, unit.delay_ms, unit.offset_py, unit.size_py,
+                                unit.topic_hash)
+            except OSError as exc:  # no blocks for the unit (a full disk): this source waits, in order
+                self.disk.refused(exc)
+                return
+            self.sources.popleft()
             self.wheel.link(slot_start, unit.pos)
             self.note_due(unit.pos, at)
             self.enqueue_next = source.queue_offset + 1
@@ -409,14 +416,23 @@ class TimerActor(Actor):
         now = self.clock.mono_ms()
         if now - self.last_checkpoint_ms >= self.config.timer_checkpoint_interval_ms:
             self.last_checkpoint_ms = now
-            self.store_checkpoint()
+            try:
+                self.store_checkpoint()
+            except OSError as exc:  # the wheel's new page or the checkpoint file: the next interval retries
+                self.disk.refused(exc)
+            else:
+                self.disk.written()
 
     def detail(self) -> dict[str, int]:
         return {"read_time_ms": self.read_ms, "enqueue_next": self.enqueue_next, "pending": self.pending(),
-                "delivered": self.delivered, "dropped": self.dropped, "log_end": self.log.end}
+                "delivered": self.delivered, "dropped": self.dropped, "log_end": self.log.end,
+                "disk_refusals": self.disk.count}
 
     def shutdown(self, out: Effects) -> None:
-        self.store_checkpoint()
+        try:
+            self.store_checkpoint()
+        except OSError as exc:  # a full disk: the restart recovers from the last checkpoint
+            self.disk.refused(exc)
         self.log.close()
         self.wheel.close()
 

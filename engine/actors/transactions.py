@@ -46,6 +46,7 @@ from engine.ipc.protocol import (
 )
 from engine.services.moved_records import moved_since
 from engine.store.commit_log import CommitLogReader
+from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import Record, RecordError, decode_msg_id
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING
 from engine.store.system_topics import (
@@ -141,6 +142,7 @@ class TransactionActor(Actor):
         self.look_at_ms = 0
         self.look_pending = True
         self.last_checkpoint_ms = 0
+        self.disk = DiskRefusals("transactions")  # a full disk: the checkpoint waits, checks go on
         self.changed = True
         self.committed = self.rolled_back = self.checks_offered = 0
 
@@ -486,7 +488,12 @@ class TransactionActor(Actor):
         now = self.clock.mono_ms()
         if now - self.last_checkpoint_ms >= 1_000:
             self.last_checkpoint_ms = now
-            self.store_checkpoint()
+            try:
+                self.store_checkpoint()
+            except OSError as exc:  # a full disk: it stays changed, and the next second retries
+                self.disk.refused(exc)
+            else:
+                self.disk.written()
 
     def store_checkpoint(self) -> None:
         """What the flush has passed, so that a power cut never takes what the checkpoint names: the
@@ -513,7 +520,8 @@ class TransactionActor(Actor):
 
     def detail(self) -> dict[str, int]:
         return {"halves": len(self.halves), "committed": self.committed, "rolled_back": self.rolled_back,
-                "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next}
+                "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next,
+                "disk_refusals": self.disk.count}
 
     def shutdown(self, out: Effects) -> None:
         self.changed = True

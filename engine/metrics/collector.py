@@ -14,7 +14,6 @@ less the group's committed offset (the front's).
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from engine.config import StoreConfig
 from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
+from engine.services.retention import disk_space
 from engine.store.shared_offsets import SharedOffsets
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,9 @@ def gather(store_dir: Path, run_dir: Path, config: StoreConfig, offsets: SharedO
             view.histograms.setdefault(family, []).append((labels, histogram))
     _add_log(view, offsets.snapshot(0))
     _add_lag(view)
-    usage = shutil.disk_usage(store_dir)
-    view.add("rmqpy_disk_used_ratio", (usage.total - usage.free) / usage.total if usage.total else 0.0)
-    view.add("rmqpy_disk_free_bytes", usage.free)
+    space = disk_space(store_dir)  # the writer's DISK_FULL ratio is the same figure
+    view.add("rmqpy_disk_used_ratio", space.used_ratio)
+    view.add("rmqpy_disk_free_bytes", space.free_bytes)
     view.supervisor = supervisor_status(store_dir)
     if view.supervisor is not None:
         _add_actors(view, view.supervisor)

@@ -87,7 +87,8 @@ def _rebuild(store_dir: Path, config: StoreConfig, progress: Progress) -> Repair
     evidence = move_derived_aside(store_dir)
     reader = CommitLogReader.for_config(store_dir, config)
     index = IndexService(store_dir, hash_slot_count=config.index_hash_slot_count,
-                         index_count_max=config.index_item_count_max, writable=True)
+                         index_count_max=config.index_item_count_max, writable=True,
+                         reserve_step_bytes=config.index_reserve_step_bytes)
     queues: dict[tuple[str, int], ConsumeQueue] = {}
     deleted = DeletedTopics(store_dir)
     records = damaged = pending = 0
@@ -109,7 +110,8 @@ def _rebuild(store_dir: Path, config: StoreConfig, progress: Progress) -> Repair
                 continue  # its topic was deleted after it was written
             key = (item.topic, item.queue_id)
             cq = queues.get(key) or queues.setdefault(key, ConsumeQueue(
-                store_dir, *key, file_units=config.consume_queue_file_units, writable=True))
+                store_dir, *key, file_units=config.consume_queue_file_units, writable=True,
+                reserve_step_bytes=config.consume_queue_reserve_step_bytes))
             cq.put(item.queue_offset, item.commit_log_offset, item.total_size, tags_code(item.tags))
             keys = [*([item.uniq_key] if item.uniq_key else []), *item.keys]
             if keys:

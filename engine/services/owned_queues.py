@@ -57,7 +57,7 @@ class OwnedQueues:
         cq = self.queues.get((topic, queue_id))
         if cq is None:
             cq = ConsumeQueue(self.store_dir, topic, queue_id, file_units=self.config.consume_queue_file_units,
-                              writable=True)
+                              writable=True, reserve_step_bytes=self.config.consume_queue_reserve_step_bytes)
             self.queues[(topic, queue_id)] = cq
         return cq
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from engine.errors import ErrorCode, RequestError
 from engine.services.pop_state import PopKey, PopQueue, pop_queue_dir
+from engine.store.disk_refusals import is_disk_refusal
 from engine.store.pop_files import (
     INCARNATION_FILE,
     POP_DIR,
@@ -63,10 +64,20 @@ class PopStates:
         queue = self.queues.get(key)
         if queue is None:
             directory = pop_queue_dir(self.store_dir, group, topic, queue_id)
-            if not (directory / INCARNATION_FILE).exists():
-                directory.mkdir(parents=True, exist_ok=True)
-                write_incarnation(directory, incarnation)
-            queue = self.queues[key] = PopQueue(directory, key, Journal(directory))
+            try:
+                if not (directory / INCARNATION_FILE).exists():
+                    directory.mkdir(parents=True, exist_ok=True)
+                    write_incarnation(directory, incarnation)
+                journal = Journal(directory)
+            except OSError as exc:  # a new queue's files on a full disk: refused, tried again by the next pop
+                if not is_disk_refusal(exc):
+                    raise
+                log.error("pop state %s/%s/%d: cannot create its files (%s)", group, topic, queue_id, exc)
+                code = ErrorCode.DISK_FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                    else ErrorCode.SERVICE_NOT_AVAILABLE
+                raise RequestError(code, f"the pop state could not be created ({exc.strerror}); "
+                                         f"retry later") from None
+            queue = self.queues[key] = PopQueue(directory, key, journal)
             queue.recover(queue_end=queue_end)
             if queue.tail_forgotten:
                 self.fold(queue)  # the files must not keep what was dropped
@@ -115,7 +126,8 @@ class PopStates:
         except OSError as exc:
             log.error("pop journal %s: cannot append (%s); the reply says so, and the entries wait",
                       queue.journal.path, exc)
-            code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
+            code = ErrorCode.DISK_FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) \
+                else ErrorCode.SERVICE_NOT_AVAILABLE
             raise RequestError(code, f"the pop journal could not be written ({exc.strerror}); retry later") from None
         self.written.add(queue)
         if queue.journal.entries >= self.journal_entries_max:

@@ -49,7 +49,7 @@ from engine.store.layout import (
     record_size,
     verify_record,
 )
-from engine.store.mapped_file import MappedFile, MappedFileQueue, create_preallocated, prefetch
+from engine.store.mapped_file import PAGE_BYTES, MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
 
@@ -321,8 +321,12 @@ class CommitLogWriter:
     keep reading through their mappings: one page cache backs both."""
 
     def __init__(self, store_dir: Path, segment_size_bytes: int, *, store_host: HostAddress,
-                 with_record_crc: bool, warm_segments: bool = False, background: bool = True) -> None:
-        self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=True)
+                 with_record_crc: bool, warm_segments: bool = False, background: bool = True,
+                 reserve_step_bytes: int = 16 << 20) -> None:
+        """``reserve_step_bytes``: segments are sparse, their blocks reserved up to this far
+        ahead of the appends (``MappedFile.reserve``); ``warm_segments`` allocates them whole."""
+        self.segments = MappedFileQueue(store_dir / COMMIT_LOG_DIR, segment_size_bytes, writable=True,
+                                        reserve_step_bytes=None if warm_segments else reserve_step_bytes)
         self.segment_size_bytes = segment_size_bytes
         self.store_host = store_host
         self.with_record_crc = with_record_crc
@@ -383,6 +387,7 @@ class CommitLogWriter:
                                             first_queue_offset, store_timestamp_ms, self.store_host, born_host,
                                             self.with_record_crc, items)
         assert end == batch_bytes, (end, batch_bytes)
+        segment.reserve(pos + batch_bytes + END_FILE_MIN_BLANK_BYTES)  # ENOSPC here, not mid-write
         _write_all(self._fd(segment), memoryview(self._scratch)[:batch_bytes], pos)
         self.written_offset = segment.start_offset + pos + batch_bytes
         return AppendResult(offsets, self.written_offset)
@@ -405,6 +410,7 @@ class CommitLogWriter:
         if batch_bytes + END_FILE_MIN_BLANK_BYTES <= remaining:
             return segment
         if remaining >= END_FILE_MIN_BLANK_BYTES:
+            segment.reserve(pos + END_FILE_MIN_BLANK_BYTES)  # the marker is written through the mapping
             encode_blank(segment.mm, pos, remaining)
         self.written_offset = segment.end_offset
         return self._segment(segment.end_offset)
@@ -452,7 +458,8 @@ class CommitLogWriter:
     def _preallocate(self, path: Path) -> None:
         try:
             self.segments.directory.mkdir(parents=True, exist_ok=True)
-            create_preallocated(path, self.segment_size_bytes, warm=self.warm_segments)
+            create_preallocated(path, self.segment_size_bytes, warm=self.warm_segments,
+                                reserve_bytes=None if self.warm_segments else PAGE_BYTES)
             prefetch(path)
         except OSError as exc:
             self._preallocation_error = exc

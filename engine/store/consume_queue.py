@@ -71,12 +71,16 @@ def list_queues(store_dir: Path) -> list[tuple[str, int]]:
 class ConsumeQueue:
     """One queue's units. Only the queue's owner opens it writable."""
 
-    def __init__(self, store_dir: Path, topic: str, queue_id: int, *, file_units: int, writable: bool) -> None:
+    def __init__(self, store_dir: Path, topic: str, queue_id: int, *, file_units: int, writable: bool,
+                 reserve_step_bytes: int | None = None) -> None:
+        """``reserve_step_bytes``: new files are sparse, blocks reserved up to this far ahead of
+        the units (``MappedFile.reserve``); None makes them fully allocated."""
         self.topic = topic
         self.queue_id = queue_id
         self.file_units = file_units
         self.file_bytes = file_units * CQ_UNIT_BYTES
-        self.files = MappedFileQueue(queue_dir(store_dir, topic, queue_id), self.file_bytes, writable=writable)
+        self.files = MappedFileQueue(queue_dir(store_dir, topic, queue_id), self.file_bytes, writable=writable,
+                                     reserve_step_bytes=reserve_step_bytes)
         self.min_offset = 0
         self.max_offset = 0  # number of units = next queue offset
         self.max_physical_end = 0
@@ -157,6 +161,7 @@ class ConsumeQueue:
         byte_offset = queue_offset * CQ_UNIT_BYTES
         start = byte_offset - byte_offset % self.file_bytes
         mapped = self.files.get(start) or self.files.create(start)
+        mapped.reserve(byte_offset - start + CQ_UNIT_BYTES)  # ENOSPC here, never a SIGBUS on the write
         CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
         self.max_offset = queue_offset + 1
         self.unsynced_starts.add(start)
@@ -172,6 +177,7 @@ class ConsumeQueue:
         byte_offset = queue_offset * CQ_UNIT_BYTES
         mapped = self.files.find(byte_offset)
         assert mapped is not None
+        mapped.reserve(byte_offset - mapped.start_offset + CQ_UNIT_BYTES)
         CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, commit_log_offset, size, tags_code)
         self.unsynced_starts.add(mapped.start_offset)
 
@@ -212,8 +218,8 @@ class ConsumeQueue:
         for offset in range(queue_offset, self.max_offset):
             byte_offset = offset * CQ_UNIT_BYTES
             mapped = self.files.find(byte_offset)
-            if mapped is not None:
-                CQ_UNIT.pack_into(mapped.mm, byte_offset - mapped.start_offset, 0, 0, 0)
+            if mapped is not None:  # zero skips zero pages: they may be holes
+                mapped.zero(byte_offset - mapped.start_offset, byte_offset - mapped.start_offset + CQ_UNIT_BYTES)
         self.max_offset = min(self.max_offset, queue_offset)
         self.max_physical_end = self._last_physical_end()
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from engine.codec import index_header, index_key_hash, index_put_keys, index_select
 from engine.names import is_decimal
 from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
-from engine.store.mapped_file import MappedFile, create_preallocated, fsync_dir
+from engine.store.mapped_file import PAGE_BYTES, MappedFile, create_preallocated, fsync_dir
 
 INDEX_DIR = "index"
 
@@ -40,20 +40,28 @@ def index_file_name(now_ms: int) -> str:
 
 
 class IndexFile:
-    def __init__(self, path: Path, *, hash_slot_count: int, index_count_max: int, writable: bool) -> None:
+    def __init__(self, path: Path, *, hash_slot_count: int, index_count_max: int, writable: bool,
+                 reserve_step_bytes: int | None = None) -> None:
+        """``reserve_step_bytes``: the file is sparse past its header and slots, and its items'
+        blocks are reserved up to this far ahead of them (None: the file is fully allocated)."""
         self.path = path
         self.hash_slot_count = hash_slot_count
         self.index_count_max = index_count_max
         size = index_file_bytes(hash_slot_count=hash_slot_count, index_count=index_count_max)
-        self.mapped = MappedFile(path, 0, size, writable=writable)
+        self.mapped = MappedFile(path, 0, size, writable=writable, reserve_step_bytes=reserve_step_bytes)
         self.items_base = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
         self.reload_header()
 
     @classmethod
     def create(cls, path: Path, *, hash_slot_count: int, index_count_max: int,
-               end_phy_offset: int, end_timestamp_ms: int) -> IndexFile:
-        create_preallocated(path, index_file_bytes(hash_slot_count=hash_slot_count, index_count=index_count_max))
-        index = cls(path, hash_slot_count=hash_slot_count, index_count_max=index_count_max, writable=True)
+               end_phy_offset: int, end_timestamp_ms: int, reserve_step_bytes: int | None = None) -> IndexFile:
+        """A new file: its header and slots (random writes) get real blocks now; its items
+        (appended in order) only as ``put_keys`` reserves them, if ``reserve_step_bytes``."""
+        slots_end = INDEX_HEADER.size + hash_slot_count * INDEX_SLOT.size
+        create_preallocated(path, index_file_bytes(hash_slot_count=hash_slot_count, index_count=index_count_max),
+                            reserve_bytes=None if reserve_step_bytes is None else slots_end + PAGE_BYTES)
+        index = cls(path, hash_slot_count=hash_slot_count, index_count_max=index_count_max, writable=True,
+                    reserve_step_bytes=reserve_step_bytes)
         index.begin_phy_offset = index.end_phy_offset = end_phy_offset
         index.begin_timestamp_ms = index.end_timestamp_ms = end_timestamp_ms
         index._write_header()
@@ -83,7 +91,7 @@ class IndexFile:
         slot_pos = self._slot_pos(key_hash)
         if INDEX_SLOT.unpack_from(self.mapped.mm, slot_pos)[0] == item:
             INDEX_SLOT.pack_into(self.mapped.mm, slot_pos, prev if 0 < prev < item else 0)
-        INDEX_ITEM.pack_into(self.mapped.mm, pos, 0, 0, 0, 0)
+        self.mapped.zero(pos, pos + INDEX_ITEM.size)  # never writes a page that may be a hole
 
     def put_key(self, key: str, commit_log_offset: int, store_timestamp_ms: int) -> bool:
         """Add one item (IndexFile#putKey); False when the file is full."""
@@ -92,6 +100,8 @@ class IndexFile:
     def put_keys(self, prefix: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> int:
         """Add an item for ``prefix + key`` of every key (``codec.index_put_keys``); how many
         were added: fewer than ``len(keys)`` when the file filled up."""
+        # Blocks for the items this call may add (slots and header lie before them): ENOSPC here.
+        self.mapped.reserve(min(self.mapped.size_bytes, self._item_pos(self.index_count + len(keys) + 1)))
         added = index_put_keys(self.mapped.mm, self.hash_slot_count, self.index_count_max, prefix, keys,
                                commit_log_offset, store_timestamp_ms)
         if added:
@@ -133,8 +143,9 @@ class IndexService:
     """
 
     def __init__(self, store_dir: Path, *, hash_slot_count: int, index_count_max: int, writable: bool,
-                 mapped_files_max: int = 4) -> None:
+                 mapped_files_max: int = 4, reserve_step_bytes: int | None = None) -> None:
         self.directory = store_dir / INDEX_DIR
+        self.reserve_step_bytes = reserve_step_bytes
         self.hash_slot_count = hash_slot_count
         self.index_count_max = index_count_max
         self.writable = writable
@@ -169,7 +180,8 @@ class IndexService:
         index = self.mapped.pop(name, None)
         if index is None:
             index = IndexFile(self.directory / name, hash_slot_count=self.hash_slot_count,
-                              index_count_max=self.index_count_max, writable=self.writable)
+                              index_count_max=self.index_count_max, writable=self.writable,
+                              reserve_step_bytes=self.reserve_step_bytes)
         self.mapped[name] = index
         for old in list(self.mapped)[: max(0, len(self.mapped) - self.mapped_files_max)]:
             if old != self.names[-1]:
@@ -203,7 +215,8 @@ class IndexService:
         created = IndexFile.create(self.directory / name, hash_slot_count=self.hash_slot_count,
                                    index_count_max=self.index_count_max,
                                    end_phy_offset=previous.end_phy_offset if previous else 0,
-                                   end_timestamp_ms=previous.end_timestamp_ms if previous else 0)
+                                   end_timestamp_ms=previous.end_timestamp_ms if previous else 0,
+                                   reserve_step_bytes=self.reserve_step_bytes)
         if previous is not None:
             self.dirty.add(self.names[-1])
         self.names.append(name)

@@ -2,10 +2,15 @@
 
 Invariants:
 
-* A file is created whole: written as ``<name>.tmp``, preallocated with
-  ``posix_fallocate`` (a write into a sparse mapping on a full disk is a
-  SIGBUS; fallocate fails cleanly with ENOSPC), then renamed, and the
-  directory fsynced. A visible segment therefore always has its full size.
+* A file is created at its full logical size (RocketMQ's format: a 1 GiB
+  segment is 1 GiB long) as ``<name>.tmp``, then renamed, and the directory
+  fsynced. A visible segment therefore always has its full size.
+* Real blocks are reserved ahead of the write position in bounded steps with
+  ``posix_fallocate`` (``MappedFile.reserve``): a write into a sparse mapping
+  on a full disk is a SIGBUS that kills the process, while fallocate fails
+  cleanly with ENOSPC. No page is written through a mapping before it is
+  reserved (or known to hold data: ``zero`` skips pages that read as zeros).
+  An empty store therefore takes a few MiB, not gigabytes.
 * A file that another process may have mapped is never shrunk; recovery moves
   the logical end and zeroes what lies past it.
 * Readers map ``ACCESS_READ``; only the owning actor maps ``ACCESS_WRITE``.
@@ -32,12 +37,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def create_preallocated(path: Path, size_bytes: int, *, warm: bool = False) -> None:
-    """Create ``path`` with ``size_bytes`` of real blocks; OSError (ENOSPC) if the disk is full."""
+def create_preallocated(path: Path, size_bytes: int, *, warm: bool = False, reserve_bytes: int | None = None) -> None:
+    """Create ``path``, ``size_bytes`` long, with its first ``reserve_bytes`` (default all) in real
+    blocks; OSError (ENOSPC) if the disk cannot hold them. The rest stays sparse until reserved."""
+    reserve_bytes = size_bytes if warm or reserve_bytes is None else min(size_bytes, reserve_bytes)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.posix_fallocate(fd, 0, size_bytes)
+        os.ftruncate(fd, size_bytes)
+        if reserve_bytes > 0:
+            os.posix_fallocate(fd, 0, reserve_bytes)
         if warm:
             # Pre-writing zeros makes later fdatasyncs overwrite, not allocate:
             # about 1.6x the sync rate on this machine kind (RocketMQ warmMappedFile).
@@ -82,16 +91,35 @@ def list_files(directory: Path) -> list[tuple[int, Path]]:
     return found
 
 
+def reserve_range(path: Path, start: int, end: int) -> None:
+    """Real blocks for bytes [start, end) of ``path`` (page aligned); OSError (ENOSPC) if the disk is full."""
+    aligned = start - start % PAGE_BYTES
+    if end <= aligned:
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, aligned, end - aligned)
+    finally:
+        os.close(fd)
+
+
 class MappedFile:
-    """One mapped segment. ``mm`` covers the whole file."""
+    """One mapped segment. ``mm`` covers the whole file.
 
-    __slots__ = ("mm", "path", "size_bytes", "start_offset", "writable")
+    ``reserved_bytes``: the prefix this process knows to have real blocks. A sparse file
+    (``reserve_step_bytes`` not None) starts at 0 on every open: reserving a range that already
+    has blocks again is cheap and changes nothing. A file made fully allocated starts whole."""
 
-    def __init__(self, path: Path, start_offset: int, size_bytes: int, *, writable: bool) -> None:
+    __slots__ = ("mm", "path", "reserve_step_bytes", "reserved_bytes", "size_bytes", "start_offset", "writable")
+
+    def __init__(self, path: Path, start_offset: int, size_bytes: int, *, writable: bool,
+                 reserve_step_bytes: int | None = None) -> None:
         self.path = path
         self.start_offset = start_offset
         self.size_bytes = size_bytes
         self.writable = writable
+        self.reserve_step_bytes = reserve_step_bytes or 0  # 0: reserve only what is asked for
+        self.reserved_bytes = size_bytes if reserve_step_bytes is None else 0
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             actual = os.fstat(fd).st_size
@@ -112,12 +140,36 @@ class MappedFile:
         if end > aligned:
             sync.msync(self.mm, aligned, end - aligned, self.path)
 
-    def zero(self, start: int, end: int) -> None:
-        """Zero [start, end) through the mapping (never shrink a mapped file)."""
+    def reserve(self, end: int) -> None:
+        """Make sure bytes [0, end) of this file have real blocks before they are written through
+        the mapping, reserving ``reserve_step_bytes`` ahead at a time (a bounded number of
+        fallocate calls per file). OSError (ENOSPC) if the disk cannot hold them: that is the
+        error a full disk must give, never a SIGBUS on a page write."""
         assert self.writable
-        for at in range(start, end, _ZERO_CHUNK_BYTES):
-            stop = min(end, at + _ZERO_CHUNK_BYTES)
-            self.mm[at:stop] = bytes(stop - at)
+        if end <= self.reserved_bytes:
+            return
+        # The step doubles with what the file already holds, up to reserve_step_bytes: a queue
+        # that gets one message takes a page, a busy segment reserves big steps rarely.
+        step = min(self.reserve_step_bytes, max(PAGE_BYTES, self.reserved_bytes))
+        target = min(self.size_bytes, max(end, self.reserved_bytes + step))
+        target += -target % PAGE_BYTES
+        target = min(self.size_bytes, target)
+        reserve_range(self.path, self.reserved_bytes, target)
+        self.reserved_bytes = target
+
+    def zero(self, start: int, end: int) -> None:
+        """Zero [start, end) through the mapping (never shrink a mapped file).
+
+        Only pages holding a non-zero byte are written: they have blocks, while a page that
+        reads as zeros may be a hole, and writing a hole through a mapping on a full disk is a
+        SIGBUS."""
+        assert self.writable
+        at = start
+        while at < end:
+            stop = min(end, at + PAGE_BYTES - at % PAGE_BYTES)
+            if self.mm[at:stop].strip(b"\x00"):
+                self.mm[at:stop] = bytes(stop - at)
+            at = stop
 
     def close(self) -> bool:
         """Unmap; False if a memoryview still references the mapping (it stays mapped)."""
@@ -131,10 +183,14 @@ class MappedFile:
 class MappedFileQueue:
     """Ordered fixed-size files in one directory, mapped on demand."""
 
-    def __init__(self, directory: Path, file_size_bytes: int, *, writable: bool, mapped_files_max: int = 8) -> None:
+    def __init__(self, directory: Path, file_size_bytes: int, *, writable: bool, mapped_files_max: int = 8,
+                 reserve_step_bytes: int | None = None) -> None:
+        """``reserve_step_bytes``: files are created sparse and their blocks reserved this many
+        bytes ahead of the writes (``MappedFile.reserve``); None creates them fully allocated."""
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.writable = writable
+        self.reserve_step_bytes = reserve_step_bytes
         self.mapped_files_max = mapped_files_max
         self.files: dict[int, MappedFile] = {}  # mapped files, least recently used first
         self.known: list[int] = []
@@ -168,7 +224,8 @@ class MappedFileQueue:
             if start_offset not in self.known:
                 return None
         try:
-            mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable)
+            mapped = MappedFile(path, start_offset, self.file_size_bytes, writable=self.writable,
+                                reserve_step_bytes=self.reserve_step_bytes)
         except FileNotFoundError:
             self.refresh()  # deleted since we last listed the directory (retention)
             return None
@@ -196,7 +253,8 @@ class MappedFileQueue:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / offset_to_file_name(start_offset)
         if not path.exists():
-            create_preallocated(path, self.file_size_bytes, warm=warm)
+            create_preallocated(path, self.file_size_bytes, warm=warm,
+                                reserve_bytes=None if self.reserve_step_bytes is None else PAGE_BYTES)
         self.refresh()
         mapped = self.get(start_offset)
         assert mapped is not None

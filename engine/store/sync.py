@@ -30,13 +30,24 @@ def created(path: Path) -> None:
         _listener(path, 0, None)
 
 
+class FlushError(OSError):
+    """An fdatasync or msync failed: the bytes it covered may be lost even if a retry succeeds
+    (Linux may mark the failed pages clean), so no caller retries one (docs/design.md 6.3)."""
+
+
 def fdatasync(fd: int, path: Path) -> None:
-    os.fdatasync(fd)
+    try:
+        os.fdatasync(fd)
+    except OSError as exc:
+        raise FlushError(exc.errno, f"fdatasync of {path}: {exc.strerror}") from exc
     if _listener is not None:
         _listener(path, 0, None)
 
 
 def msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
-    mm.flush(start, length)
+    try:
+        mm.flush(start, length)
+    except OSError as exc:
+        raise FlushError(exc.errno, f"msync of {path}: {exc.strerror}") from exc
     if _listener is not None:
         _listener(path, start, start + length)

@@ -49,7 +49,7 @@ from typing import NamedTuple
 import msgspec
 
 from engine.store.atomic_file import read_with_backup, write_atomically
-from engine.store.mapped_file import MappedFile, MappedFileQueue, create_preallocated
+from engine.store.mapped_file import PAGE_BYTES, MappedFile, MappedFileQueue, create_preallocated, reserve_range
 
 TIMER_LOG_DIR = "timerlog"
 TIMER_WHEEL_FILE = "timerwheel"
@@ -125,8 +125,11 @@ def _pack_unit(buf: bytearray | memoryview | mmap.mmap, at: int, prev_pos: int, 
 class TimerLog:
     """The append-only log of units, in files of ``segment_bytes`` (a multiple of 52)."""
 
-    def __init__(self, store_dir: Path, segment_bytes: int) -> None:
-        self.files = MappedFileQueue(store_dir / TIMER_LOG_DIR, segment_bytes, writable=True)
+    def __init__(self, store_dir: Path, segment_bytes: int, *, reserve_step_bytes: int | None = None) -> None:
+        """``reserve_step_bytes``: files are sparse, their blocks reserved up to this far ahead
+        of the units (``MappedFile.reserve``); None makes them fully allocated."""
+        self.files = MappedFileQueue(store_dir / TIMER_LOG_DIR, segment_bytes, writable=True,
+                                     reserve_step_bytes=reserve_step_bytes)
         self.segment_bytes = segment_bytes
         self.end = 0
 
@@ -165,6 +168,7 @@ class TimerLog:
         pos = self.end
         start = self.files.file_start(pos)
         mapped = self.files.get(start) or self.files.create(start)
+        mapped.reserve(pos - start + UNIT_BYTES)  # ENOSPC here, never a SIGBUS on the write
         _pack_unit(mapped.mm, pos - start, prev_pos, write_ms, delay_ms, offset_py, size_py, topic_hash)
         self.end = pos + UNIT_BYTES
         return pos
@@ -188,12 +192,16 @@ class TimerLog:
 class TimerWheel:
     """The slots, mapped; changes are kept in ``dirty`` until ``write_dirty`` (at a checkpoint)."""
 
-    def __init__(self, store_dir: Path, slot_count: int, precision_ms: int) -> None:
+    def __init__(self, store_dir: Path, slot_count: int, precision_ms: int, *, sparse: bool = False) -> None:
+        """``sparse``: the wheel is created sparse and each page of slots gets real blocks before
+        its first write (slots are written in any order), so a full disk is an ENOSPC error."""
         path = store_dir / TIMER_WHEEL_FILE
         size = slot_count * SLOT_BYTES
         if not path.exists():
-            create_preallocated(path, size)
-        self.file = MappedFile(path, 0, size, writable=True)  # OSError if the wheel was made with another size
+            create_preallocated(path, size, reserve_bytes=0 if sparse else None)
+        # OSError if the wheel was made with another size
+        self.file = MappedFile(path, 0, size, writable=True, reserve_step_bytes=0 if sparse else None)
+        self.reserved_pages: set[int] = set()  # pages of a sparse wheel given blocks by this process
         self.slot_count = slot_count
         self.precision_ms = precision_ms
         self.dirty: dict[int, Slot] = {}
@@ -234,12 +242,20 @@ class TimerWheel:
                                       slot.units - 1)
 
     def write_dirty(self) -> None:
-        """The slot changes into the file, synced (the log must be synced before)."""
+        """The slot changes into the file, synced (the log must be synced before).
+
+        OSError (ENOSPC) before any slot is written if the disk cannot hold a new page of
+        slots: the changes stay in ``dirty`` for the next try."""
+        if self.file.reserved_bytes < self.file.size_bytes:
+            pages = {self._at(slot_start) // PAGE_BYTES for slot_start in self.dirty} - self.reserved_pages
+            for page in sorted(pages):
+                reserve_range(self.file.path, page * PAGE_BYTES, min(self.file.size_bytes, (page + 1) * PAGE_BYTES))
+                self.reserved_pages.add(page)
         for slot_start, slot in self.dirty.items():
             SLOT.pack_into(self.file.mm, self._at(slot_start), slot.time_ms, slot.first_pos, slot.last_pos,
                            slot.units, 0)
-        self.dirty.clear()
         self.file.flush()
+        self.dirty.clear()
 
     def close(self) -> None:
         self.file.close()

@@ -59,7 +59,7 @@ class TopicTable:
         existing = self.topics.get(name)
         if existing is not None and (queue_count is None or queue_count == existing.write_queue_nums):
             return existing
-        count = len(self.topics) - sum(1 for own in SYSTEM_TOPICS if own in self.topics)  # the engine's own: free
+        count = self.user_topic_count()
         if existing is None and count >= topic_count_max and name not in SYSTEM_TOPICS:
             raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"the store holds {count} topics "
                                                          f"(topic_count_max); delete some or raise the limit")
@@ -72,6 +72,10 @@ class TopicTable:
             self.topics[name] = TopicConfig(name, queue_count, queue_count)
         self.unsaved.add(name)
         return self.topics[name]
+
+    def user_topic_count(self) -> int:
+        """Topics in the table, the engine's own (which are free of the limits) left out."""
+        return len(self.topics) - sum(1 for own in SYSTEM_TOPICS if own in self.topics)
 
     def delete(self, name: str) -> bool:
         """Remove a topic from the table (saved by the next ``save``); False if it was not there."""

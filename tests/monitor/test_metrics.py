@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
 import pytest
 
 from engine.config import ConfigError, StoreConfig
+from engine.services.retention import disk_used_ratio
 from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored, total, value
 
@@ -132,3 +134,14 @@ def test_every_metric_is_documented() -> None:
     for family in FAMILIES.values():
         name = family.name + ("_total" if family.kind == COUNTER else "")
         assert f"| `{name}` | {family.kind} |" in documented, f"{name} is not in docs/metrics.md"
+
+
+def test_disk_used_is_dfs_figure_and_the_one_the_writer_refuses_sends_at(monitored: Monitored) -> None:
+    """One definition: the metric, the dashboard and the writer's DISK_FULL ratio are df's Use%."""
+    store = monitored.engine.store_dir
+    samples = monitored.scrape()
+    used, available = map(int, subprocess.run(["df", "--output=used,avail", "-B1", str(store)], check=True,
+                                              capture_output=True, text=True).stdout.split()[-2:])
+    assert value(samples, "rmqpy_disk_used_ratio") == pytest.approx(used / (used + available), abs=0.01)
+    assert value(samples, "rmqpy_disk_free_bytes") == pytest.approx(available, rel=0.01)
+    assert disk_used_ratio(store) == pytest.approx(used / (used + available), abs=0.01)  # the writer's
