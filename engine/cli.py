@@ -415,7 +415,8 @@ Each command has its own --help with examples. Online commands reach the engine 
 Exit status: 0 when nothing is found, 1 with findings (each printed on a line).""",
     "keygen": """examples:
   %(prog)s --dir keys --name server                # the engine's key pair
-  %(prog)s --dir keys/clients --name billing       # one pair per client; the engine allows keys/clients/*.key""",
+  %(prog)s --dir billing-keys --name billing       # one pair per client, kept by the client
+  cp billing-keys/billing.key keys/clients/        # the engine allows keys/clients/*.key: public keys only""",
     "transaction": """examples:
   %(prog)s --commit 7F00000100002A9F00000000000A1B2C
   %(prog)s --rollback 7F00000100002A9F00000000000A1B2C

@@ -107,6 +107,12 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     dashboard_endpoint: str = ""  # host:port of the web dashboard (which serves /metrics too)
     metrics_report_interval_ms: int = 1_000  # how often each actor writes its figures for the monitor
 
+    # The monitor's HTTP ports (metrics and dashboard, each its own): bounded, so a burst of
+    # connections cannot starve the monitor of its heartbeat (docs/metrics.md, "Limits").
+    http_connections_max: int = 64  # connections open at once a port; past it the oldest half-read one is dropped
+    http_request_timeout_ms: int = 5_000  # a request must arrive whole within this, and each send of its answer
+    http_workers_max: int = 4  # requests answered at once a port; the others wait their turn
+
     # Delay and timer messages (docs/design.md 5.9): RocketMQ 5's timer wheel and timer log.
     timer_precision_ms: int = 1_000  # RocketMQ's timerPrecisionMs: one wheel slot; delivery within a slot is exact
     timer_max_delay_ms: int = 3 * 86_400_000  # RocketMQ's timerMaxDelaySec (3 days): further is DELAY_ILLEGAL
@@ -207,6 +213,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
              "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
             (self.restart_count_max >= 0, "restart_count_max must not be negative"),
+            (min(self.http_connections_max, self.http_request_timeout_ms, self.http_workers_max) >= 1,
+             "http_connections_max, http_request_timeout_ms and http_workers_max must be positive"),
             (min(self.pop_journal_entries_max, self.pop_journal_idle_fold_ms, self.pop_invisible_ms_max,
                  self.max_delivery_attempts, self.dead_letter_retry_ms) >= 1, "pop limits must be positive"),
             (min(self.long_poll_wakes_per_turn_max, self.catch_up_bytes_per_turn_max,

@@ -9,7 +9,15 @@ with a newline. Every check here is ``fullmatch`` on an ASCII class.
 | kind  | characters           | length     | refused with   |
 |-------|----------------------|------------|----------------|
 | topic | ``[%|a-zA-Z0-9_-]``  | 1..127     | INVALID_TOPIC  |
-| group | ``[%|a-zA-Z0-9_-]``  | 1..120     | INVALID_FIELD  |
+| group | ``[%|a-zA-Z0-9_-]``  | 1..255     | INVALID_FIELD  |
+
+Both limits are RocketMQ's (``TopicValidator.TOPIC_MAX_LENGTH``, ``Validators.CHARACTER_MAX_LENGTH``).
+A pop group's dead-letter topic is ``%DLQ%`` + group, a topic name, so it must fit in 127
+characters: up to a group of 122 it is exactly that, as in RocketMQ; a longer group's is
+``%DLQ%``, the group's first 105 characters, ``-`` and 16 hex digits of the group's SHA-256
+(``dead_letter_topic``). RocketMQ itself would write a 260-character topic there, which its
+own record format (one byte of topic length) cannot hold. The engine makes no ``%RETRY%``
+topics: a pop redelivers from the queue itself.
 
 File and queue directory names are ASCII decimal (``is_decimal``).
 
@@ -19,12 +27,15 @@ Keys, tags and property names are free text except RocketMQ's separators
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from engine.errors import ErrorCode, RequestError
 
 TOPIC_NAME_CHARS_MAX = 127
-GROUP_NAME_CHARS_MAX = 120  # RocketMQ embeds groups in %RETRY%group names
+GROUP_NAME_CHARS_MAX = 255  # RocketMQ's; the dead-letter topic of a long one is shortened
+DEAD_LETTER_PREFIX = "%DLQ%"
+_DEAD_LETTER_DIGEST_CHARS = 16  # hex digits of the group's SHA-256 in a shortened dead-letter topic
 _NAME_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+", re.ASCII)
 RESERVED_TOPICS = frozenset({"TBW102", "SCHEDULE_TOPIC_XXXX", "BenchmarkTest_SYS", "OFFSET_MOVED_EVENT",
                              "SELF_TEST_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
@@ -63,8 +74,16 @@ def validate_topic(name: str) -> str:
 
 
 def dead_letter_topic(group: str) -> str:
-    """The dead-letter topic of a pop group (RocketMQ's ``%DLQ%`` + group)."""
-    return f"%DLQ%{group}"
+    """The dead-letter topic of a pop group: RocketMQ's ``%DLQ%`` + group when that is a topic name's
+    length; for a longer group, ``%DLQ%``, the group's start, ``-`` and a digest of the whole group."""
+    topic = DEAD_LETTER_PREFIX + group
+    if len(topic) <= TOPIC_NAME_CHARS_MAX:
+        return topic
+    digest = hashlib.sha256(group.encode()).hexdigest()[:_DEAD_LETTER_DIGEST_CHARS]
+    kept = TOPIC_NAME_CHARS_MAX - len(DEAD_LETTER_PREFIX) - 1 - _DEAD_LETTER_DIGEST_CHARS
+    topic = f"{DEAD_LETTER_PREFIX}{group[:kept]}-{digest}"
+    assert len(topic) == TOPIC_NAME_CHARS_MAX
+    return topic
 
 
 def validate_group(name: str) -> str:

@@ -33,7 +33,7 @@ import argcomplete
 import psutil
 
 from engine.config import ConfigError, StoreConfig
-from engine.ipc.curve import check_authorized_keys_dir, load_server_keys
+from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
 from engine.ipc.messages import StatusQuery, StopCommand
 from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
 from supervisor.supervisor import LOG_DIR, EngineError, Supervisor
@@ -127,6 +127,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         if not allowed:
             print(f"warning: {config.curve_authorized_keys_dir} holds no client key (*.key): nobody can connect",
                   file=sys.stderr)
+        if secrets := secret_keys_in(config.curve_authorized_keys_dir):
+            print(f"warning: {config.curve_authorized_keys_dir} holds secret keys ({', '.join(secrets)}); only "
+                  "public *.key files are read there: keep each .key_secret with its client", file=sys.stderr)
     if args.detach:
         return _start_detached(args, config)
     # Until the supervisor holds the store's lock and opens logs/supervisor.log (Supervisor.start).

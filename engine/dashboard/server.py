@@ -1,8 +1,10 @@
 """The monitor's HTTP servers: ``/metrics`` for Prometheus, and the dashboard.
 
-Both are the standard library's threading HTTP server: one thread per request, so a slow
-scrape never holds the page back. The metrics endpoint serves only ``/metrics``; the
-dashboard endpoint serves the page, its JSON (``/api/...``) and ``/metrics`` too.
+Both are bounded servers (``http.py``): a few workers answer whole requests, so a slow
+scrape never holds the page back, and a burst of connections is cut to
+``http_connections_max`` rather than costing the monitor its heartbeat. The metrics
+endpoint serves only ``/metrics`` and ``/healthz``; the dashboard endpoint serves the page,
+its JSON (``/api/...``), ``/metrics`` and ``/healthz`` too.
 
     GET /                      the page (static/index.html)
     GET /static/NAME           its script and style
@@ -12,6 +14,7 @@ dashboard endpoint serves the page, its JSON (``/api/...``) and ``/metrics`` too
     GET /api/rates             messages sent and pulled a second, the last minutes
     GET /api/search?topic=T&key=K | ?msg_id=ID | ?topic=T&time_ms=MS
     GET /metrics               Prometheus' text format
+    GET /healthz               200 when every actor runs, else 503 and the states
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -31,8 +36,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from engine.client import EngineError, RequestTimeout, StoreClient
 from engine.config import StoreConfig
 from engine.dashboard import api
+from engine.dashboard.http import BoundedHTTPServer, PrereadHandler, serve_in_thread
 from engine.ipc import endpoints
-from engine.metrics.collector import View, gather
+from engine.metrics.collector import View, gather, supervisor_status
 from engine.store.shared_offsets import SharedOffsets
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,27 @@ _STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript;
            "style.css": "text/css; charset=utf-8"}
 _FRONT_TIMEOUT_MS = 5_000
 _json = msgspec.json.Encoder()
+
+
+class SharedScrape:
+    """``/metrics``, gathered by one request at a time: those that ask while it runs take the
+    next one's answer rather than each gathering their own (a scrape reads every report and
+    asks the supervisor for its status, so a hundred of them at once would crowd out the
+    monitor's loop and load the supervisor)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.lock = threading.Lock()
+        self.body = b""
+        self.started = float("-inf")
+
+    def latest(self) -> bytes:
+        asked = time.monotonic()
+        with self.lock:
+            if self.started < asked:  # none began since this request came: gather afresh
+                self.started = time.monotonic()
+                self.body = generate_latest(self.registry)
+            return self.body
 
 
 class Dashboard:
@@ -53,6 +80,7 @@ class Dashboard:
         self.registry = registry
         self.rates = rates
         self.offsets = SharedOffsets(run_dir)
+        self.scrape = SharedScrape(registry)
 
     def view(self) -> View:
         return gather(self.store_dir, self.run_dir, self.config, self.offsets)
@@ -93,17 +121,33 @@ class Dashboard:
                               time_ms=time_ms, queue_count=queue_count)
 
 
+def health(store_dir: Path) -> tuple[int, bytes]:
+    """``/healthz``: 200 and ``RUNNING`` when every actor runs; else 503, the engine's state
+    and each actor that does not run with its state (``writer RECOVERING``, ``front GAVE_UP``),
+    or why the supervisor gave no status. A load balancer or systemd reads the code."""
+    status = supervisor_status(store_dir)
+    if status is None:
+        return 503, b"UNKNOWN\nno status from the supervisor\n"
+    down = [f"{actor.name} {actor.lifecycle}\n" for actor in status.actors if actor.lifecycle != "RUNNING"]
+    if status.state == "RUNNING" and not down:
+        return 200, b"RUNNING\n"
+    return 503, (f"{status.state}\n" + "".join(down)).encode()
+
+
 def _handler(dashboard: Dashboard, *, pages: bool) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(PrereadHandler):
         server_version = "rmqpy-monitor"
 
         def do_GET(self) -> None:
             url = urlsplit(self.path)
             path = url.path
             if path == "/metrics":
-                self.reply(200, CONTENT_TYPE_LATEST, generate_latest(dashboard.registry))
+                self.reply(200, CONTENT_TYPE_LATEST, dashboard.scrape.latest())
+            elif path == "/healthz":
+                status, body = health(dashboard.store_dir)
+                self.reply(status, "text/plain; charset=utf-8", body)
             elif not pages:
-                self.reply(404, "text/plain", b"only /metrics is served here\n")
+                self.reply(404, "text/plain", b"only /metrics and /healthz are served here\n")
             elif path == "/" or path.startswith("/static/"):
                 name = "index.html" if path == "/" else path.removeprefix("/static/")
                 if name not in _STATIC:
@@ -143,37 +187,31 @@ def _handler(dashboard: Dashboard, *, pages: bool) -> type[BaseHTTPRequestHandle
     return Handler
 
 
-class _ServerV6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
 class Servers:
-    """The HTTP servers of the monitor, each on its own thread."""
+    """The HTTP servers of the monitor, each on its own thread (``http.py``: bounded)."""
 
     def __init__(self) -> None:
-        self.servers: list[ThreadingHTTPServer] = []
+        self.stops: list[Callable[[], None]] = []
 
-    def start(self, endpoint: str, handler: type[BaseHTTPRequestHandler]) -> None:
+    def start(self, endpoint: str, handler: type[BaseHTTPRequestHandler], config: StoreConfig) -> None:
         host, _, port = endpoint.rpartition(":")
-        server_class = _ServerV6 if ":" in host else ThreadingHTTPServer
-        server = server_class((host.strip("[]"), int(port)), handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, name=f"http {endpoint}", daemon=True).start()
-        self.servers.append(server)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        server = BoundedHTTPServer((host.strip("[]"), int(port)), handler, family=family,
+                                   connections_max=config.http_connections_max,
+                                   request_timeout_ms=config.http_request_timeout_ms,
+                                   workers_max=config.http_workers_max)
+        self.stops.append(serve_in_thread(server, f"http {endpoint}"))
         log.info("serving http://%s/", endpoint)
 
     def stop(self) -> None:
-        for server in self.servers:
-            server.shutdown()
-            server.server_close()
+        for stop in self.stops:
+            stop()
 
 
 def start_servers(dashboard: Dashboard, config: StoreConfig) -> Servers:
     servers = Servers()
     if config.metrics_endpoint:
-        servers.start(config.metrics_endpoint, _handler(dashboard, pages=False))
+        servers.start(config.metrics_endpoint, _handler(dashboard, pages=False), config)
     if config.dashboard_endpoint:
-        servers.start(config.dashboard_endpoint, _handler(dashboard, pages=True))
+        servers.start(config.dashboard_endpoint, _handler(dashboard, pages=True), config)
     return servers
-
-

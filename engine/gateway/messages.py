@@ -11,7 +11,8 @@ What goes where when a message is sent through the API and read back:
     system_properties.message_id        properties["UNIQ_KEY"]              UNIQ_KEY: the message id
     system_properties.message_group     sharding_key, properties[GROUP]     __SHARDINGKEY (RocketMQ's)
     system_properties.born_timestamp    born_timestamp (ms)                 BORNTIMESTAMP
-    system_properties.delivery_timestamp  the send's deliver_at_ms          TIMER_OUT_MS, until delivered
+    system_properties.delivery_timestamp  the send's deliver_at_ms          TIMER_OUT_MS, until delivered;
+                                                                        then TIMER_DELIVER_MS
     message_type TRANSACTION            the send's transaction, with the    TRAN_MSG, PGROUP (a half
                                         topic as producer_group (as RocketMQ's proxy does)  message until decided)
     user_properties                     properties                          the user properties
@@ -32,7 +33,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import Code, DigestType, Encoding, MessageType, definition_pb2
 
-from engine.store.system_topics import SYSTEM_PROPERTIES
+from engine.store.system_topics import PROPERTY_TIMER_DELIVER_MS, SYSTEM_PROPERTIES
 
 UNIQ_KEY = "UNIQ_KEY"
 MESSAGE_GROUP = "__SHARDINGKEY"  # RocketMQ's MessageConst.PROPERTY_SHARDING_KEY
@@ -167,6 +168,8 @@ def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> 
         system.tag = message["tags"]
     if group:
         system.message_group = group
+    if PROPERTY_TIMER_DELIVER_MS in properties:  # a delivered delayed message, as RocketMQ's proxy answers it
+        system.delivery_timestamp.CopyFrom(timestamp(int(properties[PROPERTY_TIMER_DELIVER_MS])))
     if "receipt_handle" in message:
         system.receipt_handle = message["receipt_handle"]
         system.delivery_attempt = message["attempt"]

@@ -16,6 +16,7 @@ refuses to start CURVE without it.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,16 @@ def check_authorized_keys_dir(directory: str | Path) -> int:
     return len([name for name in os.listdir(path) if name.endswith(".key")])
 
 
+def secret_keys_in(directory: str | Path) -> list[str]:
+    """The ``*.key_secret`` files in the allow-list's directory: never read (the allow-list is
+    ``*.key``), but a client's secret key has no business where the server reads, so they are
+    named in a warning."""
+    try:
+        return sorted(name for name in os.listdir(directory) if name.endswith(".key_secret"))
+    except OSError:
+        return []
+
+
 class CurveServer:
     """Makes a ROUTER a CURVE server and runs the ZAP allow-list beside it."""
 
@@ -106,6 +119,10 @@ class CurveServer:
         # configure_curve reads every *.key file (an unreadable directory keeps the last list,
         # and allows nobody if there was none).
         self.authenticator.configure_curve(domain="*", location=self.authorized_keys_dir)
+        if secrets := secret_keys_in(self.authorized_keys_dir):
+            log.warning("%s holds secret keys (%s), which it should not: only clients' public *.key files "
+                        "are read there; keep each .key_secret with its client", self.authorized_keys_dir,
+                        ", ".join(secrets))
         return True
 
     def stop(self) -> None:

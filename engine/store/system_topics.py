@@ -36,6 +36,9 @@ PROPERTY_REAL_TOPIC = "REAL_TOPIC"
 PROPERTY_REAL_QID = "REAL_QID"
 PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"  # the deliver time, wall ms
 PROPERTY_DELAY = "DELAY"  # the delay level, when the producer gave one
+# On a delivered delayed message: the deliver time it waited for, wall ms (RocketMQ's
+# MessageConst.PROPERTY_TIMER_DELIVER_MS, which its proxy answers as delivery_timestamp).
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_ORIGIN_OFFSET = "ORIGIN_OFFSET"  # on a moved record: the offset of its system-topic record
@@ -44,6 +47,7 @@ PROPERTY_HALF_OFFSET = "HALF_OFFSET"  # on an op record: the commit-log offset o
 
 # Names a producer may not set: the engine writes them, and trusts what it finds.
 SYSTEM_PROPERTIES = frozenset({PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS, PROPERTY_DELAY,
+                               PROPERTY_TIMER_DELIVER_MS,
                                PROPERTY_TRANSACTION_PREPARED, PROPERTY_PRODUCER_GROUP, PROPERTY_ORIGIN_OFFSET,
                                PROPERTY_DECISION, PROPERTY_HALF_OFFSET})
 _ROUTING = frozenset({PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS})
@@ -55,10 +59,17 @@ def redirect(messages: list[SendMessage], extra: dict[str, str]) -> list[SendMes
     return [msgspec.structs.replace(message, properties={**message.properties, **extra}) for message in messages]
 
 
+def _keep_deliver_time(waiting: Mapping[str, str], delivered: dict[str, str]) -> None:
+    """A delayed message's deliver time stays on it, as ``TIMER_DELIVER_MS`` (a half message has none)."""
+    if PROPERTY_TIMER_OUT_MS in waiting:
+        delivered[PROPERTY_TIMER_DELIVER_MS] = waiting[PROPERTY_TIMER_OUT_MS]
+
+
 def moved_message(record: Record) -> dict[str, object]:
     """A send's message map that moves ``record`` from its system topic to its real one."""
     properties = {name: value for name, value in record.properties.items()
                   if name not in _ROUTING and name not in _KEPT}
+    _keep_deliver_time(record.properties, properties)
     properties[PROPERTY_ORIGIN_OFFSET] = str(record.commit_log_offset)
     message: dict[str, object] = {"body": bytes(record.body), "properties": properties, "flag": record.flag,
                                   "born_timestamp": record.born_timestamp_ms}
@@ -73,6 +84,7 @@ def moved_view_message(view: Mapping[str, Any]) -> dict[str, object]:
     """``moved_message`` from a record as ``CommitLogReader.read_view`` gives it (decoded in C: the
     timer's hot path)."""
     properties = {name: value for name, value in view["properties"].items() if name not in _ROUTING}
+    _keep_deliver_time(view["properties"], properties)
     properties[PROPERTY_ORIGIN_OFFSET] = str(view["commit_log_offset"])
     message: dict[str, object] = {"body": view["body"], "properties": properties, "flag": view["flag"],
                                   "born_timestamp": view["born_timestamp"]}

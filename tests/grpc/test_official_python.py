@@ -193,6 +193,9 @@ def test_a_delay_message_arrives_at_its_delivery_time(grpc_engine: EngineProcess
         [got] = receive_all(consumer, 1)
         assert time.time() >= delayed.delivery_timestamp  # not before its time
         assert (got.message_id, got.body) == (receipt.message_id, b"later")
+        # its delivery time comes back, as RocketMQ's proxy answers it (ms, from TIMER_DELIVER_MS)
+        assert got.delivery_timestamp == delayed.delivery_timestamp * 1000
+        assert "TIMER_DELIVER_MS" not in got.properties and "TIMER_OUT_MS" not in got.properties
         consumer.ack(got)
     finally:
         consumer.shutdown()

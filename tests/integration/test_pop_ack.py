@@ -266,3 +266,34 @@ def test_a_fifo_group_gets_a_queues_next_message_only_once_the_earlier_ones_are_
         assert [m["body"] for m in rest] == [b"2", b"3"]
         dead = client.pull(dead_letter_topic("ordered"), 0, 0, max_wait_ms=5_000)["messages"]
         assert [m["body"] for m in dead] == [b"1"] and dead[0]["properties"]["DLQ_DELIVERY_ATTEMPTS"] == "2"
+
+
+@pytest.mark.timeout(60)
+def test_a_group_name_of_255_characters_pops_dead_letters_and_commits_and_256_is_refused(engine: EngineProcess) -> None:
+    from engine.names import GROUP_NAME_CHARS_MAX, TOPIC_NAME_CHARS_MAX, dead_letter_topic, is_topic_name
+
+    assert GROUP_NAME_CHARS_MAX == 255  # RocketMQ's limit for a group
+    popper, committer, too_long = "p" * 255, "c" * 255, "x" * 256
+    with engine.client() as client:
+        client.create_topic("long-groups", queue_count=1)
+        client.send("long-groups", [{"body": b"a"}, {"body": b"b"}])
+        wait_dispatched(client)
+        first, second = wait_for_pop(client, popper, "long-groups")
+        assert client.ack(popper, [first]) == []
+        assert client.dead_letter(popper, [second]) == []
+        # its dead-letter topic is a topic name: %DLQ% and a shortened group, within the topic limit
+        dead_letters = dead_letter_topic(popper)
+        assert len(dead_letters) <= TOPIC_NAME_CHARS_MAX and is_topic_name(dead_letters)
+        assert dead_letters != dead_letter_topic("p" * 254)
+        deadline = time.monotonic() + 20
+        while not (dead := client.pull(dead_letters, 0, 0, max_wait_ms=1_000)["messages"]):
+            assert time.monotonic() < deadline
+        assert [m["body"] for m in dead] == [b"b"]
+        assert client.pop_stats(popper, "long-groups", 0)["ack_floor"] == 2
+        client.commit_offset(committer, "long-groups", 0, 1)
+        assert client.fetch_offset(committer, "long-groups", 0) == 1
+        for refused_call in (lambda: client.pop(too_long, "long-groups"),
+                             lambda: client.commit_offset(too_long, "long-groups", 0, 1)):
+            with pytest.raises(EngineError) as refused:
+                refused_call()
+            assert refused.value.name == "INVALID_FIELD" and "255" in refused.value.message

@@ -52,3 +52,13 @@ def test_keygen_writes_a_private_pair_that_loads_and_never_overwrites(tmp_path: 
     assert check_authorized_keys_dir(tmp_path) == 1
     with pytest.raises(ValueError, match="not a directory"):
         check_authorized_keys_dir(tmp_path / "missing")
+
+
+def test_a_secret_key_in_the_allowed_folder_is_named_for_the_warning_and_never_allowed(tmp_path: Path) -> None:
+    from engine.ipc.curve import secret_keys_in
+
+    allowed = tmp_path / "clients"
+    keygen(allowed, "careless")  # both files, where only the public one belongs
+    assert secret_keys_in(allowed) == ["careless.key_secret"]
+    assert check_authorized_keys_dir(allowed) == 1  # the public .key alone is counted
+    assert secret_keys_in(tmp_path / "missing") == []

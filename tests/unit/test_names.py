@@ -22,7 +22,7 @@ def test_topic_names_must_match_whole(name: str) -> None:
     assert info.value.code == ErrorCode.INVALID_TOPIC
 
 
-@pytest.mark.parametrize("name", [*BAD, "g" * 121])
+@pytest.mark.parametrize("name", [*(n for n in BAD if n != "x" * 128), "g" * 256])  # 128 is a group's length
 def test_group_names_must_match_whole(name: str) -> None:
     with pytest.raises(RequestError) as info:
         validate_group(name)
@@ -51,3 +51,13 @@ def test_queue_directories_with_newlines_or_unicode_digits_are_not_queues(tmp_pa
     for topic, queue in [("good", "0"), ("bad\n", "0"), ("good", "٣"), ("good", "1\n")]:
         (root / topic / queue).mkdir(parents=True)
     assert list_queues(tmp_path) == [("good", 0)]
+
+
+def test_a_long_groups_dead_letter_topic_is_shortened_to_a_topic_name_and_stays_distinct() -> None:
+    from engine.names import TOPIC_NAME_CHARS_MAX, dead_letter_topic, is_topic_name
+
+    assert dead_letter_topic("g" * 122) == "%DLQ%" + "g" * 122  # RocketMQ's name while it fits
+    names = {dead_letter_topic(group) for group in ("g" * 123, "g" * 255, "g" * 254 + "h", "h" + "g" * 254)}
+    assert len(names) == 4
+    assert all(len(name) == TOPIC_NAME_CHARS_MAX and is_topic_name(name) for name in names)
+    assert validate_group("g" * 255) == "g" * 255
