@@ -1,6 +1,7 @@
 """Helpers for tests that talk to a live engine."""
 
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,7 @@ from engine.config import StoreConfig
 from supervisor.launcher import EngineProcess
 from supervisor.workload import wait_dispatched
 
-__all__ = ["engine_with_topics", "parked_requests", "require", "wait_dispatched"]
+__all__ = ["engine_with_topics", "parked_requests", "require", "size_limited_tmpfs", "wait_dispatched"]
 
 # Set by .ci/run: a test whose prerequisite (a client driver, a browser, strace) is missing fails
 # there, where `make test` installs everything; elsewhere it is skipped and listed by pytest's -ra.
@@ -48,3 +49,22 @@ def parked_requests(engine: EngineProcess) -> int:
     from supervisor.control import control
 
     return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
+
+
+@contextmanager
+def size_limited_tmpfs(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's size=, e.g. "24m") mounted under ``tmp_path``; skips without root."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

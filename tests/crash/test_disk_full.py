@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from engine.ipc.messages import StatusQuery
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from supervisor.workload import Producer, read_everything, verify, wait_dispatched
+from tests.helpers import size_limited_tmpfs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -35,18 +35,8 @@ MiB = 1 << 20
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with size_limited_tmpfs(tmp_path, "24m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_disk_full_refuses_sends_clearly_and_recovers_when_space_is_freed(small_disk: Path) -> None:

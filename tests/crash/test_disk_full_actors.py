@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from engine.client import EngineError, StoreClient
 from engine.ipc.messages import StatusQuery
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
-from tests.helpers import engine_with_topics, wait_dispatched
+from tests.helpers import engine_with_topics, size_limited_tmpfs, wait_dispatched
 from tests.timer.conftest import timer_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,18 +28,8 @@ TOPIC = "later"
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
+    with size_limited_tmpfs(tmp_path, "48m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(mount_point: Path) -> Path:

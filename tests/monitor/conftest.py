@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,19 @@ def monitor_config(**changes: object) -> StoreConfig:
                                           **changes)
 
 
-@pytest.fixture
-def monitored(store_dir: Path) -> Iterator[Monitored]:
-    config = monitor_config()
+@contextmanager
+def monitored_engine(store_dir: Path, **changes: object) -> Iterator[Monitored]:
+    """An engine with metrics and the dashboard on free ports (``monitor_config(**changes)``)."""
+    config = monitor_config(**changes)
     engine = EngineProcess(store_dir, config=config)
     engine.start()
     try:
         yield Monitored(engine, f"http://{config.metrics_endpoint}/metrics", f"http://{config.dashboard_endpoint}")
     finally:
         engine.stop()
+
+
+@pytest.fixture
+def monitored(store_dir: Path) -> Iterator[Monitored]:
+    with monitored_engine(store_dir) as monitored:
+        yield monitored

@@ -12,8 +12,7 @@ import pytest
 
 from supervisor.control import EventStream
 from supervisor.faults import kill_actor
-from supervisor.launcher import EngineProcess
-from tests.monitor.conftest import Monitored, monitor_config
+from tests.monitor.conftest import Monitored, monitored_engine
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,13 +28,8 @@ def healthz(url: str) -> tuple[int, str]:
 @pytest.fixture
 def slow_restarts(store_dir: Path) -> Iterator[Monitored]:
     # an actor's second restart within the window waits 3 s: long enough to see it down
-    config = monitor_config(restart_backoff_ms=3_000)
-    engine = EngineProcess(store_dir, config=config)
-    engine.start()
-    try:
-        yield Monitored(engine, f"http://{config.metrics_endpoint}/metrics", f"http://{config.dashboard_endpoint}")
-    finally:
-        engine.stop()
+    with monitored_engine(store_dir, restart_backoff_ms=3_000) as monitored:
+        yield monitored
 
 
 def test_healthz_is_503_while_an_actor_is_down_and_200_when_all_run(slow_restarts: Monitored) -> None:

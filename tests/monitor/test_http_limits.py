@@ -13,8 +13,7 @@ import pytest
 
 from engine.ipc.messages import ActorStatus, StatusQuery
 from supervisor.control import ControlTimeout, EventStream, control
-from supervisor.launcher import EngineProcess
-from tests.monitor.conftest import Monitored, monitor_config
+from tests.monitor.conftest import Monitored, monitored_engine
 
 BURST = 500
 SCRAPE_BOUND_S = 3.0
@@ -28,13 +27,9 @@ def monitor_status(store_dir: Path) -> ActorStatus:
 @pytest.fixture
 def burst_monitored(store_dir: Path) -> Iterator[Monitored]:
     # the monitor must answer its heartbeat within 2 s, not 5: a starved one is found sooner
-    config = monitor_config(heartbeat_timeout_ms=2_000, http_connections_max=64, http_request_timeout_ms=1_000)
-    engine = EngineProcess(store_dir, config=config)
-    engine.start()
-    try:
-        yield Monitored(engine, f"http://{config.metrics_endpoint}/metrics", f"http://{config.dashboard_endpoint}")
-    finally:
-        engine.stop()
+    with monitored_engine(store_dir, heartbeat_timeout_ms=2_000, http_connections_max=64,
+                          http_request_timeout_ms=1_000) as monitored:
+        yield monitored
 
 
 def half_sent(endpoint: str, count: int) -> list[socket.socket]:
