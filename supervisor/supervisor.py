@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,81 @@ class EngineError(RuntimeError):
     """The engine cannot start or keep running; the message says why."""
 
 
+class StoreHeld(EngineError):
+    """Another engine holds the store's lock."""
+
+
+def lock_holder(store_dir: Path) -> int | None:
+    """The pid of the engine holding ``store_dir``'s lock (0 if unknown), or None if nobody holds it.
+
+    A shared ``flock`` fails while an engine (or one of its actors) holds the
+    exclusive one; the probe writes nothing and creates nothing.
+    """
+    try:
+        fd = os.open(store_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # no lock file (or no usable directory): nobody holds it; the start says what is wrong
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+    finally:
+        os.close(fd)  # also releases the shared lock
+    return None
+
+
+def held_error(store_dir: Path, holder: int) -> StoreHeld:
+    """"another engine (pid N) is running on STORE at ENDPOINT", from the run directory's state file."""
+    try:
+        endpoint = str(endpoints.read_engine_state(store_dir).get("endpoint", "?"))
+    except endpoints.NotRunning:
+        endpoint = "?"  # it holds the lock but has not written its state yet (starting) or has removed it
+    return StoreHeld(f"another engine (pid {holder or '?'}) is running on {store_dir.resolve()} at {endpoint}")
+
+
+def check_store_free(store_dir: Path) -> None:
+    holder = lock_holder(store_dir)
+    if holder is not None:
+        raise held_error(store_dir, holder)
+
+
+def listening_addresses(config: StoreConfig) -> list[tuple[str, str]]:
+    """(setting, host:port) of every TCP port the engine will listen on."""
+    found = []
+    if config.endpoint.startswith("tcp://"):
+        found.append(("endpoint", config.endpoint[len("tcp://"):]))
+    for key in ("metrics_endpoint", "dashboard_endpoint"):
+        if getattr(config, key):
+            found.append((key, getattr(config, key)))
+    if config.grpc_enabled:
+        found.append(("grpc_endpoint", config.grpc_endpoint))
+    return found
+
+
+def check_ports(config: StoreConfig) -> None:
+    """Bind every port the engine will listen on, then let them go: a port in use fails the start here,
+    naming its setting and address, before any actor runs or anything is written to the store.
+    (A port taken between this check and the actor's bind still fails the start, from the actor.)"""
+    held: list[socket.socket] = []
+    try:
+        for key, address in listening_addresses(config):
+            host, port = address.rsplit(":", 1)
+            host = host.strip("[]")
+            host = "0.0.0.0" if host in ("*", "") else host
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ and http.server bind
+            try:
+                sock.bind((host, int(port)))
+                sock.listen()
+            except OSError as exc:
+                raise EngineError(f"{exc.strerror or exc}: {address} ({key})") from None
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
@@ -76,6 +152,7 @@ class ActorProcess:
     restart_times: deque[int] = field(default_factory=deque)
     restart_at_ms: int | None = None
     spawned_at_ms: int = 0  # for the recovery time in the log
+    stderr_offset: int = 0  # where this run's raw stderr begins in <name>.stderr
     kill_at_ms: int | None = None  # a hung actor dumps its stacks, then is killed at this time
     gave_up: bool = False
 
@@ -113,9 +190,33 @@ class Supervisor:
     # -- start -------------------------------------------------------------
 
     def start(self) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
-        self._lock()
+        """Check, lock, then start every actor wave by wave.
+
+        A start that fails its checks (the store held by another engine, a
+        port in use, a store directory it cannot write) leaves the store as
+        it was: no abort marker, no new file (a store directory it cannot write
+        leaves at most the lock and logs/).
+        """
+        check_store_free(self.store_dir)  # these two create nothing: a refused start leaves no trace
+        check_ports(self.config)
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+            (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
+            self._lock()
+        except OSError as exc:
+            raise EngineError(f"cannot use the store directory {self.store_dir}: {exc.strerror or exc}") from None
+        try:
+            check_ports(self.config)  # again, holding the lock: an engine that started meanwhile binds them now
+            probe = self.store_dir / ".write-check"
+            try:
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                raise EngineError(f"cannot write in the store directory {self.store_dir}: "
+                                  f"{exc.strerror or exc}") from None
+        except EngineError:
+            os.close(self.lock_fd)
+            raise
         # Only the engine holding the lock writes (and rotates) the store's logs.
         configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
         started_ms = monotonic_ms()
@@ -160,8 +261,7 @@ class Supervisor:
         except BlockingIOError:
             holder = os.pread(self.lock_fd, 32, 0).decode(errors="replace").strip()
             os.close(self.lock_fd)
-            raise EngineError(f"another engine is running on {self.store_dir} (lock held by pid {holder or '?'})") \
-                from None
+            raise held_error(self.store_dir, int(holder) if holder.isdigit() else 0) from None
         os.ftruncate(self.lock_fd, 0)
         os.pwrite(self.lock_fd, str(os.getpid()).encode(), 0)
 
@@ -176,6 +276,7 @@ class Supervisor:
         stderr_path = self.store_dir / LOG_DIR / f"{spec.name}.stderr"
         _rotate_if_full(stderr_path, self.config.log_file_bytes_max, self.config.log_files_kept)
         log_file = open(stderr_path, "ab")  # noqa: SIM115 - handed to the child
+        actor.stderr_offset = log_file.tell()
         command = [sys.executable, "-m", spec.module, "--name", spec.name, "--instance", str(spec.instance),
                    "--store-dir", str(self.store_dir), "--run-dir", str(self.run_dir),
                    "--config", str(self.config_path)]
@@ -196,8 +297,9 @@ class Supervisor:
                 code = actor.process.returncode  # before the shutdown lets the process go
                 self.shutdown()
                 logs = self.store_dir / LOG_DIR / actor.spec.name
-                raise EngineError(f"actor {actor.spec.name} exited with code {code} while "
-                                  f"starting; see {logs}.log and {logs}.stderr")
+                reason = last_line(logs.with_suffix(".stderr"), actor.stderr_offset)
+                raise EngineError(f"actor {actor.spec.name} exited with code {code} while starting"
+                                  f"{': ' + reason if reason else ''}; see {logs}.log and {logs}.stderr")
             if monotonic_ms() > deadline:
                 self.shutdown()
                 raise EngineError(f"actor {actor.spec.name} did not start within "
@@ -419,6 +521,19 @@ def _signal_name(code: int) -> str | None:
 def _how_it_ended(code: int) -> str:
     name = _signal_name(code)
     return f"exited with code {code}" if name is None else f"was killed by {name}"
+
+
+def last_line(path: Path, offset: int = 0, *, prefix: str = "") -> str:
+    """The last non-empty line of ``path`` past ``offset`` (starting with ``prefix``), "" if none:
+    the reason a process gave on its stderr (a traceback's last line names the error)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(prefix) and line.strip()]
+    return lines[-1][:500] if lines else ""
 
 
 def _rotate_if_full(path: Path, bytes_max: int, files_kept: int) -> None:
