@@ -332,7 +332,7 @@ _MINIMUMS: dict[str, int] = {
     "transaction_halves_max": 1,
     "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
     "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
-    "clean_resource_interval_ms": 1, "delete_segment_count_max": 1,
+    "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted
     "send_queue_wait_ms_max": 0, "writer_queue_requests_max": 1,
     "consume_queue_owner_count": 1, "dispatch_batch_records_max": 1, "dispatch_batches_per_turn_max": 1,
     "dispatch_tick_interval_ms": 1, "heartbeat_interval_ms": 1, "heartbeat_timeout_ms": 1,
