@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.ipc import endpoints
 from engine.ipc.messages import KillCommand
@@ -232,3 +233,20 @@ def test_both_commands_tell_their_version(module: str) -> None:
     assert told.returncode == 0, told.stderr
     assert told.stdout.strip() == f"python -m {module} {package_version()}"
     assert package_version()[0].isdigit()
+
+
+def test_message_ids_carry_the_port_of_the_endpoint_set_in_the_config_file(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    port = free_port()
+    config = write_config(tmp_path / "engine.toml", StoreConfig.test_min())
+    lines = [line for line in config.read_text().splitlines()
+             if not line.startswith(("store_port ", "endpoint "))] + [f'endpoint = "tcp://127.0.0.1:{port}"']
+    config.write_text("\n".join(lines) + "\n")
+    started = server("start", "--detach", "--store-dir", str(store), "--config", str(config))
+    assert started.returncode == 0, started.stderr
+    try:
+        with StoreClient(f"tcp://127.0.0.1:{port}", timeout_ms=10_000) as client:
+            [result] = client.send("ids", [{"body": b"where am I"}])
+    finally:
+        assert server("stop", "--store-dir", str(store)).returncode == 0
+    assert result["msg_id"][8:16] == f"{port:08X}", result["msg_id"]  # STOREHOST: 4 bytes of IP, 4 of port
