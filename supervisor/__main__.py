@@ -261,7 +261,7 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
         if child.poll() is not None:
             reason = (last_line(stderr_path, offset, prefix="error:") or last_line(stderr_path, offset)
                       or f"error: the engine exited with code {child.returncode}")
-            print(f"{reason} (see {log_path})", file=sys.stderr)
+            print(reason if "; see " in reason else f"{reason} (see {log_path})", file=sys.stderr)
             return child.returncode if child.returncode > 0 else EXIT_FAILED
         if _serves(store_dir, child.pid, config.endpoint):
             print(f"ready {config.endpoint} store={store_dir} pid={child.pid}", flush=True)

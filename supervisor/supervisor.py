@@ -92,6 +92,9 @@ def held_error(store_dir: Path, holder: int) -> StoreHeld:
         endpoint = str(endpoints.read_engine_state(store_dir).get("endpoint", "?"))
     except endpoints.NotRunning:
         endpoint = "?"  # it holds the lock but has not written its state yet (starting) or has removed it
+    if holder and not psutil.pid_exists(holder):  # the actors inherit the lock; PR_SET_PDEATHSIG stops them
+        return StoreHeld(f"the actors of an engine whose supervisor (pid {holder}) was killed still hold "
+                         f"{store_dir.resolve()}; they are stopping: try again in a few seconds")
     return StoreHeld(f"another engine (pid {holder or '?'}) is running on {store_dir.resolve()} at {endpoint}")
 
 
