@@ -40,16 +40,8 @@ from engine.ipc.curve import check_authorized_keys_dir, load_server_keys
 from engine.ipc.messages import StatusQuery, StopCommand
 from engine.version import package_version
 from supervisor.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
-from supervisor.supervisor import (
-    ABORT_FILE,
-    LOG_DIR,
-    EngineError,
-    StoreHeld,
-    Supervisor,
-    check_ports,
-    check_store_free,
-    last_line,
-)
+from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
+from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor
 
 DEFAULT_STORE_DIR = Path("store")
 

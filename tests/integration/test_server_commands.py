@@ -193,7 +193,8 @@ def test_status_and_stop_find_the_engine_from_another_directory(tmp_path: Path, 
 
 def test_a_hung_supervisor_gives_one_line_and_status_6(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    pid = start_detached(store, config_file(tmp_path), free_port())
+    # Heartbeats of the 5 s pause, read late, must not look like hung actors: then the stop is clean.
+    pid = start_detached(store, config_file(tmp_path, heartbeat_timeout_ms=60_000), free_port())
     os.kill(pid, signal.SIGSTOP)
     try:
         hung = server("status", "--store-dir", str(store))
