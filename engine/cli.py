@@ -34,6 +34,7 @@ from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClien
 from engine.ipc.curve import CurveKeys, keygen
 from engine.ipc.endpoints import NotRunning, read_engine_state
 from engine.progress import StageBars, count_bar
+from engine.version import package_version
 
 PRODUCE_BAR_COUNT_MIN = 1_000  # produce draws a progress bar (on a terminal) from this many messages on
 
@@ -434,6 +435,7 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Send, receive and look up messages of a running "
                                      "engine; inspect and check a store's files offline.", epilog=_EXAMPLES[""],
                                      formatter_class=_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_produce(_command(commands, "produce", "send messages"))
     _add_consume(_command(commands, "consume", "pull messages, or pop them (--pop) and ack them (--ack)"))

@@ -191,86 +191,85 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     def validate(self) -> StoreConfig:
         """Check relationships between fields; raise ConfigError naming the field."""
         checks = [
-            (self.segment_size_bytes >= 4 * KiB, "segment_size_bytes must be at least 4096"),
-            (self.segment_size_bytes % 4096 == 0, "segment_size_bytes must be a multiple of 4096"),
+            *self._minimum_checks(),
+            (self.segment_size_bytes % 4096 == 0,
+             f"segment_size_bytes must be a multiple of 4096 (got {self.segment_size_bytes})"),
             (self.message_body_bytes_max + self.properties_bytes_max + 1 * KiB <= self.segment_size_bytes,
-             "segment_size_bytes must hold the largest record (message_body_bytes_max + properties_bytes_max "
-             "+ 1 KiB of header and topic)"),
-            (self.message_body_bytes_max >= 1, "message_body_bytes_max must be positive"),
-            (self.send_batch_bytes_max >= 1, "send_batch_bytes_max must be positive"),
-            (min(self.flush_interval_ms, self.flush_consume_queue_interval_ms, self.checkpoint_interval_ms,
-                 self.heartbeat_interval_ms, self.dispatch_tick_interval_ms) >= 1, "intervals must be positive"),
-            (self.pull_message_count_max >= 1 and self.pull_bytes_max >= 1, "pull limits must be positive"),
-            (self.consume_queue_file_units >= 1, "consume_queue_file_units must be positive"),
-            (self.index_hash_slot_count >= 1, "index_hash_slot_count must be positive"),
-            (self.index_item_count_max >= 2, "index_item_count_max must be at least 2"),
-            (0 < self.properties_bytes_max <= PROPERTIES_MAX_BYTES, "properties_bytes_max is at most 32767"),
-            (1 <= self.consume_queue_owner_count <= 256, "consume_queue_owner_count must be between 1 and 256"),
-            (_is_ipv4(self.store_host), "store_host must be an IPv4 address (it is written into records)"),
-            (is_endpoint(self.endpoint), f"endpoint {self.endpoint!r} must be tcp://host:port or ipc://path"),
-            (1 <= self.topic_queue_count_default <= self.topic_queue_count_max,
-             "topic_queue_count_default must be between 1 and topic_queue_count_max"),
+             f"segment_size_bytes ({self.segment_size_bytes}) must hold the largest record (message_body_bytes_max "
+             f"{self.message_body_bytes_max} + properties_bytes_max {self.properties_bytes_max} "
+             f"+ 1 KiB of header and topic)"),
+            (self.properties_bytes_max <= PROPERTIES_MAX_BYTES,
+             f"properties_bytes_max must be at most {PROPERTIES_MAX_BYTES} (got {self.properties_bytes_max})"),
+            (self.consume_queue_owner_count <= 256,
+             f"consume_queue_owner_count must be between 1 and 256 (got {self.consume_queue_owner_count})"),
+            (self.store_port <= 65535, f"store_port must be between 1 and 65535 (got {self.store_port})"),
+            (_is_ipv4(self.store_host),
+             f"store_host must be an IPv4 address (it is written into records; got {self.store_host!r})"),
+            (is_endpoint(self.endpoint), f"endpoint must be tcp://host:port or ipc://path (got {self.endpoint!r})"),
+            (self.topic_queue_count_default <= self.topic_queue_count_max,
+             f"topic_queue_count_default ({self.topic_queue_count_default}) must be between 1 and "
+             f"topic_queue_count_max ({self.topic_queue_count_max})"),
             (self.client_frame_bytes_max >= self.send_batch_bytes_max + 64 * KiB,
-             "client_frame_bytes_max must exceed send_batch_bytes_max by 64 KiB"),
-            (self.restart_count_max >= 0, "restart_count_max must not be negative"),
-            (min(self.http_connections_max, self.http_request_timeout_ms, self.http_workers_max) >= 1,
-             "http_connections_max, http_request_timeout_ms and http_workers_max must be positive"),
-            (min(self.pop_journal_entries_max, self.pop_journal_idle_fold_ms, self.pop_invisible_ms_max,
-                 self.max_delivery_attempts, self.dead_letter_retry_ms) >= 1, "pop limits must be positive"),
-            (min(self.long_poll_wakes_per_turn_max, self.catch_up_bytes_per_turn_max,
-                 self.dispatch_batches_per_turn_max) >= 1, "the per-turn limits must be positive"),
+             f"client_frame_bytes_max ({self.client_frame_bytes_max}) must exceed send_batch_bytes_max "
+             f"({self.send_batch_bytes_max}) by 64 KiB"),
             (0 < self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio
              <= self.disk_space_warning_level_ratio <= 1,
-             "disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning_level <= 1"),
-            (self.file_reserved_time_hours >= 0, "file_reserved_time_hours must not be negative"),
+             f"disk ratios must satisfy 0 < disk_max_used_space_ratio ({self.disk_max_used_space_ratio}) <= "
+             f"disk_space_clean_forcibly_ratio ({self.disk_space_clean_forcibly_ratio}) <= "
+             f"disk_space_warning_level_ratio ({self.disk_space_warning_level_ratio}) <= 1"),
+            (self.file_reserved_time_hours >= 0,
+             f"file_reserved_time_hours must not be negative (got {self.file_reserved_time_hours})"),
             (self.bind_non_loopback or is_loopback_endpoint(self.endpoint),
              f"endpoint {self.endpoint} is not a loopback address; set bind_non_loopback = true to serve other "
              f"machines (and consider curve_enabled)"),
             (not self.curve_enabled or (self.curve_server_secret_key_file and self.curve_authorized_keys_dir),
-             "curve_enabled needs curve_server_secret_key_file and curve_authorized_keys_dir"),
+             f"curve_enabled needs curve_server_secret_key_file ({self.curve_server_secret_key_file!r}) and "
+             f"curve_authorized_keys_dir ({self.curve_authorized_keys_dir!r})"),
             (_GRPC_ENDPOINT.fullmatch(self.grpc_endpoint) is not None,
              f"grpc_endpoint {self.grpc_endpoint!r} must be host:port"),
             (self.bind_non_loopback or is_loopback_endpoint(f"tcp://{self.grpc_endpoint}"),
              f"grpc_endpoint {self.grpc_endpoint} is not a loopback address; set bind_non_loopback = true to serve "
              f"other machines (and consider grpc_tls_cert_file)"),
             (bool(self.grpc_tls_cert_file) == bool(self.grpc_tls_key_file),
-             "grpc_tls_cert_file and grpc_tls_key_file go together"),
+             f"grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and grpc_tls_key_file ({self.grpc_tls_key_file!r}) "
+             f"go together"),
             (not (self.grpc_enabled and self.curve_enabled) or self.grpc_curve_client_secret_key_file,
-             "grpc_enabled with curve_enabled needs grpc_curve_client_secret_key_file (a key the front allows)"),
-            (min(self.grpc_streams_max, self.grpc_message_bytes_max, self.grpc_request_timeout_ms,
-                 self.grpc_invisible_ms_default) >= 1 and self.grpc_long_polling_ms >= 0,
-             "grpc limits must be positive"),
+             "grpc_enabled with curve_enabled needs grpc_curve_client_secret_key_file (a key the front allows; "
+             "got '')"),
             (bool(self.grpc_retry_delays_ms) and min(self.grpc_retry_delays_ms) >= 0,
-             "grpc_retry_delays_ms needs at least one delay, none negative"),
+             f"grpc_retry_delays_ms needs at least one delay, none negative (got {list(self.grpc_retry_delays_ms)})"),
             *_http_endpoint_checks("metrics_endpoint", self.metrics_endpoint, self.bind_non_loopback),
             *_http_endpoint_checks("dashboard_endpoint", self.dashboard_endpoint, self.bind_non_loopback),
             (not self.metrics_endpoint or self.metrics_endpoint != self.dashboard_endpoint,
-             "metrics_endpoint and dashboard_endpoint must differ (the dashboard serves /metrics too)"),
-            (self.metrics_report_interval_ms >= 1, "metrics_report_interval_ms must be positive"),
-            (min(self.timer_precision_ms, self.timer_wheel_slots, self.timer_deliveries_in_flight_max,
-                 self.timer_checkpoint_interval_ms, self.timer_max_delay_ms) >= 1, "timer limits must be positive"),
+             f"metrics_endpoint and dashboard_endpoint must differ (the dashboard serves /metrics too; both are "
+             f"{self.metrics_endpoint!r})"),
             (self.timer_max_delay_ms < 2**31 - 2 * self.timer_precision_ms,
-             "timer_max_delay_ms must be below 2^31 ms (24.8 days): a timer unit holds the delay in 32 bits"),
+             f"timer_max_delay_ms must be below 2^31 ms (24.8 days): a timer unit holds the delay in 32 bits "
+             f"(got {self.timer_max_delay_ms})"),
             (self.timer_wheel_slots * self.timer_precision_ms >= 2 * self.timer_max_delay_ms,
-             "the timer wheel must span twice timer_max_delay_ms (timer_wheel_slots x timer_precision_ms)"),
-            (self.timer_log_segment_bytes >= 52 * 64 and self.timer_log_segment_bytes % 52 == 0,
-             "timer_log_segment_bytes must be a multiple of 52 (the unit), at least 64 units"),
+             f"the timer wheel must span twice timer_max_delay_ms ({self.timer_max_delay_ms}): timer_wheel_slots "
+             f"({self.timer_wheel_slots}) x timer_precision_ms ({self.timer_precision_ms})"),
+            (self.timer_log_segment_bytes % 52 == 0,
+             f"timer_log_segment_bytes must be a multiple of 52 (the unit), at least 64 units "
+             f"(got {self.timer_log_segment_bytes})"),
             (bool(self.delay_levels_ms) and min(self.delay_levels_ms) >= 1,
-             "delay_levels_ms needs at least one level, each positive"),
-            (min(self.transaction_timeout_ms, self.transaction_check_interval_ms, self.transaction_check_max,
-                 self.transaction_halves_max) >= 1, "transaction limits must be positive"),
-            (self.log_format in ("text", "json"), 'log_format must be "text" or "json"'),
-            (self.log_file_bytes_max >= 4 * KiB, "log_file_bytes_max must be at least 4096"),
-            (min(self.segment_reserve_step_bytes, self.consume_queue_reserve_step_bytes,
-                 self.index_reserve_step_bytes, self.timer_reserve_step_bytes) >= 4 * KiB,
-             "the *_reserve_step_bytes must be at least 4096"),
-            (self.auto_create_topics_max >= 0, "auto_create_topics_max must not be negative"),
-            (self.log_files_kept >= 2, "log_files_kept must be at least 2 (the live file and one rotated file)"),
+             f"delay_levels_ms needs at least one level, each positive (got {list(self.delay_levels_ms)})"),
+            (self.log_format in ("text", "json"), f'log_format must be "text" or "json" (got {self.log_format!r})'),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
         return self
+
+    def _minimum_checks(self) -> list[tuple[bool, str]]:
+        """Each numeric setting against its smallest value, the message naming the key and the value."""
+        checks = []
+        for key, minimum in _MINIMUMS.items():
+            value = getattr(self, key)
+            if value < minimum:
+                need = {0: "must not be negative", 1: "must be positive"}.get(minimum, f"must be at least {minimum}")
+                checks.append((False, f"{key} {need} (got {value})"))
+        return checks
 
     @property
     def consume_queue_file_bytes(self) -> int:
@@ -310,6 +309,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         values.update({k: v for k, v in overrides.items() if v is not None})
         if values.get("profile") == "dev":
             values = {**DEV_PROFILE, **values}  # the file's own values win over the profile's
+        # Message ids carry the port clients reach: the endpoint's, unless store_port is set itself.
+        endpoint = values.get("endpoint")
+        if "store_port" not in values and isinstance(endpoint, str) and endpoint.startswith("tcp://") \
+                and endpoint.rsplit(":", 1)[-1].isdigit():
+            values["store_port"] = int(endpoint.rsplit(":", 1)[-1])
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
                     "grpc_tls_key_file", "grpc_curve_client_secret_key_file"):
@@ -340,6 +344,41 @@ DEV_PROFILE: dict[str, object] = {
     "index_reserve_step_bytes": 256 * KiB,
     "timer_reserve_step_bytes": 256 * KiB,
     "auto_create_topics_max": 100,
+}
+
+
+# The smallest value of each numeric setting (0: "must not be negative", 1: "must be positive").
+_MINIMUMS: dict[str, int] = {
+    "store_port": 1,
+    "segment_size_bytes": 4 * KiB, "consume_queue_file_units": 1, "index_hash_slot_count": 1,
+    "index_item_count_max": 2,
+    "message_body_bytes_max": 1, "properties_bytes_max": 1, "send_batch_bytes_max": 1,
+    "topic_queue_count_default": 1, "topic_queue_count_max": 1, "topic_count_max": 1,
+    "pull_message_count_max": 1, "pull_bytes_max": 1, "query_result_count_max": 1,
+    "consumer_offset_persist_interval_ms": 1, "consumer_offset_entries_max": 1, "check_memory_bytes_max": 1,
+    "long_poll_wait_ms_max": 0, "long_poll_parked_max": 0, "long_poll_wakes_per_turn_max": 1,
+    "catch_up_bytes_per_turn_max": 1,
+    "pop_journal_entries_max": 1, "pop_journal_idle_fold_ms": 1, "pop_invisible_ms_max": 1,
+    "max_delivery_attempts": 1, "dead_letter_retry_ms": 1,
+    "grpc_streams_max": 1, "grpc_message_bytes_max": 1, "grpc_request_timeout_ms": 1, "grpc_long_polling_ms": 0,
+    "grpc_invisible_ms_default": 1,
+    "metrics_report_interval_ms": 1,
+    "timer_precision_ms": 1, "timer_max_delay_ms": 1, "timer_wheel_slots": 1, "timer_log_segment_bytes": 52 * 64,
+    "timer_deliveries_in_flight_max": 1, "timer_checkpoint_interval_ms": 1,
+    "transaction_timeout_ms": 1, "transaction_check_interval_ms": 1, "transaction_check_max": 1,
+    "transaction_halves_max": 1,
+    "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
+    "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
+    "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted
+    "send_queue_wait_ms_max": 0, "writer_queue_requests_max": 1,
+    "consume_queue_owner_count": 1, "dispatch_batch_records_max": 1, "dispatch_batches_per_turn_max": 1,
+    "dispatch_tick_interval_ms": 1, "heartbeat_interval_ms": 1, "heartbeat_timeout_ms": 1,
+    "actor_start_timeout_ms": 1, "actor_stop_timeout_ms": 1, "restart_count_max": 0, "restart_window_ms": 0,
+    "restart_backoff_ms": 0, "socket_hwm_messages": 0, "client_frame_bytes_max": 1,
+    "log_file_bytes_max": 4 * KiB, "log_files_kept": 2,
+    "http_connections_max": 1, "http_request_timeout_ms": 1, "http_workers_max": 1,
+    "segment_reserve_step_bytes": 4 * KiB, "consume_queue_reserve_step_bytes": 4 * KiB,
+    "index_reserve_step_bytes": 4 * KiB, "timer_reserve_step_bytes": 4 * KiB, "auto_create_topics_max": 0,
 }
 
 

@@ -2,14 +2,17 @@
 """``rmqpy-server`` and ``python -m supervisor start|stop|status``: run and manage the engine.
 
     python -m supervisor start [--store-dir DIR] [--endpoint URL] [--config FILE] [--detach | --die-with-parent PID]
-    python -m supervisor stop [--store-dir DIR]
-    python -m supervisor status [--store-dir DIR] [--json]
+    python -m supervisor stop [--store-dir DIR | --endpoint URL]
+    python -m supervisor status [--store-dir DIR | --endpoint URL] [--json]
 
 ``start`` runs in the foreground and prints ``ready <endpoint>`` once every
 actor serves; Ctrl-C (SIGINT) or SIGTERM stops it cleanly, in order.
 ``--die-with-parent PID`` (for scripts and tests, which pass their own pid)
 makes that stop happen when the process that started the engine dies, even by
 SIGKILL: see ``_die_with_parent``.
+
+Every path ends in an exit status of the table below (``EXIT_*``; docs/operations.md
+1.1) and, for a failure, one line on stderr, never a traceback.
 
 Log lines go to ``STORE/logs/supervisor.log`` (and, in the foreground, to stderr);
 each actor writes its own ``STORE/logs/<name>.log`` (``engine/actors/base.py``).
@@ -35,15 +38,46 @@ import psutil
 from engine.config import ConfigError, StoreConfig
 from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
 from engine.ipc.messages import StatusQuery, StopCommand
-from supervisor.control import ControlTimeout, NotRunning, control, supervisor_state
-from supervisor.supervisor import LOG_DIR, EngineError, Supervisor
+from engine.version import package_version
+from supervisor.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
+from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
+from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor
 
 DEFAULT_STORE_DIR = Path("store")
+
+# Exit statuses: docs/operations.md 1.1 ("exit codes of rmqpy-server") and every --help.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the start failed: a port in use, a store it cannot write, an actor that did not start
+EXIT_USAGE = 2  # a bad command line or setting (argparse's own status for a bad command line)
+EXIT_NOT_RUNNING = 3  # status, stop: no engine is running there
+EXIT_HELD = 4  # start: another engine holds the store
+EXIT_UNCLEAN = 5  # the engine stopped, but not cleanly (the abort marker stays; the next start recovers)
+EXIT_NO_ANSWER = 6  # status, stop: the supervisor runs but did not answer, or did not exit in time
+
+_EXIT_TABLE = """exit status:
+  0  done: started and ready; stopped cleanly; status RUNNING or DEGRADED
+  1  the start failed (a port in use, a store directory it cannot write, an actor that did not start)
+  2  a bad command line or setting
+  3  no engine is running there (status, stop)
+  4  another engine holds the store (start)
+  5  the engine stopped, but not cleanly; the next start recovers (stop; start, after its stop)
+  6  the supervisor did not answer, or did not exit within 60 s (status, stop)"""
 
 
 def _add_store(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store-dir", type=Path, default=DEFAULT_STORE_DIR, metavar="DIR",
                         help="the store directory (default: ./store)")
+
+
+def _add_where(parser: argparse.ArgumentParser) -> None:
+    """status and stop: which engine (see ``find_engine``)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--store-dir", type=Path, metavar="DIR",
+                       help="the store directory (default: ./store if an engine runs there, else the engine "
+                            "serving --endpoint)")
+    where.add_argument("--endpoint", metavar="URL",
+                       help="the engine serving this client endpoint (default tcp://127.0.0.1:10911, where the "
+                            "client commands go)")
 
 
 _HELP = argparse.RawDescriptionHelpFormatter
@@ -56,27 +90,41 @@ _EXAMPLES = {
   %(prog)s status --store-dir /var/lib/rmqpy
   %(prog)s stop --store-dir /var/lib/rmqpy
 
+Without --store-dir, status and stop look at ./store, then for the engine serving --endpoint
+(default tcp://127.0.0.1:10911), as the client commands find it.
+
 Shell completion (bash): eval "$(register-python-argcomplete rmqpy-server)"
 
 Logs: STORE/logs/<actor>.log and supervisor.log (rotated; log_format, log_file_bytes_max and
-log_files_kept in the config file), raw stderr of each process in STORE/logs/<actor>.stderr.""",
+log_files_kept in the config file), raw stderr of each process in STORE/logs/<actor>.stderr.
+
+""" + _EXIT_TABLE,
     "start": """examples:
   %(prog)s                                          # ./store on tcp://127.0.0.1:10911; Ctrl-C stops it
   %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml --detach
   %(prog)s --endpoint tcp://127.0.0.1:10912 --store-dir /tmp/second-store
 
-Prints "ready <endpoint> store=<dir>" once every actor serves. In the foreground, log lines
-also go to stderr; SIGINT or SIGTERM stops the actors in order (exit status 0).""",
+Prints "ready <endpoint> store=<dir>" once every actor serves (with --detach, once the
+supervisor this start began answers on that endpoint). In the foreground, log lines also go
+to stderr; SIGINT or SIGTERM stops the actors in order. A start that fails says why on
+stderr (the engine holding the store; the setting and address of a port in use) and leaves
+the store as it was.
+
+""" + _EXIT_TABLE,
     "stop": """examples:
   %(prog)s
   %(prog)s --store-dir /var/lib/rmqpy
+  %(prog)s --endpoint tcp://127.0.0.1:10912
 
-Waits up to 60 s for the supervisor to exit; exit status 1 if no engine runs there.""",
+Waits up to 60 s for the supervisor to exit, then prints "stopped", or "stopped (not
+cleanly; the next start recovers)" with exit status 5.
+
+""" + _EXIT_TABLE,
     "status": """examples:
-  %(prog)s --store-dir /var/lib/rmqpy
+  %(prog)s
   %(prog)s --store-dir /var/lib/rmqpy --json
 
-Exit status: 0 running (RUNNING or DEGRADED), 3 no engine on the store.""",
+""" + _EXIT_TABLE,
 }
 
 
@@ -84,6 +132,7 @@ def build_parser(prog: str = "python -m supervisor") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Run the message store engine: start its actors, "
                                      "watch and restart them, stop them in order.", epilog=_EXAMPLES[""],
                                      formatter_class=_HELP)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     start = _command(commands, "start", "start the engine (foreground unless --detach)")
     _add_store(start)
@@ -97,9 +146,9 @@ def build_parser(prog: str = "python -m supervisor") -> argparse.ArgumentParser:
     # The background supervisor that --detach starts: its stderr is a file, so it logs to its log only.
     start.add_argument("--detached-child", action="store_true", help=argparse.SUPPRESS)
     stop = _command(commands, "stop", "stop the engine running on a store directory")
-    _add_store(stop)
+    _add_where(stop)
     status = _command(commands, "status", "actors, pids, states and offsets")
-    _add_store(status)
+    _add_where(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
@@ -110,14 +159,8 @@ def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParse
     return parser
 
 
-def _store_port(endpoint: str | None) -> int | None:
-    if endpoint and endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1].isdigit():
-        return int(endpoint.rsplit(":", 1)[-1])
-    return None
-
-
 def cmd_start(args: argparse.Namespace) -> int:
-    config = StoreConfig.load(args.config, endpoint=args.endpoint, store_port=_store_port(args.endpoint))
+    config = StoreConfig.load(args.config, endpoint=args.endpoint)  # store_port follows the endpoint
     if config.curve_enabled:  # fail here, with the reason, rather than in the front's restarts
         try:
             load_server_keys(config.curve_server_secret_key_file)
@@ -141,7 +184,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.die_with_parent is not None and not _die_with_parent(args.die_with_parent):
         print(f"error: process {args.die_with_parent}, which started the engine, is not its parent any more "
               f"(it exited); not starting", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     supervisor.start()
     print(f"ready {config.endpoint} store={supervisor.store_dir}", flush=True)
     try:
@@ -149,10 +192,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     finally:
         clean = supervisor.shutdown()
     try:
-        print("stopped" if clean else "stopped (not cleanly; the next start recovers)", flush=True)
+        print(_stopped(clean), flush=True)
     except BrokenPipeError:  # the process reading our output is gone (--die-with-parent)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return EXIT_OK if clean else EXIT_UNCLEAN
+
+
+def _stopped(clean: bool) -> str:
+    return "stopped" if clean else "stopped (not cleanly; the next start recovers)"
 
 
 _PR_SET_PDEATHSIG = 1
@@ -178,88 +225,147 @@ def _die_with_parent(parent_pid: int) -> bool:
 
 
 def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
+    """Start a background supervisor and return once *it* serves.
+
+    "Ready" means the state file names the pid of the child started here and
+    the endpoint asked for, and that supervisor answers RUNNING: an engine
+    already on the store is refused before anything starts, never mistaken
+    for this one. A child that fails has its reason read back from its
+    stderr file, and its exit status becomes ours.
+    """
     store_dir = args.store_dir.resolve()
-    store_dir.mkdir(parents=True, exist_ok=True)
+    check_store_free(store_dir)
+    check_ports(config)
+    try:
+        (store_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EngineError(f"cannot use the store directory {store_dir}: {exc.strerror or exc}") from None
     command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(store_dir), "--detached-child"]
     if args.endpoint:
         command += ["--endpoint", args.endpoint]
     if args.config:
         command += ["--config", str(args.config.resolve())]
-    (store_dir / LOG_DIR).mkdir(exist_ok=True)
     log_path = store_dir / LOG_DIR / "supervisor.log"  # written by the child; its raw stderr beside it
-    with open(store_dir / LOG_DIR / "supervisor.stderr", "ab") as log_file:
+    stderr_path = log_path.with_suffix(".stderr")
+    with open(stderr_path, "ab") as log_file:
+        offset = log_file.tell()
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                  start_new_session=True)
     deadline = time.monotonic() + config.actor_start_timeout_ms / 1000 * 2
     while time.monotonic() < deadline:
         if child.poll() is not None:
-            print(f"the engine failed to start; see {log_path} and {log_path.with_suffix('.stderr')}",
-                  file=sys.stderr)
-            return 1
-        try:
-            reply = control(store_dir, StatusQuery(), timeout_ms=500)
-        except (NotRunning, ControlTimeout):
-            time.sleep(0.05)  # waiting on another process to appear; no event to wait on yet
-            continue
-        if reply.state == "RUNNING":
+            reason = (last_line(stderr_path, offset, prefix="error:") or last_line(stderr_path, offset)
+                      or f"error: the engine exited with code {child.returncode}")
+            print(reason if "; see " in reason else f"{reason} (see {log_path})", file=sys.stderr)
+            return child.returncode if child.returncode > 0 else EXIT_FAILED
+        if _serves(store_dir, child.pid, config.endpoint):
             print(f"ready {config.endpoint} store={store_dir} pid={child.pid}", flush=True)
-            return 0
-    print(f"the engine did not become ready; see {log_path} and {log_path.with_suffix('.stderr')}",
-          file=sys.stderr)
-    return 1
+            return EXIT_OK
+        time.sleep(0.05)  # waiting on another process to appear; no event to wait on yet
+    child.terminate()  # it stops in order, wherever its start has got to
+    try:
+        child.wait(config.actor_stop_timeout_ms / 1000 * 2)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    print(f"error: the engine did not become ready within {config.actor_start_timeout_ms * 2} ms and was "
+          f"stopped; see {log_path} and {stderr_path}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _serves(store_dir: Path, pid: int, endpoint: str) -> bool:
+    """True once the supervisor ``pid`` on ``store_dir`` answers RUNNING on ``endpoint``."""
+    try:
+        state = supervisor_state(store_dir)
+        if state.get("pid") != pid or state.get("endpoint") != endpoint:
+            return False  # not (yet) the one started here
+        reply = control(store_dir, StatusQuery(), timeout_ms=500)
+    except (NotRunning, ControlTimeout):
+        return False
+    return reply.state == "RUNNING" and reply.endpoint == endpoint
+
+
+def _find(args: argparse.Namespace) -> tuple[Path, int]:
+    store_dir, state = find_engine(args.store_dir, args.endpoint, default_store=DEFAULT_STORE_DIR)
+    pid = state["pid"]
+    assert isinstance(pid, int), pid  # supervisor_state checked it
+    return store_dir, pid
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    """Ask the supervisor to stop, wait for it to exit, then say whether the stop was clean.
+
+    The abort marker, which only a clean stop removes (``Supervisor.shutdown``),
+    is the store's own durable record of it: the same answer the foreground
+    start prints, whatever happens to this command or the supervisor's reply.
+    """
+    store_dir, pid = _find(args)
     try:
-        pid = supervisor_state(args.store_dir)["pid"]
-        assert isinstance(pid, int), pid  # written as os.getpid()
-        control(args.store_dir, StopCommand())
-    except NotRunning as exc:
-        print(exc, file=sys.stderr)
-        return 1
+        control(store_dir, StopCommand())
+    except ControlTimeout:
+        print(f"error: the supervisor (pid {pid}) of {store_dir} did not answer the stop request within 5 s",
+              file=sys.stderr)
+        return EXIT_NO_ANSWER
     try:
         psutil.Process(pid).wait(timeout=60)
     except psutil.NoSuchProcess:
         pass
     except psutil.TimeoutExpired:
-        print(f"the supervisor (pid {pid}) did not exit within 60 s", file=sys.stderr)
-        return 1
-    print("stopped")
-    return 0
+        print(f"error: the supervisor (pid {pid}) of {store_dir} did not exit within 60 s", file=sys.stderr)
+        return EXIT_NO_ANSWER
+    clean = not (store_dir / ABORT_FILE).exists()
+    print(_stopped(clean))
+    return EXIT_OK if clean else EXIT_UNCLEAN
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     try:
-        reply = control(args.store_dir, StatusQuery())
+        store_dir, pid = _find(args)
     except NotRunning as exc:
         print(json.dumps({"state": "STOPPED"}) if args.json else exc)
-        return 3
+        return EXIT_NOT_RUNNING
+    try:
+        reply = control(store_dir, StatusQuery())
+    except ControlTimeout:
+        print(f"error: the supervisor (pid {pid}) of {store_dir} did not answer within 5 s", file=sys.stderr)
+        return EXIT_NO_ANSWER
     offsets = reply.offsets
     if args.json:
-        print(json.dumps({"state": reply.state, "endpoint": reply.endpoint, "offsets": offsets,
+        print(json.dumps({"state": reply.state, "endpoint": reply.endpoint, "store_dir": str(store_dir),
+                          "offsets": offsets,
                           "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,
                                       **a.detail} for a in reply.actors]}, indent=2))
-        return 0
-    print(f"engine {reply.state} on {reply.endpoint}")
+        return EXIT_OK
+    print(f"engine {reply.state} on {reply.endpoint} store={store_dir}")
     print(f"{'actor':<10} {'pid':>8} {'state':<10} {'restarts':>8}  detail")
     for a in reply.actors:
         detail = " ".join(f"{k}={v}" for k, v in a.detail.items())
         print(f"{a.name:<10} {a.pid:>8} {a.lifecycle:<10} {a.restarts:>8}  {detail}")
     print("offsets: " + " ".join(f"{k}={v}" for k, v in offsets.items()))
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rmqpy-server`` and ``python -m supervisor``."""
+    """``rmqpy-server`` and ``python -m supervisor``: every outcome is an ``EXIT_*`` status."""
     parser = build_parser("rmqpy-server" if Path(sys.argv[0]).name == "rmqpy-server" else "python -m supervisor")
     argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
     args = parser.parse_args(argv)
     try:
         return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[args.command](args)
-    except (ConfigError, EngineError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:  # the reader of our output left (status | head): not a failure of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except (ConfigError, StoreHeld, NotRunning, ControlTimeout, EngineError, OSError) as exc:
+        # OSError: a store or log file the engine could not use
+        code = next(code for kind, code in _EXIT_FOR if isinstance(exc, kind))
+        print(exc if isinstance(exc, NotRunning) else f"error: {exc}", file=sys.stderr)
+        return code
 
+
+# The exit status of each failure, the first match winning (StoreHeld is an EngineError).
+_EXIT_FOR: list[tuple[type[Exception], int]] = [
+    (ConfigError, EXIT_USAGE), (StoreHeld, EXIT_HELD), (NotRunning, EXIT_NOT_RUNNING),
+    (ControlTimeout, EXIT_NO_ANSWER), (EngineError, EXIT_FAILED), (OSError, EXIT_FAILED),
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -7,16 +7,21 @@ time raises ``ControlTimeout`` (a silent peer and a dead one look alike).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
+import psutil
 import zmq
 
 from engine.ipc import endpoints
 from engine.ipc.endpoints import NotRunning, read_engine_state
 from engine.ipc.messages import ControlReply, ControlRequest, Event, control_reply_decoder, encoder, event_decoder
 
-__all__ = ["ControlTimeout", "EventStream", "NotRunning", "control", "supervisor_state"]
+__all__ = ["ControlTimeout", "EventStream", "NotRunning", "control", "find_engine", "supervisor_state"]
+
+# Where clients connect when told nothing else (engine.client.DEFAULT_ENDPOINT, the config's default).
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
 
 
 class ControlTimeout(TimeoutError):
@@ -24,8 +29,57 @@ class ControlTimeout(TimeoutError):
 
 
 def supervisor_state(store_dir: Path) -> dict[str, object]:
-    """pid and endpoint of the supervisor running on ``store_dir``; NotRunning if none."""
-    return read_engine_state(store_dir)
+    """pid, endpoint and store of the supervisor running on ``store_dir``; NotRunning if none.
+
+    The state file outlives a SIGKILLed supervisor (its run directory is
+    removed only by a stop or the next start), so the pid must still be a
+    live process: a dead one answers nothing and would cost a timeout.
+    """
+    state = read_engine_state(store_dir)
+    pid = state.get("pid")
+    if not (isinstance(pid, int) and _alive(pid)):
+        raise NotRunning(f"no engine is running on {store_dir.resolve()} (its supervisor, pid {pid}, is gone "
+                         f"without stopping; the next start recovers)")
+    return state
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def find_engine(store_dir: Path | None, endpoint: str | None, *, default_store: Path) -> tuple[Path, dict[str, object]]:
+    """The store directory and state of the engine a server command means.
+
+    ``--store-dir`` names it. Without it, ``default_store`` (./store) if an
+    engine runs there (on ``endpoint``, if given); else the engine serving
+    ``endpoint`` (default: the clients' default endpoint), as the client
+    commands find it: every run directory under ``RUN_DIR_ROOT`` holds the
+    state file of the engine it serves. NotRunning names the paths looked at.
+    """
+    if store_dir is not None:
+        return store_dir.resolve(), supervisor_state(store_dir)
+    looked = default_store.resolve()
+    try:
+        state = supervisor_state(default_store)
+        if endpoint is None or state.get("endpoint") == endpoint:
+            return looked, state
+    except NotRunning:
+        pass
+    wanted = endpoint or DEFAULT_ENDPOINT
+    for path in sorted(endpoints.RUN_DIR_ROOT.glob(f"rmqpy-*/{endpoints.ENGINE_STATE_FILE}")):
+        try:
+            state = json.loads(path.read_text())
+            store = Path(str(state["store_dir"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # another user's (mode 0700), or one being written
+        pid = state.get("pid")
+        if state.get("endpoint") == wanted and isinstance(pid, int) and _alive(pid) \
+                and endpoints.run_dir_for(store) == path.parent:
+            return store, state
+    raise NotRunning(f"no engine is running on {looked}, nor any serving {wanted}")
 
 
 def control(store_dir: Path, request: ControlRequest, *, timeout_ms: int = 5000) -> ControlReply:

@@ -49,16 +49,12 @@ from engine.ipc.messages import (
 from engine.logs import LOG_DIR, configure_logging, event
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
 from supervisor.spec import ActorSpec, actor_specs
+from supervisor.start_checks import LOCK_FILE, EngineError, check_ports, check_store_free, held_error, last_line
 
 log = logging.getLogger("supervisor")
 
 _STACK_DUMP_GRACE_MS = 300
-LOCK_FILE = "lock"
 ABORT_FILE = "abort"
-
-
-class EngineError(RuntimeError):
-    """The engine cannot start or keep running; the message says why."""
 
 
 def monotonic_ms() -> int:
@@ -76,6 +72,7 @@ class ActorProcess:
     restart_times: deque[int] = field(default_factory=deque)
     restart_at_ms: int | None = None
     spawned_at_ms: int = 0  # for the recovery time in the log
+    stderr_offset: int = 0  # where this run's raw stderr begins in <name>.stderr
     kill_at_ms: int | None = None  # a hung actor dumps its stacks, then is killed at this time
     gave_up: bool = False
 
@@ -113,9 +110,33 @@ class Supervisor:
     # -- start -------------------------------------------------------------
 
     def start(self) -> None:
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
-        self._lock()
+        """Check, lock, then start every actor wave by wave.
+
+        A start that fails its checks (the store held by another engine, a
+        port in use, a store directory it cannot write) leaves the store as
+        it was: no abort marker, no new file (a store directory it cannot write
+        leaves at most the lock and logs/).
+        """
+        check_store_free(self.store_dir)  # these two create nothing: a refused start leaves no trace
+        check_ports(self.config)
+        try:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
+            (self.store_dir / LOG_DIR).mkdir(exist_ok=True)
+            self._lock()
+        except OSError as exc:
+            raise EngineError(f"cannot use the store directory {self.store_dir}: {exc.strerror or exc}") from None
+        try:
+            check_ports(self.config)  # again, holding the lock: an engine that started meanwhile binds them now
+            probe = self.store_dir / ".write-check"
+            try:
+                probe.write_bytes(b"")
+                probe.unlink()
+            except OSError as exc:
+                raise EngineError(f"cannot write in the store directory {self.store_dir}: "
+                                  f"{exc.strerror or exc}") from None
+        except EngineError:
+            os.close(self.lock_fd)
+            raise
         # Only the engine holding the lock writes (and rotates) the store's logs.
         configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
         started_ms = monotonic_ms()
@@ -160,8 +181,7 @@ class Supervisor:
         except BlockingIOError:
             holder = os.pread(self.lock_fd, 32, 0).decode(errors="replace").strip()
             os.close(self.lock_fd)
-            raise EngineError(f"another engine is running on {self.store_dir} (lock held by pid {holder or '?'})") \
-                from None
+            raise held_error(self.store_dir, int(holder) if holder.isdigit() else 0) from None
         os.ftruncate(self.lock_fd, 0)
         os.pwrite(self.lock_fd, str(os.getpid()).encode(), 0)
 
@@ -176,6 +196,7 @@ class Supervisor:
         stderr_path = self.store_dir / LOG_DIR / f"{spec.name}.stderr"
         _rotate_if_full(stderr_path, self.config.log_file_bytes_max, self.config.log_files_kept)
         log_file = open(stderr_path, "ab")  # noqa: SIM115 - handed to the child
+        actor.stderr_offset = log_file.tell()
         command = [sys.executable, "-m", spec.module, "--name", spec.name, "--instance", str(spec.instance),
                    "--store-dir", str(self.store_dir), "--run-dir", str(self.run_dir),
                    "--config", str(self.config_path)]
@@ -196,8 +217,9 @@ class Supervisor:
                 code = actor.process.returncode  # before the shutdown lets the process go
                 self.shutdown()
                 logs = self.store_dir / LOG_DIR / actor.spec.name
-                raise EngineError(f"actor {actor.spec.name} exited with code {code} while "
-                                  f"starting; see {logs}.log and {logs}.stderr")
+                reason = last_line(logs.with_suffix(".stderr"), actor.stderr_offset)
+                raise EngineError(f"actor {actor.spec.name} exited with code {code} while starting"
+                                  f"{': ' + reason if reason else ''}; see {logs}.log and {logs}.stderr")
             if monotonic_ms() > deadline:
                 self.shutdown()
                 raise EngineError(f"actor {actor.spec.name} did not start within "

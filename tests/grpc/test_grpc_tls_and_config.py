@@ -65,7 +65,7 @@ def test_with_tls_the_official_client_sends_and_plaintext_gets_nothing(store_dir
     ({"grpc_tls_cert_file": "/x.crt"}, "go together"),
     ({"curve_enabled": True, "curve_server_secret_key_file": "/k", "curve_authorized_keys_dir": "/d"},
      "needs grpc_curve_client_secret_key_file"),
-    ({"grpc_streams_max": 0}, "grpc limits must be positive"),
+    ({"grpc_streams_max": 0}, r"grpc_streams_max must be positive \(got 0\)"),
     ({"grpc_retry_delays_ms": ()}, "needs at least one delay"),
 ])
 def test_the_config_refuses_what_would_not_work(changes: dict, complaint: str) -> None:

@@ -108,7 +108,7 @@ def test_supervisor_detach_status_and_stop(tmp_path: Path) -> None:
         assert all(psutil.pid_exists(a["pid"]) for a in status["actors"])
         again = run("-m", "supervisor", "start", "--store-dir", str(store), "--config", str(config),
                     "--endpoint", f"tcp://127.0.0.1:{free_port()}", check=False)
-        assert again.returncode == 2 and "another engine is running" in again.stderr
+        assert again.returncode == 4 and "another engine (pid " in again.stderr
     finally:
         stopped = run("-m", "supervisor", "stop", "--store-dir", str(store))
     assert stopped.stdout.strip() == "stopped"

@@ -1,0 +1,118 @@
+"""What a start checks before it writes anything, and how it says what went wrong.
+
+A start refused here leaves the store as it was: another engine holding the
+store's lock, a port that cannot be bound, are found without creating a file
+(``Supervisor.start`` and ``start --detach`` run these checks first). The
+supervisor binds nothing itself on TCP; its actors do, later, so a port taken
+in between still fails the start, from the actor, quoting its last stderr line
+(``last_line``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+from pathlib import Path
+
+import psutil
+
+from engine.config import StoreConfig
+from engine.ipc import endpoints
+
+LOCK_FILE = "lock"  # flock'ed by the supervisor (its pid inside) and inherited by every actor
+
+
+class EngineError(RuntimeError):
+    """The engine cannot start or keep running; the message says why."""
+
+
+class StoreHeld(EngineError):
+    """Another engine holds the store's lock."""
+
+
+def lock_holder(store_dir: Path) -> int | None:
+    """The pid of the engine holding ``store_dir``'s lock (0 if unknown), or None if nobody holds it.
+
+    A shared ``flock`` fails while an engine (or one of its actors) holds the
+    exclusive one; the probe writes nothing and creates nothing.
+    """
+    try:
+        fd = os.open(store_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:  # no lock file (or no usable directory): nobody holds it; the start says what is wrong
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        return int(text) if text.isdigit() else 0
+    finally:
+        os.close(fd)  # also releases the shared lock
+    return None
+
+
+def held_error(store_dir: Path, holder: int) -> StoreHeld:
+    """The refusal: "another engine (pid N) is running on STORE at ENDPOINT" (from the run directory's state)."""
+    try:
+        endpoint = str(endpoints.read_engine_state(store_dir).get("endpoint", "?"))
+    except endpoints.NotRunning:
+        endpoint = "?"  # it holds the lock but has not written its state yet (starting) or has removed it
+    if holder and not psutil.pid_exists(holder):  # the actors inherit the lock; PR_SET_PDEATHSIG stops them
+        return StoreHeld(f"the actors of an engine whose supervisor (pid {holder}) was killed still hold "
+                         f"{store_dir.resolve()}; they are stopping: try again in a few seconds")
+    return StoreHeld(f"another engine (pid {holder or '?'}) is running on {store_dir.resolve()} at {endpoint}")
+
+
+def check_store_free(store_dir: Path) -> None:
+    holder = lock_holder(store_dir)
+    if holder is not None:
+        raise held_error(store_dir, holder)
+
+
+def listening_addresses(config: StoreConfig) -> list[tuple[str, str]]:
+    """(setting, host:port) of every TCP port the engine will listen on."""
+    found = []
+    if config.endpoint.startswith("tcp://"):
+        found.append(("endpoint", config.endpoint[len("tcp://"):]))
+    for key in ("metrics_endpoint", "dashboard_endpoint"):
+        if getattr(config, key):
+            found.append((key, getattr(config, key)))
+    if config.grpc_enabled:
+        found.append(("grpc_endpoint", config.grpc_endpoint))
+    return found
+
+
+def check_ports(config: StoreConfig) -> None:
+    """Bind every port the engine will listen on, then let them go: a port in use fails the start here,
+    naming its setting and address, before any actor runs or anything is written to the store.
+    (A port taken between this check and the actor's bind still fails the start, from the actor.)"""
+    held: list[socket.socket] = []
+    try:
+        for key, address in listening_addresses(config):
+            host, port = address.rsplit(":", 1)
+            host = host.strip("[]")
+            host = "0.0.0.0" if host in ("*", "") else host
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ and http.server bind
+            try:
+                sock.bind((host, int(port)))
+                sock.listen()
+            except OSError as exc:
+                raise EngineError(f"{exc.strerror or exc}: {address} ({key})") from None
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def last_line(path: Path, offset: int = 0, *, prefix: str = "") -> str:
+    """The last non-empty line of ``path`` past ``offset`` (starting with ``prefix``), "" if none:
+    the reason a process gave on its stderr (a traceback's last line names the error)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith(prefix) and line.strip()]
+    return lines[-1][:500] if lines else ""
