@@ -8,7 +8,7 @@ import pytest
 
 from supervisor.chaos import run_chaos
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def test_twenty_random_kill_cycles_lose_nothing(store_dir: Path) -> None:

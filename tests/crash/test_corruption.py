@@ -243,7 +243,7 @@ def assert_served_intact(store_dir: Path, producer: Producer, *, send_more: bool
         assert engine.stop() == 0
 
 
-@pytest.mark.parametrize("where", [0, 17, 33, 4064, 4080])
+@pytest.mark.parametrize("where", [*(pytest.param(w, marks=pytest.mark.slow) for w in (0, 33, 4080)), 17, 4064])
 def test_a_damaged_checkpoint_means_a_full_scan_not_a_loss(store_dir: Path, where: int) -> None:
     producer = populate(store_dir, batches=20)
     flip_bit(store_dir / "checkpoint", where, 3)

@@ -48,7 +48,7 @@ def wait_acked(ledger: PopLedger, count: int, workers: list[PopWorker]) -> None:
 
 
 @pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
-@pytest.mark.parametrize("victim", ["owner", "engine"])
+@pytest.mark.parametrize("victim", ["owner", pytest.param("engine", marks=pytest.mark.slow)])
 def test_a_kill_during_pop_and_ack_loses_nothing(store_dir: Path, flush_mode: str, victim: str) -> None:
     config = pop_config(flush_mode)
     engine = EngineProcess(store_dir, config=config)

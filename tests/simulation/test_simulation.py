@@ -21,20 +21,21 @@ from engine.store.shared_offsets import INDEX_APPLIED, owner_slot
 
 pytestmark = pytest.mark.timeout(300)
 
-SEEDS = 300
+SEEDS = 300  # the slow run; the default run takes the first 40
 
 
-def test_hundreds_of_seeds_keep_every_invariant() -> None:
+@pytest.mark.parametrize("seeds", [pytest.param(40, id="40"), pytest.param(SEEDS, id="300", marks=pytest.mark.slow)])
+def test_hundreds_of_seeds_keep_every_invariant(seeds: int) -> None:
     failures = {}
     power_cuts = kills = 0
-    for seed in range(SEEDS):
+    for seed in range(seeds):
         outcome = simulate(seed)
         power_cuts += outcome.figures["power_cuts"]
         kills += outcome.figures["kills"]
         if not outcome.ok:
             failures[seed] = outcome.violations[:3]
     assert not failures, f"failing seeds (replay with scripts/simulate.py --seed N --trace): {failures}"
-    assert power_cuts >= SEEDS // 4 and kills >= SEEDS, "the runs must cut the power and kill actors"
+    assert power_cuts >= seeds // 4 and kills >= seeds, "the runs must cut the power and kill actors"
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -50,6 +51,7 @@ print(json.dumps([[o.flush_mode, o.figures, o.trace] for o in map(simulate, rang
 """
 
 
+@pytest.mark.slow
 def test_seeds_replay_the_same_in_another_process_with_another_hash_seed() -> None:
     """Nothing of the process leaks into a run: not its pid (once in message ids), not the order
     in which it iterates a set of strings (once the order in which parked pulls were answered)."""
@@ -73,6 +75,7 @@ def test_a_checkpoint_taken_before_the_queues_are_flushed_is_caught(monkeypatch:
     assert failing, "the simulation missed a checkpoint that runs ahead of the flushed queues"
 
 
+@pytest.mark.slow
 def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """SYNC_FLUSH's promise for pop groups, broken on purpose: acks answered without waiting for
     their journal's fdatasync. A power cut then takes acks the client was told about, and their

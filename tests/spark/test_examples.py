@@ -14,7 +14,7 @@ import pytest
 
 from tests.spark.conftest import Store
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
 
 

@@ -93,6 +93,7 @@ def test_bad_queue_options_are_refused_with_the_reason(spark, live: Store) -> No
             queue_reader(spark, **options).load().collect()
 
 
+@pytest.mark.slow
 def test_a_stream_over_the_endpoint_picks_up_new_messages_and_resumes_without_loss_or_repeat(
         spark, live: Store, tmp_path: Path) -> None:
     rng = random.Random(21)
@@ -143,6 +144,7 @@ def sent_positions(sent: Sent) -> list[tuple[str, int, int]]:
     return sorted((r["topic"], r["queue_id"], r["queue_offset"]) for r in sent.results)
 
 
+@pytest.mark.slow
 def test_available_now_over_files_honours_max_offsets_per_trigger_and_reads_only_new_messages_after(
         spark, live: Store, tmp_path: Path) -> None:
     rng = random.Random(22)

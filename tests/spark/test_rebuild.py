@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(240)
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_rebuild_reproduces_the_engines_queue_files_byte_for_byte_and_its_key_lookups(
         spark, stopped: Store, tmp_path: Path) -> None:
     report = rebuild_store(spark, stopped.path, tmp_path / "rebuilt", config=stopped.config)
@@ -108,6 +109,7 @@ def derived_files(store: Path) -> dict[str, bytes]:
     return {**queues, **index}
 
 
+@pytest.mark.slow
 def test_the_rebuild_script_runs_on_its_own_and_exits_zero_on_a_healthy_store(stopped: Store, tmp_path: Path) -> None:
     store = copy_store(stopped, tmp_path / "store")
     config = write_config(tmp_path / "engine.toml", stopped.config)
