@@ -5,13 +5,17 @@
     with StoreClient("tcp://127.0.0.1:10911") as client:
         client.create_topic("orders", queue_count=4)
         [result] = client.send("orders", [{"body": b"hello", "keys": ["order-1"], "tags": "new"}])
-        reply = client.pull("orders", result["queue_id"], result["queue_offset"])
+        reply = client.pull("orders", result["queue_id"], result["queue_offset"], max_wait_ms=5_000)
         found = client.query_by_key("orders", "order-1")
+
+A message is readable once dispatched to its queue, a few ms after the send's reply: the pull
+above waits for it (``max_wait_ms``), where one without a wait may find nothing yet.
 
 Every call has a deadline (``timeout_ms``); a reply that does not come in
 time raises ``RequestTimeout``. A request past the protocol's frame limit
-(``FRAME_BYTES_MAX``) is refused before it is sent, with ``MESSAGE_ILLEGAL``. A refused request raises ``EngineError``
-carrying the engine's stable error ``code`` and ``name``.
+(``FRAME_BYTES_MAX``) is refused before it is sent, with ``MESSAGE_ILLEGAL``.
+A refused request raises ``EngineError`` carrying the engine's stable error
+``code`` and ``name``.
 """
 
 from __future__ import annotations
