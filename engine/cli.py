@@ -80,7 +80,8 @@ def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient
     curve = None
     if args.server_key or args.client_key:
         if not (args.server_key and args.client_key):
-            raise SystemExit("error: CURVE needs both --server-key and --client-key")
+            print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
         curve = CurveKeys.from_files(args.server_key, args.client_key)
     endpoint = _endpoint(args)
     if not engine_answers(endpoint):  # at once, rather than at the end of the deadline
@@ -169,6 +170,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     lines = [_result_line(r) for r in results]
     if args.transaction:
         lines.append("half messages: commit or roll back each with `transaction --commit ID` / `--rollback ID`")
+    elif not results and (args.delay_ms is not None or args.deliver_at is not None or args.delay_level is not None):
+        lines.append("delayed: each reaches its queue at its deliver time")
     lines.append(f"{'interrupted: ' if interrupted else ''}sent {_plural(sent, 'message')} in {elapsed:.3f} s: "
                  f"{rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
     _emit(args, summary, "\n".join(lines))

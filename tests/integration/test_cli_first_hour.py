@@ -72,6 +72,13 @@ def test_bad_numbers_are_usage_errors_before_anything_is_sent(bad: list[str]) ->
     assert f"argument {bad[0]}" in result.stderr and ("positive" in result.stderr or "negative" in result.stderr)
 
 
+@pytest.mark.timeout(30)
+def test_half_a_curve_key_pair_is_a_usage_error(tmp_path: Path) -> None:
+    result = run("topics", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--server-key", str(tmp_path / "s.key"))
+    assert result.returncode == EXIT_USAGE
+    assert one_line(result.stderr) == "error: CURVE needs both --server-key and --client-key"
+
+
 def test_stats_counts_the_topics_that_topics_lists_and_shows_singulars(engine: EngineProcess) -> None:
     ep = ["--endpoint", engine.endpoint]
     ok("produce", *ep, "--topic", "only", "--body", "plain", "--queue-id", "1")
