@@ -799,8 +799,8 @@ def main(argv: list[str] | None = None) -> int:
     above with one line on stderr, never a traceback."""
     parser = build_parser("rmqpy" if Path(sys.argv[0]).name == "rmqpy" else "python -m engine")
     argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)  # --help too may meet a closed pipe
         return int(args.handler(args))
     except BrokenPipeError:
         return _stdout_closed()
