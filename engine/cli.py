@@ -607,7 +607,10 @@ Shell completion (bash): eval "$(register-python-argcomplete rmqpy)"
 
 Each command has its own --help with examples. Online commands reach the engine at
 --endpoint, or at the endpoint of the engine running on --store-dir; offline ones
-(inspect, check, keygen) read or write files only.""",
+(inspect, check, keygen) read or write files only.
+
+Exit status: 0 done, 1 refused or not found, 2 bad command line, 3 no engine answers,
+4 no reply in time, 5 a local file error, 130 Ctrl-C (docs/client.md, "Exit codes of rmqpy").""",
     "produce": """examples:
   %(prog)s --topic orders --body "hello"
   %(prog)s --topic orders --count 10000 --batch-size 100 --keys --tags TagA   # a bar on a terminal
@@ -742,7 +745,8 @@ def _add_consume(consume: argparse.ArgumentParser) -> None:
     consume.add_argument("--subscription", default="*", metavar="EXPR",
                          help='tags to receive: "*" or "tagA || tagB" (default *)')
     consume.add_argument("--wait-ms", type=_non_negative, default=0, metavar="MS",
-                         help="long polling: wait this long for new messages (default 0)")
+                         help="long polling: when no queue has a message, wait this long for the first one "
+                              "on any queue (default 0)")
     consume.add_argument("--pop", action="store_true",
                          help="pop for --group: each message is invisible to the group's other pops until acked "
                               "or --invisible-ms passes")
