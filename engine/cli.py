@@ -128,7 +128,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else b"x" * args.body_size
     bar = count_bar(args.count, desc="produce", unit=" msg",
                     enabled=False if args.json or args.count < PRODUCE_BAR_COUNT_MIN else None)
-    uniq_keys = UniqKeys()  # the ids consumers get: the same across a delay or a transaction
+    # The results shown name each message by its uniq key, the id consumers get (the same across a
+    # delay or a transaction): made here, as rmqpy's producer does. Unshown, the engine makes them.
+    shown = args.json or args.count <= 20
+    uniq_keys = UniqKeys()
     sent = 0
     results: list[dict[str, Any]] = []
     interrupted = False
@@ -140,7 +143,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 n = min(args.batch_size, args.count - sent)
                 batch = []
                 for i in range(sent, sent + n):
-                    message: dict[str, Any] = {"body": body, "properties": {UNIQ_KEY: uniq_keys.next()}}
+                    message: dict[str, Any] = {"body": body}
+                    if shown:
+                        message["properties"] = {UNIQ_KEY: uniq_keys.next()}
                     if args.keys:
                         message["keys"] = [f"{args.key_prefix}{i}"]
                     if args.tags:
@@ -154,7 +159,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
                 if not existed:
                     _say_created(client, args.topic)
                     existed = True
-                if args.json or args.count <= 20:
+                if shown:
                     results.extend(_delivery(client, args, result, m["properties"][UNIQ_KEY])
                                    for result, m in zip(batch_results, batch, strict=True))
                 sent += n
