@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import argcomplete
+import zmq
 
 from engine.client import (
     DEFAULT_ENDPOINT,
@@ -84,7 +85,13 @@ def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient
             raise SystemExit(EXIT_USAGE)
         curve = CurveKeys.from_files(args.server_key, args.client_key)
     endpoint = _endpoint(args)
-    if not engine_answers(endpoint):  # at once, rather than at the end of the deadline
+    try:
+        answers = engine_answers(endpoint)  # at once, rather than at the end of the deadline
+    except zmq.ZMQError as exc:  # not an endpoint ZeroMQ can connect to: "foo", "tcp://host" without a port
+        print(f"error: --endpoint {endpoint!r}: {exc.strerror} (the form is tcp://HOST:PORT or ipc://PATH)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if not answers:
         raise EngineUnreachable(endpoint)
     return kind(endpoint, timeout_ms=timeout_ms, curve=curve)
 

@@ -73,6 +73,14 @@ def test_bad_numbers_are_usage_errors_before_anything_is_sent(bad: list[str]) ->
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("endpoint", ["foo", "tcp://127.0.0.1"])
+def test_an_endpoint_zeromq_cannot_read_is_a_usage_error(endpoint: str) -> None:
+    result = run("topics", "--endpoint", endpoint)
+    assert result.returncode == EXIT_USAGE
+    assert one_line(result.stderr).startswith(f"error: --endpoint {endpoint!r}: ")
+
+
+@pytest.mark.timeout(30)
 def test_half_a_curve_key_pair_is_a_usage_error(tmp_path: Path) -> None:
     result = run("topics", "--endpoint", f"tcp://127.0.0.1:{free_port()}", "--server-key", str(tmp_path / "s.key"))
     assert result.returncode == EXIT_USAGE
