@@ -23,20 +23,51 @@ import argparse
 import base64
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import argcomplete
+import zmq
 
-from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, StoreClient
+from engine.client import (
+    DEFAULT_ENDPOINT,
+    ClientError,
+    EngineError,
+    EngineUnreachable,
+    RequestTimeout,
+    StoreClient,
+    engine_answers,
+)
 from engine.ipc.curve import CurveKeys, keygen
 from engine.ipc.endpoints import NotRunning, read_engine_state
 from engine.progress import StageBars, count_bar
+from engine.store.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
+from engine.store.system_topics import (
+    HALF_TOPIC,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_TOPIC,
+)
 from engine.version import package_version
+from rmqpy._channel import Channel
+from rmqpy._send import UniqKeys
 
 PRODUCE_BAR_COUNT_MIN = 1_000  # produce draws a progress bar (on a terminal) from this many messages on
+
+# Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
+# line on stderr saying why (none for a closed pipe: `rmqpy consume ... | head` is not an error).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the engine refused the request, or what was asked is not there (check: findings)
+EXIT_USAGE = 2  # a bad command line (argparse's own code)
+EXIT_NO_ENGINE = 3  # nothing accepts a connection at the endpoint, or no engine runs on --store-dir
+EXIT_TIMEOUT = 4  # the engine took a request but sent no reply before --timeout-ms
+EXIT_OS_ERROR = 5  # a local file or directory could not be read or written
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (128 + SIGPIPE)
 
 
 def _endpoint(args: argparse.Namespace) -> str:
@@ -47,13 +78,23 @@ def _endpoint(args: argparse.Namespace) -> str:
     return DEFAULT_ENDPOINT
 
 
-def _client(args: argparse.Namespace, *, timeout_ms: int) -> StoreClient:
+def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient] = StoreClient) -> StoreClient:
     curve = None
     if args.server_key or args.client_key:
         if not (args.server_key and args.client_key):
-            raise SystemExit("error: CURVE needs both --server-key and --client-key")
+            print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
+            raise SystemExit(EXIT_USAGE)
         curve = CurveKeys.from_files(args.server_key, args.client_key)
-    return StoreClient(_endpoint(args), timeout_ms=timeout_ms, curve=curve)
+    endpoint = _endpoint(args)
+    try:
+        answers = engine_answers(endpoint)  # at once, rather than at the end of the deadline
+    except zmq.ZMQError as exc:  # not an endpoint ZeroMQ can connect to: "foo", "tcp://host" without a port
+        print(f"error: --endpoint {endpoint!r}: {exc.strerror} (the form is tcp://HOST:PORT or ipc://PATH)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if not answers:
+        raise EngineUnreachable(endpoint)
+    return kind(endpoint, timeout_ms=timeout_ms, curve=curve)
 
 
 def _printable(value: Any) -> Any:
@@ -74,81 +115,231 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _message_line(m: dict[str, Any]) -> str:
+    """One message on one line; fields a message does not have (no tags, no keys) are left out."""
     body = _printable(m["body"])
     shown = body if len(body) <= 60 else body[:57] + "..."
-    return (f"{m['topic']}/{m['queue_id']}@{m['queue_offset']} id={m['msg_id']} tags={m['tags']} "
-            f"keys={','.join(m['keys'])} body={shown!r}")
+    parts = [f"{m['topic']}/{m['queue_id']}@{m['queue_offset']}", f"id={m['msg_id']}"]
+    if m.get("uniq_key"):
+        parts.append(f"uniq_key={m['uniq_key']}")
+    if m.get("tags") is not None:
+        parts.append(f"tags={m['tags']}")
+    if m.get("keys"):
+        parts.append(f"keys={','.join(m['keys'])}")
+    properties = m.get("properties") or {}
+    if PROPERTY_REAL_TOPIC in properties:  # a delayed or half message waiting in a system topic
+        parts.append(f"waiting for {properties[PROPERTY_REAL_TOPIC]}/{properties.get(PROPERTY_REAL_QID, '?')}")
+    parts.append(f"body={shown!r}")
+    return " ".join(parts)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
     body = args.body.encode() if args.body is not None else b"x" * args.body_size
     bar = count_bar(args.count, desc="produce", unit=" msg",
                     enabled=False if args.json or args.count < PRODUCE_BAR_COUNT_MIN else None)
+    # The results shown name each message by its uniq key, the id consumers get (the same across a
+    # delay or a transaction): made here, as rmqpy's producer does. Unshown, the engine makes them.
+    shown = args.json or args.count <= 20
+    uniq_keys = UniqKeys()
+    sent = 0
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    started = time.perf_counter()
     with _client(args, timeout_ms=args.timeout_ms) as client, bar:
-        sent = 0
-        results: list[dict[str, Any]] = []
-        started = time.perf_counter()
-        while sent < args.count:
-            n = min(args.batch_size, args.count - sent)
-            batch = []
-            for i in range(sent, sent + n):
-                message: dict[str, Any] = {"body": body}
-                if args.keys:
-                    message["keys"] = [f"{args.key_prefix}{i}"]
-                if args.tags:
-                    message["tags"] = args.tags
-                batch.append(message)
-            batch_results = client.send(args.topic, batch, queue_id=args.queue_id, sharding_key=args.sharding_key,
-                                        delay_ms=args.delay_ms, deliver_at_ms=args.deliver_at,
-                                        delay_level=args.delay_level, transaction=args.transaction,
-                                        producer_group=args.producer_group if args.transaction else None)
-            if args.json or args.count <= 20:
-                results.extend(batch_results)
-            sent += n
-            bar.update(n)
+        existed = args.topic in {t["topic"] for t in client.list_topics()}
+        try:
+            while sent < args.count:
+                n = min(args.batch_size, args.count - sent)
+                batch = []
+                for i in range(sent, sent + n):
+                    message: dict[str, Any] = {"body": body}
+                    if shown:
+                        message["properties"] = {UNIQ_KEY: uniq_keys.next()}
+                    if args.keys:
+                        message["keys"] = [f"{args.key_prefix}{i}"]
+                    if args.tags:
+                        message["tags"] = args.tags
+                    batch.append(message)
+                batch_results = client.send(args.topic, batch, queue_id=args.queue_id,
+                                            sharding_key=args.sharding_key, delay_ms=args.delay_ms,
+                                            deliver_at_ms=args.deliver_at, delay_level=args.delay_level,
+                                            transaction=args.transaction,
+                                            producer_group=args.producer_group if args.transaction else None)
+                if not existed:
+                    _say_created(client, args.topic)
+                    existed = True
+                if shown:
+                    results.extend(_delivery(client, args, result, m["properties"][UNIQ_KEY])
+                                   for result, m in zip(batch_results, batch, strict=True))
+                sent += n
+                bar.update(n)
+        except KeyboardInterrupt:  # what was acknowledged so far is stored: say how much
+            interrupted = True
         elapsed = time.perf_counter() - started
     rate = sent / elapsed if elapsed > 0 else float("inf")
     summary = {"sent": sent, "seconds": round(elapsed, 3), "messages_per_second": round(rate),
                "megabytes_per_second": round(rate * len(body) / 1e6, 2), "results": results}
-    lines = [f"{r['status']} id={r['msg_id']} queue={r['queue_id']} offset={r['queue_offset']}" for r in results]
+    if interrupted:
+        summary["interrupted"] = True
+    lines = [_result_line(r) for r in results]
     if args.transaction:
         lines.append("half messages: commit or roll back each with `transaction --commit ID` / `--rollback ID`")
-    elif args.delay_ms is not None or args.deliver_at is not None or args.delay_level is not None:
+    elif not results and (args.delay_ms is not None or args.deliver_at is not None or args.delay_level is not None):
         lines.append("delayed: each reaches its queue at its deliver time")
-    lines.append(f"sent {sent} messages in {elapsed:.3f} s: {rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
+    lines.append(f"{'interrupted: ' if interrupted else ''}sent {_plural(sent, 'message')} in {elapsed:.3f} s: "
+                 f"{rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
     _emit(args, summary, "\n".join(lines))
-    return 0
+    return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+def _say_created(client: StoreClient, topic: str) -> None:
+    """A send to an unknown topic created it (``auto_create_topic``): tell the user, who may have
+    mistyped the name."""
+    queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}.get(topic)
+    if queues is not None:
+        print(f"created topic {topic} with {_plural(queues, 'queue')} (auto-create)", file=sys.stderr)
+
+
+def _delivery(client: StoreClient, args: argparse.Namespace, result: dict[str, Any],
+              uniq_key: str) -> dict[str, Any]:
+    """A send result as the user will see the message delivered: its real topic and queue, its
+    ``uniq_key`` (the id a consumer gets, the same after a delay or a commit) and, for a delayed
+    one, when it is due. ``msg_id`` stays the stored record's (the one ``transaction --commit``
+    takes); for a delayed or half message that record waits in a system topic (``waiting_in``)."""
+    shown = {**result, "topic": args.topic, "uniq_key": uniq_key}
+    delayed = args.delay_ms is not None or args.deliver_at is not None or args.delay_level is not None
+    if not (delayed or args.transaction) or result.get("queue_offset", -1) < 0:
+        return shown
+    record = client.get_by_id(result["msg_id"])
+    properties = record["properties"]
+    shown["waiting_in"] = f"{record['topic']}/{record['queue_id']}@{record['queue_offset']}"
+    shown["queue_id"] = int(properties.get(PROPERTY_REAL_QID, -1))
+    shown["queue_offset"] = -1  # known when it is delivered
+    if delayed and PROPERTY_TIMER_OUT_MS in properties:
+        shown["deliver_at_ms"] = int(properties[PROPERTY_TIMER_OUT_MS])
+    if args.transaction:
+        shown["visible"] = "when committed"
+    return shown
+
+
+def _result_line(r: dict[str, Any]) -> str:
+    where = f"{r['topic']}/{r['queue_id']}" + (f"@{r['queue_offset']}" if r["queue_offset"] >= 0 else "")
+    line = f"{r['status']} {where} uniq_key={r['uniq_key']}"
+    if "deliver_at_ms" in r:
+        due = datetime.datetime.fromtimestamp(r["deliver_at_ms"] / 1000, tz=datetime.UTC)
+        line += (f" due {due.isoformat(timespec='milliseconds').replace('+00:00', 'Z')} "
+                 f"(in {max(0.0, r['deliver_at_ms'] / 1000 - time.time()):.1f} s)")
+    if "visible" in r:
+        line += f" invisible until committed: `transaction --commit {r['msg_id']}`"
+    if "waiting_in" in r:
+        return f"{line}; waiting as {r['waiting_in']} id={r['msg_id']}"
+    return f"{line} id={r['msg_id']}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
     if args.pop:
         return _consume_pop(args)
-    with _client(args, timeout_ms=args.timeout_ms + args.wait_ms) as client:
+    with _client(args, timeout_ms=args.timeout_ms, kind=Channel) as client:
+        assert isinstance(client, Channel)
         topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
         if args.topic not in topics:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         queues = [args.queue_id] if args.queue_id is not None else list(range(topics[args.topic]))
-        messages: list[dict[str, Any]] = []
+        pulls = _Pulls(client, args)
         for queue_id in queues:
             offset = args.offset
             if args.since_ms is not None:  # query by time: the first message stored at or after it
                 offset = client.offset_for_time(args.topic, queue_id, args.since_ms)
             if args.group:
                 committed = client.fetch_offset(args.group, args.topic, queue_id)
-                offset = committed if committed >= 0 else args.offset
-            while len(messages) < args.count:
-                reply = client.pull(args.topic, queue_id, offset, max_messages=min(256, args.count - len(messages)),
-                                    max_wait_ms=args.wait_ms, subscription=args.subscription)
-                messages.extend(reply["messages"])
-                moved = reply["next_offset"] != offset
-                offset = reply["next_offset"]
-                if reply["status"] not in ("FOUND", "NO_MATCHED_MESSAGE") or not moved:
-                    break
-            if args.group:
-                client.commit_offset(args.group, args.topic, queue_id, offset)
-    _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
-    return 0
+                offset = committed if committed >= 0 else offset
+            pulls.offsets[queue_id] = offset
+        started = dict(pulls.offsets)
+        for queue_id in queues:  # what is there now, from every queue
+            pulls.drain(queue_id)
+        if not pulls.messages and args.wait_ms > 0:
+            pulls.wait_any([q for q in queues if q not in pulls.overflowed])
+        if args.group:
+            for queue_id, offset in pulls.offsets.items():
+                if queue_id not in pulls.overflowed and offset != started[queue_id]:
+                    client.commit_offset(args.group, args.topic, queue_id, offset)
+    messages = pulls.messages
+    _emit(args, messages, "\n".join([*(_message_line(m) for m in messages), _plural(len(messages), "message")]))
+    for queue_id, reply in pulls.overflowed.items():
+        print(f"error: {args.topic}/{queue_id}: offset {pulls.offsets[queue_id]} is past the end of the queue "
+              f"({reply['status']}); its valid offsets are {reply['min_offset']}..{reply['max_offset']}",
+              file=sys.stderr)
+    return EXIT_FAILED if pulls.overflowed else EXIT_OK
+
+
+_PULL_AGAIN = ("FOUND", "NO_MATCHED_MESSAGE", "MESSAGE_WAS_REMOVING", "OFFSET_TOO_SMALL")
+_OVERFLOWED = "OFFSET_OVERFLOW_BADLY"
+
+
+class _Pulls:
+    """One consume's pulls: each queue's offset and the messages gathered, up to ``--count``.
+
+    First every queue is read as far as it goes without waiting. Only when that finds nothing
+    does ``--wait-ms`` apply, and then to all the queues at once: one parked pull per queue,
+    and the first to bring messages ends the wait (queue by queue, an empty topic of N queues
+    took N times the wait, and a message on the last queue waited for every queue before it).
+    """
+
+    def __init__(self, client: Channel, args: argparse.Namespace) -> None:
+        self.client = client
+        self.args = args
+        self.offsets: dict[int, int] = {}
+        self.messages: list[dict[str, Any]] = []
+        self.overflowed: dict[int, dict[str, Any]] = {}  # queue -> the pull reply that said so
+
+    def _fields(self, queue_id: int) -> dict[str, Any]:
+        return {"topic": self.args.topic, "queue_id": queue_id, "offset": self.offsets[queue_id],
+                "max_messages": min(256, self.args.count - len(self.messages)), "max_bytes": 4 * 1024 * 1024,
+                "subscription": self.args.subscription}
+
+    def take(self, queue_id: int, reply: dict[str, Any]) -> bool:
+        """Keep a pull reply's messages and move the queue's offset; True if the queue may have more."""
+        if reply["status"] == _OVERFLOWED:
+            self.overflowed[queue_id] = reply
+            return False
+        self.messages.extend(reply["messages"])
+        moved = reply["next_offset"] != self.offsets[queue_id]
+        self.offsets[queue_id] = reply["next_offset"]
+        return moved and reply["status"] in _PULL_AGAIN
+
+    def drain(self, queue_id: int) -> None:
+        while len(self.messages) < self.args.count:
+            if not self.take(queue_id, self.client.request("pull", **self._fields(queue_id))):
+                return
+
+    def wait_any(self, queues: list[int]) -> None:
+        """Park a pull on each queue; return when one brings messages (read the rest of that queue)
+        or when ``--wait-ms`` is over."""
+        deadline = time.monotonic() + self.args.wait_ms / 1000
+        waiting: dict[int, int] = {}  # request id -> queue
+
+        def park(queue_id: int) -> None:
+            wait_ms = int((deadline - time.monotonic()) * 1000)
+            if wait_ms > 0:
+                request_id = self.client.submit("pull", wait_ms=wait_ms, max_wait_ms=wait_ms, **self._fields(queue_id))
+                waiting[request_id] = queue_id
+
+        for queue_id in queues:
+            park(queue_id)
+        while waiting and not self.messages:
+            for request_id, outcome in self.client.replies(self.args.timeout_ms + self.args.wait_ms):
+                queue_id = waiting.pop(request_id)
+                if isinstance(outcome, ClientError):
+                    raise outcome
+                before = len(self.messages)
+                if self.take(queue_id, outcome) and len(self.messages) == before:
+                    park(queue_id)  # moved past messages the subscription filters out: wait on
+        for queue_id in {m["queue_id"] for m in self.messages}:
+            self.drain(queue_id)
 
 
 def _consume_pop(args: argparse.Namespace) -> int:
@@ -169,33 +360,53 @@ def _consume_pop(args: argparse.Namespace) -> int:
                 for refusal in failed:
                     print(f"not acked: {refusal['receipt_handle']}: {refusal['error']['message']}", file=sys.stderr)
             messages.extend(popped)
-    text = "\n".join(f"{_message_line(m)} attempt={m['attempt']}" for m in messages)
+    lines = [f"{_message_line(m)} attempt={m['attempt']}" for m in messages]
     verb = "popped and acked" if args.ack else f"popped (invisible for {args.invisible_ms} ms, not acked)"
-    _emit(args, messages, f"{text}\n{len(messages)} messages {verb}")
+    _emit(args, messages, "\n".join([*lines, f"{_plural(len(messages), 'message')} {verb}"]))
     return 0
-
-
-_OFFSET_MSG_ID_CHARS = 32
 
 
 def cmd_query(args: argparse.Namespace) -> int:
     with _client(args, timeout_ms=args.timeout_ms) as client:
-        if args.id and args.topic and len(args.id) != _OFFSET_MSG_ID_CHARS:
-            # a client-made id (UNIQ_KEY), as RocketMQ 5 clients show it: found through the index
-            messages = [m for m in client.query_by_key(args.topic, args.id, max_results=args.max_results)
-                        if m["uniq_key"] == args.id]
-        elif args.id:
-            messages = [client.get_by_id(args.id)]
+        if args.id:
+            messages = _by_id(client, args)
+            if not messages:
+                print(f"error: no message has the id {args.id}" + ("" if args.topic else
+                      " (a uniq_key is found with --topic)"), file=sys.stderr)
+                return EXIT_FAILED
         elif args.offset is not None:
             messages = [client.get_by_offset(args.offset)]
         else:
             if not (args.topic and args.key):
                 print("error: give --id, or --topic and --key", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
             messages = client.query_by_key(args.topic, args.key, begin_timestamp=args.begin, end_timestamp=args.end,
                                            max_results=args.max_results)
-    _emit(args, messages, "\n".join(_message_line(m) for m in messages) + f"\n{len(messages)} messages")
-    return 0
+    _emit(args, messages, "\n".join([*(_message_line(m) for m in messages), _plural(len(messages), "message")]))
+    return EXIT_OK
+
+
+def _by_id(client: StoreClient, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The messages with this id: with ``--topic``, first the ones whose ``uniq_key`` it is (the
+    id RocketMQ 5 clients and ``produce`` show; 32 hex digits, as an offset id is), then the
+    record the id names as an offset id (commit log offset and host), if it is that record's."""
+    if args.topic:
+        found = [m for m in client.query_by_key(args.topic, args.id, max_results=args.max_results)
+                 if m["uniq_key"] == args.id]
+        if found:
+            return found
+        for waiting_in in (TIMER_TOPIC, HALF_TOPIC):  # not delivered yet: its waiting record
+            found += [m for m in client.query_by_key(waiting_in, args.id, max_results=args.max_results)
+                      if m["uniq_key"] == args.id and m["properties"].get(PROPERTY_REAL_TOPIC) == args.topic]
+        if found:
+            return found
+    try:
+        record = client.get_by_id(args.id)
+    except EngineError as exc:
+        if exc.name == "MESSAGE_NOT_FOUND" or (args.topic and exc.name == "INVALID_MSG_ID"):
+            return []
+        raise
+    return [record] if record["msg_id"] == args.id.upper() else []  # any 32 hex digits name some offset
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -220,8 +431,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 row["lag"] = lag[queue_id]
             rows.append(row)
     lines = [f"{args.topic}/{r['queue_id']}: offsets {r['min_offset']}..{r['max_offset']} "
-             f"({r['message_count']} messages), last stored {r['latest_store_timestamp']}" + _group_text(args, r)
-             for r in rows]
+             f"({_plural(r['message_count'], 'message')}), last stored {r['latest_store_timestamp']}"
+             + _group_text(args, r) for r in rows]
     _emit(args, rows, "\n".join(lines))
     return 0
 
@@ -231,9 +442,12 @@ def _engine_stats(args: argparse.Namespace) -> int:
     for a transaction decision."""
     with _client(args, timeout_ms=args.timeout_ms) as client:
         status = client.status()
+        topics = len(client.list_topics())  # as `topics` lists them: without the system topics
     offsets = status["offsets"]
-    summary = {"topics": status["topics"], "flush_mode": status["flush_mode"], **offsets}
-    text = (f"{status['topics']} topics, log {offsets['min_offset']}..{offsets['confirmed_offset']} "
+    system = status["topics"] - topics
+    summary = {"topics": topics, "system_topics": system, "flush_mode": status["flush_mode"], **offsets}
+    text = (f"{_plural(topics, 'topic')} (+{system} system), "
+            f"log {offsets['min_offset']}..{offsets['confirmed_offset']} "
             f"(flushed to {offsets['flushed_offset']}, {status['flush_mode']})\n"
             f"timers pending: {offsets['timers_pending']}; half messages without a decision: "
             f"{offsets['halves_pending']}")
@@ -348,12 +562,35 @@ def _common(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--endpoint", metavar="URL", help=f"the engine's client endpoint (default {DEFAULT_ENDPOINT})")
     where.add_argument("--store-dir", type=Path, metavar="DIR",
                        help="reach the engine running on this store directory (its endpoint is read from it)")
-    where.add_argument("--timeout-ms", type=int, default=10_000, metavar="MS",
+    where.add_argument("--timeout-ms", type=_positive, default=10_000, metavar="MS",
                        help="deadline of each request, in ms (default 10000)")
     where.add_argument("--server-key", type=Path, metavar="FILE", help="CURVE: the engine's public key file (NAME.key)")
     where.add_argument("--client-key", type=Path, metavar="FILE",
                        help="CURVE: this client's secret key file (NAME.key_secret)")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout (and no progress bar)")
+
+
+def _positive(text: str) -> int:
+    """A count or size: 0 or less is a usage error, caught before anything is sent."""
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number (1 or more)")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    """An offset, a queue number or a time in ms: 0 or more."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
 def _epoch_ms(text: str) -> int:
@@ -383,7 +620,10 @@ Shell completion (bash): eval "$(register-python-argcomplete rmqpy)"
 
 Each command has its own --help with examples. Online commands reach the engine at
 --endpoint, or at the endpoint of the engine running on --store-dir; offline ones
-(inspect, check, keygen) read or write files only.""",
+(inspect, check, keygen) read or write files only.
+
+Exit status: 0 done, 1 refused or not found, 2 bad command line, 3 no engine answers,
+4 no reply in time, 5 a local file error, 130 Ctrl-C (docs/client.md, "Exit codes of rmqpy").""",
     "produce": """examples:
   %(prog)s --topic orders --body "hello"
   %(prog)s --topic orders --count 10000 --batch-size 100 --keys --tags TagA   # a bar on a terminal
@@ -452,7 +692,7 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     action = topics.add_mutually_exclusive_group()
     action.add_argument("--create", metavar="TOPIC", help="create TOPIC, or grow it to --queues queues")
     action.add_argument("--delete", metavar="TOPIC", help="delete TOPIC: its queues and consumer offsets")
-    topics.add_argument("--queues", type=int, metavar="N",
+    topics.add_argument("--queues", type=_positive, metavar="N",
                         help="with --create: the number of queues (default: the engine's topic_queue_count_default)")
     topics.set_defaults(handler=cmd_topics)
     _add_offline(commands)
@@ -465,7 +705,7 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
                         help="list the half messages of --producer-group waiting for a decision")
     transaction.add_argument("--producer-group", default="cli-producers", metavar="GROUP",
                              help="with --checks: the producer group whose halves to list (default cli-producers)")
-    transaction.add_argument("--wait-ms", type=int, default=0, metavar="MS",
+    transaction.add_argument("--wait-ms", type=_non_negative, default=0, metavar="MS",
                              help="with --checks: wait this long for one (default 0)")
     transaction.set_defaults(handler=cmd_transaction)
     return parser
@@ -475,26 +715,27 @@ def _add_produce(produce: argparse.ArgumentParser) -> None:
     _common(produce)
     produce.add_argument("--topic", required=True, help="the topic to send to (created on first use unless the "
                                                         "engine has auto_create_topic = false)")
-    produce.add_argument("--count", type=int, default=1, metavar="N",
+    produce.add_argument("--count", type=_positive, default=1, metavar="N",
                          help=f"how many messages (default 1; from {PRODUCE_BAR_COUNT_MIN:,} on, a progress bar "
                               f"on a terminal)")
     produce.add_argument("--body", help="the body text (default: --body-size bytes of 'x')")
-    produce.add_argument("--body-size", type=int, default=256, metavar="BYTES",
+    produce.add_argument("--body-size", type=_positive, default=256, metavar="BYTES",
                          help="the size of the generated body when --body is not given (default 256)")
-    produce.add_argument("--batch-size", type=int, default=1, metavar="N",
+    produce.add_argument("--batch-size", type=_positive, default=1, metavar="N",
                          help="messages per send request (default 1)")
-    produce.add_argument("--queue-id", type=int, metavar="Q", help="send to this queue (default: the engine picks)")
+    produce.add_argument("--queue-id", type=_non_negative, metavar="Q",
+                         help="send to this queue (default: the engine picks)")
     produce.add_argument("--sharding-key", metavar="KEY",
                          help="messages with one key go to one queue (per-key order)")
     produce.add_argument("--keys", action="store_true", help="give message i the key <key-prefix><i>")
     produce.add_argument("--key-prefix", default="key-", metavar="TEXT", help="with --keys (default key-)")
     produce.add_argument("--tags", metavar="TAG", help="the tag of every message (consumers filter on it)")
     timing = produce.add_mutually_exclusive_group()
-    timing.add_argument("--delay-ms", type=int, metavar="MS",
+    timing.add_argument("--delay-ms", type=_non_negative, metavar="MS",
                         help="deliver this many ms from now (a delayed message)")
     timing.add_argument("--deliver-at", type=_epoch_ms, metavar="TIME",
                         help="deliver at this time: epoch ms, or ISO 8601 such as 2026-11-25T10:00:00Z")
-    timing.add_argument("--delay-level", type=int, metavar="LEVEL",
+    timing.add_argument("--delay-level", type=_positive, metavar="LEVEL",
                         help="RocketMQ 4's delay level: 1 = 1 s ... 18 = 2 h")
     timing.add_argument("--transaction", action="store_true",
                         help="store half messages, invisible until `transaction --commit` (see --producer-group)")
@@ -506,24 +747,26 @@ def _add_produce(produce: argparse.ArgumentParser) -> None:
 def _add_consume(consume: argparse.ArgumentParser) -> None:
     _common(consume)
     consume.add_argument("--topic", required=True, help="the topic to read")
-    consume.add_argument("--queue-id", type=int, metavar="Q", help="one queue (default: all queues of the topic)")
-    consume.add_argument("--offset", type=int, default=0, metavar="N",
+    consume.add_argument("--queue-id", type=_non_negative, metavar="Q",
+                         help="one queue (default: all queues of the topic)")
+    consume.add_argument("--offset", type=_non_negative, default=0, metavar="N",
                          help="the queue offset to start at (default 0; a group's committed offset wins)")
-    consume.add_argument("--since-ms", type=int, metavar="MS",
+    consume.add_argument("--since-ms", type=_non_negative, metavar="MS",
                          help="start at the first message stored at or after this time (ms since the epoch; a "
                               "group's committed offset wins)")
-    consume.add_argument("--count", type=int, default=100, metavar="N",
+    consume.add_argument("--count", type=_positive, default=100, metavar="N",
                          help="the most messages to print (default 100)")
     consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
     consume.add_argument("--subscription", default="*", metavar="EXPR",
                          help='tags to receive: "*" or "tagA || tagB" (default *)')
-    consume.add_argument("--wait-ms", type=int, default=0, metavar="MS",
-                         help="long polling: wait this long for new messages (default 0)")
+    consume.add_argument("--wait-ms", type=_non_negative, default=0, metavar="MS",
+                         help="long polling: when no queue has a message, wait this long for the first one "
+                              "on any queue (default 0)")
     consume.add_argument("--pop", action="store_true",
                          help="pop for --group: each message is invisible to the group's other pops until acked "
                               "or --invisible-ms passes")
     consume.add_argument("--ack", action="store_true", help="with --pop: acknowledge what was popped")
-    consume.add_argument("--invisible-ms", type=int, default=30_000, metavar="MS",
+    consume.add_argument("--invisible-ms", type=_non_negative, default=30_000, metavar="MS",
                          help="with --pop: how long a message stays invisible before it is redelivered "
                               "(default 30000)")
     consume.set_defaults(handler=cmd_consume)
@@ -535,12 +778,12 @@ def _add_query(query: argparse.ArgumentParser) -> None:
     query.add_argument("--key", help="a message key (with --topic)")
     query.add_argument("--id", help="a message id: the offsetMsgId, or with --topic the id a RocketMQ 5 "
                                     "client was given (UNIQ_KEY)")
-    query.add_argument("--offset", type=int, metavar="N", help="a commit log offset")
-    query.add_argument("--begin", type=int, default=0, metavar="MS",
+    query.add_argument("--offset", type=_non_negative, metavar="N", help="a commit log offset")
+    query.add_argument("--begin", type=_non_negative, default=0, metavar="MS",
                        help="with --key: earliest store time, ms since the epoch")
-    query.add_argument("--end", type=int, default=0x7FFFFFFFFFFFFFFF, metavar="MS",
+    query.add_argument("--end", type=_non_negative, default=0x7FFFFFFFFFFFFFFF, metavar="MS",
                        help="with --key: latest store time, ms since the epoch")
-    query.add_argument("--max-results", type=int, default=64, metavar="N",
+    query.add_argument("--max-results", type=_positive, default=64, metavar="N",
                        help="with --key: the most messages to return (default 64)")
     query.set_defaults(handler=cmd_query)
 
@@ -550,9 +793,10 @@ def _add_offline(commands: Any) -> None:
                                             "checkpoint")
     inspect.add_argument("--store-dir", type=Path, metavar="DIR", help="the store directory to read")
     inspect.add_argument("--config", type=Path, metavar="FILE", help="the TOML the store was written with")
-    inspect.add_argument("--segment-size-bytes", type=int, metavar="BYTES",
+    inspect.add_argument("--segment-size-bytes", type=_positive, metavar="BYTES",
                          help="override the segment size (default: the size of the files)")
-    inspect.add_argument("--records", type=int, default=20, metavar="N", help="how many records to list (default 20)")
+    inspect.add_argument("--records", type=_non_negative, default=20, metavar="N",
+                         help="how many records to list (default 20)")
     inspect.add_argument("--json", action="store_true", help="machine-readable output (and no progress display)")
     inspect.set_defaults(handler=cmd_inspect)
     check = _command(commands, "check", "verify a store offline (CRCs, queues, index, checkpoint)")
@@ -570,18 +814,37 @@ def _add_offline(commands: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rmqpy`` and ``python -m engine``."""
+    """``rmqpy`` and ``python -m engine``: the handler's exit code, or one of the EXIT_ codes
+    above with one line on stderr, never a traceback."""
     parser = build_parser("rmqpy" if Path(sys.argv[0]).name == "rmqpy" else "python -m engine")
     argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
-    args = parser.parse_args(argv)
     try:
-        return args.handler(args)
-    except EngineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except ClientError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except NotRunning as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        args = parser.parse_args(argv)  # --help too may meet a closed pipe
+        return int(args.handler(args))
+    except BrokenPipeError:
+        return _stdout_closed()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ClientError, NotRunning, OSError) as exc:
+        code = next(code for kind, code in _EXIT_CODES if isinstance(exc, kind))
+        try:
+            print(f"error: {exc}", file=sys.stderr)
+        except BrokenPipeError:
+            pass
+        return code
+
+
+# The first match wins: EngineError, FrameTooLarge and the rest of ClientError are refusals.
+_EXIT_CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+    ((EngineUnreachable, NotRunning), EXIT_NO_ENGINE), (RequestTimeout, EXIT_TIMEOUT),
+    (ClientError, EXIT_FAILED), (OSError, EXIT_OS_ERROR))
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): say nothing, and keep Python's flush at exit
+    from failing on the closed pipe (the recipe of the signal module's documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE

@@ -5,12 +5,17 @@
     with StoreClient("tcp://127.0.0.1:10911") as client:
         client.create_topic("orders", queue_count=4)
         [result] = client.send("orders", [{"body": b"hello", "keys": ["order-1"], "tags": "new"}])
-        reply = client.pull("orders", result["queue_id"], result["queue_offset"])
+        reply = client.pull("orders", result["queue_id"], result["queue_offset"], max_wait_ms=5_000)
         found = client.query_by_key("orders", "order-1")
 
+A message is readable once dispatched to its queue, a few ms after the send's reply: the pull
+above waits for it (``max_wait_ms``), where one without a wait may find nothing yet.
+
 Every call has a deadline (``timeout_ms``); a reply that does not come in
-time raises ``RequestTimeout``. A refused request raises ``EngineError``
-carrying the engine's stable error ``code`` and ``name``.
+time raises ``RequestTimeout``. A request past the protocol's frame limit
+(``FRAME_BYTES_MAX``) is refused before it is sent, with ``MESSAGE_ILLEGAL``.
+A refused request raises ``EngineError`` carrying the engine's stable error
+``code`` and ``name``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,21 @@ from typing import Any
 
 import msgspec
 import zmq
+import zmq.utils.monitor
 
 from engine.ipc.curve import CurveKeys
 from engine.ipc.protocol import PROTOCOL_VERSION
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
+
+# The protocol's size limits (docs/protocol.md 1.5 and 4.1), the engine's defaults of
+# ``client_frame_bytes_max`` and ``message_body_bytes_max``. ZeroMQ drops a frame past the
+# first without a word (``ZMQ_MAXMSGSIZE``): the client would wait out its whole deadline, so
+# every client refuses such a request itself, with the code the engine gives a body too large.
+FRAME_BYTES_MAX = 4 * 1024 * 1024 + 64 * 1024
+MESSAGE_BODY_BYTES_MAX = 4 * 1024 * 1024
+MESSAGE_ILLEGAL_CODE = 8  # engine.errors.ErrorCode.MESSAGE_ILLEGAL
+CONNECT_PROBE_MS = 1_000  # how long engine_answers waits for a connection
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -51,6 +66,60 @@ class EngineError(ClientError):
         self.details = details or {}
 
 
+class FrameTooLarge(EngineError):
+    """A request the engine could never take: its frame is past the protocol's limit. Raised by the
+    client before sending, as ``MESSAGE_ILLEGAL`` (the code the engine gives a body too large)."""
+
+    def __init__(self, op: str, frame_bytes: int, frame_bytes_max: int) -> None:
+        super().__init__(MESSAGE_ILLEGAL_CODE, "MESSAGE_ILLEGAL",
+                         f"the {op!r} request is {frame_bytes:,} bytes; the engine drops requests over "
+                         f"{frame_bytes_max:,} bytes (client_frame_bytes_max) without a reply; a message body "
+                         f"is at most {MESSAGE_BODY_BYTES_MAX:,} bytes (message_body_bytes_max): "
+                         f"split the batch or make the body smaller",
+                         {"frame_bytes": frame_bytes, "frame_bytes_max": frame_bytes_max})
+
+
+class EngineUnreachable(ClientError, ConnectionError):
+    """Nothing accepts a connection at the endpoint: no engine runs there."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(f"no engine answers on {endpoint} (is it running? `rmqpy-server status`)")
+        self.endpoint = endpoint
+
+
+def encode_request(op: str, request_id: int, fields: Mapping[str, Any], *,
+                   frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
+    """One request frame; ``FrameTooLarge`` if it is past ``frame_bytes_max`` (never sent)."""
+    frame = _encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields})
+    if len(frame) > frame_bytes_max:
+        raise FrameTooLarge(op, len(frame), frame_bytes_max)
+    return frame
+
+
+def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context: zmq.Context | None = None) -> bool:
+    """True if a connection to ``endpoint`` is made within ``timeout_ms``. A DEALER queues requests
+    for an engine that is not there, so a client would learn that nothing runs only when its
+    deadline passes; this asks the socket instead (a connection, not an answer: a busy engine
+    that accepts connections passes, and its requests keep their whole deadline)."""
+    context = context or zmq.Context.instance()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+    try:
+        sock.connect(endpoint)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+            if not monitor.poll(remaining_ms):
+                return False
+            if zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED:
+                return True
+        return False
+    finally:
+        sock.disable_monitor()
+        monitor.close()
+        sock.close()
+
+
 def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A pop reply's messages, each with its ``receipt_handle`` and ``attempt``."""
     messages = reply["messages"]
@@ -68,6 +137,8 @@ class StoreClient:
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
         self.curve = curve
+        self.frame_bytes_max = FRAME_BYTES_MAX
+        """The largest request sent (the engine's ``client_frame_bytes_max``; raise it with the engine's)."""
         self._context = context or zmq.Context.instance()
         self._ids = itertools.count(1)
         self._socket = self._connect()
@@ -104,7 +175,7 @@ class StoreClient:
     def request(self, op: str, *, timeout_ms: int | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise EngineError if the engine refused it."""
         request_id = next(self._ids)
-        self._socket.send(_encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields}))
+        self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)

@@ -26,11 +26,9 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.client import ClientError, RequestTimeout, StoreClient
-from engine.ipc.protocol import PROTOCOL_VERSION
+from engine.client import ClientError, RequestTimeout, StoreClient, encode_request
 from rmqpy.errors import engine_error
 
-_encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 
 Outcome = dict[str, Any] | ClientError
@@ -92,7 +90,7 @@ class Channel(StoreClient):
 
     def _send(self, op: str, fields: dict[str, Any]) -> int:
         request_id = next(self._ids)
-        self._socket.send(_encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields}))
+        self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         return request_id
 
     def _keep(self, reply: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@ export declare const PROTOCOL_VERSION: 1;
 export declare const DEFAULT_ENDPOINT: string;
 export declare const DEFAULT_TIMEOUT_MS: number;
 export declare const DEFAULT_MAX_IN_FLIGHT: number;
+/** The protocol's frame limit (4 259 840 bytes): a larger request is refused with MESSAGE_ILLEGAL (8) before sending. */
+export declare const FRAME_BYTES_MAX: number;
+export declare const MESSAGE_BODY_BYTES_MAX: number;
 
 /** Codes of failures raised by the client itself (the engine's codes are positive). */
 export declare const ClientErrorCode: Readonly<{
@@ -149,6 +152,8 @@ export interface StoreClientOptions {
   curve?: CurveKeys | null;
   /** Calls sent and not yet answered; more wait their turn (default 256). */
   maxInFlight?: number;
+  /** The largest request sent (default FRAME_BYTES_MAX, the engine's default client_frame_bytes_max). */
+  frameBytesMax?: number;
 }
 
 export interface PopOptions extends CallOptions {
@@ -203,6 +208,7 @@ export declare class StoreClient {
   readonly endpoint: string;
   readonly timeoutMs: number;
   readonly maxInFlight: number;
+  readonly frameBytesMax: number;
   readonly closed: boolean;
 
   /** One raw request; `fields` use the protocol's names. Resolves to the whole reply map. */

@@ -29,6 +29,14 @@ export const PROTOCOL_VERSION = 1;
 export const DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911";
 export const DEFAULT_TIMEOUT_MS = 5000;
 export const DEFAULT_MAX_IN_FLIGHT = 256;
+/**
+ * The protocol's frame limit (docs/protocol.md 1.5), the engine's default client_frame_bytes_max.
+ * ZeroMQ drops a larger frame at the engine without a reply, so `request` refuses it before
+ * sending, as MESSAGE_ILLEGAL (the code the engine gives a body too large).
+ */
+export const FRAME_BYTES_MAX = 4 * 1024 * 1024 + 64 * 1024;
+export const MESSAGE_BODY_BYTES_MAX = 4 * 1024 * 1024;
+const MESSAGE_ILLEGAL = 8;
 
 /** Codes of failures raised by the client itself; the engine's own codes are all positive. */
 export const ClientErrorCode = Object.freeze({
@@ -293,10 +301,13 @@ export class StoreClient {
    * @param {number} [options.timeoutMs=5000] deadline of every call, unless the call gives its own
    * @param {{serverKey: string, publicKey: string, secretKey: string}} [options.curve] CURVE keys, Z85
    * @param {number} [options.maxInFlight=256] calls sent and not yet answered; more wait their turn
+   * @param {number} [options.frameBytesMax=FRAME_BYTES_MAX] the largest request sent: the engine's
+   *   client_frame_bytes_max (raise it only with the engine's)
    */
   constructor(endpoint = DEFAULT_ENDPOINT, options = {}) {
     checkString("endpoint", endpoint);
-    const { timeoutMs = DEFAULT_TIMEOUT_MS, curve, maxInFlight = DEFAULT_MAX_IN_FLIGHT } = options;
+    const { timeoutMs = DEFAULT_TIMEOUT_MS, curve, maxInFlight = DEFAULT_MAX_IN_FLIGHT,
+      frameBytesMax = FRAME_BYTES_MAX } = options;
     checkTimeout("timeoutMs", timeoutMs);
     if (!Number.isSafeInteger(maxInFlight) || maxInFlight < 1) {
       throw new TypeError(`maxInFlight must be a positive integer, not ${describe(maxInFlight)}`);
@@ -304,6 +315,7 @@ export class StoreClient {
     this.endpoint = endpoint;
     this.timeoutMs = timeoutMs;
     this.maxInFlight = maxInFlight;
+    this.frameBytesMax = frameBytesMax;
     this._socketOptions = { linger: 0 };
     if (curve !== undefined && curve !== null) {
       for (const name of ["serverKey", "publicKey", "secretKey"]) {
@@ -345,6 +357,12 @@ export class StoreClient {
     checkTimeout("timeoutMs", timeout);
     const id = this._takeId();
     const frame = encoder.encode({ v: PROTOCOL_VERSION, op, id, ...widenIntegers(fields) });
+    if (frame.length > this.frameBytesMax) {
+      throw new StoreError(MESSAGE_ILLEGAL, "MESSAGE_ILLEGAL",
+        `the '${op}' request is ${frame.length} bytes; the engine drops requests over ${this.frameBytesMax} ` +
+        `bytes (client_frame_bytes_max) without a reply; a message body is at most ${MESSAGE_BODY_BYTES_MAX} ` +
+        `bytes (message_body_bytes_max): split the batch or make the body smaller`, op);
+    }
     return new Promise((resolve, reject) => {
       const call = { id, op, frame, resolve, reject, connection: null, done: false, timer: null };
       call.timer = setTimeout(() => this._timedOut(call, timeout), timeout);

@@ -33,16 +33,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, RequestTimeout, popped_messages
+from engine.client import DEFAULT_ENDPOINT, FRAME_BYTES_MAX, RequestTimeout, encode_request, popped_messages
 from engine.ipc.curve import CurveKeys
-from engine.ipc.protocol import PROTOCOL_VERSION
 from rmqpy.errors import ClientClosed, engine_error
 
 __all__ = ["AsyncClient"]
 
 log = logging.getLogger(__name__)
 
-_encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 
 ACK_HANDLES_MAX = 1024  # receipt handles one ack request may carry (protocol 4.12)
@@ -58,6 +56,8 @@ class AsyncClient:
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
         self.curve = curve
+        self.frame_bytes_max = FRAME_BYTES_MAX
+        """The largest request sent (the engine's ``client_frame_bytes_max``; raise it with the engine's)."""
         self._context = context or zmq.asyncio.Context.instance()
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -141,15 +141,17 @@ class AsyncClient:
 
     async def request(self, op: str, *, timeout_ms: int | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise ``EngineError`` if the engine refused it."""
+        frame_id = next(self._ids)
+        frame = encode_request(op, frame_id, fields, frame_bytes_max=self.frame_bytes_max)  # FrameTooLarge: unsent
         sock = self._open()
         timeout = self.timeout_ms if timeout_ms is None else timeout_ms
         try:
             async with asyncio.timeout(timeout / 1000), self._slots:
-                request_id = next(self._ids)
+                request_id = frame_id
                 future = asyncio.get_running_loop().create_future()
                 self._pending[request_id] = future
                 try:
-                    await sock.send(_encoder.encode({"v": PROTOCOL_VERSION, "op": op, "id": request_id, **fields}))
+                    await sock.send(frame)
                     reply = await future
                 finally:
                     del self._pending[request_id]

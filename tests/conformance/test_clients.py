@@ -23,6 +23,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -378,3 +379,17 @@ def test_curve_serves_allowed_keys_and_nobody_else(curve_engine) -> None:
         for keys in (stranger, None):  # a key not on the allow-list, and no CURVE at all
             [reply] = drive(client, engine.endpoint, [{"op": "ping"}], curve=keys, timeout_ms=700)
             assert (reply["ok"], reply["code"], reply["name"]) == (False, -1, "TIMEOUT"), (client, keys, reply)
+
+
+def test_an_oversized_send_is_refused_at_once_by_every_client_naming_the_limit(engine: EngineProcess) -> None:
+    """The engine drops a frame past client_frame_bytes_max without a reply (docs/protocol.md 1.5):
+    each client refuses it before sending, with the code of a body too large, MESSAGE_ILLEGAL."""
+    oversized = [{"op": "send", "topic": TOPIC, "messages": [{"body_b64": b64(b"x" * 5_000_000)}]},
+                 {"op": "ping"}]
+    for client in DRIVERS:
+        started = time.monotonic()
+        refused, pong = drive(client, engine.endpoint, oversized, timeout_ms=10_000)
+        assert (refused["ok"], refused["code"], refused["name"]) == (False, 8, "MESSAGE_ILLEGAL"), (client, refused)
+        assert "4259840" in refused["message"].replace(",", "").replace(" ", ""), (client, refused["message"])
+        assert pong["ok"], (client, pong)
+        assert time.monotonic() - started < 8.0, f"{client}: waited for a reply that cannot come"

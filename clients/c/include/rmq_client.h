@@ -51,9 +51,12 @@ extern "C" {
 #define RMQ_ERR_TRANSPORT (-4)        /* "TRANSPORT": a ZeroMQ call failed (e.g. bad endpoint) */
 #define RMQ_ERR_NO_MEMORY (-5)        /* "NO_MEMORY": an allocation failed */
 
-/* A request frame larger than this is refused locally with RMQ_ERR_INVALID_ARGUMENT:
- * the engine would drop it and the connection with it (client_frame_bytes_max). */
+/* A request frame larger than this is refused locally, before sending, with the engine's
+ * MESSAGE_ILLEGAL (8), the code of a body too large: the engine would drop the frame and the
+ * connection with it, without a reply (client_frame_bytes_max; docs/protocol.md 1.5). */
 #define RMQ_REQUEST_BYTES_MAX 4259840u
+#define RMQ_MESSAGE_BODY_BYTES_MAX 4194304u /* the engine's default message_body_bytes_max */
+#define RMQ_MESSAGE_ILLEGAL 8               /* engine ErrorCode MESSAGE_ILLEGAL */
 
 typedef struct rmq_error {
     int code;          /* engine ErrorCode (> 0) or RMQ_ERR_* (< 0); 0 = no error */

@@ -201,8 +201,12 @@ static void begin_request(rmq_client *c, rmq_buf *req, const char *op, uint32_t 
 
 static int send_frame(rmq_client *c, const rmq_buf *req, int64_t deadline, rmq_error *err) {
     if (req->failed == RMQ_BUF_TOO_LARGE) {
-        return set_error(err, RMQ_ERR_INVALID_ARGUMENT, "INVALID_ARGUMENT",
-                         "the request is over the %u-byte frame limit; split the batch", RMQ_REQUEST_BYTES_MAX);
+        /* As the engine answers a body too large; it would drop this frame without a reply. */
+        return set_error(err, RMQ_MESSAGE_ILLEGAL, "MESSAGE_ILLEGAL",
+                         "the request is over %u bytes; the engine drops requests over %u bytes "
+                         "(client_frame_bytes_max) without a reply; a message body is at most %u bytes "
+                         "(message_body_bytes_max): split the batch or make the body smaller",
+                         RMQ_REQUEST_BYTES_MAX, RMQ_REQUEST_BYTES_MAX, RMQ_MESSAGE_BODY_BYTES_MAX);
     }
     if (req->failed == RMQ_BUF_NO_MEMORY) {
         return set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the request");
