@@ -210,6 +210,8 @@ class TransactionActor(Actor):
             _host, offset = decode_msg_id(msg_id)
         except ValueError as exc:
             raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
+        if offset < 0:  # checked here: the log's reads assert their offsets are not negative
+            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} names a negative commit log offset")
         try:
             record = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
         except RecordError:
