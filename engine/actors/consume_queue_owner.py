@@ -323,7 +323,7 @@ class ConsumeQueueOwnerActor(Actor):
         try:
             view = self.reader.read_view(offset, limit=end)
         except RecordError as exc:
-            code = ErrorCode.MESSAGE_CORRUPT if "CRC" in exc.reason else ErrorCode.MESSAGE_NOT_FOUND
+            code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
         return encode_reply(request.id, message=view)
 

@@ -334,6 +334,12 @@ class Record(NamedTuple):
         return {k: v for k, v in self.properties.items() if k not in hidden}
 
 
+# Reasons that say no record starts at the offset (an id pointing inside a record, at a blank
+# or at zeros), where the others say a record is there (its magic and PHYSICALOFFSET agree) and
+# is damaged.
+NO_RECORD_REASONS = frozenset({"truncated header", "bad magic", "physical offset mismatch"})
+
+
 class RecordError(ValueError):
     """A record failed a structural or CRC check; ``reason`` says which."""
 
@@ -341,6 +347,11 @@ class RecordError(ValueError):
         super().__init__(f"{reason} at commit log offset {offset}")
         self.reason = reason
         self.offset = offset
+
+    @property
+    def damaged(self) -> bool:
+        """A record starts here and fails a check (MESSAGE_CORRUPT), rather than none starting here."""
+        return self.reason not in NO_RECORD_REASONS
 
 
 class _Layout(NamedTuple):
