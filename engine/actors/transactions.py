@@ -400,7 +400,7 @@ class TransactionActor(Actor):
                 self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
         self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
-                        queue_id=destination[1], messages=[moved_message(half)])
+                        queue_id=destination[1], messages=[moved_message(half)], committed_half=op.half_offset)
 
     def finish_commit(self, op: Op, out: Effects) -> None:
         op.applied = True

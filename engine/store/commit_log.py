@@ -370,7 +370,8 @@ class CommitLogWriter:
         """Append a batch for one queue; queue offsets run from ``first_queue_offset``."""
         first = records[0]
         assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records)
-        items = [(r.body, r.properties, r.flag, r.born_timestamp_ms) for r in records]
+        items = [(r.body, r.properties, r.flag, r.born_timestamp_ms, r.sys_flag, r.prepared_transaction_offset)
+                 for r in records]
         return self.append_items(first.topic, first.queue_id, items, born_host=first.born_host,
                                  batch_bytes=self.batch_size(records), first_queue_offset=first_queue_offset,
                                  store_timestamp_ms=store_timestamp_ms)
