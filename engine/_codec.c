@@ -2639,8 +2639,8 @@ codec_uniq_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         || int_arg(args[2], 0, PY_SSIZE_T_MAX / 8, "count", &count) < 0
         || int_arg(args[3], LLONG_MIN, LLONG_MAX, "now_ms", &now) < 0)
         return NULL;
-    if (prefix_len > 32) {
-        PyErr_SetString(PyExc_ValueError, "prefix is at most 32 bytes");
+    if (prefix_len > 44) {  /* 12 for an IPv4 host, 36 for an IPv6 one */
+        PyErr_SetString(PyExc_ValueError, "prefix is at most 44 bytes");
         return NULL;
     }
     static const char hex[] = "0123456789ABCDEF";

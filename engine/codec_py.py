@@ -370,8 +370,8 @@ def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, sto
 def uniq_keys(prefix: str, first_seq: int, count: int, now_ms: int) -> list[str]:
     """``count`` message ids in MessageClientIDSetter's shape, for counters from ``first_seq``.
 
-    Each is 32 upper-case hex digits: ``prefix`` (the 12 of ip and pid), the counter's high
-    32 bits, the clock's low 32 bits, the counter's low 16 bits.
+    Each is 32 upper-case hex digits (56 for an IPv6 host): ``prefix`` (the 12 of ip and pid, 36
+    with an IPv6 ip), the counter's high 32 bits, the clock's low 32 bits, the counter's low 16 bits.
     """
     now = now_ms & 0xFFFFFFFF
     return [f"{prefix}{seq >> 16 & 0xFFFFFFFF:08X}{now:08X}{seq & 0xFFFF:04X}"

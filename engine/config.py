@@ -189,7 +189,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.index_item_count_max >= 2, "index_item_count_max must be at least 2"),
             (0 < self.properties_bytes_max <= PROPERTIES_MAX_BYTES, "properties_bytes_max is at most 32767"),
             (1 <= self.consume_queue_owner_count <= 256, "consume_queue_owner_count must be between 1 and 256"),
-            (_is_ipv4(self.store_host), "store_host must be an IPv4 address (it is written into records)"),
+            (_is_ip(self.store_host), "store_host must be an IPv4 or IPv6 address (it is written into records)"),
             (is_endpoint(self.endpoint), f"endpoint {self.endpoint!r} must be tcp://host:port or ipc://path"),
             (1 <= self.topic_queue_count_default <= self.topic_queue_count_max,
              "topic_queue_count_default must be between 1 and topic_queue_count_max"),
@@ -315,15 +315,18 @@ def is_loopback_endpoint(endpoint: str) -> bool:
         return False  # "*", an interface name or a host name: not known to be loopback
 
 
-def _is_ipv4(host: str) -> bool:
-    """A dotted quad and nothing else (``inet_aton`` also takes "127.1" and "127.0.0.1 junk")."""
+def _is_ip(host: str) -> bool:
+    """A dotted quad, or an IPv6 address (written as RocketMQ writes an IPv6 host: 16 bytes and
+    SYSFLAG 0x20), and nothing else (``inet_aton`` also takes "127.1" and "127.0.0.1 junk")."""
     import ipaddress
 
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
+    for kind in (ipaddress.IPv4Address, ipaddress.IPv6Address):
+        try:
+            kind(host)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 # tcp://host:port (host a name, an IPv4 address, [IPv6] or *) or ipc://path; a full match.
