@@ -325,6 +325,9 @@ class ConsumeQueueOwnerActor(Actor):
         except RecordError as exc:
             code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
+        if self.owned.deleted_topics.hides(view["topic"], offset):
+            # a record of a deleted topic's earlier life: its queue offset names no message of the topic now
+            return encode_reply(request.id, message=view, deleted_topic=True)
         return encode_reply(request.id, message=view)
 
     def flush_queues(self, *, wait: bool = False) -> None:

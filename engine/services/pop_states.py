@@ -28,6 +28,7 @@ from engine.store.pop_files import (
     SEGMENT_STATE_POSITION,
     Journal,
     State,
+    read_incarnation,
     write_incarnation,
 )
 
@@ -66,7 +67,8 @@ class PopStates:
             if not (directory / INCARNATION_FILE).exists():
                 directory.mkdir(parents=True, exist_ok=True)
                 write_incarnation(directory, incarnation)
-            queue = self.queues[key] = PopQueue(directory, key, Journal(directory))
+            queue = self.queues[key] = PopQueue(directory, key, Journal(directory),
+                                                incarnation=read_incarnation(directory))
             queue.recover(queue_end=queue_end)
             if queue.tail_forgotten:
                 self.fold(queue)  # the files must not keep what was dropped
