@@ -15,6 +15,11 @@
  *   84 BODYLEN i32, BODY, TOPICLEN (u8 with MAGIC_V1, u16 with MAGIC_V2), TOPIC,
  *      PROPLEN u16, PROPERTIES "name\x01value\x02..."
  *
+ * An IPv6 host (SYSFLAG 0x10 for BORNHOST, 0x20 for STOREHOST) is 16 bytes of
+ * address and the port, 12 bytes more than the drawing: every field after it
+ * moves on by 12. The AT_ offsets past BORNHOST are those of IPv4 hosts; a
+ * Layout holds where those fields lie in its record.
+ *
  * With the whole-record CRC, PROPERTIES end with "__CRC32#\x01" + ten digits
  * (least significant first) + "\x02"; that CRC covers the record minus these
  * 20 bytes. Failures are never explained here: scan_dispatch stops with
@@ -27,6 +32,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <arpa/inet.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -66,7 +72,10 @@ enum {
 #define MAGIC_V1 0xDAA320A7u
 #define MAGIC_V2 0xDAA320ABu
 #define MAGIC_BLANK 0xCBD43194u
-#define SYSFLAG_HOSTS_V6 (0x10 | 0x20)
+#define SYSFLAG_BORNHOST_V6 0x10
+#define SYSFLAG_STOREHOST_V6 0x20
+#define SYSFLAG_HOSTS_V6 (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+enum { IPV4_BYTES = 4, IPV6_BYTES = 16, HOST_V6_EXTRA = IPV6_BYTES - IPV4_BYTES };
 #define NAME_VALUE_SEPARATOR 0x01
 #define PROPERTY_SEPARATOR 0x02
 #define KEY_SEPARATOR 0x20
@@ -397,6 +406,8 @@ decode_replace(const uint8_t *p, Py_ssize_t n)
 typedef struct {
     const uint8_t *rec;
     Py_ssize_t size;
+    int born_ip_len, store_ip_len;   /* 4, or 16 for an IPv6 host */
+    Py_ssize_t store_ts_at, store_host_at, reconsume_at;
     Py_ssize_t body_at, body_len;
     Py_ssize_t topic_at, topic_len;
     Py_ssize_t props_at, props_len;
@@ -412,22 +423,26 @@ typedef struct {
 static int
 check_layout(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t limit, int have_here, int64_t here, Layout *out)
 {
-    if (limit - pos < AT_BODY)
+    if (limit - pos < AT_SYS_FLAG + 4)
         return -1;                                   /* truncated header */
     const uint8_t *rec = buf + pos;
+    int32_t sys_flag = load_i32(rec + AT_SYS_FLAG);
+    Py_ssize_t born_extra = sys_flag & SYSFLAG_BORNHOST_V6 ? HOST_V6_EXTRA : 0;
+    Py_ssize_t store_extra = sys_flag & SYSFLAG_STOREHOST_V6 ? HOST_V6_EXTRA : 0;
+    Py_ssize_t header = HEADER_BYTES + born_extra + store_extra;
+    if (limit - pos < header + 4)
+        return -1;                                   /* truncated header */
     uint32_t magic = load_u32(rec + AT_MAGIC);
     if (magic != MAGIC_V1 && magic != MAGIC_V2)
         return -1;                                   /* bad magic */
     int64_t size = load_i32(rec + AT_TOTAL_SIZE);
-    if (size < MIN_RECORD_BYTES || size > limit - pos)
+    if (size < MIN_RECORD_BYTES + born_extra + store_extra || size > limit - pos)
         return -1;                                   /* bad total size */
     if (!have_here || load_i64(rec + AT_PHYSICAL_OFFSET) != here)
         return -1;                                   /* physical offset mismatch */
-    if (load_i32(rec + AT_SYS_FLAG) & SYSFLAG_HOSTS_V6)
-        return -1;                                   /* IPv6 hosts */
-    int64_t body_len = load_i32(rec + HEADER_BYTES);
+    int64_t body_len = load_i32(rec + header);
     int64_t topic_len_bytes = magic == MAGIC_V2 ? 2 : 1;
-    int64_t at = AT_BODY + body_len;
+    int64_t at = header + 4 + body_len;
     if (body_len < 0 || at + topic_len_bytes > size)
         return -1;                                   /* bad body length */
     int64_t topic_len = magic == MAGIC_V2 ? load_u16(rec + at) : rec[at];
@@ -441,7 +456,12 @@ check_layout(const uint8_t *buf, Py_ssize_t pos, Py_ssize_t limit, int have_here
         return -1;                                   /* lengths disagree with total size */
     out->rec = rec;
     out->size = (Py_ssize_t)size;
-    out->body_at = AT_BODY;
+    out->born_ip_len = born_extra ? IPV6_BYTES : IPV4_BYTES;
+    out->store_ip_len = store_extra ? IPV6_BYTES : IPV4_BYTES;
+    out->store_ts_at = AT_STORE_TS + born_extra;
+    out->store_host_at = AT_STORE_IP + born_extra;
+    out->reconsume_at = AT_RECONSUME_TIMES + born_extra + store_extra;
+    out->body_at = header + 4;
     out->body_len = (Py_ssize_t)body_len;
     out->topic_at = (Py_ssize_t)topic_at;
     out->topic_len = (Py_ssize_t)topic_len;
@@ -710,9 +730,11 @@ codec_owner_index(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
 /* encode_records                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* A HostAddress as struct packs it: ip with "4s" (padded or cut to 4 bytes), port "i". */
+/* A HostAddress as layout.encode_record_into packs it: an ip of 16 bytes is IPv6
+ * ("16s", SYSFLAG 0x10 / 0x20), any other as "4s" (padded or cut to 4 bytes); port "i". */
 typedef struct {
-    uint8_t ip[4];
+    uint8_t ip[IPV6_BYTES];
+    int ip_len;             /* 4 or 16 */
     uint32_t port;
 } Host;
 
@@ -731,7 +753,8 @@ host_arg(PyObject *obj, const char *what, Host *out)
     Py_ssize_t n = PyBytes_Check(ip) ? PyBytes_GET_SIZE(ip) : PyByteArray_GET_SIZE(ip);
     const char *data = PyBytes_Check(ip) ? PyBytes_AS_STRING(ip) : PyByteArray_AS_STRING(ip);
     memset(out->ip, 0, sizeof out->ip);
-    memcpy(out->ip, data, (size_t)(n < 4 ? n : 4));
+    out->ip_len = n == IPV6_BYTES ? IPV6_BYTES : IPV4_BYTES;
+    memcpy(out->ip, data, (size_t)(n < out->ip_len ? n : out->ip_len));
     long long port;
     if (int_arg(PyTuple_GET_ITEM(obj, 1), INT32_MIN, INT32_MAX, "port", &port) < 0)
         return -1;
@@ -739,13 +762,16 @@ host_arg(PyObject *obj, const char *what, Host *out)
     return 0;
 }
 
-/* One item of the batch: (body, properties, flag, born_timestamp_ms). */
+/* One item of the batch: (body, properties, flag, born_timestamp_ms[, sys_flag,
+ * prepared_transaction_offset]); the two last are 0 when not given. */
 typedef struct {
     Py_buffer body;
     Py_buffer props;
     int have_body, have_props;
     uint32_t flag;
     int64_t born_ms;
+    uint32_t sys_flag;      /* without the host bits: the hosts set those */
+    int64_t prepared_offset;
 } Item;
 
 static void
@@ -769,8 +795,8 @@ item_arg(PyObject *obj, Item *out)
         return -1;
     int rc = -1;
     long long v;
-    if (PyTuple_GET_SIZE(seq) != 4) {
-        PyErr_Format(PyExc_ValueError, "a batch item has 4 fields, not %zd", PyTuple_GET_SIZE(seq));
+    if (PyTuple_GET_SIZE(seq) != 4 && PyTuple_GET_SIZE(seq) != 6) {
+        PyErr_Format(PyExc_ValueError, "a batch item has 4 or 6 fields, not %zd", PyTuple_GET_SIZE(seq));
         goto done;
     }
     if (PyObject_GetBuffer(PyTuple_GET_ITEM(seq, 0), &out->body, PyBUF_SIMPLE) < 0)
@@ -785,6 +811,14 @@ item_arg(PyObject *obj, Item *out)
     if (int_arg(PyTuple_GET_ITEM(seq, 3), INT64_MIN, INT64_MAX, "born_timestamp_ms", &v) < 0)
         goto done;
     out->born_ms = v;
+    if (PyTuple_GET_SIZE(seq) == 6) {
+        if (int_arg(PyTuple_GET_ITEM(seq, 4), INT32_MIN, INT32_MAX, "sys_flag", &v) < 0)
+            goto done;
+        out->sys_flag = (uint32_t)v & ~(uint32_t)SYSFLAG_HOSTS_V6;
+        if (int_arg(PyTuple_GET_ITEM(seq, 5), INT64_MIN, INT64_MAX, "prepared_transaction_offset", &v) < 0)
+            goto done;
+        out->prepared_offset = v;
+    }
     rc = 0;
 done:
     Py_DECREF(seq);
@@ -806,7 +840,9 @@ static inline int64_t
 item_size(const Batch *b, const Item *it)
 {
     int64_t props = it->props.len + (b->with_record_crc ? CRC_TAIL_BYTES : 0);
-    return MIN_RECORD_BYTES + (b->topic_len > TOPIC_V1_MAX_BYTES ? 1 : 0) + it->body.len + b->topic_len + props;
+    int64_t hosts = (b->born_host.ip_len - IPV4_BYTES) + (b->store_host.ip_len - IPV4_BYTES);
+    return MIN_RECORD_BYTES + hosts + (b->topic_len > TOPIC_V1_MAX_BYTES ? 1 : 0) + it->body.len + b->topic_len
+        + props;
 }
 
 /* zlib's crc32 costs ~70 ns a call plus ~0.2 ns a byte, crc32_combine ~60 ns: below this
@@ -829,17 +865,25 @@ encode_one(uint8_t *out, int64_t size, const Batch *b, const Item *it, int64_t q
     store_u32(out + AT_FLAG, it->flag);
     store_u64(out + AT_QUEUE_OFFSET, (uint64_t)queue_offset);
     store_u64(out + AT_PHYSICAL_OFFSET, (uint64_t)commit_log_offset);
-    store_u32(out + AT_SYS_FLAG, 0);
+    uint32_t sys_flag = it->sys_flag | (b->born_host.ip_len == IPV6_BYTES ? SYSFLAG_BORNHOST_V6 : 0)
+        | (b->store_host.ip_len == IPV6_BYTES ? SYSFLAG_STOREHOST_V6 : 0);
+    store_u32(out + AT_SYS_FLAG, sys_flag);
     store_u64(out + AT_BORN_TS, (uint64_t)it->born_ms);
-    memcpy(out + AT_BORN_IP, b->born_host.ip, 4);
-    store_u32(out + AT_BORN_PORT, b->born_host.port);
-    store_u64(out + AT_STORE_TS, (uint64_t)b->store_ms);
-    memcpy(out + AT_STORE_IP, b->store_host.ip, 4);
-    store_u32(out + AT_STORE_PORT, b->store_host.port);
-    store_u32(out + AT_RECONSUME_TIMES, 0);
-    store_u64(out + AT_PREPARED_TX, 0);
-    store_u32(out + HEADER_BYTES, (uint32_t)it->body.len);
-    uint8_t *at = out + AT_BODY;
+    uint8_t *w = out + AT_BORN_IP;
+    memcpy(w, b->born_host.ip, (size_t)b->born_host.ip_len);
+    w += b->born_host.ip_len;
+    store_u32(w, b->born_host.port);
+    store_u64(w + 4, (uint64_t)b->store_ms);
+    w += 12;
+    memcpy(w, b->store_host.ip, (size_t)b->store_host.ip_len);
+    w += b->store_host.ip_len;
+    store_u32(w, b->store_host.port);
+    store_u32(w + 4, 0);                             /* RECONSUMETIMES */
+    store_u64(w + 8, (uint64_t)it->prepared_offset);
+    w += 16;
+    Py_ssize_t body_at = (w - out) + 4;
+    store_u32(w, (uint32_t)it->body.len);
+    uint8_t *at = out + body_at;
     memmove(at, body, (size_t)it->body.len);  /* the body may be a view of this very buffer */
     at += it->body.len;
     if (v2) {
@@ -861,9 +905,9 @@ encode_one(uint8_t *out, int64_t size, const Batch *b, const Item *it, int64_t q
         if (it->body.len < CRC_COMBINE_MIN_BODY) {
             crc = crc_update(0, out, size - CRC_TAIL_BYTES);
         } else {
-            crc = crc_update(0, out, AT_BODY);
+            crc = crc_update(0, out, body_at);
             crc = (uint32_t)crc32_combine(crc, body_crc, (z_off_t)it->body.len);
-            crc = crc_update(crc, out + AT_BODY + it->body.len, size - CRC_TAIL_BYTES - AT_BODY - it->body.len);
+            crc = crc_update(crc, out + body_at + it->body.len, size - CRC_TAIL_BYTES - body_at - it->body.len);
         }
         crc &= 0x7FFFFFFFu;
         memcpy(at, CRC_PREFIX, CRC_PREFIX_BYTES);
@@ -1057,7 +1101,7 @@ dispatch_entry(PyObject *topic, const Layout *rec, int32_t tags_code, PyObject *
         PyLong_FromLongLong(load_i64(rec->rec + AT_PHYSICAL_OFFSET)),
         PyLong_FromSsize_t(rec->size),
         PyLong_FromLong(tags_code),
-        PyLong_FromLongLong(load_i64(rec->rec + AT_STORE_TS)),
+        PyLong_FromLongLong(load_i64(rec->rec + rec->store_ts_at)),
     };
     int failed = 0;
     for (int i = 0; i < 6; i++) {
@@ -1267,19 +1311,29 @@ format_uint(char *out, uint32_t v)
     return len;
 }
 
-/* str(HostAddress): "a.b.c.d:port" (socket.inet_ntoa and a signed port) at text, at most
- * HOST_TEXT_MAX bytes; ip and port as stored. Returns the length. */
-enum { HOST_TEXT_MAX = 27 };  /* "255.255.255.255:-2147483648" */
+/* str(HostAddress): "a.b.c.d:port" (socket.inet_ntoa and a signed port), or with an
+ * IPv6 address of ip_len 16 "[v6]:port" (socket.inet_ntop, the same libc function),
+ * at text, at most HOST_TEXT_MAX bytes; ip and port as stored. Returns the length. */
+enum { HOST_TEXT_MAX = 60 };  /* "[" + INET6_ADDRSTRLEN - 1 (45) + "]:-2147483648" */
 
 static int
-format_host(char *text, const uint8_t *ip_port)
+format_host(char *text, const uint8_t *ip_port, int ip_len)
 {
     int n = 0;
-    for (int i = 0; i < 4; i++) {
-        n += format_uint(text + n, ip_port[i]);
-        text[n++] = i < 3 ? '.' : ':';
+    if (ip_len == IPV6_BYTES) {
+        text[n++] = '[';
+        if (inet_ntop(AF_INET6, ip_port, text + n, INET6_ADDRSTRLEN) == NULL)
+            text[n] = '\0';                          /* cannot happen with AF_INET6 and room */
+        n += (int)strlen(text + n);
+        text[n++] = ']';
+        text[n++] = ':';
+    } else {
+        for (int i = 0; i < 4; i++) {
+            n += format_uint(text + n, ip_port[i]);
+            text[n++] = i < 3 ? '.' : ':';
+        }
     }
-    int32_t port = load_i32(ip_port + 4);
+    int32_t port = load_i32(ip_port + ip_len);
     if (port < 0)
         text[n++] = '-';
     n += format_uint(text + n, port < 0 ? 0u - (uint32_t)port : (uint32_t)port);
@@ -1287,50 +1341,59 @@ format_host(char *text, const uint8_t *ip_port)
 }
 
 static PyObject *
-host_text(const uint8_t *ip_port)
+host_text(const uint8_t *ip_port, int ip_len)
 {
-    char text[32];
-    return PyUnicode_DecodeASCII(text, format_host(text, ip_port), NULL);
+    char text[HOST_TEXT_MAX + 4];
+    return PyUnicode_DecodeASCII(text, format_host(text, ip_port, ip_len), NULL);
 }
 
 /* host_text with a one-entry cache per slot: the store host hardly ever changes,
  * and a born host repeats while one producer sends. */
 static PyObject *
-cached_host_text(int slot, const uint8_t *ip_port)
+cached_host_text(int slot, const uint8_t *ip_port, int ip_len)
 {
     static PyObject *texts[2];
-    static uint8_t keys[2][8];
-    if (texts[slot] == NULL || memcmp(keys[slot], ip_port, 8) != 0) {
-        PyObject *text = host_text(ip_port);
+    static uint8_t keys[2][IPV6_BYTES + 4];
+    static int key_lens[2];
+    if (texts[slot] == NULL || key_lens[slot] != ip_len + 4 || memcmp(keys[slot], ip_port, (size_t)ip_len + 4) != 0) {
+        PyObject *text = host_text(ip_port, ip_len);
         if (text == NULL)
             return NULL;
         Py_XSETREF(texts[slot], text);
-        memcpy(keys[slot], ip_port, 8);
+        memcpy(keys[slot], ip_port, (size_t)ip_len + 4);
+        key_lens[slot] = ip_len + 4;
     }
     return Py_NewRef(texts[slot]);
 }
 
-/* layout.encode_msg_id: store ip (4), port (i32), commit log offset (i64), as
- * MSG_ID_CHARS uppercase hex digits at out. */
-enum { MSG_ID_CHARS = 32 };
+/* layout.encode_msg_id: store ip (4, or 16 for IPv6), port (i32), commit log offset
+ * (i64), as msg_id_chars(rec) uppercase hex digits at out. */
+enum { MSG_ID_CHARS = 32, MSG_ID_V6_CHARS = 56 };
+
+static inline int
+msg_id_chars(const Layout *rec)
+{
+    return rec->store_ip_len == IPV6_BYTES ? MSG_ID_V6_CHARS : MSG_ID_CHARS;
+}
 
 static void
-format_msg_id(uint8_t *out, const uint8_t *rec)
+format_msg_id(uint8_t *out, const Layout *rec)
 {
     static const char hex[] = "0123456789ABCDEF";
-    uint8_t raw[16];
-    memcpy(raw, rec + AT_STORE_IP, 8);             /* ip and port, already big-endian */
-    memcpy(raw + 8, rec + AT_PHYSICAL_OFFSET, 8);
-    for (int i = 0; i < 16; i++) {
+    uint8_t raw[MSG_ID_V6_CHARS / 2];
+    int host_len = rec->store_ip_len + 4;
+    memcpy(raw, rec->rec + rec->store_host_at, (size_t)host_len);  /* ip and port, already big-endian */
+    memcpy(raw + host_len, rec->rec + AT_PHYSICAL_OFFSET, 8);
+    for (int i = 0; i < host_len + 8; i++) {
         out[2 * i] = (uint8_t)hex[raw[i] >> 4];
         out[2 * i + 1] = (uint8_t)hex[raw[i] & 0xF];
     }
 }
 
 static PyObject *
-msg_id_text(const uint8_t *rec)
+msg_id_text(const Layout *rec)
 {
-    PyObject *text = PyUnicode_New(MSG_ID_CHARS, 127);
+    PyObject *text = PyUnicode_New(msg_id_chars(rec), 127);
     if (text == NULL)
         return NULL;
     format_msg_id(PyUnicode_1BYTE_DATA(text), rec);
@@ -1365,7 +1428,7 @@ view_dict(const Layout *rec, PyObject *topic)
     values[F_QUEUE_OFFSET] = PyLong_FromLongLong(load_i64(r + AT_QUEUE_OFFSET));
     values[F_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(load_i64(r + AT_PHYSICAL_OFFSET));
     values[F_STORE_SIZE] = PyLong_FromSsize_t(rec->size);
-    values[F_MSG_ID] = msg_id_text(r);
+    values[F_MSG_ID] = msg_id_text(rec);
     values[F_BODY] = PyBytes_FromStringAndSize((const char *)r + rec->body_at, rec->body_len);
     values[F_BODY_CRC] = PyLong_FromLong(load_i32(r + AT_BODY_CRC));
     values[F_TAGS] = optional_text(wanted.tags);
@@ -1378,10 +1441,10 @@ view_dict(const Layout *rec, PyObject *topic)
     values[F_FLAG] = PyLong_FromLong(load_i32(r + AT_FLAG));
     values[F_SYS_FLAG] = PyLong_FromLong(load_i32(r + AT_SYS_FLAG));
     values[F_BORN_TIMESTAMP] = PyLong_FromLongLong(load_i64(r + AT_BORN_TS));
-    values[F_BORN_HOST] = cached_host_text(0, r + AT_BORN_IP);
-    values[F_STORE_TIMESTAMP] = PyLong_FromLongLong(load_i64(r + AT_STORE_TS));
-    values[F_STORE_HOST] = cached_host_text(1, r + AT_STORE_IP);
-    values[F_RECONSUME_TIMES] = PyLong_FromLong(load_i32(r + AT_RECONSUME_TIMES));
+    values[F_BORN_HOST] = cached_host_text(0, r + AT_BORN_IP, rec->born_ip_len);
+    values[F_STORE_TIMESTAMP] = PyLong_FromLongLong(load_i64(r + rec->store_ts_at));
+    values[F_STORE_HOST] = cached_host_text(1, r + rec->store_host_at, rec->store_ip_len);
+    values[F_RECONSUME_TIMES] = PyLong_FromLong(load_i32(r + rec->reconsume_at));
     for (int i = 0; i < F_COUNT; i++)
         if (values[i] == NULL)
             goto done;
@@ -1952,17 +2015,19 @@ map_bound(const Layout *rec)
 /* A host's text, formatted again only when the host changes: the store host never
  * does within a segment, and a born host repeats while one producer sends. */
 typedef struct {
-    uint8_t ip_port[8];
+    uint8_t ip_port[IPV6_BYTES + 4];
+    int ip_len;
     int len;            /* 0: nothing formatted yet */
-    char text[32];
+    char text[HOST_TEXT_MAX + 4];
 } HostCache;
 
 static inline uint8_t *
-mp_host(uint8_t *w, HostCache *cache, const uint8_t *ip_port)
+mp_host(uint8_t *w, HostCache *cache, const uint8_t *ip_port, int ip_len)
 {
-    if (cache->len == 0 || memcmp(cache->ip_port, ip_port, 8) != 0) {
-        cache->len = format_host(cache->text, ip_port);
-        memcpy(cache->ip_port, ip_port, 8);
+    if (cache->len == 0 || cache->ip_len != ip_len || memcmp(cache->ip_port, ip_port, (size_t)ip_len + 4) != 0) {
+        cache->len = format_host(cache->text, ip_port, ip_len);
+        memcpy(cache->ip_port, ip_port, (size_t)ip_len + 4);
+        cache->ip_len = ip_len;
     }
     return mp_str(w, (const uint8_t *)cache->text, (size_t)cache->len);
 }
@@ -2006,10 +2071,10 @@ write_map(uint8_t *w, const Layout *rec, const Props *props, HostCache *hosts)
     MP_KEY(w, "store_size");
     w = mp_int(w, rec->size);
     MP_KEY(w, "msg_id");
-    *w++ = 0xd9;                                     /* str8: 32 characters */
-    *w++ = MSG_ID_CHARS;
-    format_msg_id(w, r);
-    w += MSG_ID_CHARS;
+    *w++ = 0xd9;                                     /* str8: 32 characters, 56 with IPv6 */
+    *w++ = (uint8_t)msg_id_chars(rec);
+    format_msg_id(w, rec);
+    w += msg_id_chars(rec);
     MP_KEY(w, "body");
     w = mp_bin(w, r + rec->body_at, (size_t)rec->body_len);
     MP_KEY(w, "body_crc");
@@ -2056,13 +2121,13 @@ write_map(uint8_t *w, const Layout *rec, const Props *props, HostCache *hosts)
     MP_KEY(w, "born_timestamp");
     w = mp_int(w, load_i64(r + AT_BORN_TS));
     MP_KEY(w, "born_host");
-    w = mp_host(w, &hosts[0], r + AT_BORN_IP);
+    w = mp_host(w, &hosts[0], r + AT_BORN_IP, rec->born_ip_len);
     MP_KEY(w, "store_timestamp");
-    w = mp_int(w, load_i64(r + AT_STORE_TS));
+    w = mp_int(w, load_i64(r + rec->store_ts_at));
     MP_KEY(w, "store_host");
-    w = mp_host(w, &hosts[1], r + AT_STORE_IP);
+    w = mp_host(w, &hosts[1], r + rec->store_host_at, rec->store_ip_len);
     MP_KEY(w, "reconsume_times");
-    w = mp_int(w, load_i32(r + AT_RECONSUME_TIMES));
+    w = mp_int(w, load_i32(r + rec->reconsume_at));
     return w;
 }
 
@@ -2510,14 +2575,14 @@ codec_send_results(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     const char *status = prefix ? utf8_of(args[5], &status_len) : NULL;
     if (status == NULL)
         return NULL;
-    if (prefix_len > 32 || status_len > 64) {
-        PyErr_SetString(PyExc_ValueError, "msg_id_prefix is at most 32 bytes and status at most 64");
+    if (prefix_len > 48 || status_len > 64) {  /* an IPv6 store host's prefix is 40 */
+        PyErr_SetString(PyExc_ValueError, "msg_id_prefix is at most 48 bytes and status at most 64");
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(offsets);
     /* per map at most: its header, the seven keys (82 bytes), the status, status_code (9),
-     * msg_id (48 + 2) and four more ints (9 each) */
-    Py_ssize_t per_map = 1 + 82 + (2 + status_len) + 9 + (2 + 48) + 4 * 9;
+     * msg_id (64 + 2) and four more ints (9 each) */
+    Py_ssize_t per_map = 1 + 82 + (2 + status_len) + 9 + (2 + 64) + 4 * 9;
     if (count > (PY_SSIZE_T_MAX - 8) / per_map) {
         PyErr_SetString(PyExc_ValueError, "too many offsets");
         return NULL;
@@ -2526,7 +2591,7 @@ codec_send_results(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     if (out == NULL)
         return NULL;
     static const char hex[] = "0123456789ABCDEF";
-    uint8_t id[48];
+    uint8_t id[64];
     memcpy(id, prefix, (size_t)prefix_len);
     uint8_t *start = (uint8_t *)PyBytes_AS_STRING(out), *w = mp_array(start, (size_t)count);
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -2574,8 +2639,8 @@ codec_uniq_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         || int_arg(args[2], 0, PY_SSIZE_T_MAX / 8, "count", &count) < 0
         || int_arg(args[3], LLONG_MIN, LLONG_MAX, "now_ms", &now) < 0)
         return NULL;
-    if (prefix_len > 32) {
-        PyErr_SetString(PyExc_ValueError, "prefix is at most 32 bytes");
+    if (prefix_len > 44) {  /* 12 for an IPv4 host, 36 for an IPv6 one */
+        PyErr_SetString(PyExc_ValueError, "prefix is at most 44 bytes");
         return NULL;
     }
     static const char hex[] = "0123456789ABCDEF";

@@ -22,6 +22,7 @@ from engine.store.layout import (
     INDEX_HEADER,
     INDEX_ITEM,
     INDEX_SLOT,
+    IPV6_BYTES,
     KEY_SEPARATOR,
     MAGIC_BLANK,
     NAME_VALUE_SEPARATOR,
@@ -71,13 +72,17 @@ def encode_records(buf, pos: int, base_offset: int, topic: bytes, queue_id: int,
     """Encode a batch of records for one queue at ``buf[pos:]``.
 
     ``items`` are ``(body, properties, flag, born_timestamp_ms)`` with the properties
-    already encoded; ``base_offset`` is the commit log offset of ``buf[0]``. Returns
-    the commit log offset of every record and the position after the last one.
+    already encoded, or those and ``sys_flag, prepared_transaction_offset`` (a committed
+    transaction's record; 0 and 0 otherwise). SYSFLAG's host bits come from the hosts:
+    an ip of 16 bytes is IPv6. ``base_offset`` is the commit log offset of ``buf[0]``.
+    Returns the commit log offset of every record and the position after the last one.
     ValueError when the batch does not fit in ``buf`` (nothing is written then).
     """
-    fields = [RecordFields(topic, queue_id, body, properties, flag, born_ms, born_host)
-              for body, properties, flag, born_ms in items]
-    total = sum(encoded_size(f, with_record_crc=with_record_crc) for f in fields)
+    fields = [RecordFields(topic, queue_id, item[0], item[1], item[2], item[3], born_host,
+                           *((item[4], 0, item[5]) if len(item) == 6 else ()))
+              for item in items]
+    store_v6 = len(store_host.ip) == IPV6_BYTES
+    total = sum(encoded_size(f, with_record_crc=with_record_crc, store_host_v6=store_v6) for f in fields)
     if pos < 0 or pos + total > len(buf):
         raise ValueError(f"a batch of {total} bytes does not fit at {pos} in a buffer of {len(buf)}")
     offsets = []
@@ -354,7 +359,7 @@ def _has_separator(text: str) -> bool:
 def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, store_timestamp_ms: int,
                  msg_id_prefix: str, status: str, status_code: int) -> bytes:
     """The reply's ``results``: a msgpack array of one ``SendResult`` map per stored record
-    (``msg_id_prefix`` is the 16 hex digits of the store host; the offset follows)."""
+    (``msg_id_prefix`` is the 16 hex digits of the store host, 40 for an IPv6 one; the offset follows)."""
     return _encoder.encode([
         {"status": status, "status_code": status_code, "msg_id": f"{msg_id_prefix}{offset:016X}",
          "queue_id": queue_id, "queue_offset": first_queue_offset + i, "commit_log_offset": offset,
@@ -365,8 +370,8 @@ def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, sto
 def uniq_keys(prefix: str, first_seq: int, count: int, now_ms: int) -> list[str]:
     """``count`` message ids in MessageClientIDSetter's shape, for counters from ``first_seq``.
 
-    Each is 32 upper-case hex digits: ``prefix`` (the 12 of ip and pid), the counter's high
-    32 bits, the clock's low 32 bits, the counter's low 16 bits.
+    Each is 32 upper-case hex digits (56 for an IPv6 host): ``prefix`` (the 12 of ip and pid, 36
+    with an IPv6 ip), the counter's high 32 bits, the clock's low 32 bits, the counter's low 16 bits.
     """
     now = now_ms & 0xFFFFFFFF
     return [f"{prefix}{seq >> 16 & 0xFFFFFFFF:08X}{now:08X}{seq & 0xFFFF:04X}"

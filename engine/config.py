@@ -203,8 +203,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.consume_queue_owner_count <= 256,
              f"consume_queue_owner_count must be between 1 and 256 (got {self.consume_queue_owner_count})"),
             (self.store_port <= 65535, f"store_port must be between 1 and 65535 (got {self.store_port})"),
-            (_is_ipv4(self.store_host),
-             f"store_host must be an IPv4 address (it is written into records; got {self.store_host!r})"),
+            (_is_ip(self.store_host),
+             f"store_host must be an IPv4 or IPv6 address (it is written into records; got {self.store_host!r})"),
             (is_endpoint(self.endpoint), f"endpoint must be tcp://host:port or ipc://path (got {self.endpoint!r})"),
             (self.topic_queue_count_default <= self.topic_queue_count_max,
              f"topic_queue_count_default ({self.topic_queue_count_default}) must be between 1 and "
@@ -397,15 +397,18 @@ def is_loopback_endpoint(endpoint: str) -> bool:
         return False  # "*", an interface name or a host name: not known to be loopback
 
 
-def _is_ipv4(host: str) -> bool:
-    """A dotted quad and nothing else (``inet_aton`` also takes "127.1" and "127.0.0.1 junk")."""
+def _is_ip(host: str) -> bool:
+    """A dotted quad, or an IPv6 address (written as RocketMQ writes an IPv6 host: 16 bytes and
+    SYSFLAG 0x20), and nothing else (``inet_aton`` also takes "127.1" and "127.0.0.1 junk")."""
     import ipaddress
 
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
+    for kind in (ipaddress.IPv4Address, ipaddress.IPv6Address):
+        try:
+            kind(host)
+        except ValueError:
+            continue
+        return True
+    return False
 
 
 # tcp://host:port (host a name, an IPv4 address, [IPv6] or *) or ipc://path; a full match.

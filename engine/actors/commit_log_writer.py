@@ -60,7 +60,13 @@ from engine.services.recovery import plan_commit_log_recovery
 from engine.services.retention import SegmentFact, disk_space, disk_used_ratio, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
-from engine.store.layout import END_FILE_MIN_BLANK_BYTES, HostAddress, encode_msg_id, offset_to_file_name
+from engine.store.layout import (
+    END_FILE_MIN_BLANK_BYTES,
+    SYSFLAG_TRANSACTION_COMMIT,
+    HostAddress,
+    encode_msg_id,
+    offset_to_file_name,
+)
 from engine.store.records import UniqKeys, build_items
 from engine.store.shared_offsets import (
     CONFIRMED,
@@ -267,7 +273,10 @@ class CommitLogWriterActor(Actor):
                                                      internal=internal)
         topic = topic_name.encode()
         batch = build_items(messages, config=self.config, uniq_keys=self.uniq_keys, now_ms=now_ms)
-        batch_bytes = self.log.items_size(topic, len(batch.items), batch.payload_bytes)
+        items = batch.items
+        if request.committed_half is not None:  # as EndTransactionProcessor stores a commit
+            items = [(*item, SYSFLAG_TRANSACTION_COMMIT, request.committed_half) for item in items]
+        batch_bytes = self.log.items_size(topic, len(items), batch.payload_bytes)
         # One message may be as large as message_body_bytes_max; a batch of several is held
         # to send_batch_bytes_max as encoded, so one request never holds the log for long.
         if (len(batch.items) > 1 and batch_bytes > self.config.send_batch_bytes_max) \
@@ -278,7 +287,7 @@ class CommitLogWriterActor(Actor):
         first = self.next_queue_offset.get(key, 0)
         store_ts = max(now_ms, self.last_store_timestamp_ms)
         try:
-            appended = self.log.append_items(topic, queue_id, batch.items, born_host=self.store_host,
+            appended = self.log.append_items(topic, queue_id, items, born_host=self.store_host,
                                              batch_bytes=batch_bytes, first_queue_offset=first,
                                              store_timestamp_ms=store_ts)
         except OSError as exc:
@@ -290,8 +299,8 @@ class CommitLogWriterActor(Actor):
             raise RequestError(code, f"the disk has no room for this batch: it needs {needed} bytes (up to "
                                      f"{self.config.segment_reserve_step_bytes} are reserved ahead at a time) and "
                                      f"{free} bytes are free: {exc.strerror}") from None
-        self.next_queue_offset[key] = first + len(batch.items)
-        self.sent_messages[key] = self.sent_messages.get(key, 0) + len(batch.items)
+        self.next_queue_offset[key] = first + len(items)
+        self.sent_messages[key] = self.sent_messages.get(key, 0) + len(items)
         self.sent_bytes[key] = self.sent_bytes.get(key, 0) + batch_bytes
         self.last_store_timestamp_ms = store_ts
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset

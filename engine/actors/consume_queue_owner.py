@@ -323,8 +323,11 @@ class ConsumeQueueOwnerActor(Actor):
         try:
             view = self.reader.read_view(offset, limit=end)
         except RecordError as exc:
-            code = ErrorCode.MESSAGE_CORRUPT if "CRC" in exc.reason else ErrorCode.MESSAGE_NOT_FOUND
+            code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
             raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
+        if self.owned.deleted_topics.hides(view["topic"], offset):
+            # a record of a deleted topic's earlier life: its queue offset names no message of the topic now
+            return encode_reply(request.id, message=view, deleted_topic=True)
         return encode_reply(request.id, message=view)
 
     def flush_queues(self, *, wait: bool = False) -> None:

@@ -64,6 +64,7 @@ from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)
 _PLAIN = b"\x00"
+_TAGS_CACHED_MAX = 65_536  # (group, topic, incarnation) tags kept: past it the cache starts again
 _reply_decoder = msgspec.msgpack.Decoder()
 
 
@@ -89,7 +90,7 @@ class OwnerPops:
         self.rotation: dict[tuple[str, str], int] = {}
         self.dead_letters: dict[bytes, DeadLetter] = {}
         self.dead_letter_ids = itertools.count(1)
-        self.tags: dict[tuple[str, str], str] = {}
+        self.tags: dict[tuple[str, str, int], str] = {}
         self.fifo_groups = frozenset(config.fifo_groups)
         self.unlocked: set[tuple[str, int]] = set()  # FIFO queues an ack unlocked: their parked pops wake
 
@@ -122,10 +123,14 @@ class OwnerPops:
             self.states.open(group, topic, int(queue), queue_end=cq.max_offset if cq else 0)
         log.info("pop state of %d (group, topic, queue) loaded", len(self.states.queues))
 
-    def tag(self, group: str, topic: str) -> str:
-        tag = self.tags.get((group, topic))
+    def tag(self, queue: PopQueue) -> str:
+        """The receipt handles' tag of ``queue``: its group, topic and the topic's life (incarnation)."""
+        group, topic, _queue_id = queue.key
+        tag = self.tags.get((group, topic, queue.incarnation))
         if tag is None:
-            tag = self.tags[(group, topic)] = handle_tag(group, topic)
+            if len(self.tags) >= _TAGS_CACHED_MAX:
+                self.tags.clear()
+            tag = self.tags[(group, topic, queue.incarnation)] = handle_tag(group, topic, queue.incarnation)
         return tag
 
     def queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
@@ -142,7 +147,6 @@ class OwnerPops:
         until_ms = self.clock.wall_ms() + invisible_ms
         max_messages = min(request.max_messages, self.config.pull_message_count_max)
         subscription = self.subscription(request.subscription)
-        tag = self.tag(request.group, request.topic)
         taken = Taken()
         fifo = request.group in self.fifo_groups
         if not all(self.owned.is_mine(request.topic, queue_id) for queue_id in queue_ids):
@@ -154,7 +158,7 @@ class OwnerPops:
             queue = self.queue(request.group, request.topic, queue_id)
             scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
                              max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
-                             subscription=subscription, until_ms=until_ms, tag=tag, fifo=fifo)
+                             subscription=subscription, until_ms=until_ms, tag=self.tag(queue), fifo=fifo)
             for offsets, generation in scheduled:
                 self.states.schedule(queue, until_ms, offsets, generation)
             self.states.write(queue, self.clock.mono_ms())
@@ -169,7 +173,7 @@ class OwnerPops:
         assert isinstance(request, AckRequest)
         validate_group(request.group)
         queue = self.queue(request.group, request.topic, request.queue_id)
-        tag = self.tag(request.group, request.topic)
+        tag = self.tag(queue)
         if request.dead_letter:  # the consumer gave up on them: to the DLQ now, whatever the attempt
             current, outcome = current_deliveries(queue, request.receipt_handles, tag)
             for offset, generation in current:
@@ -190,7 +194,7 @@ class OwnerPops:
         invisible_ms = min(request.invisible_ms, self.config.pop_invisible_ms_max)
         until_ms = self.clock.wall_ms() + invisible_ms
         queue = self.queue(request.group, request.topic, request.queue_id)
-        tag = self.tag(request.group, request.topic)
+        tag = self.tag(queue)
         changed = change_invisible(queue, request.receipt_handle, tag, until_ms=until_ms)
         if isinstance(changed, str):
             raise RequestError(ErrorCode.INVALID_RECEIPT_HANDLE, changed)

@@ -212,6 +212,8 @@ class TransactionActor(Actor):
             _host, offset = decode_msg_id(msg_id)
         except ValueError as exc:
             raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
+        if offset < 0:  # checked here: the log's reads assert their offsets are not negative
+            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} names a negative commit log offset")
         try:
             record = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
         except RecordError:
@@ -400,7 +402,7 @@ class TransactionActor(Actor):
                 self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
         self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
-                        queue_id=destination[1], messages=[moved_message(half)])
+                        queue_id=destination[1], messages=[moved_message(half)], committed_half=op.half_offset)
 
     def finish_commit(self, op: Op, out: Effects) -> None:
         op.applied = True

@@ -72,6 +72,9 @@ class SendRequest(_Request, kw_only=True):
     # A transactional batch is stored as half messages until end_transaction (or a check) decides.
     transaction: bool = False
     producer_group: GroupName | None = None  # whose producers answer the checks; required with transaction
+    # Internal only (the transaction actor's commit): the commit log offset of the half message this
+    # send commits. The record gets SYSFLAG TRANSACTION_COMMIT_TYPE and it as PREPARED_TX_OFFSET.
+    committed_half: Int64 | None = None
 
 
 class PullRequest(_Request, kw_only=True):

@@ -31,6 +31,8 @@ def destination(request: SendRequest, queue_id: int, *, config: StoreConfig, now
                 internal: bool) -> tuple[str, int, list[SendMessage]]:
     """(topic, queue id, messages) to append; RequestError if the routing fields are refused."""
     messages = request.messages
+    if request.committed_half is not None and not internal:
+        raise RequestError(ErrorCode.INVALID_FIELD, "committed_half is set by the engine only")
     if not internal:
         for message in messages:
             if message.properties and not SYSTEM_PROPERTIES.isdisjoint(message.properties):

@@ -6,8 +6,11 @@ generation and its invisible time. A receipt handle names the delivery:
 
     "{queue_id}:{queue_offset}:{generation}:{tag}"
 
-``tag`` is 8 hex digits of crc32("group/topic"): a handle given with another group or
-topic is refused, not taken for the delivery that happens to have the same numbers. A
+``tag`` is 8 hex digits of crc32("group/topic"), or of "group/topic@D" when the queue's state
+belongs to the life of the topic that began when it was deleted at commit log offset D (the
+state's ``incarnation``): a handle given with another group or topic, or from before the topic
+was deleted and created again, is refused, not taken for the delivery that happens to have the
+same numbers (the new life's queues start again at offset 0). A
 handle is good until the delivery it names is acked, redelivered or changed (each new
 delivery or change has a new generation); acking a good handle twice answers OK twice.
 
@@ -37,8 +40,11 @@ QueueRead = Callable[[ConsumeQueue | None, int, int, int, Subscription], PullRes
 _GONE = (GetStatus.MESSAGE_WAS_REMOVING, GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MATCHED_MESSAGE)
 
 
-def handle_tag(group: str, topic: str) -> str:
-    return f"{zlib.crc32(f'{group}/{topic}'.encode()):08x}"
+def handle_tag(group: str, topic: str, incarnation: int = -1) -> str:
+    """``incarnation``: the topic's deletion offset when the queue's state was made, -1 for a topic
+    never deleted (whose handles keep the tag they had before incarnations were named)."""
+    name = f"{group}/{topic}" if incarnation < 0 else f"{group}/{topic}@{incarnation}"
+    return f"{zlib.crc32(name.encode()):08x}"
 
 
 def encode_handle(queue_id: int, offset: int, generation: int, tag: str) -> str:
@@ -185,7 +191,8 @@ def current_deliveries(queue: PopQueue, handles: list[str], tag: str) -> tuple[l
 def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> ErrorInfo:
     code = ErrorCode.INVALID_RECEIPT_HANDLE
     if decoded is None:
-        message = f"{handle!r} is not a receipt handle of this group, topic and queue"
+        message = f"{handle!r} is not a receipt handle of this group, topic and queue (or is one from before the " \
+            f"topic was deleted and created again)"
     elif state == State.DELIVERED:
         message = "the message was delivered again or its invisible time changed since: use the newest handle"
     elif state == State.NONE:
@@ -199,7 +206,8 @@ def change_invisible(queue: PopQueue, handle: str, tag: str, *, until_ms: int) -
     """The new (offset, generation), or why not."""
     decoded = decode_handle(handle, queue.key[2], tag)
     if decoded is None:
-        return f"{handle!r} is not a receipt handle of this group, topic and queue"
+        return f"{handle!r} is not a receipt handle of this group, topic and queue (or is one from before the " \
+            f"topic was deleted and created again)"
     offset, generation = decoded
     state, _attempt, current, _until = queue.entry(offset)
     if state != State.DELIVERED or current != generation:

@@ -102,6 +102,7 @@ class PopQueue:
     last_change_ms: int = 0
     damaged_entries: int = 0  # journal entries found damaged at recovery
     tail_forgotten: bool = False  # recovery dropped state past the queue's end: fold before serving
+    incarnation: int = -1  # the topic's deletion offset when this state was made (pop_files.read_incarnation)
 
     # -- entries ------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from engine.store.pop_files import (
     SEGMENT_STATE_POSITION,
     Journal,
     State,
+    read_incarnation,
     write_incarnation,
 )
 
@@ -77,7 +78,7 @@ class PopStates:
                     else ErrorCode.SERVICE_NOT_AVAILABLE
                 raise RequestError(code, f"the pop state could not be created ({exc.strerror}); "
                                          f"retry later") from None
-            queue = self.queues[key] = PopQueue(directory, key, journal)
+            queue = self.queues[key] = PopQueue(directory, key, journal, incarnation=read_incarnation(directory))
             queue.recover(queue_end=queue_end)
             if queue.tail_forgotten:
                 self.fold(queue)  # the files must not keep what was dropped

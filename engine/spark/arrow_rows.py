@@ -32,13 +32,13 @@ from pyspark.sql.types import (
 
 from engine.store.layout import (
     KEY_SEPARATOR,
-    MSG_ID,
     PROPERTY_CRC32,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     HostAddress,
     Record,
+    encode_msg_id,
 )
 
 MESSAGE_SCHEMA = StructType([
@@ -167,5 +167,5 @@ _HIDDEN_PROPERTIES = frozenset((PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32))  
 
 @functools.lru_cache(maxsize=64)
 def _msg_id_prefix(store_host: HostAddress) -> str:
-    """The first 16 hex digits of an offsetMsgId (``layout.encode_msg_id``): store ip and port."""
-    return MSG_ID.pack(store_host.ip, store_host.port, 0).hex().upper()[:16]
+    """An offsetMsgId without its 16 hex digits of offset (``layout.encode_msg_id``): store ip and port."""
+    return encode_msg_id(store_host, 0)[:-16]

@@ -24,7 +24,15 @@ from engine.spark.record_filter import RecordFilter
 from engine.spark.store_view import StoreSnapshot
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
-from engine.store.layout import MAGIC_V1, MAGIC_V2, RECORD_HEADER
+from engine.store.layout import (
+    MAGIC_V1,
+    MAGIC_V2,
+    RECORD_HEADER,
+    SYS_FLAG,
+    SYS_FLAG_POSITION,
+    SYSFLAG_HOSTS_V6,
+    record_header,
+)
 from engine.store.mapped_file import list_files
 
 FOREIGN_TIME_SLACK_MS = 1000
@@ -60,12 +68,15 @@ def first_store_timestamp(snapshot: StoreSnapshot, start: int) -> int | None:
     except FileNotFoundError:
         return None
     try:
-        head = os.pread(fd, RECORD_HEADER.size, 0)
+        head = os.pread(fd, record_header(SYSFLAG_HOSTS_V6).size, 0)
     finally:
         os.close(fd)
     if len(head) < RECORD_HEADER.size:
         return None
-    fields = RECORD_HEADER.unpack(head)
+    header = record_header(SYS_FLAG.unpack_from(head, SYS_FLAG_POSITION)[0])
+    if len(head) < header.size:
+        return None
+    fields = header.unpack_from(head)
     magic, physical_offset, store_timestamp = fields[1], fields[6], fields[11]
     if magic not in (MAGIC_V1, MAGIC_V2) or physical_offset != start:
         return None

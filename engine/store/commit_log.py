@@ -33,6 +33,7 @@ from engine.store.layout import (
     CRC32_PROPERTY_PREFIX,
     CRC32_RESERVED_BYTES,
     END_FILE_MIN_BLANK_BYTES,
+    IPV6_BYTES,
     MAGIC_BLANK,
     MAGIC_V1,
     PHYSICAL_OFFSET_POSITION,
@@ -44,6 +45,7 @@ from engine.store.layout import (
     decode_record,
     encode_blank,
     encoded_size,
+    host_flags,
     offset_to_file_name,
     peek_size_and_magic,
     record_size,
@@ -354,12 +356,15 @@ class CommitLogWriter:
             _zero_garbage(segment, offset - start if start == first else 0, sweep=after_power_loss)
 
     def batch_size(self, records: list[RecordFields]) -> int:
-        return sum(encoded_size(r, with_record_crc=self.with_record_crc) for r in records)
+        store_v6 = len(self.store_host.ip) == IPV6_BYTES
+        return sum(encoded_size(r, with_record_crc=self.with_record_crc, store_host_v6=store_v6) for r in records)
 
     def items_size(self, topic: bytes, count: int, payload_bytes: int) -> int:
         """The bytes a batch of ``count`` records of ``topic`` takes, with ``payload_bytes`` of
-        bodies and encoded properties in all (``layout.record_size`` summed)."""
-        per_record = record_size(body_bytes=0, topic_bytes=len(topic), properties_bytes=0)
+        bodies and encoded properties in all (``layout.record_size`` summed). The writer's
+        records are born at the store host (``append_items``'s ``born_host``)."""
+        per_record = record_size(body_bytes=0, topic_bytes=len(topic), properties_bytes=0,
+                                 sys_flag=host_flags(self.store_host, self.store_host))
         if self.with_record_crc:
             per_record += CRC32_RESERVED_BYTES
         return count * per_record + payload_bytes
@@ -369,7 +374,8 @@ class CommitLogWriter:
         """Append a batch for one queue; queue offsets run from ``first_queue_offset``."""
         first = records[0]
         assert all(r.topic == first.topic and r.queue_id == first.queue_id for r in records)
-        items = [(r.body, r.properties, r.flag, r.born_timestamp_ms) for r in records]
+        items = [(r.body, r.properties, r.flag, r.born_timestamp_ms, r.sys_flag, r.prepared_transaction_offset)
+                 for r in records]
         return self.append_items(first.topic, first.queue_id, items, born_host=first.born_host,
                                  batch_bytes=self.batch_size(records), first_queue_offset=first_queue_offset,
                                  store_timestamp_ms=store_timestamp_ms)

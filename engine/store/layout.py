@@ -43,6 +43,14 @@ WriteBuffer = bytearray | memoryview | mmap.mmap
 #
 #   4+4+4+4+4+8+8+4+8+(4+4)+8+(4+4)+4+8 = 84; with BODYLEN (4), TOPICLEN (1)
 #   and PROPLEN (2) the fixed overhead of a v1 IPv4 record is 91 bytes.
+#
+#   An IPv6 host (SYSFLAG 0x10 for BORNHOST, 0x20 for STOREHOST) is 16 bytes of
+#   address and the port: 20 bytes instead of 8, and every field after it moves
+#   12 bytes on (MessageExtEncoder#calMsgLength). SYSFLAG, at 36, comes before
+#   both hosts, so it says which header struct reads the rest:
+#
+#   | ... SYSFLAG | BORNTIMESTAMP | BORNHOST ip6 (16) | port | STORETIMESTAMP |
+#   | STOREHOST ip6 (16) | port | RECONSUMETIMES | PREPARED_TX_OFFSET | BODYLEN ...
 # --------------------------------------------------------------------------
 
 RECORD_HEADER = struct.Struct(">iIiiiqqiq4siq4siiq")
@@ -71,6 +79,46 @@ SYSFLAG_MULTI_TAGS = 0x2
 SYSFLAG_TRANSACTION_MASK = 0xC
 SYSFLAG_BORNHOST_V6 = 0x10
 SYSFLAG_STOREHOST_V6 = 0x20
+SYSFLAG_HOSTS_V6 = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+SYSFLAG_TRANSACTION_PREPARED = 0x4
+SYSFLAG_TRANSACTION_COMMIT = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK = 0xC
+
+SYS_FLAG = struct.Struct(">i")
+SYS_FLAG_POSITION = 36
+IPV4_BYTES = 4
+IPV6_BYTES = 16
+HOST_V6_EXTRA_BYTES = IPV6_BYTES - IPV4_BYTES
+
+
+def _header_for(sys_flag: int) -> struct.Struct:
+    born = IPV6_BYTES if sys_flag & SYSFLAG_BORNHOST_V6 else IPV4_BYTES
+    store = IPV6_BYTES if sys_flag & SYSFLAG_STOREHOST_V6 else IPV4_BYTES
+    return struct.Struct(f">iIiiiqqiq{born}siq{store}siiq")
+
+
+# The header struct for each combination of the two host bits (``record_header``).
+_RECORD_HEADERS = {bits: _header_for(bits) for bits in (0, SYSFLAG_BORNHOST_V6, SYSFLAG_STOREHOST_V6,
+                                                       SYSFLAG_HOSTS_V6)}
+assert _RECORD_HEADERS[0].format == RECORD_HEADER.format
+assert _RECORD_HEADERS[SYSFLAG_HOSTS_V6].size == RECORD_HEADER.size + 2 * HOST_V6_EXTRA_BYTES
+
+
+def record_header(sys_flag: int) -> struct.Struct:
+    """The fixed header of a record with this SYSFLAG: 84 bytes, 12 more per IPv6 host."""
+    return _RECORD_HEADERS[sys_flag & SYSFLAG_HOSTS_V6]
+
+
+def store_timestamp_position(sys_flag: int) -> int:
+    """Where STORETIMESTAMP lies: after an IPv6 born host it is 12 bytes further on."""
+    return STORE_TIMESTAMP_POSITION + (HOST_V6_EXTRA_BYTES if sys_flag & SYSFLAG_BORNHOST_V6 else 0)
+
+
+def host_flags(born_host: HostAddress, store_host: HostAddress) -> int:
+    """The SYSFLAG bits that say which of the two hosts are IPv6."""
+    return ((SYSFLAG_BORNHOST_V6 if len(born_host.ip) == IPV6_BYTES else 0)
+            | (SYSFLAG_STOREHOST_V6 if len(store_host.ip) == IPV6_BYTES else 0))
+
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -133,26 +181,31 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     return result
 
 
-def record_size(*, body_bytes: int, topic_bytes: int, properties_bytes: int) -> int:
-    """TOTALSIZE of a record with IPv4 hosts (MessageExtEncoder#calMsgLength)."""
+def record_size(*, body_bytes: int, topic_bytes: int, properties_bytes: int, sys_flag: int = 0) -> int:
+    """TOTALSIZE of a record (MessageExtEncoder#calMsgLength); ``sys_flag`` says which hosts are IPv6."""
     topic_len_size = TOPIC_LEN_V1.size if topic_bytes <= TOPIC_V1_MAX_BYTES else TOPIC_LEN_V2.size
-    return (RECORD_HEADER.size + BODY_LEN.size + body_bytes + topic_len_size + topic_bytes
+    return (record_header(sys_flag).size + BODY_LEN.size + body_bytes + topic_len_size + topic_bytes
             + PROPERTIES_LEN.size + properties_bytes)
 
 
 @functools.lru_cache(maxsize=1024)
 def _host_text(ip: bytes, port: int) -> str:
+    if len(ip) == IPV6_BYTES:
+        return f"[{socket.inet_ntop(socket.AF_INET6, ip)}]:{port}"
     return f"{socket.inet_ntoa(ip)}:{port}"
 
 
 class HostAddress(NamedTuple):
-    """An IPv4 address and port as RocketMQ stores BORNHOST and STOREHOST."""
+    """An address and port as RocketMQ stores BORNHOST and STOREHOST: 4 bytes of IPv4 or
+    16 of IPv6 (the record's SYSFLAG says which); shown as ``a.b.c.d:port`` or ``[v6]:port``."""
 
     ip: bytes
     port: int
 
     @classmethod
     def parse(cls, host: str, port: int) -> HostAddress:
+        if ":" in host:
+            return cls(socket.inet_pton(socket.AF_INET6, host.strip("[]")), port)
         return cls(socket.inet_aton(host), port)
 
     def __str__(self) -> str:
@@ -174,10 +227,12 @@ class RecordFields(NamedTuple):
     prepared_transaction_offset: int = 0
 
 
-def encoded_size(fields: RecordFields, *, with_record_crc: bool) -> int:
+def encoded_size(fields: RecordFields, *, with_record_crc: bool, store_host_v6: bool = False) -> int:
     extra = CRC32_RESERVED_BYTES if with_record_crc else 0
+    sys_flag = (SYSFLAG_BORNHOST_V6 if len(fields.born_host.ip) == IPV6_BYTES else 0) \
+        | (SYSFLAG_STOREHOST_V6 if store_host_v6 else 0)
     return record_size(body_bytes=len(fields.body), topic_bytes=len(fields.topic),
-                       properties_bytes=len(fields.properties) + extra)
+                       properties_bytes=len(fields.properties) + extra, sys_flag=sys_flag)
 
 
 def encode_record_into(buf: WriteBuffer, pos: int, fields: RecordFields, *,
@@ -187,14 +242,17 @@ def encode_record_into(buf: WriteBuffer, pos: int, fields: RecordFields, *,
     topic_bytes = len(fields.topic)
     body_bytes = len(fields.body)
     props_bytes = len(fields.properties) + (CRC32_RESERVED_BYTES if with_record_crc else 0)
-    size = record_size(body_bytes=body_bytes, topic_bytes=topic_bytes, properties_bytes=props_bytes)
+    sys_flag = (fields.sys_flag & ~SYSFLAG_HOSTS_V6) | host_flags(fields.born_host, store_host)
+    size = record_size(body_bytes=body_bytes, topic_bytes=topic_bytes, properties_bytes=props_bytes,
+                       sys_flag=sys_flag)
     v2 = topic_bytes > TOPIC_V1_MAX_BYTES
-    RECORD_HEADER.pack_into(
+    header = record_header(sys_flag)
+    header.pack_into(
         buf, pos, size, MAGIC_V2 if v2 else MAGIC_V1, crc32_masked(fields.body), fields.queue_id,
-        fields.flag, queue_offset, commit_log_offset, fields.sys_flag, fields.born_timestamp_ms,
+        fields.flag, queue_offset, commit_log_offset, sys_flag, fields.born_timestamp_ms,
         fields.born_host.ip, fields.born_host.port, store_timestamp_ms, store_host.ip, store_host.port,
         fields.reconsume_times, fields.prepared_transaction_offset)
-    at = pos + RECORD_HEADER.size
+    at = pos + header.size
     BODY_LEN.pack_into(buf, at, body_bytes)
     at += BODY_LEN.size
     buf[at:at + body_bytes] = fields.body
@@ -219,7 +277,8 @@ def encode_record_into(buf: WriteBuffer, pos: int, fields: RecordFields, *,
 def encode_record(fields: RecordFields, *, queue_offset: int, commit_log_offset: int,
                   store_timestamp_ms: int, store_host: HostAddress, with_record_crc: bool = True) -> bytes:
     """Encode one record into new bytes (tests and tools; the writer encodes in place)."""
-    buf = bytearray(encoded_size(fields, with_record_crc=with_record_crc))
+    buf = bytearray(encoded_size(fields, with_record_crc=with_record_crc,
+                                 store_host_v6=len(store_host.ip) == IPV6_BYTES))
     encode_record_into(buf, 0, fields, queue_offset=queue_offset, commit_log_offset=commit_log_offset,
                        store_timestamp_ms=store_timestamp_ms, store_host=store_host,
                        with_record_crc=with_record_crc)
@@ -275,6 +334,12 @@ class Record(NamedTuple):
         return {k: v for k, v in self.properties.items() if k not in hidden}
 
 
+# Reasons that say no record starts at the offset (an id pointing inside a record, at a blank
+# or at zeros), where the others say a record is there (its magic and PHYSICALOFFSET agree) and
+# is damaged.
+NO_RECORD_REASONS = frozenset({"truncated header", "bad magic", "physical offset mismatch"})
+
+
 class RecordError(ValueError):
     """A record failed a structural or CRC check; ``reason`` says which."""
 
@@ -282,6 +347,11 @@ class RecordError(ValueError):
         super().__init__(f"{reason} at commit log offset {offset}")
         self.reason = reason
         self.offset = offset
+
+    @property
+    def damaged(self) -> bool:
+        """A record starts here and fails a check (MESSAGE_CORRUPT), rather than none starting here."""
+        return self.reason not in NO_RECORD_REASONS
 
 
 class _Layout(NamedTuple):
@@ -298,20 +368,22 @@ class _Layout(NamedTuple):
 
 def _layout(buf: ReadBuffer, pos: int, limit: int, here: int) -> _Layout:
     """Check every length and fixed field of the record at ``pos``; RecordError if any is wrong."""
-    if pos + RECORD_HEADER.size + BODY_LEN.size > limit:
+    if pos + SYS_FLAG_POSITION + SYS_FLAG.size > limit:
         raise RecordError("truncated header", here)
-    header = RECORD_HEADER.unpack_from(buf, pos)
-    size, magic, _body_crc, _queue_id, _flag, _queue_offset, commit_log_offset, sys_flag = header[:8]
+    (sys_flag,) = SYS_FLAG.unpack_from(buf, pos + SYS_FLAG_POSITION)
+    header_struct = record_header(sys_flag)
+    if pos + header_struct.size + BODY_LEN.size > limit:
+        raise RecordError("truncated header", here)
+    header = header_struct.unpack_from(buf, pos)
+    size, magic, _body_crc, _queue_id, _flag, _queue_offset, commit_log_offset = header[:7]
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise RecordError("bad magic", here)
-    if size < 91 or pos + size > limit:
+    if size < header_struct.size + 7 or pos + size > limit:
         raise RecordError("bad total size", here)
     if commit_log_offset != here:
         raise RecordError("physical offset mismatch", here)
-    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
-        raise RecordError("IPv6 hosts are not supported", here)
     end = pos + size
-    body_at = pos + RECORD_HEADER.size + BODY_LEN.size
+    body_at = pos + header_struct.size + BODY_LEN.size
     (body_len,) = BODY_LEN.unpack_from(buf, body_at - BODY_LEN.size)
     topic_len_struct = TOPIC_LEN_V2 if magic == MAGIC_V2 else TOPIC_LEN_V1
     at = body_at + body_len
@@ -426,19 +498,27 @@ def peek_size_and_magic(buf: ReadBuffer, pos: int) -> tuple[int, int]:
 # --------------------------------------------------------------------------
 
 MSG_ID = struct.Struct(">4siq")
+MSG_ID_V6 = struct.Struct(">16siq")  # an IPv6 store host: 28 bytes, 56 hex chars
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 assert MSG_ID.size == 16
+assert MSG_ID_V6.size == 28
 
 
 def encode_msg_id(store_host: HostAddress, commit_log_offset: int) -> str:
-    return MSG_ID.pack(store_host.ip, store_host.port, commit_log_offset).hex().upper()
+    layout = MSG_ID_V6 if len(store_host.ip) == IPV6_BYTES else MSG_ID
+    return layout.pack(store_host.ip, store_host.port, commit_log_offset).hex().upper()
 
 
 def decode_msg_id(msg_id: str) -> tuple[HostAddress, int]:
-    """Split an offsetMsgId into its store host and commit log offset; ValueError if malformed."""
-    if len(msg_id) != 2 * MSG_ID.size or not all(c in _HEX_DIGITS for c in msg_id):
-        raise ValueError(f"a message id is {2 * MSG_ID.size} hex digits, got {msg_id!r}")
-    ip, port, offset = MSG_ID.unpack(bytes.fromhex(msg_id))
+    """Split an offsetMsgId into its store host and commit log offset; ValueError if malformed.
+
+    The offset may be negative (an id is 16 bytes of anything): a caller decoding a request's
+    id checks it, with its own error code, before any storage code sees it."""
+    layout = MSG_ID_V6 if len(msg_id) == 2 * MSG_ID_V6.size else MSG_ID
+    if len(msg_id) != 2 * layout.size or not all(c in _HEX_DIGITS for c in msg_id):
+        raise ValueError(f"a message id is {2 * MSG_ID.size} (or, with an IPv6 store host, "
+                         f"{2 * MSG_ID_V6.size}) hex digits, got {msg_id!r}")
+    ip, port, offset = layout.unpack(bytes.fromhex(msg_id))
     return HostAddress(ip, port), offset
 
 

@@ -259,3 +259,35 @@ def test_a_deleted_queue_directory_is_reported_by_check_and_rebuilt_by_repair(st
     rebuild_derived(store_dir, small_config())
     assert check_store(store_dir, small_config()) == []
     assert_served_intact(store_dir, producer)
+
+
+def test_a_record_whose_length_field_is_damaged_is_corrupt_by_id_and_by_offset(store_dir: Path) -> None:
+    """A record in the middle of the log with a length field that disagrees with its size is a
+    damaged record (MESSAGE_CORRUPT), not a missing one; an offset inside a record stays not found."""
+    engine = EngineProcess(store_dir, config=small_config())
+    engine.start()
+    try:
+        with engine.client() as client:
+            stored = client.send("c", [{"body": b"m" * 100} for _ in range(3)], queue_id=0)
+    finally:
+        assert engine.stop() == 0
+    middle = stored[1]
+    path, pos = segment_path(store_dir, middle["commit_log_offset"])
+    proplen_at = 84 + 4 + 100 + 1 + 1  # header, BODYLEN, the body, TOPICLEN and the topic "c"
+    flip_bit(path, pos + proplen_at + 1, 0)  # PROPLEN one off: "length fields disagree with total size"
+
+    engine = EngineProcess(store_dir, config=small_config())
+    engine.start()
+    try:
+        with engine.client() as client:
+            for read in (lambda: client.get_by_offset(middle["commit_log_offset"]),
+                         lambda: client.get_by_id(middle["msg_id"])):
+                with pytest.raises(EngineError) as info:
+                    read()
+                assert info.value.name == "MESSAGE_CORRUPT", info.value
+            with pytest.raises(EngineError) as info:
+                client.get_by_offset(middle["commit_log_offset"] + 1)
+            assert info.value.name == "MESSAGE_NOT_FOUND"
+            assert client.get_by_id(stored[2]["msg_id"])["body"] == b"m" * 100
+    finally:
+        assert engine.stop() == 0

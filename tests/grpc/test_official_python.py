@@ -284,6 +284,10 @@ def test_unknown_topics_bad_names_and_bad_handles_get_the_api_status_codes(
     unknown = stub.EndTransaction(service_pb2.EndTransactionRequest(
         topic=topic, transaction_id="7F0000010000DF4D00000000FFFFFFFF", resolution=definition_pb2.COMMIT), timeout=10)
     assert unknown.status.code == Code.INVALID_TRANSACTION_ID
+    for negative in ("7F00000100004DF3FFFFFFFFFFFFFFFF", "7F00000100004DF38000000000000000"):  # offsets below 0
+        end = stub.EndTransaction(service_pb2.EndTransactionRequest(
+            topic=topic, transaction_id=negative, resolution=definition_pb2.COMMIT), timeout=10)
+        assert end.status.code == Code.INVALID_TRANSACTION_ID
     responses = list(stub.ReceiveMessage(service_pb2.ReceiveMessageRequest(
         group=definition_pb2.Resource(name="g"), message_queue=definition_pb2.MessageQueue(topic=topic),
         batch_size=1, filter_expression=definition_pb2.FilterExpression(type=definition_pb2.SQL, expression="a>1"),

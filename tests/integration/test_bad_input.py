@@ -13,7 +13,9 @@ import zmq
 from engine.client import EngineError, RequestTimeout, StoreClient
 from engine.config import MiB, StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import PROTOCOL_VERSION
+from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from tests.conftest import processes_mentioning
 from tests.helpers import wait_dispatched
@@ -237,3 +239,23 @@ def test_an_overloaded_writer_answers_busy_and_stores_nothing_it_refused(tmp_pat
         with busy_engine.client() as client:
             wait_dispatched(client)
             assert client.queue_stats("busy", 0)["max_offset"] == stored
+
+
+NEGATIVE_IDS = ["7F00000100004DF3FFFFFFFFFFFFFFFF", "7F00000100004DF38000000000000000",
+                "20010DB800000000000000000000009900002A9F8000000000000000"]  # the last: an IPv6 store host
+
+
+def test_ids_and_offsets_that_decode_negative_get_their_codes_and_hurt_no_actor(engine: EngineProcess,
+                                                                               client: StoreClient) -> None:
+    """Every id and offset from a request is range-checked where it is decoded: storage code asserts
+    its offsets are not negative, and an assertion there killed the transaction actor."""
+    for msg_id in NEGATIVE_IDS:
+        for decision in ("commit", "rollback"):
+            expect_error(lambda m=msg_id, d=decision: client.end_transaction(m, d), ErrorCode.TRANSACTION_NOT_FOUND)
+        expect_error(lambda m=msg_id: client.get_by_id(m), ErrorCode.MESSAGE_NOT_FOUND)
+    for offset in (-1, -2 ** 63):
+        expect_error(lambda o=offset: client.get_by_offset(o), ErrorCode.INVALID_FIELD)  # the schema: int >= 0
+    status = control(engine.store_dir, StatusQuery())
+    assert [(a.name, a.restarts) for a in status.actors if a.restarts] == []
+    [stored] = client.send("good", [GOOD], queue_id=0)
+    assert client.get_by_id(stored["msg_id"])["body"] == GOOD["body"]

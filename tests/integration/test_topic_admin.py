@@ -165,3 +165,31 @@ def test_a_deletion_lost_with_a_killed_writer_is_sent_again_to_the_restarted_one
         wait_dispatched(client)
         assert [m["body"] for m in pull_all(client, "doomed", 0)] == [b"after"]
         assert pull_all(client, "doomed", 1) == []
+
+
+def test_a_record_and_a_receipt_handle_of_a_deleted_life_of_a_topic_are_told_apart(engine: EngineProcess) -> None:
+    """After delete and create again, the new topic's queues start at 0 again: get_by_id marks the old
+    record as a deleted life's, and a receipt handle from the old life acks nothing of the new one."""
+    with engine.client() as client:
+        client.create_topic("d14", queue_count=1)
+        [old] = client.send("d14", [{"body": b"old-record"}], queue_id=0)
+        wait_dispatched(client)
+        [popped] = client.pop("g14", "d14", queue_id=0)
+        assert client.ack("g14", [popped]) == []
+        client.delete_topic("d14")
+        client.create_topic("d14", queue_count=1)
+        [new] = client.send("d14", [{"body": b"new-record"}] + [{"body": b"more"}] * 9, queue_id=0)[:1]
+        wait_dispatched(client)
+
+        old_reply = client.request("get_by_id", msg_id=old["msg_id"])
+        new_reply = client.request("get_by_id", msg_id=new["msg_id"])
+        assert (old_reply["message"]["body"], old_reply["message"]["queue_offset"]) == (b"old-record", 0)
+        assert old_reply.get("deleted_topic") is True
+        assert (new_reply["message"]["body"], new_reply.get("deleted_topic")) == (b"new-record", None)
+
+        [fresh] = client.pop("g14", "d14", queue_id=0, max_messages=1)
+        assert fresh["body"] == b"new-record" and fresh["receipt_handle"] != popped["receipt_handle"]
+        [refused] = client.ack("g14", [popped])  # the old life's handle: not the new message's
+        assert refused["error"]["name"] == "INVALID_RECEIPT_HANDLE"
+        assert client.pop_stats("g14", "d14", 0)["in_flight"] == 1
+        assert client.ack("g14", [fresh]) == []

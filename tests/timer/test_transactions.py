@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
 
@@ -108,3 +109,31 @@ def test_end_transaction_of_what_is_not_a_half_is_refused(timed_engine: EnginePr
         with pytest.raises(EngineError) as refused:
             client.send(TOPIC, [{"body": b"x"}], transaction=True)
         assert refused.value.code == ErrorCode.INVALID_FIELD
+
+
+def test_a_committed_record_carries_the_commit_type_and_its_half_offset_as_rocketmq_stores_it(
+        timed_engine: EngineProcess) -> None:
+    """EndTransactionProcessor stores the commit with SYSFLAG TRANSACTION_COMMIT_TYPE (0x8) and the
+    half's commit log offset in PREPARED_TX_OFFSET; the queue and the index still get it."""
+    with timed_engine.client() as client:
+        client.send(TOPIC, [{"body": b"before"}], queue_id=1)  # the half is not at offset 0
+        msg_id = half(client, b"ship-4")
+        assert client.commit(msg_id) == "commit"
+        assert visible(client) == [b"ship-4"]
+        message = client.pull(TOPIC, 0, 0)["messages"][0]
+        [by_key] = client.query_by_key(TOPIC, "ship-4")
+        assert by_key["commit_log_offset"] == message["commit_log_offset"]
+        with pytest.raises(EngineError) as refused:  # a client cannot set it
+            client.request("send", topic=TOPIC, queue_id=0, messages=[{"body": b"x"}], committed_half=0)
+        assert refused.value.code == ErrorCode.INVALID_FIELD
+    half_offset = int(msg_id[16:], 16)
+    assert half_offset > 0
+    segment_bytes = timed_engine.config.segment_size_bytes
+    offset = message["commit_log_offset"]
+    segment = timed_engine.store_dir / "commitlog" / f"{offset - offset % segment_bytes:020d}"
+    with segment.open("rb") as f:
+        f.seek(offset % segment_bytes)
+        raw = f.read(84)
+    sys_flag, prepared = struct.unpack_from(">i", raw, 36)[0], struct.unpack_from(">q", raw, 76)[0]
+    assert (sys_flag & 0xC, prepared) == (0x8, half_offset)
+    assert message["sys_flag"] == sys_flag

@@ -31,6 +31,7 @@ pytestmark = [
 
 STORE_HOST = HostAddress.parse("127.0.0.1", 10911)
 BORN_HOST = HostAddress.parse("10.0.0.1", 51234)
+STORE_HOST_V6 = HostAddress.parse("2001:db8::7", 10911)
 BASE = 3 * 1024 * 1024 * 1024  # the commit log offset of the segment's first byte
 T0 = 1_700_000_000_000
 CHARS = "abcXYZ019_-. é߀ÿĀ中文字😀🚀"
@@ -99,13 +100,21 @@ def rand_body(rng: random.Random) -> bytes:
 
 
 def rand_host(rng: random.Random) -> HostAddress:
-    return HostAddress(rng.randbytes(4), rng.choice([0, 10911, 65535, rng.randint(-2 ** 31, 2 ** 31 - 1)]))
+    """An IPv4 host, or one time in four an IPv6 one (16 bytes of address: SYSFLAG 0x10 / 0x20)."""
+    return HostAddress(rng.randbytes(16 if rng.random() < 0.25 else 4),
+                       rng.choice([0, 10911, 65535, rng.randint(-2 ** 31, 2 ** 31 - 1)]))
 
 
 def rand_items(rng: random.Random, count: int) -> list[tuple]:
-    return [(rand_body(rng), rand_properties(rng), rng.randint(-2 ** 31, 2 ** 31 - 1),
-             rng.choice([T0 + rng.randint(0, 10 ** 6), rng.randint(-2 ** 63, 2 ** 63 - 1)]))
-            for _ in range(count)]
+    """Items of 4 fields, or of 6 with a SYSFLAG and a prepared transaction offset (a commit's)."""
+    items = []
+    for _ in range(count):
+        item: tuple = (rand_body(rng), rand_properties(rng), rng.randint(-2 ** 31, 2 ** 31 - 1),
+                       rng.choice([T0 + rng.randint(0, 10 ** 6), rng.randint(-2 ** 63, 2 ** 63 - 1)]))
+        if rng.random() < 0.2:
+            item += (rng.choice([0x8, rng.randint(-2 ** 31, 2 ** 31 - 1)]), rng.randint(-2 ** 63, 2 ** 63 - 1))
+        items.append(item)
+    return items
 
 
 def encode_both(buf_py, buf_c, pos: int, base: int, topic: bytes, queue_id: int, first: int, store_ms: int,
@@ -130,7 +139,7 @@ def build_segment(rng: random.Random, size: int, *, batches: int, with_crc: bool
         crc = rng.random() < 0.6 if with_crc is None else with_crc
         try:
             offsets, end = encode_both(seg_py, seg_c, pos, BASE, topic, rng.randint(0, 7), rng.randint(0, 10 ** 6),
-                                       T0, STORE_HOST, rand_host(rng), crc, items)
+                                       T0, rng.choice([STORE_HOST, STORE_HOST_V6]), rand_host(rng), crc, items)
         except ValueError:
             break                                                  # the segment is full
         starts += [o - BASE for o in offsets]
@@ -818,7 +827,7 @@ def test_pull_run_bad_arguments():
     seg, units = build_queue(rng, 8 * 1024, b"TopicB", 0, 0, dirty=0.0, other=0.0)
     blob = b"".join(units)
     n = len(units)
-    good = [blob, 0, n, seg, BASE, BASE + len(seg), 0, "TopicB", 0, 0, 1 << 20, 0, True]
+    good = [blob, 0, n, seg, BASE, BASE + len(seg), 0, "TopicB", 0, 0, 1 << 20, 0, False]
     assert c.pull_run(*good)[1] == n
     for i, bad in ((1, -20), (1, 1), (2, n + 1), (1, len(blob) + 20), (1, 2 ** 70)):
         args = list(good)

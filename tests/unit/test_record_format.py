@@ -13,6 +13,8 @@ import zlib
 
 import pytest
 
+from engine import codec_py
+from engine.codec import read_view
 from engine.store.layout import (
     HostAddress,
     RecordError,
@@ -362,3 +364,43 @@ def test_crc32_from_digits_inverts():
     assert crc32_from_digits("5000000000") == 5
     assert crc32_from_digits(b"123") is None
     assert crc32_from_digits(b"12345678x0") is None
+
+
+# --- fields this engine does not write itself ------------------------------------------
+
+def hand_built_v6(*, born_v6: bool, store_v6: bool, sys_flag: int, prepared: int) -> bytes:
+    """Section 1.1 with IPv6 hosts: 16 address bytes + port (20 instead of 8), SYSFLAG 0x10 / 0x20."""
+    born = (bytes(range(1, 17)) if born_v6 else bytes([10, 0, 0, 1])) + struct.pack(">i", 51234)
+    store = (bytes(range(0xF0, 0x100)) if store_v6 else bytes([127, 0, 0, 1])) + struct.pack(">i", 10911)
+    sys_flag = (sys_flag & ~0x30) | (0x10 if born_v6 else 0) | (0x20 if store_v6 else 0)
+    total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + len(born) + 8 + len(store) + 4 + 8 + 4 + len(BODY) + 1 + len(TOPIC) \
+        + 2 + len(PROPS)
+    return b"".join([
+        struct.pack(">iIiiiqqiq", total, MAGIC_V1, zlib.crc32(BODY) & 0x7FFFFFFF, QUEUE_ID, FLAG, QUEUE_OFFSET,
+                    COMMIT_LOG_OFFSET, sys_flag, BORN_TS),
+        born, struct.pack(">q", STORE_TS), store, struct.pack(">iq", RECONSUME_TIMES, prepared),
+        struct.pack(">i", len(BODY)), BODY, struct.pack(">B", len(TOPIC)), TOPIC, struct.pack(">H", len(PROPS)), PROPS])
+
+
+@pytest.mark.parametrize("born_v6,store_v6", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("sys_flag", [0, 0x1, 0x2, 0x4, 0x8, 0xC, 0x40, 0x80, 0x300, -1])
+def test_every_host_width_and_sysflag_value_decodes_and_encodes_byte_for_byte(born_v6: bool, store_v6: bool,
+                                                                              sys_flag: int) -> None:
+    """Recovery keeps what passes the CRC and the layout's checks: no field value this engine does not
+    write itself (IPv6 hosts, transaction types, compression or batch bits) makes a record damage."""
+    expected = hand_built_v6(born_v6=born_v6, store_v6=store_v6, sys_flag=sys_flag, prepared=77)
+    born = HostAddress(bytes(range(1, 17)) if born_v6 else bytes([10, 0, 0, 1]), 51234)
+    store = HostAddress(bytes(range(0xF0, 0x100)) if store_v6 else bytes([127, 0, 0, 1]), 10911)
+    fields = _fields()._replace(born_host=born, sys_flag=sys_flag, prepared_transaction_offset=77)
+    encoded = encode_record(fields, queue_offset=QUEUE_OFFSET, commit_log_offset=COMMIT_LOG_OFFSET,
+                            store_timestamp_ms=STORE_TS, store_host=store, with_record_crc=False)
+    assert encoded == expected
+    record = decode_record(expected, 0, limit=len(expected), base_offset=COMMIT_LOG_OFFSET)
+    assert (record.born_host, record.store_host, record.store_timestamp_ms) == (born, store, STORE_TS)
+    assert (record.reconsume_times, record.prepared_transaction_offset, bytes(record.body)) == \
+        (RECONSUME_TIMES, 77, BODY)
+    assert record.sys_flag & ~0x30 == sys_flag & ~0x30
+    assert len(record.msg_id) == (56 if store_v6 else 32)
+    for read in (read_view, codec_py.read_view):
+        view = read(expected, 0, len(expected), COMMIT_LOG_OFFSET, True, False)
+        assert view is not None and view["msg_id"] == record.msg_id and view["store_host"] == str(store)
