@@ -41,7 +41,7 @@ from engine.ipc.messages import StatusQuery, StopCommand
 from engine.version import package_version
 from supervisor.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
 from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
-from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor
+from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor, degraded_note
 
 DEFAULT_STORE_DIR = Path("store")
 
@@ -186,7 +186,7 @@ def cmd_start(args: argparse.Namespace) -> int:
               f"(it exited); not starting", file=sys.stderr)
         return EXIT_FAILED
     supervisor.start()
-    print(f"ready {config.endpoint} store={supervisor.store_dir}", flush=True)
+    print(f"ready {config.endpoint} store={supervisor.store_dir}{degraded_note(supervisor.reasons())}", flush=True)
     try:
         supervisor.run()
     finally:
@@ -258,8 +258,8 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
                       or f"error: the engine exited with code {child.returncode}")
             print(reason if "; see " in reason else f"{reason} (see {log_path})", file=sys.stderr)
             return child.returncode if child.returncode > 0 else EXIT_FAILED
-        if _serves(store_dir, child.pid, config.endpoint):
-            print(f"ready {config.endpoint} store={store_dir} pid={child.pid}", flush=True)
+        if (reasons := _serves(store_dir, child.pid, config.endpoint)) is not None:
+            print(f"ready {config.endpoint} store={store_dir} pid={child.pid}{degraded_note(reasons)}", flush=True)
             return EXIT_OK
         time.sleep(0.05)  # waiting on another process to appear; no event to wait on yet
     child.terminate()  # it stops in order, wherever its start has got to
@@ -272,16 +272,19 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
     return EXIT_FAILED
 
 
-def _serves(store_dir: Path, pid: int, endpoint: str) -> bool:
-    """True once the supervisor ``pid`` on ``store_dir`` answers RUNNING on ``endpoint``."""
+def _serves(store_dir: Path, pid: int, endpoint: str) -> list[str] | None:
+    """Once the supervisor ``pid`` on ``store_dir`` answers on ``endpoint`` with every actor running:
+    why it is DEGRADED ([] if RUNNING: its disk may refuse writes); None until then."""
     try:
         state = supervisor_state(store_dir)
         if state.get("pid") != pid or state.get("endpoint") != endpoint:
-            return False  # not (yet) the one started here
+            return None  # not (yet) the one started here
         reply = control(store_dir, StatusQuery(), timeout_ms=500)
     except (NotRunning, ControlTimeout):
-        return False
-    return reply.state == "RUNNING" and reply.endpoint == endpoint
+        return None
+    if reply.endpoint != endpoint or any(actor.lifecycle != "RUNNING" for actor in reply.actors):
+        return None
+    return reply.reasons
 
 
 def _find(args: argparse.Namespace) -> tuple[Path, int]:
@@ -330,12 +333,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_NO_ANSWER
     offsets = reply.offsets
     if args.json:
-        print(json.dumps({"state": reply.state, "endpoint": reply.endpoint, "store_dir": str(store_dir),
-                          "offsets": offsets,
+        print(json.dumps({"state": reply.state, "reasons": reply.reasons, "endpoint": reply.endpoint,
+                          "store_dir": str(store_dir), "offsets": offsets,
                           "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,
-                                      **a.detail} for a in reply.actors]}, indent=2))
+                                      "condition": a.condition, **a.detail} for a in reply.actors]}, indent=2))
         return EXIT_OK
     print(f"engine {reply.state} on {reply.endpoint} store={store_dir}")
+    for reason in reply.reasons:
+        print(f"  degraded: {reason}")
     print(f"{'actor':<10} {'pid':>8} {'state':<10} {'restarts':>8}  detail")
     for a in reply.actors:
         detail = " ".join(f"{k}={v}" for k, v in a.detail.items())

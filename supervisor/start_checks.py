@@ -6,6 +6,12 @@ store's lock, a port that cannot be bound, are found without creating a file
 supervisor binds nothing itself on TCP; its actors do, later, so a port taken
 in between still fails the start, from the actor, quoting its last stderr line
 (``last_line``).
+
+A store directory the engine cannot write (a read-only mount, an immutable
+directory, wrong ownership) is the operator's to fix: the start is refused,
+naming it (``check_store_writable``), rather than serving with every send
+refused. A disk that fills while the engine runs is not refused here: the
+engine runs DEGRADED and says why (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -19,8 +25,17 @@ import psutil
 
 from engine.config import StoreConfig
 from engine.ipc import endpoints
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.consume_queue import CONSUME_QUEUE_DIR
+from engine.store.index_file import INDEX_DIR
+from engine.store.pop_files import POP_DIR
+from engine.store.timer_files import TIMER_LOG_DIR
+from engine.store.topics import TOPICS_FILE
 
 LOCK_FILE = "lock"  # flock'ed by the supervisor (its pid inside) and inherited by every actor
+# The store's directories the actors create files in (the store directory itself first).
+STORE_DIRS = ("", COMMIT_LOG_DIR, CONSUME_QUEUE_DIR, INDEX_DIR, str(TOPICS_FILE.parent), POP_DIR, TIMER_LOG_DIR)
+_WRITE_PROBE = ".write-check"
 
 
 class EngineError(RuntimeError):
@@ -67,6 +82,23 @@ def check_store_free(store_dir: Path) -> None:
     holder = lock_holder(store_dir)
     if holder is not None:
         raise held_error(store_dir, holder)
+
+
+def check_store_writable(store_dir: Path) -> None:
+    """Create and remove a file in the store directory and in each of ``STORE_DIRS`` that exists:
+    EngineError naming the first that refuses it ("cannot write in the store directory
+    /srv/store/commitlog: Read-only file system"). A probe file, not ``os.access``: it finds
+    what root's permission checks skip (a read-only mount, ``chattr +i``) as the actors would."""
+    for name in STORE_DIRS:
+        directory = store_dir / name
+        if name and not directory.is_dir():
+            continue  # created by the actor that writes it
+        probe = directory / _WRITE_PROBE
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise EngineError(f"cannot write in the store directory {directory}: {exc.strerror or exc}") from None
 
 
 def listening_addresses(config: StoreConfig) -> list[tuple[str, str]]:

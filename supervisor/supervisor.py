@@ -49,7 +49,15 @@ from engine.ipc.messages import (
 from engine.logs import LOG_DIR, configure_logging, event
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
 from supervisor.spec import ActorSpec, actor_specs
-from supervisor.start_checks import LOCK_FILE, EngineError, check_ports, check_store_free, held_error, last_line
+from supervisor.start_checks import (
+    LOCK_FILE,
+    EngineError,
+    check_ports,
+    check_store_free,
+    check_store_writable,
+    held_error,
+    last_line,
+)
 
 log = logging.getLogger("supervisor")
 
@@ -68,6 +76,7 @@ class ActorProcess:
     lifecycle: str = "DOWN"
     last_heartbeat_ms: int = 0
     detail: dict[str, int] = field(default_factory=dict)
+    condition: str = ""  # why it cannot do its work though running (its heartbeat's); "" when it can
     restarts: int = 0
     restart_times: deque[int] = field(default_factory=deque)
     restart_at_ms: int | None = None
@@ -127,13 +136,7 @@ class Supervisor:
             raise EngineError(f"cannot use the store directory {self.store_dir}: {exc.strerror or exc}") from None
         try:
             check_ports(self.config)  # again, holding the lock: an engine that started meanwhile binds them now
-            probe = self.store_dir / ".write-check"
-            try:
-                probe.write_bytes(b"")
-                probe.unlink()
-            except OSError as exc:
-                raise EngineError(f"cannot write in the store directory {self.store_dir}: "
-                                  f"{exc.strerror or exc}") from None
+            check_store_writable(self.store_dir)
         except EngineError:
             os.close(self.lock_fd)
             raise
@@ -170,8 +173,11 @@ class Supervisor:
         # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
         (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
         took_ms = monotonic_ms() - started_ms
-        log.info("engine ready on %s in %d ms (%d actors)", self.config.endpoint, took_ms, len(self.actors),
-                 extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms))
+        reasons = self.reasons()
+        log.log(logging.WARNING if reasons else logging.INFO, "engine ready on %s in %d ms (%d actors)%s",
+                self.config.endpoint, took_ms, len(self.actors), degraded_note(reasons),
+                extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms,
+                            state="DEGRADED" if reasons else "RUNNING"))
         self.publish("engine.ready")
 
     def _lock(self) -> None:
@@ -266,7 +272,22 @@ class Supervisor:
                 self.publish("actor.running", actor)
             actor.lifecycle = beat.lifecycle
             actor.detail = beat.detail
+            self._note_condition(actor, beat.condition)
             actor.last_heartbeat_ms = monotonic_ms()
+
+    def _note_condition(self, actor: ActorProcess, condition: str) -> None:
+        """Log when an actor starts or stops reporting a condition (not each change of its words:
+        the free bytes in "disk full (need N bytes, F free)" move)."""
+        if bool(condition) != bool(actor.condition):
+            if condition:
+                log.warning("engine DEGRADED: %s: %s", actor.spec.name, condition,
+                            extra=event("engine.degraded", actor_name=actor.spec.name, reason=condition))
+                self.publish("engine.degraded", actor)
+            else:
+                log.warning("%s: its condition cleared (%s)", actor.spec.name, actor.condition,
+                            extra=event("engine.condition_cleared", actor_name=actor.spec.name))
+                self.publish("engine.condition_cleared", actor)
+        actor.condition = condition
 
     def _drain_control(self) -> None:
         for _ in range(100):
@@ -298,13 +319,22 @@ class Supervisor:
                 actor.process.kill()
                 return ControlReply(ok=True, message=f"killed {name} (pid {actor.pid})")
 
+    def reasons(self) -> list[str]:
+        """Why the engine is DEGRADED: each actor that does not run, each that runs and reports a
+        condition (a disk that refuses its writes). Empty: RUNNING."""
+        down = [f"{a.spec.name} {'GAVE_UP' if a.gave_up else a.lifecycle}" for a in self.actors.values()
+                if a.lifecycle != "RUNNING"]
+        return down + [f"{a.spec.name}: {a.condition}" for a in self.actors.values()
+                       if a.lifecycle == "RUNNING" and a.condition]
+
     def status(self) -> ControlReply:
         actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts,
-                              {**a.detail, **_resources(a.pid)})
+                              {**a.detail, **_resources(a.pid)}, a.condition)
                   for a in self.actors.values()]
-        degraded = any(a.lifecycle != "RUNNING" for a in self.actors.values())
-        return ControlReply(ok=True, state="DEGRADED" if degraded else "RUNNING", endpoint=self.config.endpoint,
-                            actors=actors, offsets=self.offsets.snapshot(self.config.consume_queue_owner_count))
+        reasons = self.reasons()
+        return ControlReply(ok=True, state="DEGRADED" if reasons else "RUNNING", endpoint=self.config.endpoint,
+                            actors=actors, offsets=self.offsets.snapshot(self.config.consume_queue_owner_count),
+                            reasons=reasons)
 
     def _reconcile(self, now: int) -> None:
         for actor in self.actors.values():
@@ -340,6 +370,7 @@ class Supervisor:
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
         actor.lifecycle = "DOWN"
+        actor.condition = ""  # a new process reports its own
         actor.kill_at_ms = None
         window = self.config.restart_window_ms
         while actor.restart_times and now - actor.restart_times[0] > window:
@@ -426,6 +457,11 @@ class Supervisor:
             log.info("actor %s stopped (pid %d)", actor.spec.name, process.pid,
                      extra=event("actor.stopped", actor_name=actor.spec.name, actor_pid=process.pid))
         return code == 0
+
+
+def degraded_note(reasons: list[str]) -> str:
+    """What follows "ready ..." on a DEGRADED start: " DEGRADED: writer: ...; ..." ("" when RUNNING)."""
+    return f" DEGRADED: {'; '.join(reasons)}" if reasons else ""
 
 
 def _signal_name(code: int) -> str | None:

@@ -175,6 +175,12 @@ class Actor:
         """Figures for the heartbeat (offsets, counts)."""
         return {}
 
+    def condition(self) -> str:
+        """Why this actor, though running, cannot do its work ("" when it can), in a few words that
+        name the cause: "cannot append: disk full (need 4160 bytes, 0 free)". The supervisor reports
+        the engine DEGRADED with it until it is "" again (``Heartbeat.condition``)."""
+        return ""
+
     def metrics(self) -> Figures:
         """Figures for the monitor, by family of ``engine/metrics/families.py`` (``report.py``)."""
         return {}
@@ -289,7 +295,7 @@ class Runtime:
         actor, clock = self.actor, self.env.clock
         out = Effects()
         actor.lifecycle = "RECOVERING"
-        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         actor.recover(out)
         for port in actor.ports():
             self.open(port)
@@ -305,7 +311,7 @@ class Runtime:
         while not self.stopping:
             now = clock.mono_ms()
             if now >= next_beat:
-                send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
+                send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
                 next_beat = now + cfg.heartbeat_interval_ms
                 if os.getppid() != parent:
                     log.error("the supervisor is gone; stopping")
@@ -329,7 +335,7 @@ class Runtime:
                 actor.work_backlog(out)
                 self.carry_out(out)
         actor.lifecycle = "STOPPING"
-        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         for name in actor.drain_at_stop:
             self.on_readable(name, self.sockets[name])
         actor.shutdown(out)
@@ -337,7 +343,7 @@ class Runtime:
         if self.curve is not None:
             self.curve.stop()
         actor.lifecycle = "STOPPED"
-        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail())
+        send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
 
 
 def _die_with_parent() -> None:
@@ -389,8 +395,9 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     return 0
 
 
-def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: str, detail: dict[str, int]) -> None:
-    beat = Heartbeat(name, os.getpid(), lifecycle, detail)
+def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: str, detail: dict[str, int],
+                   condition: str = "") -> None:
+    beat = Heartbeat(name, os.getpid(), lifecycle, detail, condition)
     try:
         heartbeat.send(encoder.encode(beat), zmq.NOBLOCK)
     except zmq.Again:

@@ -60,6 +60,7 @@ from engine.services.recovery import plan_commit_log_recovery
 from engine.services.retention import SegmentFact, disk_space, disk_used_ratio, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
+from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import (
     END_FILE_MIN_BLANK_BYTES,
     SYSFLAG_TRANSACTION_COMMIT,
@@ -78,6 +79,8 @@ from engine.store.shared_offsets import (
 )
 
 log = logging.getLogger(__name__)
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # refused with DISK_FULL; other errors of the disk with
+# SERVICE_NOT_AVAILABLE (a read-only file system, EIO)
 _WAKE = encoder.encode(Wake())
 
 
@@ -145,6 +148,13 @@ class CommitLogWriterActor(Actor):
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.pending: deque[PendingAck] = deque()
         self.refuse_sends = False  # the disk is past disk_space_warning_level_ratio
+        self.disk_used_ratio = 0.0  # at the last retention round
+        # Appends the disk refuses (full, read-only, failing): logged once an episode, and the
+        # engine is DEGRADED (``condition``) until a retry (``retry_refused_append``) takes them.
+        self.appends = DiskRefusals("writer: appends", errnos=None, event_kind="segment.create_failed")
+        self.refused_batch_bytes = 0  # the last refused append's size, which the retry reserves
+        self.preallocations = DiskRefusals("writer: preallocating the next segment", errnos=None,
+                                            event_kind="segment.create_failed")
         self.busy_refusals = 0
         self.disk_full_refusals = 0
         self.sent_messages: dict[tuple[str, int], int] = {}  # since this process started, for metrics
@@ -169,9 +179,8 @@ class CommitLogWriterActor(Actor):
         self.log.open_at(plan.end_offset, after_power_loss=unclean)
         try:
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
-        except OSError as exc:
-            log.error("cannot create the segment at %d: %s; sends will be refused", plan.end_offset, exc,
-                      extra=event("segment.create_failed", reason=str(exc)))
+        except OSError as exc:  # the engine starts DEGRADED, saying why; sends are refused until it clears
+            self.append_refused(exc, 0)
         moved = self.deleted_topics.clamp_to(plan.end_offset)
         if moved:  # saved before the owners and the index builder read it
             log.warning("the log ends at %d, before the deletion of %s: their deletion offsets follow it down",
@@ -291,19 +300,46 @@ class CommitLogWriterActor(Actor):
                                              batch_bytes=batch_bytes, first_queue_offset=first,
                                              store_timestamp_ms=store_ts)
         except OSError as exc:
-            free = disk_space(self.env.store_dir).free_bytes
-            needed = batch_bytes + END_FILE_MIN_BLANK_BYTES
-            log.error("cannot store %d bytes (%d free): %s", needed, free, exc,
-                      extra=event("segment.create_failed", reason=str(exc)))
-            code = ErrorCode.DISK_FULL if exc.errno == errno.ENOSPC else ErrorCode.SERVICE_NOT_AVAILABLE
-            raise RequestError(code, f"the disk has no room for this batch: it needs {needed} bytes (up to "
-                                     f"{self.config.segment_reserve_step_bytes} are reserved ahead at a time) and "
-                                     f"{free} bytes are free: {exc.strerror}") from None
+            needed, free = self.append_refused(exc, batch_bytes)
+            if exc.errno not in _FULL_ERRNOS:
+                raise RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
+                                   f"the log cannot be written: {exc.strerror or exc}; retry later") from None
+            raise RequestError(ErrorCode.DISK_FULL, f"the disk has no room for this batch: it needs {needed} bytes "
+                                                    f"(up to {self.config.segment_reserve_step_bytes} are reserved "
+                                                    f"ahead at a time) and {free} bytes are free: {exc.strerror}"
+                               ) from None
+        self.appends.written()
         self.next_queue_offset[key] = first + len(items)
         self.sent_messages[key] = self.sent_messages.get(key, 0) + len(items)
         self.sent_bytes[key] = self.sent_bytes.get(key, 0) + batch_bytes
         self.last_store_timestamp_ms = store_ts
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
+
+    def append_refused(self, exc: OSError, batch_bytes: int) -> tuple[int, int]:
+        """Note an append the disk refused (logged once an episode); (bytes needed, bytes free)."""
+        free = disk_space(self.env.store_dir).free_bytes
+        needed = batch_bytes + END_FILE_MIN_BLANK_BYTES
+        self.refused_batch_bytes = batch_bytes
+        if exc.errno in _FULL_ERRNOS:
+            reason = f"cannot append: disk full (need {needed} bytes, {free} free)"
+        else:
+            reason = f"cannot append: {(exc.strerror or str(exc)).lower()}"
+        self.appends.refused(exc, reason)
+        return needed, free
+
+    def retry_refused_append(self) -> None:
+        """While appends are refused: does the disk take the last refused one now? (Its blocks are
+        reserved, not written; no send waits for this.) The episode ends when it does."""
+        try:
+            self.log.reserve_for(self.refused_batch_bytes)
+        except OSError as exc:
+            free = disk_space(self.env.store_dir).free_bytes
+            needed = self.refused_batch_bytes + END_FILE_MIN_BLANK_BYTES
+            self.appends.reason = (f"cannot append: disk full (need {needed} bytes, {free} free)"
+                                   if exc.errno in _FULL_ERRNOS
+                                   else f"cannot append: {(exc.strerror or str(exc)).lower()}")
+            return
+        self.appends.written()
 
     def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
         """Hide the topic's records below the written offset; answered by ``save_deletions``.
@@ -400,6 +436,7 @@ class CommitLogWriterActor(Actor):
                         extra=event("disk.full" if decision.refuse_sends else "disk.space_ok",
                                     disk_used_ratio=round(decision.disk_used_ratio, 4)))
         self.refuse_sends = decision.refuse_sends
+        self.disk_used_ratio = decision.disk_used_ratio
         for start in decision.delete:
             if start in decision.forced:
                 self.count_forced_deletion(start)
@@ -453,11 +490,15 @@ class CommitLogWriterActor(Actor):
         # As soon as a segment takes appends, the next one is prepared in the background
         # (RocketMQ's AllocateMappedFileService): zeroing a warm segment takes about as long
         # as 4 KiB batches take to fill half of one, and a roll must never wait for it.
+        if self.appends.refusing:
+            self.retry_refused_append()
         try:
             self.log.ensure_next_segment()
-        except OSError as exc:
-            log.error("cannot preallocate the next segment: %s", exc,
-                      extra=event("segment.create_failed", reason=str(exc)))
+        except OSError as exc:  # a roll creates it then, or refuses its append
+            self.preallocations.refused(exc)
+        else:
+            if self.preallocations.refusing and self.log.next_segment_ready():
+                self.preallocations.written()
 
     def detail(self) -> dict[str, int]:
         return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
@@ -465,6 +506,14 @@ class CommitLogWriterActor(Actor):
                 "busy_refusals": self.busy_refusals, "retention_rounds": self.retention_rounds,
                 "forced_deleted_segments": self.forced_deleted_segments,
                 "forced_deleted_messages": self.forced_deleted_messages}
+
+    def condition(self) -> str:
+        if self.appends.refusing:
+            return self.appends.reason
+        if self.refuse_sends:
+            return (f"sends refused: the disk is {self.disk_used_ratio:.0%} used, past "
+                    f"disk_space_warning_level_ratio ({self.config.disk_space_warning_level_ratio:.0%})")
+        return ""
 
     def metrics(self) -> Figures:
         return {"rmqpy_queue_sent_messages": per_queue(self.sent_messages),

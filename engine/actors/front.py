@@ -32,6 +32,7 @@ Replies come back as [client id, REQ flag, reply] and go out as they are.
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import logging
@@ -81,6 +82,7 @@ from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group, validate_topic
 from engine.services.key_lookup import KeyLookup
 from engine.store.consumer_offsets import ConsumerOffsets
+from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import decode_msg_id, java_string_hash
 from engine.store.pop_files import POP_DIR
 from engine.store.records import owner_of
@@ -135,7 +137,11 @@ class FrontActor(Actor):
         self.sync_flush = env.config.flush_mode == "SYNC_FLUSH"
         self.log_min_offset = 0
         self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
-        self.held: list[Callable[[Effects], None]] = []  # what waits for the topic table to be on disk
+        # What waits for the topic table to be on disk: requests to route again, and replies.
+        self.held: list[tuple[bytes, bytes, bytes]] = []
+        self.held_replies: list[Send] = []
+        # A disk that refuses the table's write: what waited is refused, the save retried each tick.
+        self.table_writes = DiskRefusals("front: the topic table", errnos=None)
         # (group, topic) pairs that pop: from the pop state's directories, and every pop since
         self.pop_groups = {(path.parent.name, path.name) for path in (env.store_dir / POP_DIR).glob("*/*")}
         self.pop_turn: dict[str, int] = {}
@@ -175,13 +181,39 @@ class FrontActor(Actor):
             self.handle_backend_reply(frames, out)
 
     def drained(self, port: str, out: Effects) -> None:
-        """Group commit: write the topic table once for the batch, then let what waited on it go."""
+        """Group commit: write the topic table once for the batch, then let what waited on it go.
+
+        If the disk refuses the write, every request that waited is answered DISK_FULL (or
+        SERVICE_NOT_AVAILABLE for another error of the disk) and nothing it asked for is
+        announced: the table keeps its changes in memory and the save is tried again each tick
+        (``tick``), and for the next request that needs it. A retried request finds its change
+        made and waits for that save again. The writer's answers to deletions go out either
+        way: the deletion is on disk in the writer's table."""
         if self.topics.unsaved:
-            self.topics.save()
-            self.consumer_offsets.persist()  # a deletion's dropped offsets go to disk with the table
+            try:
+                self.topics.save()
+            except OSError as exc:
+                self.table_writes.refused(exc)
+                self.refuse_held(exc, out)
+                return
+            self.table_writes.written()
+            self.persist_offsets()  # a deletion's dropped offsets go to disk with the table
+        replies, self.held_replies = self.held_replies, []
+        out.extend(replies)
         held, self.held = self.held, []
-        for action in held:
-            action(out)
+        for client, flag, raw in held:
+            self.serve(client, flag, raw, out)
+
+    def refuse_held(self, exc: OSError, out: Effects) -> None:
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        refusal = RequestError(ErrorCode.DISK_FULL if full else ErrorCode.SERVICE_NOT_AVAILABLE,
+                               f"the topic table cannot be saved: {exc.strerror or exc}; retry later")
+        replies, self.held_replies = self.held_replies, []
+        out.extend(replies)
+        held, self.held = self.held, []
+        for client, flag, raw in held:
+            self.refusals[refusal.code.name] = self.refusals.get(refusal.code.name, 0) + 1
+            out.append(self.error_reply(client, flag, raw, refusal))
 
     def connection(self, port: str, up: bool) -> None:
         if up and self.deleting:  # a new writer: what the old one took and did not answer may be lost
@@ -231,7 +263,7 @@ class FrontActor(Actor):
 
     def hold(self, client: bytes, flag: bytes, raw: bytes) -> None:
         """Route this request again once the topic table is on disk."""
-        self.held.append(partial(self.serve, client, flag, raw))
+        self.held.append((client, flag, raw))
 
     def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
         note = backend_note_decoder.decode(frames[3]) if len(frames) > 3 else None
@@ -247,7 +279,7 @@ class FrontActor(Actor):
             deletion = note
             if deletion.recorded:
                 self.finish_deletion(deletion.topic)
-                self.held.append(lambda later: later.append(relay))
+                self.held_replies.append(relay)
                 return
         out.append(relay)
 
@@ -538,7 +570,11 @@ class FrontActor(Actor):
         self.lookup.close()
 
     def detail(self) -> dict[str, int]:
-        return {"requests": self.requests_served, "topics": len(self.topics.topics)}
+        return {"requests": self.requests_served, "topics": len(self.topics.topics),
+                "disk_refusals": self.table_writes.count}
+
+    def condition(self) -> str:
+        return "" if not self.table_writes.refusing else f"cannot save the topic table: {self.table_writes.reason}"
 
     def metrics(self) -> Figures:
         committed = [[key.partition("@")[2], key.partition("@")[0], queue_id, offset]

@@ -428,6 +428,9 @@ class TimerActor(Actor):
                 "delivered": self.delivered, "dropped": self.dropped, "log_end": self.log.end,
                 "disk_refusals": self.disk.count}
 
+    def condition(self) -> str:
+        return self.disk.condition()
+
     def shutdown(self, out: Effects) -> None:
         try:
             self.store_checkpoint()

@@ -525,6 +525,9 @@ class TransactionActor(Actor):
                 "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next,
                 "disk_refusals": self.disk.count}
 
+    def condition(self) -> str:
+        return self.disk.condition()
+
     def shutdown(self, out: Effects) -> None:
         self.changed = True
         self.store_checkpoint()

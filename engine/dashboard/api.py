@@ -29,6 +29,7 @@ def overview(view: View, config_flush_mode: str, topic_count: int) -> dict[str, 
     one = {family: rows[0][-1] for family, rows in view.samples.items() if len(rows) == 1 and len(rows[0]) == 1}
     return {
         "state": status.state if status is not None else "UNKNOWN",
+        "reasons": status.reasons if status is not None else ["no status from the supervisor"],
         "flush_mode": config_flush_mode,
         "actors": actors,
         "offsets": dict(view.rows("rmqpy_log_offset_bytes")),

@@ -14,7 +14,7 @@ its JSON (``/api/...``), ``/metrics`` and ``/healthz`` too.
     GET /api/rates             messages sent and pulled a second, the last minutes
     GET /api/search?topic=T&key=K | ?msg_id=ID | ?topic=T&time_ms=MS
     GET /metrics               Prometheus' text format
-    GET /healthz               200 when every actor runs, else 503 and the states
+    GET /healthz               200 when the engine is RUNNING, else 503 and its reasons
 """
 
 from __future__ import annotations
@@ -122,16 +122,17 @@ class Dashboard:
 
 
 def health(store_dir: Path) -> tuple[int, bytes]:
-    """``/healthz``: 200 and ``RUNNING`` when every actor runs; else 503, the engine's state
-    and each actor that does not run with its state (``writer RECOVERING``, ``front GAVE_UP``),
-    or why the supervisor gave no status. A load balancer or systemd reads the code."""
+    """``/healthz``: 200 and ``RUNNING`` when every actor runs and can do its work; else 503,
+    the engine's state and its reasons, a line each: each actor that does not run with its
+    state (``writer RECOVERING``, ``front GAVE_UP``), each that reports a condition
+    (``writer: cannot append: disk full (need 4160 bytes, 0 free)``); or why the supervisor
+    gave no status. A load balancer or systemd reads the code."""
     status = supervisor_status(store_dir)
     if status is None:
         return 503, b"UNKNOWN\nno status from the supervisor\n"
-    down = [f"{actor.name} {actor.lifecycle}\n" for actor in status.actors if actor.lifecycle != "RUNNING"]
-    if status.state == "RUNNING" and not down:
+    if status.state == "RUNNING" and not status.reasons:
         return 200, b"RUNNING\n"
-    return 503, (f"{status.state}\n" + "".join(down)).encode()
+    return 503, (f"{status.state}\n" + "".join(f"{reason}\n" for reason in status.reasons)).encode()
 
 
 def _handler(dashboard: Dashboard, *, pages: bool) -> type[BaseHTTPRequestHandler]:

@@ -195,6 +195,7 @@ class Heartbeat(msgspec.Struct, array_like=True, tag="heartbeat"):
     pid: int
     lifecycle: str
     detail: dict[str, int]
+    condition: str = ""  # why a RUNNING actor cannot do its work ("" when it can): the engine is DEGRADED
 
 
 class StatusQuery(msgspec.Struct, tag="status"):
@@ -220,11 +221,14 @@ class ActorStatus(msgspec.Struct):
     lifecycle: str
     restarts: int
     detail: dict[str, int]
+    condition: str = ""  # the actor's last heartbeat's (``Heartbeat.condition``)
 
 
 class ControlReply(msgspec.Struct, tag="control_reply"):
     """supervisor -> CLI / tests. ``state``, ``endpoint``, ``actors`` and ``offsets`` (the shared
-    offset slots by name) answer a ``StatusQuery``; ``message`` says what a command did or why not."""
+    offset slots by name) answer a ``StatusQuery``; ``message`` says what a command did or why not.
+    ``state`` is RUNNING, or DEGRADED with ``reasons``: each actor that does not run
+    ("front DOWN"), each that runs but reports a condition ("writer: cannot append: ...")."""
 
     ok: bool
     message: str = ""
@@ -232,6 +236,7 @@ class ControlReply(msgspec.Struct, tag="control_reply"):
     endpoint: str = ""
     actors: list[ActorStatus] = []
     offsets: dict[str, int] = {}
+    reasons: list[str] = []
 
 
 class Event(msgspec.Struct, tag="event"):

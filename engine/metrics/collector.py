@@ -99,7 +99,9 @@ def _add_lag(view: View) -> None:
 
 
 def _add_actors(view: View, status: ControlReply) -> None:
+    view.add("rmqpy_engine_degraded", int(status.state != "RUNNING"))
     for actor in status.actors:
+        view.add("rmqpy_actor_condition", actor.name, int(bool(actor.condition)))
         view.add("rmqpy_actor_up", actor.name, int(actor.lifecycle == "RUNNING"))
         for state in _STATES:
             view.add("rmqpy_actor_state", actor.name, state, int(actor.lifecycle == state))

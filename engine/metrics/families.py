@@ -66,6 +66,10 @@ FAMILIES = {f.name: f for f in [
     # the host and the actors
     Family("rmqpy_disk_used_ratio", GAUGE, "Used share of the store's file system"),
     Family("rmqpy_disk_free_bytes", GAUGE, "Free bytes on the store's file system"),
+    Family("rmqpy_engine_degraded", GAUGE, "1 while the engine is DEGRADED: an actor does not run, or runs and "
+                                           "cannot do its work (the reasons: status, /healthz)"),
+    Family("rmqpy_actor_condition", GAUGE, "1 while a running actor reports it cannot do its work (a disk that "
+                                           "refuses its writes)", ("actor",)),
     Family("rmqpy_actor_up", GAUGE, "1 while an actor runs (RUNNING)", ("actor",)),
     Family("rmqpy_actor_state", GAUGE, "1 for an actor's current lifecycle state", ("actor", "state")),
     Family("rmqpy_actor_restarts", COUNTER, "Restarts of an actor by the supervisor", ("actor",)),

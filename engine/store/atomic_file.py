@@ -23,7 +23,9 @@ def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # a write the disk cuts short is followed by one that fails (ENOSPC)
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -398,6 +398,20 @@ class CommitLogWriter:
         self.written_offset = segment.start_offset + pos + batch_bytes
         return AppendResult(offsets, self.written_offset)
 
+    def reserve_for(self, batch_bytes: int) -> None:
+        """Reserve the blocks an append of ``batch_bytes`` would take, appending nothing: OSError as
+        ``append_items`` would give it. The writer asks again this way whether a disk that refused
+        an append takes one now; what it reserves, the next appends use."""
+        start = self.written_offset - self.written_offset % self.segment_size_bytes
+        pos = self.written_offset - start
+        remaining = self.segment_size_bytes - pos
+        if batch_bytes + END_FILE_MIN_BLANK_BYTES <= remaining:
+            self._segment(start).reserve(pos + batch_bytes + END_FILE_MIN_BLANK_BYTES)
+            return
+        if remaining >= END_FILE_MIN_BLANK_BYTES:
+            self._segment(start).reserve(pos + END_FILE_MIN_BLANK_BYTES)
+        self._segment(start + self.segment_size_bytes).reserve(batch_bytes + END_FILE_MIN_BLANK_BYTES)
+
     def _fd(self, segment: MappedFile) -> int:
         """The descriptor appends to ``segment`` go through; those of older segments are closed."""
         fd = self._fds.get(segment.start_offset)
@@ -460,6 +474,11 @@ class CommitLogWriter:
         self._preallocation = threading.Thread(target=self._preallocate, args=(path,), daemon=True,
                                                name="segment-preallocation")
         self._preallocation.start()
+
+    def next_segment_ready(self) -> bool:
+        """The segment after the current one exists (``ensure_next_segment`` made it)."""
+        start = self.written_offset - self.written_offset % self.segment_size_bytes
+        return self.segments.get(start + self.segment_size_bytes) is not None
 
     def _preallocate(self, path: Path) -> None:
         try:

@@ -121,3 +121,27 @@ def test_the_transaction_actor_survives_a_full_disk_and_commits_once_space_is_ba
         wait_body(client, b"pay")
         wait_actor(engine, "transactions", "a checkpoint written", lambda a: a.detail["op_next"] >= 1)
         assert actor(engine, "transactions").restarts == 0
+
+
+def test_a_first_pop_by_a_new_group_on_a_full_disk_gets_disk_full_and_works_once_space_is_back(
+        small_disk: Path) -> None:
+    """The group's dead-letter topic goes into the topic table, which the full disk refuses to save."""
+    with engine_with_topics(small_disk / "store", timer_config(), {TOPIC: 2}) as engine, \
+            engine.client(timeout_ms=5_000) as client:
+        client.send(TOPIC, [{"body": b"one"}], queue_id=0)
+        wait_dispatched(client, timeout_ms=10_000)
+        ballast = fill(small_disk)
+        started = time.monotonic()
+        with pytest.raises(EngineError) as refused:
+            client.pop("newcomers", TOPIC, queue_id=0, invisible_ms=10_000)
+        assert refused.value.name == "DISK_FULL", refused.value
+        assert time.monotonic() - started < 2.0
+        front = wait_actor(engine, "front", "a DEGRADED report", lambda a: a.condition != "" or a.restarts > 0)
+        assert front.restarts == 0
+        assert front.condition == "cannot save the topic table: no space left on device"
+        ballast.unlink()
+        reply = client.pop("newcomers", TOPIC, queue_id=0, invisible_ms=10_000)
+        assert [m["body"] for m in reply] == [b"one"]
+        wait_actor(engine, "front", "its table saved", lambda a: a.condition == "")
+        assert "%DLQ%newcomers" in (small_disk / "store" / "config" / "topics.json").read_text()
+        assert all(a.restarts == 0 for a in control(engine.store_dir, StatusQuery()).actors)

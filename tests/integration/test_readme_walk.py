@@ -54,7 +54,8 @@ CLAIMS = [
     ("--server-key keys/server.key", r"orders|jobs"),
     ("supervisor start --config grpc.toml --detach", r"ready tcp://127\.0\.0\.1:10911"),
     ("curl -s 127.0.0.1:9108/healthz", r"^RUNNING"),
-    ("curl -s 127.0.0.1:9108/metrics", r"^rmqpy_group_lag_messages\{group=\"billing\".*\n(.*\n)*rmqpy_actor_restarts_total"),
+    ("curl -s 127.0.0.1:9108/metrics",
+     r"^rmqpy_group_lag_messages\{group=\"billing\".*\n(.*\n)*rmqpy_actor_restarts_total"),
 ]
 # What a healthy run must not print.
 REFUTED = [("engine inspect", r"DAMAGE"), ("engine check", r"DAMAGE")]
@@ -90,19 +91,20 @@ def commands(block: Block) -> list[str]:
     found: list[str] = []
     lines = iter(block.text.splitlines())
     for line in lines:
+        command = line
         if block.text.lstrip().startswith("$ "):
             if not line.startswith("$ "):
                 continue  # the output the README shows under a prompt
-            line = line[2:]
-        heredoc = re.search(r"<<'?(\w+)'?", line)
+            command = line[2:]
+        heredoc = re.search(r"<<'?(\w+)'?", command)
         if heredoc:
             body = []
             for more in lines:
                 body.append(more)
                 if more == heredoc.group(1):
                     break
-            line = "\n".join([line, *body])
-        found.append(line)
+            command = "\n".join([command, *body])
+        found.append(command)
     return found
 
 
@@ -157,10 +159,9 @@ def test_every_readme_command_does_what_the_readme_says(scratch: Path) -> None:
                 walked.append(f"python block at line {block.line}")
                 run(f"{sys.executable} block.py", scratch)
             continue
-        for command in commands(block):
-            if PLACEHOLDER_ID in command:
-                assert last_id, f"no id printed before line {block.line}: {command}"
-                command = command.replace(PLACEHOLDER_ID, last_id)
+        for written in commands(block):
+            command = written.replace(PLACEHOLDER_ID, last_id) if PLACEHOLDER_ID in written else written
+            assert last_id or PLACEHOLDER_ID not in written, f"no id printed before line {block.line}: {written}"
             output = run(command, scratch)
             walked.append(command)
             for piece, pattern in CLAIMS:

@@ -36,6 +36,7 @@ function showOverview(o) {
   const state = $("#state");
   state.textContent = o.state;
   state.className = `badge ${o.state}`;
+  $("#reasons").textContent = (o.reasons || []).join("; ");
   $("#flush-mode").textContent = o.flush_mode;
   $("#topic-count").textContent = count(o.topics);
   $("#log-confirmed").textContent = bytes(o.offsets.confirmed || 0);
