@@ -47,6 +47,7 @@ from engine.ipc.messages import (
     heartbeat_decoder,
 )
 from engine.logs import LOG_DIR, configure_logging, event
+from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
 from supervisor.spec import ActorSpec, actor_specs
 from supervisor.start_checks import (
@@ -143,6 +144,7 @@ class Supervisor:
         # Only the engine holding the lock writes (and rotates) the store's logs.
         configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
         started_ms = monotonic_ms()
+        self._check_file_systems()
         self.crash_start = (self.store_dir / ABORT_FILE).exists()
         if self.crash_start:
             log.warning("the previous run did not stop cleanly (abort marker present); recovering",
@@ -179,6 +181,17 @@ class Supervisor:
                 extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms,
                             state="DEGRADED" if reasons else "RUNNING"))
         self.publish("engine.ready")
+
+    def _check_file_systems(self) -> None:
+        """Refuse a store (or run directory) whose files the actors could not share through mmap: a
+        FUSE mount with direct_io made the first actor to map a file die with "No such device"."""
+        run_dir = endpoints.ensure_run_dir(self.store_dir)
+        for directory in (self.store_dir, run_dir):
+            try:
+                check_shared_mappings(directory)
+            except SharedMappingError as exc:
+                log.error("not starting: %s", exc)
+                raise EngineError(str(exc)) from None
 
     def _lock(self) -> None:
         self.lock_fd = os.open(self.store_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
