@@ -97,18 +97,21 @@ class EngineProcess:
         self.output = b""
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)
-        if not self._read_until(b"ready ", self.start_timeout_s):
+        if not self._read_until(b"\nready ", self.start_timeout_s):  # the line, not the log's "engine ready on"
             self.kill()
             raise EngineFailed(f"engine did not become ready:\n{self.output.decode(errors='replace')}")
         self.descendants = psutil.Process(self.process.pid).children(recursive=True)
 
     def _read_until(self, marker: bytes | None, timeout_s: float) -> bool:
-        """Read the supervisor's output until ``marker`` (None: until it closes); False on timeout or EOF."""
+        """Read the supervisor's output until ``marker`` (None: until it closes); False on timeout or EOF.
+
+        A marker that starts with a newline also matches at the start of the output.
+        """
         assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         with selectors.DefaultSelector() as selector:
             selector.register(self.process.stdout, selectors.EVENT_READ)
-            while marker is None or marker not in self.output:
+            while marker is None or marker not in b"\n" + self.output:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not selector.select(remaining):
                     return False
