@@ -9,11 +9,17 @@ transaction, how much of it the transaction actor's look for commits already sto
 (from its checkpoint's ``scan_from``), the time from the start of the supervisor to every
 actor RUNNING (its "ready" line), to a new commit answered (the transaction actor serves
 commits once its look is done), and whether the engine was RUNNING (not DEGRADED) then.
+
+The checkpoint's ``scan_from`` passes the bulk while the engine runs (no op comes), so the
+look at the start is short. ``--whole-look`` puts it back at the transaction's op before the
+start (as a checkpoint written before it could pass the log), so that the look covers the
+whole bulk: the time it takes in slices, with the actor heartbeating between them.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -26,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.ipc.messages import StatusQuery
-from engine.store.transaction_state import load_transaction_checkpoint
+from engine.store.transaction_state import load_transaction_checkpoint, store_transaction_checkpoint
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
 
@@ -51,9 +57,19 @@ class Result:
     running_s: float  # from the start of the supervisor to every actor RUNNING
     commit_s: float  # from the start of the supervisor to a new commit answered
     state: str  # RUNNING, or DEGRADED
+    slowest: str  # the actor that took longest from spawn to RUNNING at the start, and how long
 
 
-def run(store_dir: Path, gib: float, body_size: int) -> Result:
+def slowest_recovery(store_dir: Path) -> str:
+    """From the supervisor's log of the last start: its slowest "recovered in" line."""
+    lines = (store_dir / "logs" / "supervisor.log").read_text().splitlines()
+    last_pid = re.findall(r"supervisor\[(\d+)\]", lines[-1])
+    times = [(int(m[2]), m[1]) for line in lines if last_pid and f"supervisor[{last_pid[0]}]" in line
+             and (m := re.search(r"actor (\S+) recovered in (\d+) ms", line))]
+    return f"{max(times)[1]} {max(times)[0]} ms" if times else "?"
+
+
+def run(store_dir: Path, gib: float, body_size: int, *, whole_look: bool) -> Result:
     config = StoreConfig(metrics_endpoint="")
     engine = EngineProcess(store_dir, config=config, start_timeout_s=600)
     engine.start()
@@ -62,7 +78,7 @@ def run(store_dir: Path, gib: float, body_size: int) -> Result:
             client.create_topic(TX_TOPIC, queue_count=1)
             client.create_topic(BULK_TOPIC, queue_count=1)
             commit_one(client, b"before")
-            first = log_end(client)
+            first = log_end(client)  # past the op and its commit
             batch = [{"body": b"x" * body_size}] * 1_000
             fill_started = time.perf_counter()
             while log_end(client) - first < gib * GIB:
@@ -73,6 +89,9 @@ def run(store_dir: Path, gib: float, body_size: int) -> Result:
     finally:
         engine.stop(timeout_s=600)
     checkpoint = load_transaction_checkpoint(store_dir)
+    if whole_look:
+        checkpoint.scan_from = min(checkpoint.scan_from, first)
+        store_transaction_checkpoint(store_dir, checkpoint)
     started = time.perf_counter()
     engine.start()
     try:
@@ -84,23 +103,27 @@ def run(store_dir: Path, gib: float, body_size: int) -> Result:
         state = control(engine.store_dir, StatusQuery()).state
     finally:
         engine.stop(timeout_s=600)
-    return Result(past, max(0, end - checkpoint.scan_from), fill_s, running_s, commit_s, state)
+    slowest = slowest_recovery(store_dir)
+    return Result(past, max(0, end - checkpoint.scan_from), fill_s, running_s, commit_s, state, slowest)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", default="1,4", help="sizes of log past the last transaction, GiB (comma-separated)")
     parser.add_argument("--body-size", type=int, default=10)
+    parser.add_argument("--whole-look", action="store_true",
+                        help="start with scan_from at the transaction: the look covers the whole bulk")
     parser.add_argument("--store-dir", type=Path, default=None, help="where the stores go (default: a temp dir)")
     args = parser.parse_args()
     root = args.store_dir or Path(tempfile.mkdtemp(prefix="bench-restart-"))
-    print(f"{'log past tx':>12} {'look covers':>12} {'fill s':>8} {'all RUNNING s':>14} {'commit s':>9}  state")
+    print(f"{'log past tx':>12} {'look covers':>12} {'fill s':>8} {'all RUNNING s':>14} {'commit s':>9}  state    "
+          f"slowest actor")
     for size in (float(s) for s in args.gib.split(",")):
         store = root / f"store-{size:g}gib"
         shutil.rmtree(store, ignore_errors=True)
-        r = run(store, size, args.body_size)
+        r = run(store, size, args.body_size, whole_look=args.whole_look)
         print(f"{r.past_bytes / GIB:>10.2f} G {r.look_bytes / GIB:>10.2f} G {r.fill_s:>8.1f} {r.running_s:>14.2f} "
-              f"{r.commit_s:>9.2f}  {r.state}", flush=True)
+              f"{r.commit_s:>9.2f}  {r.state:<8} {r.slowest}", flush=True)
         shutil.rmtree(store, ignore_errors=True)
     if args.store_dir is None:
         shutil.rmtree(root, ignore_errors=True)
