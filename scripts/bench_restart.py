@@ -29,8 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.client import StoreClient
+from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
+from engine.errors import ErrorCode
 from engine.ipc.messages import StatusQuery
 from engine.store.transaction_state import load_transaction_checkpoint, store_transaction_checkpoint
 from supervisor.control import control
@@ -43,6 +44,17 @@ GIB = 1 << 30
 def commit_one(client: StoreClient, body: bytes) -> None:
     [result] = client.send(TX_TOPIC, [{"body": body}], queue_id=0, transaction=True, producer_group=GROUP)
     assert client.commit(str(result["msg_id"])) == "commit"
+
+
+def send_retrying(client: StoreClient, batch: list[dict[str, bytes]]) -> None:
+    """A send, again after BUSY (the writer's queue waited past send_queue_wait_ms_max: nothing stored)."""
+    while True:
+        try:
+            client.send(BULK_TOPIC, batch, queue_id=0)
+            return
+        except EngineError as exc:
+            if exc.code != ErrorCode.BUSY:
+                raise
 
 
 def log_end(client: StoreClient) -> int:
@@ -83,7 +95,7 @@ def run(store_dir: Path, gib: float, body_size: int, *, whole_look: bool) -> Res
             fill_started = time.perf_counter()
             while log_end(client) - first < gib * GIB:
                 for _ in range(50):
-                    client.send(BULK_TOPIC, batch, queue_id=0)
+                    send_retrying(client, batch)
             fill_s = time.perf_counter() - fill_started
             past = log_end(client) - first
     finally:

@@ -9,8 +9,9 @@ end, and moves again only what it does not find: no message is moved twice.
 That range may be long (a checkpoint that names a point far back, a log filled by other
 topics since), so the look goes a slice at a time (``MoveSearch.step``, at most
 ``catch_up_bytes_per_turn_max`` of log a call) and the actor's loop sends its heartbeats
-between slices. Records are walked by the compiled codec (``log_slices.read_slice``); only a
-record whose bytes hold the property's name is decoded in full.
+between slices. Most of the log holds no move: a search for the property's name passes it
+without parsing a record. Around a hit the records are walked by the compiled codec
+(``log_slices.read_slice``), and only a record whose bytes hold the name is decoded in full.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class MoveSearch:
     def __init__(self, reader: CommitLogReader, start: int, end: int) -> None:
         self.reader = reader
         self.start = max(start, reader.min_offset())
-        self.position = self.start
+        self.position = self.start  # a record boundary: every move before it is in ``found``
+        self.clean_to = self.start  # the name appears nowhere in [position, clean_to)
         self.end = end
         self.found: set[int] = set()
 
@@ -42,12 +44,30 @@ class MoveSearch:
         return self.position >= self.end
 
     def step(self, bytes_max: int) -> None:
-        """Look at the next ``bytes_max`` of the range (whole records, at least one)."""
+        """Look at the next ``bytes_max`` of the range.
+
+        Bytes where the property's name does not appear are passed without parsing a record: a
+        search for it runs ahead of ``position`` (``clean_to``), and a segment found clean to its
+        end is left at once (the next one starts at a record). Up to a hit, the records are walked
+        (``read_slice``) and the ones that hold it decoded."""
+        segment = self.reader.segment_at(self.position)
+        if segment is None:  # retention took it, or the log ends before ``end``: no move there
+            self.position = self.end
+            return
+        base = segment.start_offset
+        segment_end = min(segment.end_offset, self.end)
+        self.clean_to = max(self.clean_to, self.position)
+        window_end = min(segment_end, self.clean_to + max(bytes_max, 2 * len(_MARK)))
+        if segment.mm.find(_MARK, self.clean_to - base, window_end - base) < 0:
+            if window_end >= segment_end:
+                self.position = self.clean_to = segment_end
+            else:  # a name across the window's end is found by the next search
+                self.clean_to = window_end - len(_MARK) + 1
+            return
         piece = read_slice(self.reader, self.position, self.end, bytes_max, 1)
-        entries = piece.per_owner[0]
-        if entries:
-            self._look_closer(entries)
-        self.position = piece.end
+        if piece.per_owner[0]:
+            self._look_closer(piece.per_owner[0])
+        self.position = self.clean_to = piece.end
 
     def _look_closer(self, entries: list[tuple]) -> None:
         """Decode the records whose bytes hold the mark (a body may hold it too: the decode says)."""
