@@ -32,10 +32,16 @@ from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram
-from engine.services.restart_points import checkpoint_dispatched, checkpoint_within_log, flusher_restart
+from engine.services.restart_points import (
+    checkpoint_dispatched,
+    checkpoint_within_log,
+    dispatched_on_disk,
+    flusher_restart,
+)
 from engine.store import sync
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
-from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader
+from engine.store.consume_queue import list_queues
 from engine.store.layout import offset_to_file_name
 from engine.store.mapped_file import PAGE_BYTES
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
@@ -90,6 +96,25 @@ class FlusherActor(Actor):
                         self.checkpoint.dispatched_offset)
             self.checkpoint = replace(self.checkpoint, dispatched_offset=dispatched)
             self.write_checkpoint()  # before the owners and the index builder read it
+        self.follow_lost_queues()
+
+    def follow_lost_queues(self) -> None:
+        """With the ConsumeQueues lost, the checkpoint's dispatched offset goes down to the log's
+        start before the owners read it: they build every queue again from there, and a kill
+        half-way has them go on from what they made durable, never from the old offset."""
+        dispatched = self.checkpoint.dispatched_offset
+        reader = CommitLogReader.for_config(self.env.store_dir, self.config)
+        try:
+            log_min = reader.min_offset()
+        finally:
+            reader.segments.close()
+        rebuilt_from = dispatched_on_disk(dispatched, queues_on_disk=len(list_queues(self.env.store_dir)),
+                                          log_min=log_min)
+        if rebuilt_from < dispatched:
+            log.warning("no ConsumeQueue on disk, while the checkpoint says the log was dispatched up to %d: "
+                        "every queue is built again from the log from %d", dispatched, rebuilt_from)
+            self.checkpoint = replace(self.checkpoint, dispatched_offset=rebuilt_from)
+            self.write_checkpoint()
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""

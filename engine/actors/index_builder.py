@@ -23,9 +23,10 @@ from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.services.log_slices import read_slice
 from engine.services.restart_points import index_restart, index_restart_unclean
 from engine.store.checkpoint import CheckpointError, load_checkpoint
-from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.commit_log import CommitLogReader
 from engine.store.index_file import IndexService
 from engine.store.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
@@ -92,20 +93,11 @@ class IndexBuilderActor(Actor):
         self.behind = False
         if end <= start:
             return
-        for item in self.reader.scan(start, end, check_crc=False):
-            if isinstance(item, Damage):
-                reached = item.end
-            else:
-                keys = item.keys
-                uniq = item.uniq_key
-                if (keys or uniq) and not self.apply(item.topic, [uniq, *keys] if uniq else keys,
-                                                      item.commit_log_offset, item.store_timestamp_ms):
-                    return
-                reached = item.commit_log_offset + item.total_size
-            if reached - start >= self.config.catch_up_bytes_per_turn_max and reached < end:
-                self.applied_offset, self.behind = reached, True
+        piece = read_slice(self.reader, start, end, self.config.catch_up_bytes_per_turn_max, 1)
+        for topic, _queue_id, _queue_offset, commit_log_offset, _size, _code, store_timestamp, keys in piece.for_index:
+            if not self.apply(topic, keys, commit_log_offset, store_timestamp):
                 return
-        self.applied_offset = end
+        self.applied_offset, self.behind = piece.end, piece.end < end
 
     def apply(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> bool:
         """Index one record; on a full disk stop at this record (False) and retry from it later."""

@@ -32,7 +32,7 @@ from engine.actors.base import Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
 from engine.errors import ErrorCode
-from engine.services.moved_records import moved_since
+from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import Record, RecordError, java_string_hash
@@ -119,6 +119,7 @@ class TimerActor(Actor):
         self.already_moved: set[int] = set()  # found in the log by the last look; never moved again
         self.look_at_ms = 0  # mono ms when to look in the log for moves (after a start or a lost reply)
         self.look_pending = True
+        self.look: MoveSearch | None = None  # the look under way, a slice a turn
         self.last_checkpoint_ms = 0
         self.disk = DiskRefusals("timer")  # a full disk: checkpoints and enqueues wait, deliveries go on
         self.delivered = 0
@@ -263,8 +264,8 @@ class TimerActor(Actor):
     def deliver(self, out: Effects) -> None:
         if self.clock.mono_ms() < self.look_at_ms:
             return
-        if self.look_pending:
-            self.look_for_moves()
+        if self.look_pending and not self.look_for_moves():
+            return  # the next turn goes on with it
         now = self.clock.wall_ms()
         for _ in range(_SLOTS_PER_TURN_MAX):
             if not self.loaded:
@@ -276,13 +277,26 @@ class TimerActor(Actor):
                 return
             self.finish_slot()
 
-    def look_for_moves(self) -> None:
-        """Which moves are already in the log since the checkpoint's slot began (a restart, a lost reply)."""
-        self.look_pending = False
-        found = moved_since(self.reader, self.slot_log_start, self.slots.get(CONFIRMED))
-        self.already_moved |= found
-        if found:
-            log.info("%d moves found in the log since %d: they are not made again", len(found), self.slot_log_start)
+    def look_for_moves(self) -> bool:
+        """One slice of the look for moves already in the log since the checkpoint's slot began (a
+        restart, a lost reply); True once it is done. Nothing is delivered before."""
+        if self.look is None:
+            self.look = MoveSearch(self.reader, self.slot_log_start, self.slots.get(CONFIRMED))
+        look = self.look
+        look.step(self.config.catch_up_bytes_per_turn_max)
+        if not look.done:
+            return False
+        self.look, self.look_pending = None, False
+        self.already_moved |= look.found
+        if look.found:
+            log.info("%d moves found in the log since %d: they are not made again", len(look.found), look.start)
+        return True
+
+    def backlog(self) -> bool:
+        return self.look is not None
+
+    def work_backlog(self, out: Effects) -> None:
+        self.deliver(out)
 
     def load_slot(self) -> None:
         slot = self.wheel.get(self.read_ms)
@@ -360,6 +374,7 @@ class TimerActor(Actor):
         self.retry_at_ms = self.clock.mono_ms() + 100
         if code is None or code == ErrorCode.TIMEOUT:
             self.look_pending = True
+            self.look = None  # a look under way ends before this move: look again, to the end
             self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
     def finish_slot(self) -> None:

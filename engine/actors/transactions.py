@@ -44,11 +44,12 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
-from engine.services.moved_records import moved_since
+from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.layout import Record, RecordError, decode_msg_id
-from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING
+from engine.store.records import owner_of
+from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING, owner_slot
 from engine.store.system_topics import (
     HALF_TOPIC,
     OP_HALF_TOPIC,
@@ -141,6 +142,13 @@ class TransactionActor(Actor):
         self.already_moved: set[int] = set()
         self.look_at_ms = 0
         self.look_pending = True
+        self.look: MoveSearch | None = None  # the look for moves under way, a slice a turn
+        # Every op below ``ops_read_to`` in the log has been read (an empty pull of the op queue, sent
+        # when its owner had applied the log that far, proves it): while every op read is
+        # checkpointed, scan_from may pass the ops' end up to there (``store_checkpoint``).
+        self.op_owner_slot = owner_slot(owner_of(OP_HALF_TOPIC, 0, env.config.consume_queue_owner_count))
+        self.op_pull_applied = 0
+        self.ops_read_to = 0
         self.last_checkpoint_ms = 0
         self.disk = DiskRefusals("transactions")  # a full disk: the checkpoint waits, checks go on
         self.changed = True
@@ -333,6 +341,8 @@ class TransactionActor(Actor):
         heapq.heappush(self.check_heap, (0, offset))
 
     def on_ops(self, messages: list[dict[str, Any]], out: Effects) -> None:
+        if not messages:
+            self.ops_read_to = max(self.ops_read_to, self.op_pull_applied)
         for message in messages:
             properties = message["properties"]
             try:
@@ -399,6 +409,7 @@ class TransactionActor(Actor):
             self.to_apply.append(op)
             if code is None or code == ErrorCode.TIMEOUT:
                 self.look_pending = True
+                self.look = None  # a look under way ends before this move: look again, to the end
                 self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
         self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
@@ -469,15 +480,33 @@ class TransactionActor(Actor):
 
     def work(self, out: Effects) -> None:
         self.half_follower.pull(out, self.on_halves)
+        if not self.op_follower.pulling:  # the pull sent now finds every op below this, or names it
+            self.op_pull_applied = self.slots.get(self.op_owner_slot)
         self.op_follower.pull(out, self.on_ops)
         if self.clock.mono_ms() < self.look_at_ms:
             return
-        if self.look_pending:
-            self.look_pending = False
-            start = self.ops[0].commit_log_offset if self.ops else self.checkpoint.scan_from
-            self.already_moved |= moved_since(self.reader, min(start, self.checkpoint.scan_from),
-                                              self.slots.get(CONFIRMED))
+        if self.look_pending and not self.look_for_moves():
+            return  # the next turn goes on with it
         self.apply_ops(out)
+
+    def look_for_moves(self) -> bool:
+        """One slice of the look for commits already stored (after a start or a lost reply); True
+        once it is done. No op is applied before: its commit may be among them."""
+        if self.look is None:
+            start = self.ops[0].commit_log_offset if self.ops else self.checkpoint.scan_from
+            self.look = MoveSearch(self.reader, min(start, self.checkpoint.scan_from), self.slots.get(CONFIRMED))
+        self.look.step(self.config.catch_up_bytes_per_turn_max)
+        if not self.look.done:
+            return False
+        self.already_moved |= self.look.found
+        self.look, self.look_pending = None, False
+        return True
+
+    def backlog(self) -> bool:
+        return self.look is not None
+
+    def work_backlog(self, out: Effects) -> None:
+        self.work(out)
 
     def connection(self, port: str, up: bool) -> None:
         if not up:
@@ -512,6 +541,13 @@ class TransactionActor(Actor):
             self.decided_since.pop(op.half_offset, None)
             checkpoint.op_next, checkpoint.scan_from = op.queue_offset + 1, op.end
             self.changed = True
+        # No op read and not checkpointed, none unread below ops_read_to: no commit of an op after
+        # op_next can lie below it. The next start looks from there, not from the last op (which
+        # may be a whole log back), and only as far as the flush has passed (a power cut keeps it).
+        passed = min(self.ops_read_to, flushed)
+        if not self.ops and passed > checkpoint.scan_from:
+            checkpoint.scan_from = passed
+            self.changed = True
         if not self.changed:
             return
         checkpoint.halves = [half for half in (*self.halves.values(), *self.decided_since.values())
@@ -523,7 +559,7 @@ class TransactionActor(Actor):
     def detail(self) -> dict[str, int]:
         return {"halves": len(self.halves), "committed": self.committed, "rolled_back": self.rolled_back,
                 "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next,
-                "disk_refusals": self.disk.count}
+                "disk_refusals": self.disk.count, "scan_from": self.checkpoint.scan_from}
 
     def condition(self) -> str:
         return self.disk.condition()

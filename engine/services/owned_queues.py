@@ -18,6 +18,7 @@ from pathlib import Path
 from engine import codec
 from engine.config import StoreConfig
 from engine.ipc.messages import DispatchBatch
+from engine.services.log_slices import read_slice
 from engine.services.restart_points import QueueTail, owner_restart, owner_restart_unclean
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
@@ -161,20 +162,12 @@ class OwnedQueues:
         touched: set[QueueKey] = set()
         if end <= start:
             return touched
-        for item in self.reader.scan(start, end, check_crc=False):
-            if isinstance(item, Damage):
-                reached = item.end
-            else:
-                if self.is_mine(item.topic, item.queue_id):
-                    if not self.apply(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset,
-                                      item.total_size, codec.tags_code(item.tags)):
-                        return touched
-                    touched.add((item.topic, item.queue_id))
-                reached = item.commit_log_offset + item.total_size
-            if reached - start >= self.config.catch_up_bytes_per_turn_max and reached < end:
-                self.applied_offset, self.behind = reached, True
+        piece = read_slice(self.reader, start, end, self.config.catch_up_bytes_per_turn_max, self.owner_count)
+        for topic, queue_id, queue_offset, commit_log_offset, size, code, _ts, _keys in piece.per_owner[self.instance]:
+            if not self.apply(topic, queue_id, queue_offset, commit_log_offset, size, code):
                 return touched
-        self.applied_offset = end
+            touched.add((topic, queue_id))
+        self.applied_offset, self.behind = piece.end, piece.end < end
         return touched
 
     def apply(self, topic: str, queue_id: int, queue_offset: int, commit_log_offset: int, size: int,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.services.restart_points import commit_log_scan_start
+from engine.services.restart_points import commit_log_scan_start, dispatched_on_disk
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
@@ -105,6 +105,10 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader, *, uncl
         log.error("checkpoint unusable (%s); scanning the whole log", exc)
         checkpoint = None
     dispatched = checkpoint.dispatched_offset if checkpoint else 0
+    if dispatched_on_disk(dispatched, queues_on_disk=len(list_queues(store_dir)), log_min=first) < dispatched:
+        log.warning("no ConsumeQueue on disk, while the checkpoint says the log was dispatched up to %d: "
+                    "scanning the log from %d for every queue's next offset", dispatched, first)
+        dispatched = first
     durable = checkpoint.flushed_offset if checkpoint else 0
     start = commit_log_scan_start(log_min=first, dispatched=dispatched, flushed=durable)
     # After an unclean stop, damage past what the checkpoint says was flushed (anywhere, without

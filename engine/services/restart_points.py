@@ -50,6 +50,19 @@ def queue_safe_point(tail: QueueTail, dispatched: int) -> int:
     return tail.end if tail.dropped else max(dispatched, tail.end)
 
 
+def dispatched_on_disk(dispatched: int, *, queues_on_disk: int, log_min: int) -> int:
+    """The checkpoint's dispatched offset, as far as the ConsumeQueues on disk bear it out (I1).
+
+    No queue at all while the checkpoint says records below it were dispatched: the
+    ``consumequeue`` directory was lost (deleted while the engine was stopped). Every queue is
+    then built again from the start of the log, and the writer's recovery scans the log from
+    there for every queue's next offset, as RocketMQ's recovery dispatches again from the
+    greatest end of its queues (none: the first file)."""
+    if queues_on_disk == 0 and dispatched > log_min:
+        return log_min
+    return dispatched
+
+
 def commit_log_scan_start(*, log_min: int, dispatched: int, flushed: int) -> int:
     """Where the writer's recovery scans from: early enough to find the next offset of every queue,
     and to check every byte a power cut may have lost (I3).

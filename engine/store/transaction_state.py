@@ -3,7 +3,8 @@
 ``half_next`` and ``op_next``: the next queue offsets of ``RMQ_SYS_TRANS_HALF_TOPIC`` and
 ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` to read. Every op before ``op_next`` is applied: a commit's
 message is in its real topic. ``scan_from``: where the last op before ``op_next`` ends in
-the log; every commit of a later op lies past it, and a restart looks there for commits
+the log, or further while no op comes (up to where every op was read, within the flushed
+offset); every commit of a later op lies past it, and a restart looks there for commits
 already stored. ``halves_read_to``: the
 commit-log end of the last half read (a half below it and not in ``halves`` is decided).
 ``halves``: the half messages
