@@ -137,29 +137,33 @@ def test_a_store_directory_that_cannot_be_made_is_one_line_not_a_traceback(tmp_p
         assert none.returncode == 3 and "Traceback" not in none.stderr, none.stderr
 
 
+def kill_for_good(store: Path, actor: str) -> None:
+    """Kill ``actor`` of an engine whose restart_count_max is 0; returns once the supervisor gave it up."""
+    events = EventStream(store)
+    try:
+        assert control(store, KillCommand(actor)).ok
+        events.wait_for("actor.gave_up", name=actor, timeout_ms=20_000)
+    finally:
+        events.close()
+
+
 @pytest.mark.timeout(60)
 def test_stop_after_an_unclean_stop_says_so_with_status_5(tmp_path: Path) -> None:
     store = tmp_path / "store"
     config = config_file(tmp_path, restart_count_max=0)  # a killed actor stays down: the stop cannot be clean
     start_detached(store, config, free_port())
-    events = EventStream(store)
     try:
-        assert control(store, KillCommand("timer")).ok
-        events.wait_for("actor.gave_up", name="timer", timeout_ms=20_000)
+        kill_for_good(store, "timer")
     finally:
-        events.close()
         stopped = server("stop", "--store-dir", str(store))
     assert (stopped.returncode, stopped.stdout.strip()) == (5, "stopped (not cleanly; the next start recovers)"), \
         (stopped.stdout, stopped.stderr)
     assert (store / "abort").exists()
     foreground = EngineProcess(store, config=StoreConfig.test_min().replace(restart_count_max=0))
     foreground.start()  # recovers, then the same unclean stop in the foreground
-    events = EventStream(store)
     try:
-        assert control(store, KillCommand("timer")).ok
-        events.wait_for("actor.gave_up", name="timer", timeout_ms=20_000)
+        kill_for_good(store, "timer")
     finally:
-        events.close()
         code = foreground.stop()
     assert code == 5
     assert b"stopped (not cleanly; the next start recovers)" in foreground.output
