@@ -165,7 +165,7 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
     their journal's fdatasync. A power cut then takes acks the client was told about, and their
     messages come back. It shows only under SYNC_FLUSH (ASYNC promises nothing across a power
     cut), and mostly in seeds whose plan hammers the pop groups and cuts the power soon after an
-    ack: 28 seeds of the first 100, 59 of the first 200 (``Plan.drawn``)."""
+    ack: 28 seeds of the first 100, 45 of the first 200 (``Plan.drawn``)."""
     from engine.services.pop_states import PopStates
 
     def no_sync(self: PopStates) -> None:
