@@ -1,11 +1,13 @@
 """Run the seeded simulation over many seeds and print every seed that breaks an invariant.
 
     python scripts/simulate.py --seeds 1000            # seeds 0..999
-    python scripts/simulate.py --seed 614 --trace      # replay one seed, with its trace
+    python scripts/simulate.py --seed 614 --trace      # replay one seed, with its plan and trace
+    python scripts/simulate.py --seed 139 --fixed-rates   # under the fixed plan of earlier runs
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
-and every delivery order come from the seed, so a failing seed replays exactly.
+and every delivery order come from the seed, so a failing seed replays exactly. So do
+the rates of each fault and the mix of work (``Plan.drawn``): ``--trace`` prints them.
 """
 
 from __future__ import annotations
@@ -26,24 +28,28 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="run this one seed only")
     parser.add_argument("--steps", type=int, default=Plan.steps, help="steps per seed")
-    parser.add_argument("--trace", action="store_true", help="print each failing seed's trace of faults")
+    parser.add_argument("--trace", action="store_true",
+                        help="print each failing seed's plan and trace of faults (with --seed: even if it passes)")
+    parser.add_argument("--fixed-rates", action="store_true",
+                        help="run the fixed plan every seed ran before plans were drawn from the seed")
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
-    plan = Plan(steps=args.steps)
     started = time.monotonic()
     failed = 0
     totals: dict[str, int] = {}
     for seed in seeds:
+        plan = Plan(steps=args.steps) if args.fixed_rates else Plan.drawn(seed, steps=args.steps)
         outcome = simulate(seed, plan)
         for name, value in outcome.figures.items():
             totals[name] = totals.get(name, 0) + value
-        if outcome.ok:
+        if outcome.ok and not (args.trace and args.seed is not None):
             continue
-        failed += 1
-        print(f"seed {seed} ({outcome.flush_mode}) FAILED:")
+        failed += not outcome.ok
+        print(f"seed {seed} ({outcome.flush_mode}) {'passed' if outcome.ok else 'FAILED'}:")
         for violation in outcome.violations[:10]:
             print(f"    {violation}")
         if args.trace:
+            print(f"  plan: {plan.describe()}")
             print("  trace:\n" + "\n".join(f"    {line}" for line in outcome.trace))
     elapsed = time.monotonic() - started
     print(f"{len(seeds)} seeds, {failed} failed, {elapsed:.1f} s; "

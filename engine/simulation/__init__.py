@@ -20,7 +20,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +29,76 @@ from engine.simulation.workload import Workload
 from engine.simulation.world import World, sim_config
 from engine.store.shared_offsets import CONFIRMED, FLUSHED
 
+# What an ordinary step does, and how often (weights): the fixed mix every seed ran before the
+# plan was drawn from the seed, kept for the seeds pinned under it.
+WORK = ("delete_topic", "send", "send_delayed", "send_half", "pull", "pop", "tick", "flush", "backlog", "deliver")
+FIXED_MIX = (0.003, 0.117, 0.02, 0.01, 0.04, 0.03, 0.08, 0.06, 0.04, 0.6)
+# How much of each kind of work a drawn plan keeps (swarm testing: some seeds do none of it).
+_MIX_FACTORS = {"delete_topic": (0, 0.25, 1, 4), "send": (0.25, 1, 4), "send_delayed": (0, 0.25, 1, 4),
+                "send_half": (0, 0.25, 1, 4), "pull": (0, 0.25, 1, 4), "pop": (0, 0.25, 1, 4, 8),
+                "tick": (0.25, 1, 4), "flush": (0.25, 1, 4), "backlog": (0.25, 1, 4), "deliver": (0.25, 1, 2)}
+
 
 @dataclass
 class Plan:
-    """How much happens in one run, and how often things go wrong (per step)."""
+    """How much happens in one run, and how often things go wrong (per step).
+
+    ``Plan()`` is the fixed plan every seed once ran; ``Plan.drawn(seed)``, which ``simulate``
+    uses, draws each rate from the seed (swarm testing, as TigerBeetle's simulator does): one
+    seed kills actors often and never cuts the power, another cuts it after acks, another
+    stops the engine cleanly, another loses no publication, so that each fault is also met
+    alone and in numbers that a mix of every fault at a low rate never reaches."""
 
     steps: int = 400
     kill_ratio: float = 0.01
     power_cut_ratio: float = 0.004
+    clean_stop_ratio: float = 0.0  # the whole engine stopped in order, then started again
+    power_off_after_stop_ratio: float = 0.5  # of clean stops: the power goes before the start
+    cut_after_ack_ratio: float = 0.0  # of answered acks: a power cut within three steps
+    page_written_back_ratio: float = 1 / 3  # of the pages written since their last sync, at a power cut
     publication_loss_ratio: float = 0.02
     restart_after_steps: int = 10
+    pop_topic_ratio: float = 0.0  # of sends: to the pop groups' topic (the others go to any topic)
+    mix: tuple[float, ...] = FIXED_MIX  # the weight of each kind of ``WORK``
     flush_mode: str | None = None  # None: the seed picks one (a planted bug of one mode sets it)
+
+    @classmethod
+    def drawn(cls, seed: int, **settled: Any) -> Plan:
+        """The plan of ``seed``, each rate drawn from it (``settled`` overrides some)."""
+        draw = random.Random(f"plan {seed}")  # its own generator: the run's draws stay as they were
+
+        def rate(low: float, high: float, none: float) -> float:
+            """0 for a share ``none`` of the seeds, else between low and high (log-uniform)."""
+            return 0.0 if draw.random() < none else round(low * (high / low) ** draw.random(), 5)
+
+        plan = cls(
+            kill_ratio=rate(0.002, 0.05, none=0.2),
+            power_cut_ratio=rate(0.001, 0.02, none=0.25),
+            clean_stop_ratio=rate(0.001, 0.01, none=0.4),
+            power_off_after_stop_ratio=draw.choice((0.0, 0.5, 1.0)),
+            cut_after_ack_ratio=rate(0.05, 0.5, none=0.7),
+            page_written_back_ratio=draw.choice((0.0, 1 / 3, 2 / 3)),
+            publication_loss_ratio=rate(0.005, 0.1, none=0.3),
+            restart_after_steps=draw.choice((1, 3, 10, 30)),
+            pop_topic_ratio=draw.choice((0.0, 0.0, 0.5, 0.9)),
+            mix=tuple(round(weight * draw.choice(_MIX_FACTORS[work]), 5)
+                      for work, weight in zip(WORK, FIXED_MIX, strict=True)),
+        )
+        if draw.random() < 0.5:  # the pop groups hammered: many pops and acks, a power cut soon after an ack
+            hammered = {"pop": 8 * FIXED_MIX[5], "send": 2 * FIXED_MIX[1], "deliver": 2 * FIXED_MIX[-1],
+                        "delete_topic": 0}
+            plan = replace(plan, cut_after_ack_ratio=round(draw.uniform(0.3, 1.0), 5), pop_topic_ratio=0.9,
+                           mix=tuple(hammered.get(work, weight) for work, weight in zip(WORK, plan.mix, strict=True)))
+        return replace(plan, **settled)
+
+    def describe(self) -> str:
+        total = sum(self.mix)
+        mix = " ".join(f"{work} {weight / total:.3f}" for work, weight in zip(WORK, self.mix, strict=True))
+        return (f"kill {self.kill_ratio}, power cut {self.power_cut_ratio}, clean stop {self.clean_stop_ratio} "
+                f"(power off after {self.power_off_after_stop_ratio}), cut after an ack {self.cut_after_ack_ratio}, "
+                f"pages written back {self.page_written_back_ratio:.2f}, publications lost "
+                f"{self.publication_loss_ratio}, restart after {self.restart_after_steps} steps, sends to the "
+                f"pop topic {self.pop_topic_ratio}; mix: {mix}")
 
 
 @dataclass
@@ -49,6 +108,7 @@ class Outcome:
     violations: list[str]
     figures: dict[str, int] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
+    plan: Plan = field(default_factory=Plan)
 
     @property
     def ok(self) -> bool:
@@ -57,7 +117,7 @@ class Outcome:
 
 def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -> Outcome:
     """Run one seed; the outcome lists every invariant it broke (none when it passes)."""
-    plan = plan or Plan()
+    plan = plan or Plan.drawn(seed)
     rng = random.Random(seed)
     flush_mode = rng.choice(["ASYNC_FLUSH", "SYNC_FLUSH"])  # drawn even when the plan sets it: the same run after
     flush_mode = plan.flush_mode or flush_mode
@@ -65,19 +125,21 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     quiet = logging.getLogger("engine")
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        world = World(workdir, rng, sim_config(flush_mode), publication_loss_ratio=plan.publication_loss_ratio)
+        world = World(workdir, rng, sim_config(flush_mode), publication_loss_ratio=plan.publication_loss_ratio,
+                      page_written_back_ratio=plan.page_written_back_ratio)
         workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
-                            attempts_max=world.config.max_delivery_attempts)
+                            attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio)
         with world.disk, _leftover_descriptors_closed():
             found = _run(world, workload, rng, plan)
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
-                   "restarts": counts.restarts, "power_cuts": counts.power_cuts, "sync_jobs": counts.sync_jobs,
+                   "restarts": counts.restarts, "power_cuts": counts.power_cuts,
+                   "clean_stops": counts.clean_stops, "sync_jobs": counts.sync_jobs,
                    "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
                    "pulled": workload.pulled, "popped": workload.popped, "pop_acked": workload.pop_acked,
                    "topic_deletions": workload.deletions}
-        return Outcome(seed, flush_mode, found, figures, counts.trace)
+        return Outcome(seed, flush_mode, found, figures, counts.trace, plan)
     finally:
         quiet.level = level
         shutil.rmtree(workdir, ignore_errors=True)
@@ -119,15 +181,16 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
     if not world.settle():
         return ["the engine did not settle after its start"]
     found: list[str] = []
+    cut_at, acks_seen = None, 0  # a power cut planned after an ack, and the acks answered so far
     for step in range(plan.steps):
         world.counts.steps = step
         roll = rng.random()
-        if roll < plan.power_cut_ratio:
-            world.trace("power cut")
-            workload.power_cut(world.slots.get(FLUSHED))
-            world.power_cut()
-            found += _settled_check(world, workload, "after a power cut")
-        elif roll < plan.power_cut_ratio + plan.kill_ratio and world.actors:
+        if step == cut_at or plan.clean_stop_ratio <= roll < plan.clean_stop_ratio + plan.power_cut_ratio:
+            cut_at = None
+            found += _power_cut(world, workload)
+        elif roll < plan.clean_stop_ratio:
+            found += _clean_stop(world, workload, rng, plan)
+        elif roll < plan.clean_stop_ratio + plan.power_cut_ratio + plan.kill_ratio and world.actors:
             name = rng.choice(sorted(world.actors))
             world.trace(f"kill {name}")
             world.kill(name)
@@ -135,10 +198,37 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
             _ordinary_step(world, workload, rng, plan)
         if found:
             return found
+        if workload.pop_acked > acks_seen and plan.cut_after_ack_ratio and cut_at is None \
+                and rng.random() < plan.cut_after_ack_ratio:
+            cut_at = step + rng.randint(1, 3)
+        acks_seen = workload.pop_acked
     world.pass_time(8_000)  # every delayed message due, every move lost with a front timed out
     found += _settled_check(world, workload, "at the end")
     found += [f"at the end: {v}" for v in delayed_arrivals(world.store_dir, world.config, workload)]
     return found
+
+
+def _power_cut(world: World, workload: Workload) -> list[str]:
+    world.trace("power cut")
+    workload.power_cut(world.slots.get(FLUSHED))
+    world.power_cut()
+    return _settled_check(world, workload, "after a power cut")
+
+
+def _clean_stop(world: World, workload: Workload, rng: random.Random, plan: Plan) -> list[str]:
+    """The supervisor's stop (every actor in reverse start order), and sometimes the power off
+    before the next start. A clean stop flushes: whatever was answered before it survives, in
+    either flush mode. One that is not clean (an actor was down) promises what a cut does."""
+    power_off = rng.random() < plan.power_off_after_stop_ratio
+    flushed_before = world.slots.get(FLUSHED)
+    clean = world.stop_all()
+    world.trace(f"{'clean' if clean else 'unclean'} stop{', power off' if power_off else ''}")
+    if clean:
+        workload.clean_stop()
+    elif power_off:
+        workload.power_cut(max(flushed_before, world.slots.get(FLUSHED)))
+    world.start_after_stop(clean=clean, power_off=power_off)
+    return _settled_check(world, workload, f"after {'a clean' if clean else 'an unclean'} stop")
 
 
 def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: Plan) -> None:
@@ -146,25 +236,31 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
         if world.counts.steps - since >= plan.restart_after_steps:
             world.trace(f"restart {name}")
             world.start(name)
-    roll = rng.random()
-    if roll < 0.003:
+    roll = rng.random() * sum(plan.mix)
+    work = WORK[-1]
+    for kind, weight in zip(WORK, plan.mix, strict=True):
+        if roll < weight:
+            work = kind
+            break
+        roll -= weight
+    if work == "delete_topic":
         workload.delete_topic()
-    elif roll < 0.12:
+    elif work == "send":
         workload.send()
-    elif roll < 0.14:
+    elif work == "send_delayed":
         workload.send_delayed()
-    elif roll < 0.15:
+    elif work == "send_half":
         workload.send_half()
-    elif roll < 0.19:
+    elif work == "pull":
         workload.pull()
-    elif roll < 0.22:
+    elif work == "pop":
         workload.pop()
-    elif roll < 0.30:
+    elif work == "tick":
         world.tick_one()
-    elif roll < 0.36:
+    elif work == "flush":
         if not world.job_one():
             world.tick_one()
-    elif roll < 0.40:
+    elif work == "backlog":
         if not world.backlog_one():
             world.tick_one()
     elif not world.deliver(may_die=rng.random() < plan.kill_ratio * 5):

@@ -50,8 +50,11 @@ class SimDisk:
             image.extend(bytes(end - len(image)))
         image[start:end] = data
 
-    def power_cut(self, rng: random.Random) -> None:
-        """Leave every data file as the disk may hold it after the power went."""
+    def power_cut(self, rng: random.Random, written_back_ratio: float = 1 / 3) -> None:
+        """Leave every data file as the disk may hold it after the power went: of the pages written
+        since their last sync, a share ``written_back_ratio`` is kept, and of the rest half is lost
+        and half torn."""
+        lost_below = written_back_ratio + (1 - written_back_ratio) / 2
         for path in sorted(self.data_files()):
             image = self.synced.get(path)
             if image is None:
@@ -64,9 +67,9 @@ class SimDisk:
                 if new == old:
                     continue
                 fate = rng.random()
-                if fate < 1 / 3:
+                if fate < written_back_ratio:
                     continue  # written back before the cut
-                if fate < 2 / 3:
+                if fate < lost_below:
                     result[at:at + len(new)] = old
                     self.pages_lost += 1
                 else:

@@ -74,6 +74,7 @@ class Workload:
     acked_positions: dict[tuple[str, Position], bytes] = field(default_factory=dict)  # (group, position) acked
     fifo_open: dict[Position, int] = field(default_factory=dict)  # the FIFO group's deliveries -> attempt
     attempts_max: int = 16
+    pop_topic_ratio: float = 0.0  # of sends: to the pop groups' topic (the rest to any topic)
     violations: list[str] = field(default_factory=list)
     delayed_durable: dict[bytes, int] = field(default_factory=dict)  # body -> its timer record's offset
     delayed_unsettled: dict[bytes, int] = field(default_factory=dict)
@@ -106,7 +107,10 @@ class Workload:
                      delay_ms=self.rng.randrange(1, 400))
 
     def send(self) -> None:
-        topic = self.rng.choice(sorted(TOPICS))
+        if self.pop_topic_ratio and self.rng.random() < self.pop_topic_ratio:
+            topic = POP_TOPIC
+        else:
+            topic = self.rng.choice(sorted(TOPICS))
         if topic in self.deleting:
             return
         batch = []
@@ -281,6 +285,17 @@ class Workload:
             self.next_pull.clear()
             self.acked_positions.clear()  # the cut may take the acks of the last flush interval
             self.fifo_open.clear()  # and the log's tail: offsets may be given to new messages
+
+    def clean_stop(self) -> None:
+        """A clean stop flushes every file: all that was answered before it is on disk, in
+        either flush mode, and stays there through a power cut before the next start."""
+        self.durable.update(self.unsettled)
+        self.delayed_durable.update(self.delayed_unsettled)
+        self.decided.update(self.decided_unsettled)
+        for table in (self.unsettled, self.delayed_unsettled, self.decided_unsettled):
+            table.clear()
+        self.waiting.clear()  # the front stopped first: what it was relaying is not answered
+        self.lose_deletion_answers()
 
     def kill(self, actor: str) -> None:
         if actor == self.front:  # a writer's death is not enough: the front sends its deletions again

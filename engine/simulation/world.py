@@ -27,6 +27,7 @@ from engine.simulation.workload import FIFO_GROUP
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
     CONFIRMED,
+    DISPATCHED,
     FLUSHED,
     INDEX_APPLIED,
     INDEX_DURABLE,
@@ -113,15 +114,18 @@ class Counts:
     deliveries: int = 0
     kills: int = 0
     power_cuts: int = 0
+    clean_stops: int = 0
     restarts: int = 0
     sync_jobs: int = 0
     trace: list[str] = field(default_factory=list)
 
 
 class World:
-    def __init__(self, root: Path, rng: random.Random, config: StoreConfig, *, publication_loss_ratio: float) -> None:
+    def __init__(self, root: Path, rng: random.Random, config: StoreConfig, *, publication_loss_ratio: float,
+                 page_written_back_ratio: float = 1 / 3) -> None:
         self.rng = rng
         self.config = config
+        self.page_written_back_ratio = page_written_back_ratio
         self.store_dir = root / "store"
         self.run_dir = root / "run"
         self.store_dir.mkdir(parents=True)
@@ -193,13 +197,71 @@ class World:
     def power_cut(self) -> None:
         for name in list(self.actors):
             self.kill(name)
-        self.disk.power_cut(self.rng)
-        self.slots.clear()  # the supervisor starts on an empty run directory
-        marker = self.run_dir / CRASH_START_FILE
-        marker.touch()
+        self.disk.power_cut(self.rng, self.page_written_back_ratio)
         self.counts.power_cuts += 1
+        self.start_all_again(crash_start=True)
+
+    def start_all_again(self, *, crash_start: bool) -> None:
+        """The supervisor's next start: an empty run directory, and the crash-start marker while
+        every actor recovers if the last stop was not clean (its abort marker stayed)."""
+        self.slots.clear()
+        marker = self.run_dir / CRASH_START_FILE
+        if crash_start:
+            marker.touch()
         self.start_all()
-        marker.unlink()  # as the supervisor does once every actor recovered
+        marker.unlink(missing_ok=True)  # as the supervisor does once every actor recovered
+
+    def stop(self, name: str) -> None:
+        """SIGTERM: the actor handles what is queued on its ``drain_at_stop`` ports, then its
+        ``shutdown`` leaves its files consistent, its flush thread finishes what it was given
+        (``FileSyncer.close``), and the process exits with its queues."""
+        actor = self.actors[name]
+        actor.lifecycle = "STOPPING"
+        out = Effects()
+        for port in actor.drain_at_stop:
+            for key in [key for key in self.network.busy() if key[:2] == (name, port)]:
+                for frames in self.network.take(key, len(self.network.queues.get(key, ()))):
+                    actor.handle(port, frames, out)
+                    self.counts.deliveries += 1
+                    self.carry_out(name, out)
+                    if name not in self.actors:
+                        return  # it exited (an Exit effect): killed, not stopped
+            actor.drained(port, out)
+            self.carry_out(name, out)
+            if name not in self.actors:
+                return
+        actor.shutdown(out)
+        self.carry_out(name, out)
+        for job in [job for job in self.jobs if job.actor == name]:
+            self.run_job(job)
+        actor.lifecycle = "STOPPED"
+        self.actors.pop(name)
+        self.network.detach(name)
+        self.tell_connections(name, up=False)
+        self.on_kill(name)  # to its peers and the client, a stop looks like a death
+
+    def stop_all(self) -> bool:
+        """The supervisor's stop: wave by wave in reverse start order, the actors of one wave in
+        any order, while the actors of earlier waves keep working. True if the stop was clean:
+        no actor was down, and the dispatcher had caught up with the log (the abort marker goes)."""
+        clean = not self.down
+        waves = sorted({spec.wave for spec in self.specs.values()}, reverse=True)
+        for wave in waves:
+            stopping = [name for name, spec in self.specs.items() if spec.wave == wave and name in self.actors]
+            self.rng.shuffle(stopping)
+            for name in stopping:
+                if name in self.actors:
+                    self.stop(name)
+            for _ in range(self.rng.randrange(8)):  # the next wave works while this one exits
+                if not self.actors or not (self.deliver(may_die=False) or self.job_one()):
+                    break
+        self.counts.clean_stops += 1
+        return clean and self.slots.get(DISPATCHED) >= self.slots.get(CONFIRMED)
+
+    def start_after_stop(self, *, clean: bool, power_off: bool) -> None:
+        if power_off:
+            self.disk.power_cut(self.rng, self.page_written_back_ratio)
+        self.start_all_again(crash_start=not clean)
 
     def carry_out(self, name: str, out: Effects, *, may_die: bool = False) -> None:
         """Carry out an actor's effects in order; with ``may_die``, it may be killed part way."""
