@@ -66,8 +66,8 @@ clients: system-tools
 
 # Lint and types are part of the tests: ruff's rules and mypy's settings are in pyproject.toml.
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check engine supervisor rmqpy tests scripts
-	$(PY) -m mypy engine supervisor rmqpy
+	$(PY) -m ruff check engine supervisor rmqpy harness tests scripts
+	$(PY) -m mypy engine supervisor rmqpy harness
 
 # The default run leaves out the long end-to-end runs (marked slow): test-slow runs just those,
 # test-all runs everything.

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.config import StoreConfig
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 __all__ = ["engine_with_topics", "parked_requests", "require", "size_limited_tmpfs", "wait_dispatched"]
 

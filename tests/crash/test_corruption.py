@@ -22,8 +22,8 @@ from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWr
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.layout import CQ_UNIT_BYTES, HostAddress, Record, RecordFields, encode_properties
 from engine.store.mapped_file import list_files
+from harness.workload import Producer, parse_body, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, parse_body, read_everything, verify, wait_dispatched
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -22,9 +22,9 @@ import pytest
 from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.ipc.messages import StatusQuery
+from harness.workload import Producer, read_everything, verify, wait_dispatched
 from supervisor.control import control
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, read_everything, verify, wait_dispatched
 from tests.helpers import size_limited_tmpfs
 
 pytestmark = pytest.mark.timeout(180)

@@ -17,10 +17,10 @@ import pytest
 
 from engine.config import StoreConfig
 from engine.offline.check import check_store
+from harness.faults import actor_pids
+from harness.workload import Producer, read_everything, verify, wait_dispatched
 from supervisor.control import EventStream
-from supervisor.faults import actor_pids
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, read_everything, verify, wait_dispatched
 from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,10 +14,10 @@ import pytest
 
 from engine.config import StoreConfig
 from engine.offline.check import check_store
+from harness.faults import kill_actor
+from harness.pop_workload import MessageKey, PopLedger, PopWorker, drain
 from supervisor.control import EventStream
-from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess
-from supervisor.pop_workload import MessageKey, PopLedger, PopWorker, drain
 
 pytestmark = pytest.mark.timeout(240)
 

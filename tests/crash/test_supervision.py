@@ -11,8 +11,8 @@ from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.ipc.messages import StatusQuery
 from engine.store.records import owner_of
+from harness.faults import kill_actor
 from supervisor.control import EventStream, control
-from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,8 +20,8 @@ from engine.client import ClientError, EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
 from engine.offline.check import check_store
+from harness.faults import kill_actor
 from supervisor.control import EventStream
-from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(180)

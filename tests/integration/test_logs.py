@@ -18,8 +18,8 @@ import pytest
 
 from engine.config import ConfigError, StoreConfig
 from engine.logs import LOG_DIR
+from harness.faults import kill_actor
 from supervisor.control import EventStream
-from supervisor.faults import kill_actor
 from supervisor.launcher import EngineProcess, write_config
 from supervisor.supervisor import _rotate_if_full
 
