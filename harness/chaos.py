@@ -30,13 +30,13 @@ import psutil
 
 from engine.client import ClientError
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import Finding, check_store
 from harness.faults import actor_pids, kill_actor
 from harness.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
 from harness.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
 from harness.timer_workload import TIMER_QUEUES, TIMER_TOPIC, TimerSender, TimerVerdict, timer_verdict
 from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
-from supervisor.control import EventStream
 from supervisor.launcher import EngineProcess, free_port
 
 TOPICS = {"chaos-a": 4, "chaos-b": 3}

@@ -373,7 +373,7 @@ def bench_restart(engine: EngineProcess, *, reps: int) -> None:
         "front": lambda c: c.ping(),
     }
     from engine.client import ClientError
-    from supervisor.control import EventStream
+    from engine.ipc.control import EventStream
 
     for name, probe in probes.items():
         times = []
@@ -409,9 +409,9 @@ def actor_memory(engine: EngineProcess) -> None:
 # -- recovery scan -------------------------------------------------------------------------------
 
 def bench_recovery_scan(workdir: Path, *, size_bytes: int, reps: int) -> None:
+    from engine.layout import HostAddress, RecordFields, encode_properties
     from engine.services.recovery import plan_commit_log_recovery
     from engine.store.commit_log import CommitLogWriter
-    from engine.store.layout import HostAddress, RecordFields, encode_properties
 
     store = workdir / "recovery-store"
     config = StoreConfig().replace(segment_size_bytes=256 * MiB)

@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 import zmq
 
+from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import StoreConfig, encode_config
 from engine.ipc import endpoints
 from engine.ipc.messages import (
@@ -48,7 +49,6 @@ from engine.ipc.messages import (
 )
 from engine.logs import LOG_DIR, configure_logging, event
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
-from supervisor.spec import ActorSpec, actor_specs
 from supervisor.start_checks import LOCK_FILE, EngineError, check_ports, check_store_free, held_error, last_line
 
 log = logging.getLogger("supervisor")

@@ -30,13 +30,13 @@ from engine.actors.base import PUB, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
+from engine.layout import offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram
 from engine.services.restart_points import checkpoint_dispatched, checkpoint_within_log, flusher_restart
 from engine.store import sync
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR
-from engine.store.layout import offset_to_file_name
 from engine.store.mapped_file import PAGE_BYTES
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
 

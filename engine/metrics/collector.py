@@ -50,7 +50,7 @@ class View:
 
 
 def supervisor_status(store_dir: Path) -> ControlReply | None:
-    from supervisor.control import ControlTimeout, NotRunning, control
+    from engine.ipc.control import ControlTimeout, NotRunning, control
 
     try:
         reply = control(store_dir, StatusQuery(), timeout_ms=_STATUS_TIMEOUT_MS)

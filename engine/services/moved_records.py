@@ -9,8 +9,8 @@ end, and moves again only what it does not find: no message is moved twice.
 
 from __future__ import annotations
 
+from engine.layout import Record
 from engine.store.commit_log import CommitLogReader
-from engine.store.layout import Record
 from engine.store.system_topics import SYSTEM_TOPICS, origin_offset
 
 

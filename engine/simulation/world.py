@@ -19,6 +19,7 @@ from pathlib import Path
 
 from engine.actors.base import Actor, Clock, Env
 from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.simulation.disk import SimDisk
@@ -34,7 +35,6 @@ from engine.store.shared_offsets import (
     owner_durable_slot,
     owner_slot,
 )
-from supervisor.spec import ActorSpec, actor_specs
 
 DELIVERIES_PER_STEP_MAX = 8
 

@@ -21,9 +21,9 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from harness.workload import Producer, read_everything, verify, wait_dispatched
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from tests.helpers import size_limited_tmpfs
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
 from harness.faults import actor_pids
 from harness.workload import Producer, read_everything, verify, wait_dispatched
-from supervisor.control import EventStream
 from supervisor.launcher import EngineProcess
 from tests.helpers import require
 

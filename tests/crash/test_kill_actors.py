@@ -16,10 +16,10 @@ import psutil
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
 from harness.faults import kill_actor
 from harness.workload import Producer, ProducerThread, read_everything, verify
-from supervisor.control import EventStream
 from supervisor.launcher import EngineProcess
 from tests.helpers import wait_dispatched
 

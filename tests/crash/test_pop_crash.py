@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
 from harness.faults import kill_actor
 from harness.pop_workload import MessageKey, PopLedger, PopWorker, drain
-from supervisor.control import EventStream
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(240)
