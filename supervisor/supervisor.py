@@ -35,6 +35,7 @@ import zmq
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import StoreConfig, encode_config
 from engine.ipc import endpoints
+from engine.ipc.lifecycle import Lifecycle, supervised_step
 from engine.ipc.messages import (
     ActorStatus,
     ControlReply,
@@ -65,7 +66,7 @@ def monotonic_ms() -> int:
 class ActorProcess:
     spec: ActorSpec
     process: subprocess.Popen[bytes] | None = None
-    lifecycle: str = "DOWN"
+    lifecycle: Lifecycle = Lifecycle.DOWN
     last_heartbeat_ms: int = 0
     detail: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
@@ -203,7 +204,7 @@ class Supervisor:
         actor.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                          pass_fds=(self.lock_fd,), start_new_session=False)
         log_file.close()
-        actor.lifecycle = "STARTING"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.STARTING)
         actor.last_heartbeat_ms = actor.spawned_at_ms = monotonic_ms()
         actor.restart_at_ms = None
         log.info("actor %s started (pid %d)", spec.name, actor.pid,
@@ -264,7 +265,7 @@ class Supervisor:
                                      duration_ms=took_ms))
                 self.publish("recovery.done", actor)
                 self.publish("actor.running", actor)
-            actor.lifecycle = beat.lifecycle
+            actor.lifecycle = supervised_step(actor.lifecycle, beat.lifecycle)
             actor.detail = beat.detail
             actor.last_heartbeat_ms = monotonic_ms()
 
@@ -299,7 +300,7 @@ class Supervisor:
                 return ControlReply(ok=True, message=f"killed {name} (pid {actor.pid})")
 
     def status(self) -> ControlReply:
-        actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts,
+        actors = [ActorStatus(a.spec.name, a.pid, Lifecycle.GAVE_UP if a.gave_up else a.lifecycle, a.restarts,
                               {**a.detail, **_resources(a.pid)})
                   for a in self.actors.values()]
         degraded = any(a.lifecycle != "RUNNING" for a in self.actors.values())
@@ -339,7 +340,7 @@ class Supervisor:
                                 signal=_signal_name(code)))
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
-        actor.lifecycle = "DOWN"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.DOWN)
         actor.kill_at_ms = None
         window = self.config.restart_window_ms
         while actor.restart_times and now - actor.restart_times[0] > window:
@@ -417,7 +418,7 @@ class Supervisor:
         self._drain_heartbeats()
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
-        actor.lifecycle = "STOPPED"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.STOPPED)
         if code != 0:
             log.warning("actor %s exited with code %d when asked to stop", actor.spec.name, code,
                         extra=event("actor.exited", actor_name=actor.spec.name, actor_pid=process.pid,

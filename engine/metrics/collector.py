@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from engine.config import StoreConfig
+from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
@@ -31,7 +32,7 @@ from engine.store.shared_offsets import SharedOffsets
 
 log = logging.getLogger(__name__)
 _STATUS_TIMEOUT_MS = 2_000
-_STATES = ("INIT", "RECOVERING", "RUNNING", "STOPPING", "STOPPED", "GAVE_UP", "DOWN")
+_STATES = tuple(Lifecycle)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from engine.actors.effects import Effects, Exit, Forward, Send
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
+from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.simulation.disk import SimDisk
 from engine.simulation.network import Network
 from engine.simulation.workload import FIFO_GROUP
@@ -151,10 +152,10 @@ class World:
                   process_id=next(self.process_ids))
         actor = actor_cls(env)
         out = Effects()
-        actor.lifecycle = "RECOVERING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         actor.recover(out)
         self.network.attach(name, actor.ports())
-        actor.lifecycle = "RUNNING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
         self.actors[name] = actor
         if self.down.pop(name, None) is not None:
             self.counts.restarts += 1
