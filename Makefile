@@ -65,10 +65,12 @@ clients: system-tools
 	  (cd examples/rocketmq5 && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error); \
 	else echo "note: the Node clients are not installed (node and npm, Node 18 or later, needed)"; fi
 
-# Lint and types are part of the tests: ruff's rules and mypy's settings are in pyproject.toml.
+# Lint, types and the import rules of the package map are part of the tests: ruff's rules, mypy's
+# settings and import-linter's contracts are in pyproject.toml.
 lint: $(TEST_STAMP)
-	$(PY) -m ruff check engine supervisor rmqpy tests scripts
-	$(PY) -m mypy engine supervisor rmqpy
+	$(PY) -m ruff check engine supervisor rmqpy harness tests scripts
+	$(PY) -m mypy engine supervisor rmqpy harness
+	$(VENV)/bin/lint-imports
 
 # The default run leaves out the long end-to-end runs (marked slow): test-slow runs just those,
 # test-all runs everything.

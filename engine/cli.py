@@ -43,8 +43,8 @@ from engine.client import (
 )
 from engine.ipc.curve import CurveKeys, keygen
 from engine.ipc.endpoints import NotRunning, read_engine_state
+from engine.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
 from engine.progress import StageBars, count_bar
-from engine.store.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
 from engine.store.system_topics import (
     HALF_TOPIC,
     PROPERTY_REAL_QID,

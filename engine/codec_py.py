@@ -1,13 +1,13 @@
 """The batch codec in plain Python: the reference the compiled ``engine._codec`` must match.
 
 Each function does, for a whole batch, what the hot paths would otherwise do one
-record at a time through ``engine.store.layout``; the compiled module does the same
+record at a time through ``engine.layout``; the compiled module does the same
 byte for byte and answer for answer (``tests/unit/test_codec.py`` compares them).
 Use them through ``engine.codec``, which picks the compiled module when it is built.
 
 Failures are never decided here beyond "not the fast path": ``scan_dispatch`` stops
 at a record it cannot dispatch and ``read_view`` returns None, and the caller asks
-``engine.store.layout`` (which raises ``RecordError`` with the reason).
+``engine.layout`` (which raises ``RecordError`` with the reason).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import zlib
 
 import msgspec
 
-from engine.store.layout import (
+from engine.layout import (
     CQ_UNIT,
     CRC32_RESERVED_BYTES,
     INDEX_HEADER,
@@ -47,7 +47,7 @@ COMPILED = False
 
 SCAN_MORE = 0     # stopped at ``limit`` (less than a blank marker left) or after ``max_records``
 SCAN_BLANK = 1    # the end-of-segment blank marker is at ``pos``
-SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine.store.layout`` for the reason
+SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine.layout`` for the reason
 
 # A ``DispatchEntry``'s fields as a tuple (see ``scan_dispatch``).
 DispatchTuple = tuple[str, int, int, int, int, int, int, list[str]]

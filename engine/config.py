@@ -19,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from engine.store.layout import CQ_UNIT_BYTES, PROPERTIES_MAX_BYTES
+from engine.layout import CQ_UNIT_BYTES, PROPERTIES_MAX_BYTES
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -17,8 +17,7 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-
-from engine.config import StoreConfig
+from typing import Protocol
 
 LOG_DIR = "logs"
 # The keys of a JSON log line; an event's own fields (``event()``) may not take these names.
@@ -62,7 +61,18 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
-def configure_logging(actor: str, log_dir: Path, config: StoreConfig, *, stderr: bool = False) -> None:
+class LogSettings(Protocol):
+    """What logging reads of the settings (``StoreConfig`` has them): the store below never imports them."""
+
+    @property
+    def log_format(self) -> str: ...
+    @property
+    def log_file_bytes_max(self) -> int: ...
+    @property
+    def log_files_kept(self) -> int: ...
+
+
+def configure_logging(actor: str, log_dir: Path, config: LogSettings, *, stderr: bool = False) -> None:
     """Send this process's log lines to ``log_dir/<actor>.log`` (rotated), and to stderr too if asked.
 
     Replaces any earlier configuration of the root logger. Uncaught exceptions, in the main

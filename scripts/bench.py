@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import MiB, StoreConfig
 from engine.ipc.protocol import PROTOCOL_VERSION
-from supervisor.faults import actor_pids
+from harness.faults import actor_pids
 from supervisor.launcher import EngineProcess
 
 encode = msgspec.msgpack.encode
@@ -123,7 +123,7 @@ def bench_send(engine: EngineProcess, label: str, *, body: int, batch: int, tota
 
 
 def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
-    from supervisor.workload import wait_dispatched
+    from harness.workload import wait_dispatched
 
     with engine.client() as client:
         wait_dispatched(client, timeout_ms=120_000)
@@ -155,7 +155,7 @@ def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
 
 
 def _load_topic(engine: EngineProcess, topic: str, total: int, *, body: int = 256, queues: int = 8) -> None:
-    from supervisor.workload import wait_dispatched
+    from harness.workload import wait_dispatched
 
     with engine.client() as client:
         client.create_topic(topic, queue_count=queues)
@@ -311,7 +311,7 @@ def bench_durable_send_latency(engine: EngineProcess, *, reps: int) -> None:
 
 def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: int = 3000) -> None:
     """Send single messages at ``rate``; a long-polling consumer measures send -> delivered."""
-    from supervisor.workload import wait_dispatched
+    from harness.workload import wait_dispatched
 
     with engine.client() as client:
         wait_dispatched(client, timeout_ms=300_000)  # start from an idle engine, not a backlog
@@ -373,7 +373,7 @@ def bench_restart(engine: EngineProcess, *, reps: int) -> None:
         "front": lambda c: c.ping(),
     }
     from engine.client import ClientError
-    from supervisor.control import EventStream
+    from engine.ipc.control import EventStream
 
     for name, probe in probes.items():
         times = []
@@ -409,9 +409,9 @@ def actor_memory(engine: EngineProcess) -> None:
 # -- recovery scan -------------------------------------------------------------------------------
 
 def bench_recovery_scan(workdir: Path, *, size_bytes: int, reps: int) -> None:
+    from engine.layout import HostAddress, RecordFields, encode_properties
     from engine.services.recovery import plan_commit_log_recovery
     from engine.store.commit_log import CommitLogWriter
-    from engine.store.layout import HostAddress, RecordFields, encode_properties
 
     store = workdir / "recovery-store"
     config = StoreConfig().replace(segment_size_bytes=256 * MiB)

@@ -41,9 +41,9 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from engine.config import StoreConfig
-from supervisor.faults import actor_pids
+from harness.faults import actor_pids
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess, free_port
-from supervisor.workload import wait_dispatched
 
 BODY = b"x" * 256
 QUEUES = 8

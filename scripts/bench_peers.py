@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import RESULTS, body_of, engine_config, percentile, pipelined, record, request_frame
 
 from engine.client import ClientError, StoreClient
+from engine.ipc.control import EventStream
+from harness.faults import actor_pids
+from harness.workload import wait_dispatched
 from rmqpy import PullConsumer
-from supervisor.control import EventStream
-from supervisor.faults import actor_pids
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 QUEUES = 4
 BATCH = 1000

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.store.transaction_state import load_transaction_checkpoint, store_transaction_checkpoint
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 
 TX_TOPIC, BULK_TOPIC, GROUP = "bench-tx", "bench-bulk", "bench-producers"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.chaos import run_chaos
+from harness.chaos import run_chaos
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Fuzz the client endpoint of a live engine with seeded hostile requests (supervisor/wire_fuzz.py).
+"""Fuzz the client endpoint of a live engine with seeded hostile requests (harness/wire_fuzz.py).
 
     python scripts/fuzz_wire.py --requests 20000
     python scripts/fuzz_wire.py --requests 2000 --seed 7 --json fuzz.json
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import StoreConfig
 from engine.offline.check import check_store
-from supervisor import wire_fuzz
+from harness import wire_fuzz
 from supervisor.launcher import EngineProcess
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from supervisor.faults import kill_actor, pause_actor
+from harness.faults import kill_actor, pause_actor
 
 
 def main() -> int:

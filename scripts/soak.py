@@ -48,9 +48,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import StoreConfig
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
+from harness.workload import AckLog, Producer, ProducerThread, Verdict, verify_streaming, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import AckLog, Producer, ProducerThread, Verdict, verify_streaming, wait_dispatched
 
 TOPICS = {"soak-a": 4, "soak-b": 4}
 

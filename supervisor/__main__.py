@@ -36,10 +36,10 @@ import argcomplete
 import psutil
 
 from engine.config import ConfigError, StoreConfig
+from engine.ipc.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
 from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
 from engine.ipc.messages import StatusQuery, StopCommand
 from engine.version import package_version
-from supervisor.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
 from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
 from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor, degraded_note
 

@@ -32,8 +32,10 @@ from pathlib import Path
 import psutil
 import zmq
 
+from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import StoreConfig, encode_config
 from engine.ipc import endpoints
+from engine.ipc.lifecycle import Lifecycle, supervised_step
 from engine.ipc.messages import (
     ActorStatus,
     ControlReply,
@@ -49,7 +51,6 @@ from engine.ipc.messages import (
 from engine.logs import LOG_DIR, configure_logging, event
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
-from supervisor.spec import ActorSpec, actor_specs
 from supervisor.start_checks import (
     LOCK_FILE,
     EngineError,
@@ -74,7 +75,7 @@ def monotonic_ms() -> int:
 class ActorProcess:
     spec: ActorSpec
     process: subprocess.Popen[bytes] | None = None
-    lifecycle: str = "DOWN"
+    lifecycle: Lifecycle = Lifecycle.DOWN
     last_heartbeat_ms: int = 0
     detail: dict[str, int] = field(default_factory=dict)
     condition: str = ""  # why it cannot do its work though running (its heartbeat's); "" when it can
@@ -222,7 +223,7 @@ class Supervisor:
         actor.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                                          pass_fds=(self.lock_fd,), start_new_session=False)
         log_file.close()
-        actor.lifecycle = "STARTING"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.STARTING)
         actor.last_heartbeat_ms = actor.spawned_at_ms = monotonic_ms()
         actor.restart_at_ms = None
         log.info("actor %s started (pid %d)", spec.name, actor.pid,
@@ -283,7 +284,7 @@ class Supervisor:
                                      duration_ms=took_ms))
                 self.publish("recovery.done", actor)
                 self.publish("actor.running", actor)
-            actor.lifecycle = beat.lifecycle
+            actor.lifecycle = supervised_step(actor.lifecycle, beat.lifecycle)
             actor.detail = beat.detail
             self._note_condition(actor, beat.condition)
             actor.last_heartbeat_ms = monotonic_ms()
@@ -341,7 +342,7 @@ class Supervisor:
                        if a.lifecycle == "RUNNING" and a.condition]
 
     def status(self) -> ControlReply:
-        actors = [ActorStatus(a.spec.name, a.pid, "GAVE_UP" if a.gave_up else a.lifecycle, a.restarts,
+        actors = [ActorStatus(a.spec.name, a.pid, Lifecycle.GAVE_UP if a.gave_up else a.lifecycle, a.restarts,
                               {**a.detail, **_resources(a.pid)}, a.condition)
                   for a in self.actors.values()]
         reasons = self.reasons()
@@ -382,7 +383,7 @@ class Supervisor:
                                 signal=_signal_name(code)))
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
-        actor.lifecycle = "DOWN"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.DOWN)
         actor.condition = ""  # a new process reports its own
         actor.kill_at_ms = None
         window = self.config.restart_window_ms
@@ -461,7 +462,7 @@ class Supervisor:
         self._drain_heartbeats()
         self.publish("actor.exited", actor, exit_code=code)
         actor.process = None
-        actor.lifecycle = "STOPPED"
+        actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.STOPPED)
         if code != 0:
             log.warning("actor %s exited with code %d when asked to stop", actor.spec.name, code,
                         extra=event("actor.exited", actor_name=actor.spec.name, actor_pid=process.pid,

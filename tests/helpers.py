@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from engine.config import StoreConfig
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 __all__ = ["engine_with_topics", "parked_requests", "require", "size_limited_tmpfs", "wait_dispatched"]
 
@@ -45,8 +45,8 @@ def engine_with_topics(store_dir: Path, config: StoreConfig, topics: dict[str, i
 
 def parked_requests(engine: EngineProcess) -> int:
     """Pulls and pops parked (long polling) at the owners, from their heartbeats."""
+    from engine.ipc.control import control
     from engine.ipc.messages import StatusQuery
-    from supervisor.control import control
 
     return sum(a.detail.get("parked_pulls", 0) for a in control(engine.store_dir, StatusQuery()).actors)
 

@@ -15,7 +15,8 @@ Everything else is here, in one place:
   PR_SET_PDEATHSIG) ends the loop; the ports named in ``drain_at_stop`` are emptied,
   then ``shutdown`` leaves files consistent.
 
-Lifecycle (forward only): INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED.
+Lifecycle: INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED, each step checked against the
+table in ``engine/ipc/lifecycle.py`` (a step it does not allow is asserted).
 An unexpected exception ends the process with a traceback: the supervisor restarts
 the actor and its ``recover`` repairs what was left half done.
 """
@@ -41,6 +42,7 @@ from engine.actors.effects import Effects, Exit, Forward, Send
 from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import endpoints
+from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.ipc.messages import Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
 from engine.metrics.report import Figures, Reporter
@@ -150,7 +152,7 @@ class Actor:
         self.config = env.config
         self.slots = env.slots
         self.clock = env.clock
-        self.lifecycle = "INIT"
+        self.lifecycle = Lifecycle.INIT
 
     def ports(self) -> list[Port]:
         """The sockets to open once ``recover`` is done."""
@@ -294,13 +296,13 @@ class Runtime:
     def run(self, heartbeat: zmq.Socket, parent: int) -> None:
         actor, clock = self.actor, self.env.clock
         out = Effects()
-        actor.lifecycle = "RECOVERING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         actor.recover(out)
         for port in actor.ports():
             self.open(port)
         self.carry_out(out)
-        actor.lifecycle = "RUNNING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
         poller = zmq.Poller()
         for sock in self.readers:
             poller.register(sock, zmq.POLLIN)
@@ -334,7 +336,7 @@ class Runtime:
             if busy:
                 actor.work_backlog(out)
                 self.carry_out(out)
-        actor.lifecycle = "STOPPING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         for name in actor.drain_at_stop:
             self.on_readable(name, self.sockets[name])
@@ -342,7 +344,7 @@ class Runtime:
         self.carry_out(out)
         if self.curve is not None:
             self.curve.stop()
-        actor.lifecycle = "STOPPED"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPED)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
 
 
@@ -395,7 +397,7 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     return 0
 
 
-def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: str, detail: dict[str, int],
+def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: Lifecycle, detail: dict[str, int],
                    condition: str = "") -> None:
     beat = Heartbeat(name, os.getpid(), lifecycle, detail, condition)
     try:

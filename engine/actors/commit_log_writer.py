@@ -53,6 +53,13 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.layout import (
+    END_FILE_MIN_BLANK_BYTES,
+    SYSFLAG_TRANSACTION_COMMIT,
+    HostAddress,
+    encode_msg_id,
+    offset_to_file_name,
+)
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram, per_queue
 from engine.services.delivery_routes import destination
@@ -61,13 +68,6 @@ from engine.services.retention import SegmentFact, disk_space, disk_used_ratio, 
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.layout import (
-    END_FILE_MIN_BLANK_BYTES,
-    SYSFLAG_TRANSACTION_COMMIT,
-    HostAddress,
-    encode_msg_id,
-    offset_to_file_name,
-)
 from engine.store.records import UniqKeys, build_items
 from engine.store.shared_offsets import (
     CONFIRMED,

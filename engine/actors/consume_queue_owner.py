@@ -68,6 +68,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.layout import RecordError, decode_msg_id
 from engine.metrics.report import Figures, per_queue
 from engine.services.long_poll import LongPolls, ParkedPull
 from engine.services.owned_queues import OwnedQueues, QueueKey
@@ -75,7 +76,6 @@ from engine.services.pull import PullResult, Subscription, pull
 from engine.services.queue_queries import offset_for_time, queue_stats
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.consume_queue import ConsumeQueue
-from engine.store.layout import RecordError, decode_msg_id
 from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from engine.actors.base import PUB, SUB, Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import endpoints
 from engine.ipc.messages import FlushFailed, Wake, encoder
+from engine.layout import offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram
 from engine.services.restart_points import (
@@ -42,7 +43,6 @@ from engine.store import sync
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader
 from engine.store.consume_queue import list_queues
-from engine.store.layout import offset_to_file_name
 from engine.store.mapped_file import PAGE_BYTES
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, INDEX_DURABLE, LAST_STORE_TIMESTAMP, owner_durable_slot
 

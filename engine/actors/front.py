@@ -78,12 +78,12 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.layout import decode_msg_id, java_string_hash
 from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group, validate_topic
 from engine.services.key_lookup import KeyLookup
 from engine.store.consumer_offsets import ConsumerOffsets
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.layout import decode_msg_id, java_string_hash
 from engine.store.pop_files import POP_DIR
 from engine.store.records import owner_of
 from engine.store.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets

@@ -32,6 +32,7 @@ from engine.gateway.link import EngineLink
 from engine.gateway.service import MessagingService
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveKeys
+from engine.ipc.lifecycle import Lifecycle, actor_step
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class GrpcEndpoint:
         self.name = name
         self.run_dir = run_dir
         self.config = config
-        self.lifecycle = "INIT"
+        self.lifecycle = Lifecycle.INIT
         self.service: MessagingService | None = None
         self.link: EngineLink | None = None
         self.stopping = asyncio.Event()
@@ -65,7 +66,7 @@ class GrpcEndpoint:
         heartbeat = endpoints.configure(context.socket(zmq.PUSH), hwm=16)
         heartbeat.connect(endpoints.ipc(self.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
         try:
-            self.lifecycle = "RECOVERING"
+            self.lifecycle = actor_step(self.lifecycle, Lifecycle.RECOVERING)
             self.beat(heartbeat)
             curve = None
             if cfg.curve_enabled:
@@ -75,7 +76,7 @@ class GrpcEndpoint:
             self.link.start()
             server = self.server()
             await server.start()
-            self.lifecycle = "RUNNING"
+            self.lifecycle = actor_step(self.lifecycle, Lifecycle.RUNNING)
             log.info("serving RocketMQ 5 gRPC on %s", cfg.grpc_endpoint)
             while not self.stopping.is_set():
                 self.beat(heartbeat)
@@ -86,10 +87,10 @@ class GrpcEndpoint:
                     await asyncio.wait_for(self.stopping.wait(), cfg.heartbeat_interval_ms / 1000)
                 except TimeoutError:
                     self.link.drain()  # a safety net: no reply waits on a missed signal past a beat
-            self.lifecycle = "STOPPING"
+            self.lifecycle = actor_step(self.lifecycle, Lifecycle.STOPPING)
             self.beat(heartbeat)
             await server.stop(_STOP_GRACE_S)
-            self.lifecycle = "STOPPED"
+            self.lifecycle = actor_step(self.lifecycle, Lifecycle.STOPPED)
             self.beat(heartbeat)
         finally:
             if self.link is not None:

@@ -22,10 +22,10 @@ from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
 from engine.ipc import endpoints
 from engine.ipc.messages import DispatchBatch, encoder
+from engine.layout import END_FILE_MIN_BLANK_BYTES
 from engine.services.restart_points import reput_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
-from engine.store.layout import END_FILE_MIN_BLANK_BYTES
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
 
 log = logging.getLogger(__name__)

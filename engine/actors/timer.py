@@ -32,10 +32,10 @@ from engine.actors.base import Actor, Env, Port, main
 from engine.actors.effects import Effects
 from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
 from engine.errors import ErrorCode
+from engine.layout import Record, RecordError, java_string_hash
 from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.layout import Record, RecordError, java_string_hash
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, TIMERS_PENDING
 from engine.store.system_topics import (
     PROPERTY_REAL_TOPIC,

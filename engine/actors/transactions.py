@@ -44,10 +44,10 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.layout import Record, RecordError, decode_msg_id
 from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.layout import Record, RecordError, decode_msg_id
 from engine.store.records import owner_of
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING, owner_slot
 from engine.store.system_topics import (

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import msgspec
 
+from engine.ipc.lifecycle import Lifecycle
+
 # -- front -> writer ------------------------------------------------------------------------------
 
 
@@ -89,7 +91,7 @@ class GetById(msgspec.Struct, array_like=True, tag="get_by_id"):
 
 
 class GetByOffset(msgspec.Struct, array_like=True, tag="get_by_offset"):
-    """front -> owner 0: read one record by CommitLog offset."""
+    """front -> the owner chosen by the offset's segment, as for ``GetById``: read one record by CommitLog offset."""
 
 
 class Pop(msgspec.Struct, array_like=True, tag="pop"):
@@ -193,7 +195,7 @@ class Heartbeat(msgspec.Struct, array_like=True, tag="heartbeat"):
 
     name: str
     pid: int
-    lifecycle: str
+    lifecycle: Lifecycle
     detail: dict[str, int]
     condition: str = ""  # why a RUNNING actor cannot do its work ("" when it can): the engine is DEGRADED
 
@@ -218,7 +220,7 @@ ControlRequest = StatusQuery | StopCommand | KillCommand
 class ActorStatus(msgspec.Struct):
     name: str
     pid: int
-    lifecycle: str
+    lifecycle: Lifecycle
     restarts: int
     detail: dict[str, int]
     condition: str = ""  # the actor's last heartbeat's (``Heartbeat.condition``)

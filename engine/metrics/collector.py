@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from engine.config import StoreConfig
+from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
@@ -31,7 +32,7 @@ from engine.store.shared_offsets import SharedOffsets
 
 log = logging.getLogger(__name__)
 _STATUS_TIMEOUT_MS = 2_000
-_STATES = ("INIT", "RECOVERING", "RUNNING", "STOPPING", "STOPPED", "GAVE_UP", "DOWN")
+_STATES = tuple(Lifecycle)
 
 
 @dataclass
@@ -50,7 +51,7 @@ class View:
 
 
 def supervisor_status(store_dir: Path) -> ControlReply | None:
-    from supervisor.control import ControlTimeout, NotRunning, control
+    from engine.ipc.control import ControlTimeout, NotRunning, control
 
     try:
         reply = control(store_dir, StatusQuery(), timeout_ms=_STATUS_TIMEOUT_MS)

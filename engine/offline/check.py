@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import StoreConfig
+from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
 from engine.names import is_decimal
 from engine.offline.check_pop import check_pop_state
 from engine.offline.check_timer import check_timer_state
@@ -47,7 +48,6 @@ from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import INDEX_DIR
-from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
 
 FINDING_BYTES = 1024  # what one kept finding is taken to cost, for check_memory_bytes_max
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes, "queues" in units, "index" in files

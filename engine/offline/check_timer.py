@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from engine.config import StoreConfig
+from engine.layout import RecordError
 from engine.store.commit_log import CommitLogReader
-from engine.store.layout import RecordError
 from engine.store.system_topics import HALF_TOPIC, TIMER_TOPIC
 from engine.store.timer_files import (
     NO_UNIT,

@@ -16,13 +16,13 @@ from typing import Any
 import msgspec
 
 from engine.config import StoreConfig
+from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER
 from engine.names import is_decimal
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from engine.store.index_file import INDEX_DIR
-from engine.store.layout import CQ_UNIT_BYTES, INDEX_HEADER
 from engine.store.mapped_file import list_files
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import StoreConfig
+from engine.layout import tags_code
 from engine.offline.inspect_store import PROGRESS_STEP_BYTES, Progress, _quiet, detect_config
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import INDEX_DIR, IndexService
-from engine.store.layout import tags_code
 
 
 class StoreBusy(RuntimeError):

@@ -9,6 +9,8 @@ queue a delayed message reaches is the one it would have reached at once.
 
 from __future__ import annotations
 
+import msgspec
+
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage, SendRequest
@@ -23,8 +25,12 @@ from engine.store.system_topics import (
     PROPERTY_TRANSACTION_PREPARED,
     SYSTEM_PROPERTIES,
     TIMER_TOPIC,
-    redirect,
 )
+
+
+def redirect(messages: list[SendMessage], extra: dict[str, str]) -> list[SendMessage]:
+    """The batch with the routing properties ``extra`` added to every message."""
+    return [msgspec.structs.replace(message, properties={**message.properties, **extra}) for message in messages]
 
 
 def destination(request: SendRequest, queue_id: int, *, config: StoreConfig, now_ms: int,

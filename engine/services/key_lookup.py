@@ -37,10 +37,10 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_reply
+from engine.layout import RecordError
 from engine.store.commit_log import CommitLogReader
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import IndexService
-from engine.store.layout import RecordError
 
 
 class KeyLookup:

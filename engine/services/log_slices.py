@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from engine import codec
 from engine.codec_py import DispatchTuple
+from engine.layout import END_FILE_MIN_BLANK_BYTES
 from engine.store.commit_log import CommitLogReader, Damage
-from engine.store.layout import END_FILE_MIN_BLANK_BYTES
 
 _RECORDS_PER_CALL = 4_096  # records one codec call walks at most (the slice's end bounds its bytes)
 

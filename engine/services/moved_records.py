@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import bisect
 
+from engine.layout import RecordError
 from engine.services.log_slices import read_slice
 from engine.store.commit_log import CommitLogReader
-from engine.store.layout import RecordError
 from engine.store.system_topics import PROPERTY_ORIGIN_OFFSET, SYSTEM_TOPICS, origin_offset
 
 _MARK = PROPERTY_ORIGIN_OFFSET.encode() + b"\x01"  # a property is name 0x01 value 0x02

@@ -18,12 +18,12 @@ from pathlib import Path
 from engine import codec
 from engine.config import StoreConfig
 from engine.ipc.messages import DispatchBatch
+from engine.layout import RecordError
 from engine.services.log_slices import read_slice
 from engine.services.restart_points import QueueTail, owner_restart, owner_restart_unclean
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
 from engine.store.deleted_topics import DeletedTopics
-from engine.store.layout import RecordError
 from engine.store.mapped_file import list_files
 from engine.store.records import owner_of
 

@@ -32,9 +32,9 @@ import msgspec
 
 from engine import codec
 from engine.errors import GetStatus
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, RecordError
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue, Unit
-from engine.store.layout import CQ_UNIT, CQ_UNIT_BYTES, RecordError
 
 
 @dataclass

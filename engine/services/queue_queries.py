@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.layout import RecordError
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
-from engine.store.layout import RecordError
 
 
 @dataclass

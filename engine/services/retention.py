@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from engine.config import StoreConfig
-from engine.store.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, RecordError, decode_record, peek_size_and_magic
+from engine.layout import END_FILE_MIN_BLANK_BYTES, MAGIC_BLANK, RecordError, decode_record, peek_size_and_magic
 
 
 @dataclass(frozen=True)

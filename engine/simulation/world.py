@@ -19,8 +19,10 @@ from pathlib import Path
 
 from engine.actors.base import Actor, Clock, Env
 from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
+from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.simulation.disk import SimDisk
 from engine.simulation.network import Network
 from engine.simulation.workload import FIFO_GROUP
@@ -35,7 +37,6 @@ from engine.store.shared_offsets import (
     owner_durable_slot,
     owner_slot,
 )
-from supervisor.spec import ActorSpec, actor_specs
 
 DELIVERIES_PER_STEP_MAX = 8
 
@@ -155,10 +156,10 @@ class World:
                   process_id=next(self.process_ids))
         actor = actor_cls(env)
         out = Effects()
-        actor.lifecycle = "RECOVERING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         actor.recover(out)
         self.network.attach(name, actor.ports())
-        actor.lifecycle = "RUNNING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
         self.actors[name] = actor
         if self.down.pop(name, None) is not None:
             self.counts.restarts += 1
@@ -216,7 +217,7 @@ class World:
         ``shutdown`` leaves its files consistent, its flush thread finishes what it was given
         (``FileSyncer.close``), and the process exits with its queues."""
         actor = self.actors[name]
-        actor.lifecycle = "STOPPING"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         out = Effects()
         for port in actor.drain_at_stop:
             for key in [key for key in self.network.busy() if key[:2] == (name, port)]:
@@ -234,7 +235,7 @@ class World:
         self.carry_out(name, out)
         for job in [job for job in self.jobs if job.actor == name]:
             self.run_job(job)
-        actor.lifecycle = "STOPPED"
+        actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPED)
         self.actors.pop(name)
         self.network.detach(name)
         self.tell_connections(name, up=False)

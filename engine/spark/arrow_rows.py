@@ -30,7 +30,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from engine.store.layout import (
+from engine.layout import (
     KEY_SEPARATOR,
     PROPERTY_CRC32,
     PROPERTY_KEYS,
@@ -102,7 +102,7 @@ class MessageColumns:
         return len(self) >= self.batch_rows or self.bytes >= 64 << 20
 
     def add_record(self, record: Record) -> None:
-        """A record decoded from the CommitLog (``engine.store.layout.decode_record``)."""
+        """A record decoded from the CommitLog (``engine.layout.decode_record``)."""
         body = bytes(record.body) if self.include_body else None
         properties = record.properties
         keys = properties.get(PROPERTY_KEYS)

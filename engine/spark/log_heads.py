@@ -24,10 +24,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ArrayType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
 from engine.config import StoreConfig, decode_config, encode_config
+from engine.layout import tags_code
 from engine.spark.options import OptionError, get_str
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.store.deleted_topics import DeletedTopics
-from engine.store.layout import tags_code
 from engine.store.mapped_file import list_files
 
 SOURCE_NAME = "rmq_log_heads"

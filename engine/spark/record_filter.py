@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import EqualTo, Filter, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
 
-from engine.store.layout import Record
+from engine.layout import Record
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)

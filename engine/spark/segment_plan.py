@@ -20,11 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from engine.spark.record_filter import RecordFilter
-from engine.spark.store_view import StoreSnapshot
-from engine.store.commit_log import COMMIT_LOG_DIR
-from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
-from engine.store.layout import (
+from engine.layout import (
     MAGIC_V1,
     MAGIC_V2,
     RECORD_HEADER,
@@ -33,6 +29,10 @@ from engine.store.layout import (
     SYSFLAG_HOSTS_V6,
     record_header,
 )
+from engine.spark.record_filter import RecordFilter
+from engine.spark.store_view import StoreSnapshot
+from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.consume_queue import ConsumeQueue, Unit, list_queues
 from engine.store.mapped_file import list_files
 
 FOREIGN_TIME_SLACK_MS = 1000

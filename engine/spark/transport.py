@@ -30,12 +30,12 @@ from typing import Any
 import pyarrow as pa
 
 from engine.client import EngineError, StoreClient
+from engine.layout import RecordError
 from engine.services.queue_queries import offset_for_time
 from engine.spark.arrow_rows import MessageColumns
 from engine.spark.store_view import StoreSnapshot, take_snapshot
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue, list_queues
-from engine.store.layout import RecordError
 from engine.store.topics import TopicTable
 
 _NO_LIMIT = 1 << 62

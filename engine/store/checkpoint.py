@@ -18,7 +18,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.store.layout import (
+from engine.layout import (
     CHECKPOINT,
     CHECKPOINT_CRC,
     CHECKPOINT_CRC_POSITION,

@@ -25,11 +25,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from engine import codec
-from engine.config import StoreConfig
-from engine.store import sync
-from engine.store.layout import (
+from engine.layout import (
     CRC32_PROPERTY_PREFIX,
     CRC32_RESERVED_BYTES,
     END_FILE_MIN_BLANK_BYTES,
@@ -51,6 +50,7 @@ from engine.store.layout import (
     record_size,
     verify_record,
 )
+from engine.store import sync
 from engine.store.mapped_file import PAGE_BYTES, MappedFile, MappedFileQueue, create_preallocated, prefetch
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,16 @@ log = logging.getLogger(__name__)
 COMMIT_LOG_DIR = "commitlog"
 # V1 and V2 magics share their first three bytes: one search finds both.
 _MAGIC_PATTERNS = (MAGIC_V1.to_bytes(4, "big")[:3], MAGIC_BLANK.to_bytes(4, "big"))
+
+
+class LogSettings(Protocol):
+    """What a reader takes from the engine's settings (``engine.config.StoreConfig`` has both):
+    the store's objects are given numbers, and never import the config."""
+
+    @property
+    def segment_size_bytes(self) -> int: ...
+    @property
+    def record_crc_enabled(self) -> bool: ...
 
 
 class CommitLogReader:
@@ -72,7 +82,7 @@ class CommitLogReader:
         self._last: MappedFile | None = None  # the segment read last: pulls read runs of records
 
     @classmethod
-    def for_config(cls, store_dir: Path, config: StoreConfig) -> CommitLogReader:
+    def for_config(cls, store_dir: Path, config: LogSettings) -> CommitLogReader:
         """A reader for an engine's store: with record CRCs off, never demand them."""
         return cls(store_dir, config.segment_size_bytes,
                    require_record_crc=None if config.record_crc_enabled else False)

@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, offset_to_file_name
 from engine.names import is_decimal, is_topic_name
-from engine.store.layout import CQ_UNIT, CQ_UNIT_BYTES, offset_to_file_name
 from engine.store.mapped_file import MappedFileQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"

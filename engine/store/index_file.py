@@ -1,6 +1,6 @@
 """IndexFile: a hash index from ``topic#key`` to commit log offsets.
 
-Layout in ``layout.py``. Files live in ``index/`` and are named by their
+Layout in ``engine/layout.py``. Files live in ``index/`` and are named by their
 creation time ``yyyyMMddHHmmssSSS``; the newest is the one being written.
 
 Invariants:
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from engine.codec import index_header, index_key_hash, index_put_keys, index_select
+from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.names import is_decimal
-from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.store.mapped_file import PAGE_BYTES, MappedFile, create_preallocated, fsync_dir
 
 INDEX_DIR = "index"

@@ -22,8 +22,8 @@ import mmap
 import os
 from pathlib import Path
 
+from engine.layout import file_name_to_offset, offset_to_file_name
 from engine.store import sync
-from engine.store.layout import file_name_to_offset, offset_to_file_name
 
 PAGE_BYTES = 4096
 _ZERO_CHUNK_BYTES = 1 << 20

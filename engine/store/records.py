@@ -7,13 +7,12 @@ a reply carries it, is ``codec.read_view``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
 
 from engine import codec
-from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
-from engine.ipc.protocol import SendMessage
-from engine.store.layout import (
+from engine.layout import (
     CRC32_RESERVED_BYTES,
     KEY_SEPARATOR,
     NAME_VALUE_SEPARATOR,
@@ -30,6 +29,32 @@ _TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x
 _KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
 _UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
 _END = PROPERTY_SEPARATOR
+
+
+class ClientMessage(Protocol):
+    """One message of a send as the client gave it (``engine.ipc.protocol.SendMessage`` is one):
+    the store reads these fields and does not import the wire protocol."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def tags(self) -> str | None: ...
+    @property
+    def keys(self) -> Sequence[str]: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+
+
+Message = TypeVar("Message", bound=ClientMessage)
+
+
+class RecordLimits(Protocol):
+    """The settings a batch is held to (``engine.config.StoreConfig`` has them)."""
+
+    @property
+    def message_body_bytes_max(self) -> int: ...
+    @property
+    def properties_bytes_max(self) -> int: ...
 
 
 class UniqKeys:
@@ -61,7 +86,7 @@ class BatchItems(NamedTuple):
     payload_bytes: int      # the bodies and encoded properties, summed
 
 
-def build_items(messages: list[SendMessage], *, config: StoreConfig, uniq_keys: UniqKeys,
+def build_items(messages: list[Message], *, config: RecordLimits, uniq_keys: UniqKeys,
                 now_ms: int) -> BatchItems:
     """Validate every message of a batch (all or nothing: RequestError names the first refusal)."""
     items, payload = codec.build_items(messages, config.message_body_bytes_max, config.properties_bytes_max,
@@ -72,7 +97,7 @@ def build_items(messages: list[SendMessage], *, config: StoreConfig, uniq_keys: 
     return BatchItems(items, payload)
 
 
-def explain_refusal(message: SendMessage, config: StoreConfig) -> None:
+def explain_refusal(message: ClientMessage, config: RecordLimits) -> None:
     """Raise the RequestError that says why ``codec.build_items`` refused ``message``."""
     body = message.body
     if not body or len(body) > config.message_body_bytes_max:

@@ -21,10 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
-
-from engine.ipc.protocol import SendMessage
-from engine.store.layout import Record
+from engine.layout import Record
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -52,11 +49,6 @@ SYSTEM_PROPERTIES = frozenset({PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_
                                PROPERTY_DECISION, PROPERTY_HALF_OFFSET})
 _ROUTING = frozenset({PROPERTY_REAL_TOPIC, PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS})
 _KEPT = ("TAGS", "KEYS", "__CRC32#")  # written again from the send's own fields
-
-
-def redirect(messages: list[SendMessage], extra: dict[str, str]) -> list[SendMessage]:
-    """The batch with the routing properties ``extra`` added to every message."""
-    return [msgspec.structs.replace(message, properties={**message.properties, **extra}) for message in messages]
 
 
 def _keep_deliver_time(waiting: Mapping[str, str], delivered: dict[str, str]) -> None:

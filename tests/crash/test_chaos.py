@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.chaos import run_chaos
+from harness.chaos import run_chaos
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

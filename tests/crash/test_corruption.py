@@ -15,15 +15,15 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.layout import CQ_UNIT_BYTES, HostAddress, Record, RecordFields, encode_properties
 from engine.offline.check import check_store
 from engine.offline.repair import rebuild_derived
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter
 from engine.store.consume_queue import ConsumeQueue, list_queues
-from engine.store.layout import CQ_UNIT_BYTES, HostAddress, Record, RecordFields, encode_properties
 from engine.store.mapped_file import list_files
+from harness.workload import Producer, parse_body, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, parse_body, read_everything, verify, wait_dispatched
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,8 +20,8 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.control import control
 from engine.ipc.messages import ControlReply, StatusQuery
-from supervisor.control import control
 from supervisor.launcher import EngineFailed, EngineProcess
 from tests.crash.test_disk_full_actors import fill
 from tests.helpers import size_limited_tmpfs

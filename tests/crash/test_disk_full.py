@@ -21,10 +21,10 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
-from supervisor.control import control
+from harness.workload import Producer, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, read_everything, verify, wait_dispatched
 from tests.helpers import size_limited_tmpfs
 
 pytestmark = pytest.mark.timeout(180)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.client import EngineError, StoreClient
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from tests.helpers import engine_with_topics, size_limited_tmpfs, wait_dispatched
 from tests.timer.conftest import timer_config

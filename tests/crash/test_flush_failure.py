@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
-from supervisor.control import EventStream
-from supervisor.faults import actor_pids
+from harness.faults import actor_pids
+from harness.workload import Producer, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, read_everything, verify, wait_dispatched
 from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(180)

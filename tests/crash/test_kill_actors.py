@@ -16,11 +16,11 @@ import psutil
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
+from harness.workload import Producer, ProducerThread, read_everything, verify
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, ProducerThread, read_everything, verify
 from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)

@@ -16,9 +16,9 @@ import pytest
 
 from engine.client import StoreClient
 from engine.config import StoreConfig
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.store.transaction_state import load_transaction_checkpoint
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from tests.helpers import wait_dispatched
 from tests.timer.conftest import timer_config

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
+from harness.pop_workload import MessageKey, PopLedger, PopWorker, drain
 from supervisor.launcher import EngineProcess
-from supervisor.pop_workload import MessageKey, PopLedger, PopWorker, drain
 
 pytestmark = pytest.mark.timeout(240)
 

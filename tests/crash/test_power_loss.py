@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
-from supervisor.faults import flushed_offset_after_kill, simulate_power_loss
+from harness.faults import flushed_offset_after_kill, simulate_power_loss
+from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -9,10 +9,10 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream, control
 from engine.ipc.messages import StatusQuery
 from engine.store.records import owner_of
-from supervisor.control import EventStream, control
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(120)

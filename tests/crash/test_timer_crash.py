@@ -19,9 +19,9 @@ import pytest
 from engine.client import ClientError, EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.control import EventStream
 from engine.offline.check import check_store
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(180)

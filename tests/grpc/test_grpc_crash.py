@@ -12,8 +12,8 @@ import time
 import pytest
 from rocketmq import FilterExpression, Message, Producer, SimpleConsumer
 
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from engine.ipc.control import EventStream
+from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import official
 

@@ -21,12 +21,12 @@ import zmq
 
 from engine.client import EngineError
 from engine.config import StoreConfig
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import encode_request
 from engine.store.consumer_offsets import OFFSETS_FILE
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.topics import TOPICS_FILE
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(240)

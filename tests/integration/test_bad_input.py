@@ -13,9 +13,9 @@ import zmq
 from engine.client import EngineError, RequestTimeout, StoreClient
 from engine.config import MiB, StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import PROTOCOL_VERSION
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 from tests.conftest import processes_mentioning
 from tests.helpers import wait_dispatched

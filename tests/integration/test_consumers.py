@@ -10,9 +10,9 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import StoreConfig
-from engine.store.layout import java_string_hash
+from engine.layout import java_string_hash
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,8 +14,8 @@ import pytest
 
 from engine.client import EngineError
 from engine.config import ConfigError, StoreConfig
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from engine.config import KiB, MiB, StoreConfig
-from engine.store.layout import decode_msg_id
+from engine.layout import decode_msg_id
 from supervisor.launcher import EngineProcess
 from supervisor.supervisor import LOG_DIR
 from tests.helpers import wait_dispatched

@@ -1,4 +1,4 @@
-"""2,000 seeded hostile requests against a live engine (supervisor/wire_fuzz.py, scripts/fuzz_wire.py).
+"""2,000 seeded hostile requests against a live engine (harness/wire_fuzz.py, scripts/fuzz_wire.py).
 
 Every request is answered with a documented code, or not at all where the protocol
 says so; no actor restarts; memory stays bounded; no file is made from a fuzzed
@@ -17,7 +17,7 @@ import pytest
 
 from engine.config import StoreConfig
 from engine.offline.check import check_store
-from supervisor import wire_fuzz
+from harness import wire_fuzz
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(300)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from engine.config import ConfigError, StoreConfig
+from engine.ipc.control import EventStream
 from engine.logs import LOG_DIR
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess, write_config
 from supervisor.supervisor import _rotate_if_full
 

@@ -25,8 +25,8 @@ import pytest
 from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.ipc import endpoints
+from engine.ipc.control import EventStream, control
 from engine.ipc.messages import KillCommand
-from supervisor.control import EventStream, control
 from supervisor.launcher import EngineProcess, free_port, write_config
 
 pytestmark = pytest.mark.timeout(60)

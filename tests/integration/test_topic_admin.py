@@ -18,9 +18,9 @@ from engine.ipc.protocol import encode_request
 from engine.offline.check import check_store
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
-from supervisor.faults import pause_actor
+from harness.faults import pause_actor
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
-from supervisor.workload import wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)
 

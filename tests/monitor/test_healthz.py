@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from engine.ipc.control import EventStream
+from harness.faults import kill_actor
 from tests.monitor.conftest import Monitored, monitored_engine
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.ipc.control import ControlTimeout, EventStream, control
 from engine.ipc.messages import ActorStatus, StatusQuery
-from supervisor.control import ControlTimeout, EventStream, control
 from tests.monitor.conftest import Monitored, monitored_engine
 
 BURST = 500

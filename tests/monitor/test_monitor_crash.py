@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.control import EventStream
-from supervisor.faults import kill_actor
+from engine.ipc.control import EventStream
+from harness.faults import kill_actor
 from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored, value
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from engine.layout import CQ_UNIT, INDEX_HEADER, INDEX_ITEM, INDEX_SLOT
 from engine.offline.check import check_store
 from engine.offline.repair import rebuild_derived
 from engine.spark.rebuild import install_rebuilt, rebuild_store
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, list_queues, queue_dir
 from engine.store.index_file import INDEX_DIR, IndexService
-from engine.store.layout import CQ_UNIT, INDEX_HEADER, INDEX_ITEM, INDEX_SLOT
 from engine.store.mapped_file import list_files
 from supervisor.launcher import write_config
 from tests.spark.conftest import Store, copy_store

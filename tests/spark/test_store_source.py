@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql import functions as F
 
+from engine.layout import HostAddress, RecordFields, encode_properties, encode_record, offset_to_file_name
 from engine.store.checkpoint import load_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR
-from engine.store.layout import HostAddress, RecordFields, encode_properties, encode_record, offset_to_file_name
 from engine.store.mapped_file import list_files
 from supervisor.launcher import EngineProcess
 from tests.helpers import wait_dispatched

@@ -63,8 +63,8 @@ def test_an_undecided_half_is_offered_to_its_producer_group_then_decided_from_th
 
 
 def rolled_back(engine: EngineProcess) -> int:
+    from engine.ipc.control import control
     from engine.ipc.messages import StatusQuery
-    from supervisor.control import control
 
     actors = control(engine.store_dir, StatusQuery()).actors
     return next(a.detail.get("rolled_back", 0) for a in actors if a.name == "transactions")

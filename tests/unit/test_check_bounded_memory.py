@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from engine.config import KiB, MiB, StoreConfig, encode_config
+from engine.layout import HostAddress, RecordFields, encode_properties
 from engine.offline.check import check_store
 from engine.offline.repair import rebuild_derived
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consume_queue import CQ_UNIT_BYTES, queue_dir
-from engine.store.layout import HostAddress, RecordFields, encode_properties
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,7 +1,7 @@
 """Golden-byte tests for the 4 KiB checkpoint file (reference section 6.3).
 
 Bytes 0..40 are RocketMQ's StoreCheckpoint: five big-endian int64 fields.
-Bytes 4064..4096 are the engine's CRC'd extension (engine/store/layout.py drawing),
+Bytes 4064..4096 are the engine's CRC'd extension (engine/layout.py drawing),
 which RocketMQ's reader never looks at.
 """
 

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from engine import codec_py as py
-from engine.store.layout import CQ_UNIT, HostAddress, encode_blank, java_string_hash
+from engine.layout import CQ_UNIT, HostAddress, encode_blank, java_string_hash
 
 try:
     from engine import _codec as c

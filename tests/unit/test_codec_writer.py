@@ -17,7 +17,7 @@ from engine import codec_py as py
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage, SendResult
-from engine.store.layout import HostAddress
+from engine.layout import HostAddress
 from engine.store.records import UniqKeys, build_items, explain_refusal
 
 try:

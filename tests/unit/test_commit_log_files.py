@@ -12,10 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine.config import ConfigError, StoreConfig
-from engine.services.recovery import plan_commit_log_recovery
-from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
-from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
-from engine.store.layout import (
+from engine.layout import (
     HostAddress,
     Record,
     RecordFields,
@@ -23,6 +20,9 @@ from engine.store.layout import (
     encode_record,
     tags_code,
 )
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
+from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -19,10 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import StoreConfig
-from engine.offline.check import check_index_file
-from engine.store.commit_log import CommitLogReader
-from engine.store.consume_queue import Unit
-from engine.store.layout import (
+from engine.layout import (
     CQ_UNIT,
     INDEX_HEADER,
     RecordError,
@@ -32,6 +29,9 @@ from engine.store.layout import (
     index_file_bytes,
     verify_record,
 )
+from engine.offline.check import check_index_file
+from engine.store.commit_log import CommitLogReader
+from engine.store.consume_queue import Unit
 from tests.unit.test_codec import BASE, build_segment, c, same_scan, same_views
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine import codec_py as py
+from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
 from engine.store.index_file import IndexService
-from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
 
 try:
     from engine import _codec as c

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from engine import codec
+from engine.layout import Record, RecordFields, encode_properties
 from engine.services.log_slices import read_slice
 from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader, CommitLogWriter, Damage
-from engine.store.layout import Record, RecordFields, encode_properties
 from engine.store.system_topics import HALF_TOPIC, PROPERTY_ORIGIN_OFFSET, SYSTEM_TOPICS, origin_offset
 from tests.unit.test_commit_log_files import BORN_HOST, SEG, STORE_HOST, T0, patch_file
 

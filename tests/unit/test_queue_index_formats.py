@@ -2,7 +2,7 @@
 layout, offsetMsgId and file names (reference sections 1.5, 2.1, 3.1, 4).
 
 Expected values are computed here by hand from the reference, then compared to
-what engine.store.layout / engine.store.index_file produce.
+what engine.layout / engine.store.index_file produce.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import struct
 
 import pytest
 
-from engine.store.index_file import IndexFile, IndexService
-from engine.store.layout import (
+from engine.layout import (
     CQ_UNIT,
     HostAddress,
     decode_msg_id,
@@ -23,6 +22,7 @@ from engine.store.layout import (
     offset_to_file_name,
     tags_code,
 )
+from engine.store.index_file import IndexFile, IndexService
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -2,7 +2,7 @@
 
 The expected bytes are built here by hand, field by field, from the reference
 (shared/reference/rocketmq-store.md section 1.1, 1.3, 1.4), never from
-engine.store.layout's own struct definitions; the engine's output is then compared
+engine.layout's own struct definitions; the engine's output is then compared
 to them and decoded back.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from engine import codec_py
 from engine.codec import read_view
-from engine.store.layout import (
+from engine.layout import (
     HostAddress,
     RecordError,
     RecordFields,

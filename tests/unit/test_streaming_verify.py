@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.workload import AckLog, Producer, make_body, read_everything, verify, verify_streaming
 from supervisor.launcher import EngineProcess
-from supervisor.workload import AckLog, Producer, make_body, read_everything, verify, verify_streaming
 from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)

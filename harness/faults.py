@@ -21,13 +21,13 @@ from pathlib import Path
 import psutil
 
 from engine.ipc import endpoints
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
+from engine.layout import CQ_UNIT, CQ_UNIT_BYTES
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
-from engine.store.layout import CQ_UNIT, CQ_UNIT_BYTES
 from engine.store.mapped_file import PAGE_BYTES, list_files
 from engine.store.shared_offsets import FLUSHED, SharedOffsets
-from supervisor.control import control
 
 ROLES = ("writer", "flusher", "owner", "index", "reput", "front", "supervisor")
 

@@ -14,8 +14,12 @@ start together, and the next wave starts once all of them run:
 6. the gRPC endpoint (when on), a client of the front, and the monitor (metrics and the
    dashboard, when on), which reads what the others report.
 
-Stop order is the reverse, one actor at a time, so the dispatcher drains before the owners
-stop, and the writer's last bytes are flushed at the end.
+Stop order is the reverse, wave by wave: every actor of a wave is sent SIGTERM at once, and the
+next (lower) wave is signalled once all of them exited. So the dispatcher drains before the
+owners stop, and the writer's last bytes are flushed at the end.
+
+The table lives in the engine, below the supervisor that runs it, because the simulation
+(``engine/simulation/world.py``) runs the same actors in the same waves.
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ import zmq
 from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import PROTOCOL_VERSION, REQUEST_TYPES
-from supervisor.control import control
 from supervisor.launcher import EngineProcess
 
 ANSWERED, IGNORED, DROPPED = "answered", "ignored", "dropped"

@@ -1,6 +1,9 @@
 """Talking to a running supervisor: control requests and its event stream.
 
-Used by ``python -m supervisor stop|status``, by ``scripts/`` and by tests.
+Used by ``python -m supervisor stop|status``, by the monitor (the supervisor's status in the
+metrics), by ``scripts/`` and by tests. It is a client of the supervisor's control socket, so it
+sits with the other endpoints in ``engine/ipc``: the engine may use it without importing the
+supervisor.
 Every call has an absolute deadline; a supervisor that does not answer in
 time raises ``ControlTimeout`` (a silent peer and a dead one look alike).
 """

@@ -8,8 +8,8 @@ import logging
 import threading
 
 from engine.client import StoreClient
+from harness.workload import read_everything
 from supervisor.launcher import EngineProcess
-from supervisor.workload import read_everything
 
 GRPC_TOPIC, GRPC_QUEUES = "chaos-grpc", 2
 

@@ -6,13 +6,13 @@ random actor (or the supervisor itself: once per phase at a seeded cycle,
 and one time in ten otherwise; the engine is then started again), and waits for the supervisor's ``recovery.done``.
 The first half of the cycles run under ASYNC_FLUSH, the second under
 SYNC_FLUSH (a clean stop and start in between). Pop workers of one group
-(``supervisor/pop_workload.py``) pop and ack ``POP_TOPIC`` all along. At the end
+(``harness/pop_workload.py``) pop and ack ``POP_TOPIC`` all along. At the end
 every queue is read back and checked (``workload.verify``); the pop group must
 ack every stored message of ``POP_TOPIC`` (its own counts agreeing), and none
 acked under SYNC_FLUSH may be delivered again. The gRPC endpoint is on, so it is killed
 too, and the official RocketMQ 5 producer sends through it all along
-(``supervisor/grpc_workload.py``): every message it got a receipt for must be stored. Delayed
-and transactional messages go to ``TIMER_TOPIC`` all along (``supervisor/timer_workload.py``):
+(``harness/grpc_workload.py``): every message it got a receipt for must be stored. Delayed
+and transactional messages go to ``TIMER_TOPIC`` all along (``harness/timer_workload.py``):
 each answered one must arrive exactly once, not early, and no rolled-back one at all. The
 engine is stopped, and ``check_store`` must find nothing. The seed replays the same schedule.
 """
@@ -30,14 +30,14 @@ import psutil
 
 from engine.client import ClientError
 from engine.config import StoreConfig
+from engine.ipc.control import EventStream
 from engine.offline.check import Finding, check_store
-from supervisor.control import EventStream
-from supervisor.faults import actor_pids, kill_actor
-from supervisor.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
+from harness.faults import actor_pids, kill_actor
+from harness.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
+from harness.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
+from harness.timer_workload import TIMER_QUEUES, TIMER_TOPIC, TimerSender, TimerVerdict, timer_verdict
+from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess, free_port
-from supervisor.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
-from supervisor.timer_workload import TIMER_QUEUES, TIMER_TOPIC, TimerSender, TimerVerdict, timer_verdict
-from supervisor.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 
 TOPICS = {"chaos-a": 4, "chaos-b": 3}
 POP_TOPIC, POP_GROUP = "chaos-a", "chaos-pop"

@@ -13,8 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from engine.client import ClientError, EngineError, StoreClient
+from harness.workload import read_everything
 from supervisor.launcher import EngineProcess
-from supervisor.workload import read_everything
 
 TIMER_TOPIC, TIMER_QUEUES = "chaos-timer", 2
 PRODUCER_GROUP = "chaos-tx"
