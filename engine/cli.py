@@ -657,7 +657,9 @@ Exit status: 0 when nothing is found, 1 with findings (each printed on a line)."
     "keygen": """examples:
   %(prog)s --dir keys --name server                # the engine's key pair
   %(prog)s --dir billing-keys --name billing       # one pair per client, kept by the client
-  cp billing-keys/billing.key keys/clients/        # the engine allows keys/clients/*.key: public keys only""",
+
+Then copy only the client's public key where the engine reads: cp billing-keys/billing.key
+keys/clients/ (the engine allows keys/clients/*.key; a secret key there is warned about).""",
     "transaction": """examples:
   %(prog)s --commit 7F00000100002A9F00000000000A1B2C
   %(prog)s --rollback 7F00000100002A9F00000000000A1B2C
