@@ -42,12 +42,21 @@ from engine.names import is_decimal
 from engine.offline.check_pop import check_pop_state
 from engine.offline.check_timer import check_timer_state
 from engine.offline.inspect_store import detect_config
+from engine.offline.log_scan import scan_log
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import INDEX_DIR
-from engine.store.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, RecordError, index_file_bytes, index_key_hash
+from engine.store.layout import (
+    INDEX_HEADER,
+    INDEX_ITEM,
+    INDEX_SLOT,
+    RecordError,
+    RecordHead,
+    index_file_bytes,
+    index_key_hash,
+)
 
 FINDING_BYTES = 1024  # what one kept finding is taken to cost, for check_memory_bytes_max
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes, "queues" in units, "index" in files
@@ -125,11 +134,11 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
     if first is None or last is None:
         return 0
     end = last + config.segment_size_bytes
-    pending: list[Damage] = []  # damage after the last record so far: a finding only if a record follows
+    pending: list[Damage] = []  # damage after the last record so far (at most 64 kept)
     pending_more = 0  # ranges past the 64 kept in ``pending``
     log_end = first
     reported = first
-    for item in reader.scan_heads(first, end):  # every check; the properties are not decoded
+    for item in scan_log(reader, heads=True):  # every check, each segment up to its data end; no properties
         if isinstance(item, Damage):
             if len(pending) < 64:
                 pending.append(item)
@@ -142,6 +151,7 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
             findings.add(Finding("commitlog", f"[{pending[-1].end}, {item.commit_log_offset})",
                                  f"{pending_more} more damaged ranges"))
         pending, pending_more = [], 0
+        assert isinstance(item, RecordHead)
         if not deleted.hides(item.topic, item.commit_log_offset):
             units.record(item.topic, item.queue_id, item.queue_offset, item.commit_log_offset)
         log_end = item.commit_log_offset + item.total_size
@@ -149,19 +159,13 @@ def _check_log(reader: CommitLogReader, config: StoreConfig, findings: Findings,
             reported = log_end
             progress("log", log_end - first, end - first)
     progress("log", end - first, end - first)
-    # Damage after the last record is the unwritten rest of the log unless it holds bytes.
+    # The walk stops at each segment's last non-zero byte: damage after the last record holds bytes.
     for damage in pending:
-        segment = reader.segment_at(damage.start)
-        if segment is not None and _holds_bytes(segment.mm, damage.start - segment.start_offset,
-                                                damage.end - segment.start_offset):
-            findings.add(Finding("commitlog", f"[{damage.start}, {damage.end})",
-                                 f"{damage.reason} (non-zero bytes after the last record)"))
+        findings.add(Finding("commitlog", f"[{damage.start}, {damage.end})",
+                             f"{damage.reason} (non-zero bytes after the last record)"))
+    if pending_more:
+        findings.add(Finding("commitlog", f"[{pending[-1].end}, ...)", f"{pending_more} more damaged ranges"))
     return reader.past_blank_marker(log_end)
-
-
-def _holds_bytes(mm: mmap.mmap, start: int, end: int) -> bool:
-    """True if any byte of ``mm[start:end]`` is not zero (read 64 KiB at a time)."""
-    return any(mm[at:min(end, at + (1 << 16))].strip(b"\x00") for at in range(start, end, 1 << 16))
 
 
 class UnitCheck:

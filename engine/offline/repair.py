@@ -21,12 +21,13 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.offline.inspect_store import PROGRESS_STEP_BYTES, Progress, _quiet, detect_config
+from engine.offline.log_scan import scan_log
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import INDEX_DIR, IndexService
-from engine.store.layout import tags_code
+from engine.store.layout import Record, tags_code
 
 
 class StoreBusy(RuntimeError):
@@ -97,13 +98,14 @@ def _rebuild(store_dir: Path, config: StoreConfig, progress: Progress) -> Repair
     if last is not None:
         first, end = reader.min_offset(), last + config.segment_size_bytes
         next_report = first
-        for item in reader.scan(first, end, check_crc=True):
-            if not isinstance(item, Damage) and item.commit_log_offset >= next_report:
+        for item in scan_log(reader, check_crc=True):  # each segment up to its data end
+            if isinstance(item, Damage):
+                pending += 1  # damage counts once a valid record follows (else it is a torn tail)
+                continue
+            assert isinstance(item, Record)
+            if item.commit_log_offset >= next_report:
                 progress("log", item.commit_log_offset - first, end - first)
                 next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
-            if isinstance(item, Damage):
-                pending += 1  # damage counts once a valid record follows (else it is the unwritten end)
-                continue
             damaged, pending = damaged + pending, 0
             log_end = item.commit_log_offset + item.total_size
             if deleted.hides(item.topic, item.commit_log_offset):
