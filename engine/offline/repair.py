@@ -22,6 +22,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.offline.inspect_store import PROGRESS_STEP_BYTES, Progress, _quiet, detect_config
 from engine.offline.log_scan import scan_log
+from engine.offline.store_dir import require_store
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
@@ -78,7 +79,10 @@ def mark_dispatched(store_dir: Path, log_end: int) -> None:
 
 def rebuild_derived(store_dir: Path, config: StoreConfig | None = None, *,
                     progress: Progress = _quiet) -> RepairReport:
-    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal)."""
+    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal).
+
+    NotAStore if ``store_dir`` is not a store, StoreBusy if an engine runs on it: nothing is written then."""
+    require_store(store_dir)
     config = detect_config(store_dir, config or StoreConfig())
     with store_locked(store_dir):
         return _rebuild(store_dir, config, progress)
