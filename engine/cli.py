@@ -665,13 +665,19 @@ Exit status: 0 done, 1 refused or not found, 2 bad command line, 3 no engine ans
     "inspect": """examples:
   %(prog)s --store-dir /var/lib/rmqpy
   %(prog)s --store-dir /var/lib/rmqpy --records 100 --json > inspect.json
-  %(prog)s --store-dir copy-of-broker-store --config engine.toml""",
+  %(prog)s --store-dir copy-of-broker-store --config engine.toml
+
+Each segment is read up to its last non-zero byte (the zeros after the log's end are not
+damage). A path that is not a store exits 5; on a store a running engine holds, a warning says
+the figures are a moment's.""",
     "check": """examples:
   %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml
   %(prog)s --store-dir /var/lib/rmqpy --json
   %(prog)s --store-dir /var/lib/rmqpy --repair   # the engine must be stopped
 
-Exit status: 0 when nothing is found, 1 with findings (each printed on a line).""",
+Exit status: 0 when nothing is found, 1 with findings (each printed on a line), 5 for a path
+that is not a store. On a store a running engine holds, check warns that the figures are a
+moment's, and --repair refuses (exit 1).""",
     "keygen": """examples:
   %(prog)s --dir keys --name server                # the engine's key pair
   %(prog)s --dir billing-keys --name billing       # one pair per client, kept by the client

@@ -25,8 +25,10 @@ finding). A store 100 times that limit is checked within it
 (``tests/unit/test_check_bounded_memory.py``).
 
 Run it on a stopped engine's directory (``python -m engine check``); every
-crash test ends with it. It never writes. ``progress(stage, done, total)``
-is called as it goes (the CLI draws a bar from it on a terminal).
+crash test ends with it. On a live store the CLI warns that what it reads is a
+moment's (``store_dir.py``). The log is read to each segment's data end only
+(``log_scan.py``): the zeros of a sparse segment past the log are not read.
+It never writes. ``progress(stage, done, total)`` is called as it goes (the CLI draws a bar from it on a terminal).
 """
 
 from __future__ import annotations
