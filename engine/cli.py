@@ -523,6 +523,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not args.store_dir:
         print("error: inspect reads a store directory offline; give --store-dir", file=sys.stderr)
         return 2
+    _offline_store(args.store_dir)
     with StageBars(enabled=False if args.json else None) as bars:
         report = inspect_store(args.store_dir, segment_size_bytes=args.segment_size_bytes,
                                records_max=args.records, config_path=args.config, progress=bars)
@@ -540,6 +541,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = StoreConfig.load(args.config)
     if args.repair:
         from engine.offline.repair import StoreBusy, rebuild_derived
+        from engine.offline.store_dir import engine_running, require_store
+
+        require_store(args.store_dir)
+        if engine_running(args.store_dir):
+            print(f"error: an engine is running on {args.store_dir}; stop it before --repair", file=sys.stderr)
+            return EXIT_FAILED
 
         try:
             with StageBars(enabled=False if args.json else None) as bars:
@@ -550,11 +557,22 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"rebuilt queues and index from {report.records} records (log end {report.log_end}, "
               f"{report.damaged_ranges} damaged ranges); the old files are in {report.evidence_dir}",
               file=sys.stderr)
+    else:
+        _offline_store(args.store_dir)
     with StageBars(enabled=None if not args.json else False) as bars:
         findings = check_store(args.store_dir, config, progress=bars)
     _emit(args, [f.__dict__ for f in findings],
           "\n".join(str(f) for f in findings) or f"{args.store_dir}: no problems found")
     return 1 if findings else 0
+
+
+def _offline_store(store_dir: Path) -> None:
+    """NotAStore (an OSError: EXIT_OS_ERROR) unless ``store_dir`` is a store; a warning if an engine runs on it."""
+    from engine.offline.store_dir import LIVE_WARNING, engine_running, require_store
+
+    require_store(store_dir)
+    if engine_running(store_dir):
+        print(f"warning: {LIVE_WARNING}", file=sys.stderr)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -647,13 +665,19 @@ Exit status: 0 done, 1 refused or not found, 2 bad command line, 3 no engine ans
     "inspect": """examples:
   %(prog)s --store-dir /var/lib/rmqpy
   %(prog)s --store-dir /var/lib/rmqpy --records 100 --json > inspect.json
-  %(prog)s --store-dir copy-of-broker-store --config engine.toml""",
+  %(prog)s --store-dir copy-of-broker-store --config engine.toml
+
+Each segment is read up to its last non-zero byte (the zeros after the log's end are not
+damage). A path that is not a store exits 5; on a store a running engine holds, a warning says
+the figures are a moment's.""",
     "check": """examples:
   %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml
   %(prog)s --store-dir /var/lib/rmqpy --json
   %(prog)s --store-dir /var/lib/rmqpy --repair   # the engine must be stopped
 
-Exit status: 0 when nothing is found, 1 with findings (each printed on a line).""",
+Exit status: 0 when nothing is found, 1 with findings (each printed on a line), 5 for a path
+that is not a store. On a store a running engine holds, check warns that the figures are a
+moment's, and --repair refuses (exit 1).""",
     "keygen": """examples:
   %(prog)s --dir keys --name server                # the engine's key pair
   %(prog)s --dir billing-keys --name billing       # one pair per client, kept by the client

@@ -16,8 +16,9 @@ from typing import Any
 import msgspec
 
 from engine.config import StoreConfig
-from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER
+from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER, Record
 from engine.names import is_decimal
+from engine.offline.log_scan import scan_log
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
@@ -78,29 +79,28 @@ def _records(store_dir: Path, config: StoreConfig, records_max: int, segments: l
              progress: Progress) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     if not segments:
         return [], []
-    size = config.segment_size_bytes
     reader = CommitLogReader.for_config(store_dir, config)
     records: list[dict[str, Any]] = []
     damage: list[dict[str, Any]] = []
-    first, end = segments[0][0], segments[-1][0] + size
+    first, end = segments[0][0], segments[-1][0] + config.segment_size_bytes
     next_report = first
-    for item in reader.scan(first, end, check_crc=True):
-        if not isinstance(item, Damage) and item.commit_log_offset >= next_report:
-            progress("log", item.commit_log_offset - first, end - first)
-            next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
-        if isinstance(item, Damage):
-            damage.append({"start": item.start, "end": item.end, "reason": item.reason})
-            continue
-        if len(records) < records_max:
-            records.append({"commit_log_offset": item.commit_log_offset, "size": item.total_size,
-                            "topic": item.topic, "queue_id": item.queue_id, "queue_offset": item.queue_offset,
-                            "store_timestamp": item.store_timestamp_ms, "tags": item.tags, "keys": item.keys,
-                            "body_bytes": len(item.body), "msg_id": item.msg_id})
-    reader.segments.close()
+    try:
+        for item in scan_log(reader, check_crc=True):  # each segment up to its data end
+            if isinstance(item, Damage):
+                damage.append({"start": item.start, "end": item.end, "reason": item.reason})
+                continue
+            assert isinstance(item, Record)
+            if item.commit_log_offset >= next_report:
+                progress("log", item.commit_log_offset - first, end - first)
+                next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
+            if len(records) < records_max:
+                records.append({"commit_log_offset": item.commit_log_offset, "size": item.total_size,
+                                "topic": item.topic, "queue_id": item.queue_id, "queue_offset": item.queue_offset,
+                                "store_timestamp": item.store_timestamp_ms, "tags": item.tags, "keys": item.keys,
+                                "body_bytes": len(item.body), "msg_id": item.msg_id})
+    finally:
+        reader.segments.close()
     progress("log", end - first, end - first)
-    # Zeros after the last record are the unwritten rest of the log, not damage.
-    if damage and damage[-1]["reason"] == "bad magic":
-        damage.pop()
     return records, damage
 
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.layout import tags_code
+from engine.layout import Record, tags_code
 from engine.offline.inspect_store import PROGRESS_STEP_BYTES, Progress, _quiet, detect_config
+from engine.offline.log_scan import scan_log
+from engine.offline.store_dir import require_store
 from engine.store.checkpoint import Checkpoint, CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import CONSUME_QUEUE_DIR, ConsumeQueue
@@ -77,7 +79,10 @@ def mark_dispatched(store_dir: Path, log_end: int) -> None:
 
 def rebuild_derived(store_dir: Path, config: StoreConfig | None = None, *,
                     progress: Progress = _quiet) -> RepairReport:
-    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal)."""
+    """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal).
+
+    NotAStore if ``store_dir`` is not a store, StoreBusy if an engine runs on it: nothing is written then."""
+    require_store(store_dir)
     config = detect_config(store_dir, config or StoreConfig())
     with store_locked(store_dir):
         return _rebuild(store_dir, config, progress)
@@ -97,13 +102,14 @@ def _rebuild(store_dir: Path, config: StoreConfig, progress: Progress) -> Repair
     if last is not None:
         first, end = reader.min_offset(), last + config.segment_size_bytes
         next_report = first
-        for item in reader.scan(first, end, check_crc=True):
-            if not isinstance(item, Damage) and item.commit_log_offset >= next_report:
+        for item in scan_log(reader, check_crc=True):  # each segment up to its data end
+            if isinstance(item, Damage):
+                pending += 1  # damage counts once a valid record follows (else it is a torn tail)
+                continue
+            assert isinstance(item, Record)
+            if item.commit_log_offset >= next_report:
                 progress("log", item.commit_log_offset - first, end - first)
                 next_report = item.commit_log_offset + PROGRESS_STEP_BYTES
-            if isinstance(item, Damage):
-                pending += 1  # damage counts once a valid record follows (else it is the unwritten end)
-                continue
             damaged, pending = damaged + pending, 0
             log_end = item.commit_log_offset + item.total_size
             if deleted.hides(item.topic, item.commit_log_offset):
