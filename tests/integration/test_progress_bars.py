@@ -32,7 +32,11 @@ RMQPY = str(Path(sys.executable).parent / "rmqpy")
 
 
 def produce_on_a_terminal(engine: EngineProcess, *extra: str) -> tuple[str, str, int]:
-    """Run ``rmqpy produce`` with stderr on a pty; returns (what the terminal showed, stdout, exit code)."""
+    """Run ``rmqpy produce`` with stderr on a pty; returns (what the terminal showed, stdout, exit code).
+
+    The topic is made first: a produce that creates it says so on stderr."""
+    with engine.client() as client:
+        client.create_topic("bars")
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # as a terminal window has
     command = [RMQPY, "produce", "--endpoint", engine.endpoint, "--topic", "bars", "--count", "3000",
@@ -73,6 +77,8 @@ def test_produce_draws_a_bar_on_a_terminal(engine: EngineProcess) -> None:
 
 
 def test_produce_prints_nothing_extra_without_a_terminal(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        client.create_topic("bars")  # a produce that creates it says so on stderr
     done = subprocess.run([RMQPY, "produce", "--endpoint", engine.endpoint, "--topic", "bars", "--count", "3000",
                            "--batch-size", "100"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
