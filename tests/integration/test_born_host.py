@@ -79,8 +79,8 @@ def test_a_client_over_ipv6_is_the_born_host_of_its_records(store_dir: Path) -> 
 
 
 def test_a_client_over_ipv4_is_the_born_host_of_its_records(engine: EngineProcess, store_dir: Path) -> None:
+    """The send creates its topic: it waits for the topic table's write and keeps its address."""
     with engine.client() as client:
-        client.create_topic(TOPIC, queue_count=1)
         stored = client.send(TOPIC, [{"body": b"four"}], queue_id=0)
         (message,) = pull_all(client, 1)
         assert (message["born_host"], message["sys_flag"]) == ("127.0.0.1:0", 0)
