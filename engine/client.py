@@ -30,6 +30,7 @@ import zmq
 import zmq.utils.monitor
 
 from engine.ipc.curve import CurveKeys
+from engine.ipc.endpoints import allow_ipv6
 from engine.ipc.protocol import PROTOCOL_VERSION
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:10911"
@@ -106,7 +107,7 @@ def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context
     sock.setsockopt(zmq.LINGER, 0)
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
     try:
-        sock.connect(endpoint)
+        allow_ipv6(sock, endpoint).connect(endpoint)
         deadline = time.monotonic() + timeout_ms / 1000
         while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             if not monitor.poll(remaining_ms):
@@ -148,7 +149,7 @@ class StoreClient:
         sock.setsockopt(zmq.LINGER, 0)
         if self.curve is not None:
             self.curve.apply(sock)
-        sock.connect(self.endpoint)
+        allow_ipv6(sock, self.endpoint).connect(self.endpoint)
         return sock
 
     def __enter__(self) -> StoreClient:

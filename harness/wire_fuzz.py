@@ -35,6 +35,7 @@ import zmq
 from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc import endpoints
 from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.ipc.protocol import PROTOCOL_VERSION, REQUEST_TYPES
@@ -216,7 +217,7 @@ def _dealer(endpoint: str, *, linger_ms: int = 0) -> zmq.Socket:
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(endpoint)
+    endpoints.allow_ipv6(sock, endpoint).connect(endpoint)
     return sock
 
 

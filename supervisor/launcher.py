@@ -65,10 +65,12 @@ class EngineFailed(RuntimeError):
 
 class EngineProcess:
     def __init__(self, store_dir: Path, *, config: StoreConfig | None = None, port: int | None = None,
-                 start_timeout_s: float = 60.0, die_with_parent: bool | None = None) -> None:
+                 start_timeout_s: float = 60.0, die_with_parent: bool | None = None,
+                 host: str = "127.0.0.1") -> None:
+        """``host``: the address the client endpoint binds, IPv4 or IPv6 ("::1")."""
         self.store_dir = Path(store_dir).resolve()
         self.port = port or free_port()
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.endpoint = f"tcp://[{host}]:{self.port}" if ":" in host else f"tcp://{host}:{self.port}"
         base = config or StoreConfig.test_min()
         self.config = base.replace(endpoint=self.endpoint, store_port=self.port)
         self.start_timeout_s = start_timeout_s

@@ -55,6 +55,8 @@ from engine.ipc.protocol import (
 )
 from engine.layout import (
     END_FILE_MIN_BLANK_BYTES,
+    IPV4_BYTES,
+    IPV6_BYTES,
     SYSFLAG_TRANSACTION_COMMIT,
     HostAddress,
     encode_msg_id,
@@ -252,7 +254,9 @@ class CommitLogWriterActor(Actor):
             assert isinstance(request, SendRequest)
             if self.unsaved_deletions:  # a deletion's queues start again at 0: it is saved before a later send
                 self.save_deletions(out)
-            stored, end_offset = self.append(request, route.queue_id, internal=route.internal)
+            assert len(route.born_ip) in (0, IPV4_BYTES, IPV6_BYTES), route.born_ip
+            born_host = HostAddress(route.born_ip, 0) if route.born_ip else self.store_host
+            stored, end_offset = self.append(request, route.queue_id, internal=route.internal, born_host=born_host)
         except RequestError as exc:
             self.disk_full_refusals += exc.code == ErrorCode.DISK_FULL
             out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
@@ -269,8 +273,10 @@ class CommitLogWriterActor(Actor):
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         out.send("requests", [*reply_to, encode_reply(request.id, results=results)])
 
-    def append(self, request: SendRequest, queue_id: int, *, internal: bool = False) -> tuple[Stored, int]:
-        """Validate and append a whole batch (all or nothing); RequestError if refused."""
+    def append(self, request: SendRequest, queue_id: int, *, internal: bool = False,
+               born_host: HostAddress | None = None) -> tuple[Stored, int]:
+        """Validate and append a whole batch (all or nothing); RequestError if refused. ``born_host``:
+        the sender's address (``Append.born_ip``), the store host when it has none."""
         if queue_id < 0:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, "no queue was chosen for this send")
         if self.refuse_sends:
@@ -285,7 +291,8 @@ class CommitLogWriterActor(Actor):
         items = batch.items
         if request.committed_half is not None:  # as EndTransactionProcessor stores a commit
             items = [(*item, SYSFLAG_TRANSACTION_COMMIT, request.committed_half) for item in items]
-        batch_bytes = self.log.items_size(topic, len(items), batch.payload_bytes)
+        born_host = born_host or self.store_host
+        batch_bytes = self.log.items_size(topic, len(items), batch.payload_bytes, born_host=born_host)
         # One message may be as large as message_body_bytes_max; a batch of several is held
         # to send_batch_bytes_max as encoded, so one request never holds the log for long.
         if (len(batch.items) > 1 and batch_bytes > self.config.send_batch_bytes_max) \
@@ -296,7 +303,7 @@ class CommitLogWriterActor(Actor):
         first = self.next_queue_offset.get(key, 0)
         store_ts = max(now_ms, self.last_store_timestamp_ms)
         try:
-            appended = self.log.append_items(topic, queue_id, items, born_host=self.store_host,
+            appended = self.log.append_items(topic, queue_id, items, born_host=born_host,
                                              batch_bytes=batch_bytes, first_queue_offset=first,
                                              store_timestamp_ms=store_ts)
         except OSError as exc:

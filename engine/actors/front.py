@@ -138,7 +138,7 @@ class FrontActor(Actor):
         self.log_min_offset = 0
         self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
         # What waits for the topic table to be on disk: requests to route again, and replies.
-        self.held: list[tuple[bytes, bytes, bytes]] = []
+        self.held: list[tuple[bytes, bytes, bytes, bytes]] = []  # client, flag, request, its sender's IP
         self.held_replies: list[Send] = []
         # A disk that refuses the table's write: what waited is refused, the save retried each tick.
         self.table_writes = DiskRefusals("front: the topic table", errnos=None)
@@ -155,7 +155,7 @@ class FrontActor(Actor):
                         monitor=monitor)
 
         return [Port("clients", ROUTER, cfg.endpoint, bind=True, max_message_bytes=cfg.client_frame_bytes_max,
-                     curve=cfg.curve_enabled),
+                     curve=cfg.curve_enabled, peer_address=True),
                 Port("internal", ROUTER, endpoints.FRONT_INTERNAL, bind=True,
                      max_message_bytes=cfg.client_frame_bytes_max),
                 backend("writer", endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitor=True),
@@ -169,6 +169,10 @@ class FrontActor(Actor):
                 self.topics.create(topic, 1, topic_count_max=self.config.topic_count_max, system=True)
         if self.topics.unsaved:
             self.topics.save()
+
+    def handle_from(self, port: str, frames: list[bytes], peer_ip: bytes, out: Effects) -> None:
+        assert port == "clients"
+        self.handle_client(frames, out, peer_ip)
 
     def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
         if port == "clients":
@@ -201,8 +205,8 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
-        for client, flag, raw in held:
-            self.serve(client, flag, raw, out)
+        for client, flag, raw, peer_ip in held:
+            self.serve(client, flag, raw, out, peer_ip)
 
     def refuse_held(self, exc: OSError, out: Effects) -> None:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -211,7 +215,7 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
-        for client, flag, raw in held:
+        for client, flag, raw, _peer_ip in held:
             self.refusals[refusal.code.name] = self.refusals.get(refusal.code.name, 0) + 1
             out.append(self.error_reply(client, flag, raw, refusal))
 
@@ -261,9 +265,9 @@ class FrontActor(Actor):
     def redo_refused(self) -> None:
         self.redo_deletions = True  # the writer is down or busy again: at a later tick
 
-    def hold(self, client: bytes, flag: bytes, raw: bytes) -> None:
+    def hold(self, client: bytes, flag: bytes, raw: bytes, peer_ip: bytes = b"") -> None:
         """Route this request again once the topic table is on disk."""
-        self.held.append((client, flag, raw))
+        self.held.append((client, flag, raw, peer_ip))
 
     def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
         note = backend_note_decoder.decode(frames[3]) if len(frames) > 3 else None
@@ -283,7 +287,7 @@ class FrontActor(Actor):
                 return
         out.append(relay)
 
-    def handle_client(self, frames: list[bytes], out: Effects) -> None:
+    def handle_client(self, frames: list[bytes], out: Effects, peer_ip: bytes = b"") -> None:
         if len(frames) == 3 and not frames[1]:
             client, flag, raw = frames[0], _REQ, frames[2]
         elif len(frames) == 2:
@@ -291,11 +295,13 @@ class FrontActor(Actor):
         else:
             return  # not our framing; nothing sensible to answer
         self.requests_served += 1
-        self.serve(client, flag, raw, out)
+        self.serve(client, flag, raw, out, peer_ip)
 
-    def serve(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
+    def serve(self, client: bytes, flag: bytes, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
+        """``peer_ip``: the client's IP (4 or 16 bytes), the born host of what it sends; b"" when
+        it has none (ipc://, an actor on the internal port)."""
         try:
-            self.route(client, flag, raw, out)
+            self.route(client, flag, raw, out, peer_ip)
         except RequestError as exc:
             out.append(self.error_reply(client, flag, raw, exc))
 
@@ -308,22 +314,23 @@ class FrontActor(Actor):
             return Send("internal", [client, reply])
         return Send("clients", [client, b"", reply] if flag == _REQ else [client, reply])
 
-    def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects) -> None:
+    def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         envelope = decode_envelope(raw)
         op = envelope.op
         self.requests_by_op[op] = self.requests_by_op.get(op, 0) + 1
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
-            self.hold(client, flag, raw)
+            self.hold(client, flag, raw, peer_ip)
             return
         if op == "send":
             if self.auto_create(envelope):
-                self.hold(client, flag, raw)
+                self.hold(client, flag, raw, peer_ip)
                 return
             internal = flag == _INTERNAL
             if envelope.topic in SYSTEM_TOPICS and not internal:
                 raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {envelope.topic!r} is reserved for the system")
             queue_id = self.choose_queue(envelope)
-            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms(), internal), raw))
+            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms(), internal,
+                                                                    peer_ip), raw))
         elif op == "pull":
             out.append(self.forward(self.queue_owner(envelope), client, flag, Pull(), raw))
         elif op == "pop":

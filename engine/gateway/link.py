@@ -20,6 +20,7 @@ import zmq
 from engine.client import EngineError, RequestTimeout
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
+from engine.ipc.endpoints import allow_ipv6
 from engine.ipc.protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class EngineLink:
         self._socket.setsockopt(zmq.RECONNECT_IVL, 10)
         if curve is not None:
             curve.apply(self._socket)
-        self._socket.connect(endpoint)
+        allow_ipv6(self._socket, endpoint).connect(endpoint)
         self._fd = self._socket.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.requests = 0

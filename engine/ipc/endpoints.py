@@ -69,6 +69,15 @@ def configure(sock: zmq.Socket, *, hwm: int, max_message_bytes: int = -1) -> zmq
     return sock
 
 
+def allow_ipv6(sock: zmq.Socket, address: str) -> zmq.Socket:
+    """IPv6 on for a ``tcp://[v6 address]:port`` endpoint: without it ZeroMQ refuses to bind one
+    ("No such device") and never connects to one. Left off otherwise, so that a host name such
+    as ``localhost`` keeps resolving to the IPv4 address an engine bound on 127.0.0.1 listens on."""
+    if address.startswith("tcp://["):
+        sock.setsockopt(zmq.IPV6, 1)
+    return sock
+
+
 class NotRunning(RuntimeError):
     """No engine runs on this store directory."""
 

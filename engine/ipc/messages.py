@@ -39,12 +39,16 @@ class Append(msgspec.Struct, array_like=True, tag="append"):
     writer's queue longer than ``send_queue_wait_ms_max`` is refused with BUSY.
     ``internal``: it came from an actor (the timer, the transaction actor) on the front's
     internal port, and may carry the routing properties (``engine/store/system_topics.py``).
+    ``born_ip``: the client's IP, 4 bytes (IPv4) or 16 (IPv6), which the records get as their
+    BORNHOST, with port 0 (ZeroMQ does not tell the peer's port); b"" when the client has no
+    IP address (ipc://, an actor): BORNHOST is then the store host, as STOREHOST.
     Reply: the client reply (results, or an error).
     """
 
     queue_id: int
     received_ms: int
     internal: bool = False
+    born_ip: bytes = b""
 
 
 class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):

@@ -369,12 +369,13 @@ class CommitLogWriter:
         store_v6 = len(self.store_host.ip) == IPV6_BYTES
         return sum(encoded_size(r, with_record_crc=self.with_record_crc, store_host_v6=store_v6) for r in records)
 
-    def items_size(self, topic: bytes, count: int, payload_bytes: int) -> int:
+    def items_size(self, topic: bytes, count: int, payload_bytes: int, *,
+                   born_host: HostAddress | None = None) -> int:
         """The bytes a batch of ``count`` records of ``topic`` takes, with ``payload_bytes`` of
-        bodies and encoded properties in all (``layout.record_size`` summed). The writer's
-        records are born at the store host (``append_items``'s ``born_host``)."""
+        bodies and encoded properties in all (``layout.record_size`` summed), born at ``born_host``
+        (``append_items``'s; the store host when None): an IPv6 one takes 12 bytes more a record."""
         per_record = record_size(body_bytes=0, topic_bytes=len(topic), properties_bytes=0,
-                                 sys_flag=host_flags(self.store_host, self.store_host))
+                                 sys_flag=host_flags(born_host or self.store_host, self.store_host))
         if self.with_record_crc:
             per_record += CRC32_RESERVED_BYTES
         return count * per_record + payload_bytes

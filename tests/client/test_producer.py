@@ -52,7 +52,7 @@ def test_every_field_survives_the_round_trip(engine: EngineProcess, endpoint: st
         keys=("order-1", "customer-7"), uniq_key=result.uniq_key,
         properties={"region": "eu", "shop": "north", "UNIQ_KEY": result.uniq_key}, flag=-7,
         born_timestamp=1_700_000_000_123, store_timestamp=result.store_timestamp,
-        born_host=f"127.0.0.1:{engine.port}", store_host=f"127.0.0.1:{engine.port}",
+        born_host="127.0.0.1:0", store_host=f"127.0.0.1:{engine.port}",
         commit_log_offset=result.commit_log_offset, store_size=message.store_size,
         body_crc=zlib.crc32(b"\x00hello\xff") & 0x7FFFFFFF, sys_flag=0, reconsume_times=0,
         receipt_handle=None, attempt=None)

@@ -142,8 +142,8 @@ def test_records_with_ipv6_hosts_are_served_checked_and_kept_by_recovery(store_d
 
 
 def test_an_engine_on_an_ipv6_store_host_writes_ipv6_hosts_as_a_broker_does(store_dir: Path) -> None:
-    """store_host "2001:db8::7": both hosts are 20 bytes with SYSFLAG 0x10 | 0x20, ids are 56 hex
-    digits, and a restart reads the records back."""
+    """store_host "2001:db8::7": STOREHOST is 20 bytes with SYSFLAG 0x20, ids are 56 hex digits, and
+    a restart reads the records back. BORNHOST is the client's, 127.0.0.1 (port 0): 8 bytes."""
     ipv6 = config().replace(store_host="2001:db8::7")
     with EngineProcess(store_dir, config=ipv6) as engine, engine.client() as client:
         client.create_topic(TOPIC, queue_count=1)
@@ -158,7 +158,7 @@ def test_an_engine_on_an_ipv6_store_host_writes_ipv6_hosts_as_a_broker_does(stor
             assert [m["body"] for m in messages] == [b"v6 0", b"v6 1", b"v6 2"]
             port = int(stored[0]["msg_id"][32:40], 16)  # the first run's: the launcher picks one per start
             assert {(m["born_host"], m["store_host"], m["sys_flag"]) for m in messages} == \
-                {(f"[2001:db8::7]:{port}", f"[2001:db8::7]:{port}", 0x30)}
+                {("127.0.0.1:0", f"[2001:db8::7]:{port}", 0x20)}
             assert [len(m["uniq_key"]) for m in messages] == [56] * 3
             assert [m["msg_id"] for m in messages] == [r["msg_id"] for r in stored]
     finally:
@@ -166,7 +166,7 @@ def test_an_engine_on_an_ipv6_store_host_writes_ipv6_hosts_as_a_broker_does(stor
     raw = (store_dir / "commitlog" / f"{0:020d}").read_bytes()
     at = stored[2]["commit_log_offset"]
     (sys_flag,) = struct.unpack_from(">i", raw, at + 36)
-    assert sys_flag == 0x30
-    assert raw[at + 48:at + 64] == socket.inet_pton(socket.AF_INET6, "2001:db8::7")  # BORNHOST, then its port
-    assert raw[at + 76:at + 92] == socket.inet_pton(socket.AF_INET6, "2001:db8::7")  # STOREHOST after STORETIMESTAMP
+    assert sys_flag == 0x20
+    assert raw[at + 48:at + 56] == socket.inet_aton("127.0.0.1") + struct.pack(">i", 0)  # BORNHOST and its port
+    assert raw[at + 64:at + 80] == socket.inet_pton(socket.AF_INET6, "2001:db8::7")  # STOREHOST after STORETIMESTAMP
     assert check_store(store_dir, ipv6) == []
