@@ -13,6 +13,7 @@ import pytest
 
 from engine.config import ConfigError, StoreConfig
 from engine.services.recovery import plan_commit_log_recovery
+from engine.simulation.disk import SimDisk
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
 from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
 from engine.store.layout import (
@@ -412,3 +413,26 @@ def test_appends_do_not_wait_for_a_preallocation_in_progress(tmp_path) -> None:
     assert (tmp_path / COMMIT_LOG_DIR / f"{big:020d}").stat().st_size == big
     for segment in (tmp_path / COMMIT_LOG_DIR).iterdir():  # 512 MiB: not left for pytest's kept tmp dirs
         segment.unlink()
+
+
+def test_recovery_makes_the_bytes_it_zeroes_past_the_end_durable(tmp_path, log):
+    """A record past the recovered end (on disk: the power cut left it, or a killed writer's
+    torn batch was synced with its segment) is zeroed by the writer's recovery, and the zeroes
+    must reach the disk: with nothing appended after, no flush covers them, and a power cut
+    after the next clean stop brought the record back (seed 592 of the simulation)."""
+    end = log.writer.written_offset
+    last = log.records[-1]
+    stale = encode_record(last.fields, queue_offset=last.queue_offset + 1, commit_log_offset=end + 512,
+                          store_timestamp_ms=last.store_ts + 1, store_host=STORE_HOST, with_record_crc=True)
+    patch_file(tmp_path, end + 512, stale)
+    with SimDisk(tmp_path) as disk:
+        for start in log.writer.segments.known:
+            disk.on_sync(segment_path(tmp_path, start), 0, None)  # all of it on disk, the stale record too
+        writer = CommitLogWriter(tmp_path, SEG, store_host=STORE_HOST, with_record_crc=True)
+        writer.open_at(end, after_power_loss=True)
+        writer.close()
+        disk.power_cut(random.Random(1), written_back_ratio=0.0)  # nothing unsynced survives
+    start = end - end % SEG
+    assert not segment_path(tmp_path, start).read_bytes()[end - start:].strip(b"\x00")
+    plan = plan_commit_log_recovery(tmp_path, recovery_config())
+    assert (plan.end_offset, plan.damage) == (end, [])
