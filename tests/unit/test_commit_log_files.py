@@ -14,6 +14,7 @@ import pytest
 from engine.config import ConfigError, StoreConfig
 from engine.services.recovery import plan_commit_log_recovery
 from engine.simulation.disk import SimDisk
+from engine.store.checkpoint import Checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
 from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
 from engine.store.layout import (
@@ -22,6 +23,7 @@ from engine.store.layout import (
     RecordFields,
     encode_properties,
     encode_record,
+    offset_to_file_name,
     tags_code,
 )
 
@@ -413,6 +415,34 @@ def test_appends_do_not_wait_for_a_preallocation_in_progress(tmp_path) -> None:
     assert (tmp_path / COMMIT_LOG_DIR / f"{big:020d}").stat().st_size == big
     for segment in (tmp_path / COMMIT_LOG_DIR).iterdir():  # 512 MiB: not left for pytest's kept tmp dirs
         segment.unlink()
+
+
+def test_a_queue_ends_at_its_last_unit_when_a_later_file_holds_none(tmp_path, log):
+    """A power cut keeps a new queue file (its creation is synced) and loses its units, and the
+    owner's recovery zeroes the units past the durable point: the queue ends after its last
+    unit, not at the empty file, or the writer's next recovery skips the queue offsets between
+    (seed 138 of the simulation: units 62 and 63 zero, records from 64 on)."""
+    records = [r for r in log.records if (r.topic, r.queue_id) == ("TopicA", 0)]
+    cq = ConsumeQueue(tmp_path, "TopicA", 0, file_units=4, writable=True)
+    for r in records:
+        assert cq.put(r.queue_offset, r.offset, r.size, 0)
+    end = log.writer.written_offset
+    boundary = (len(records) // 4 + 1) * 4  # the first unit of a new file
+    for lost in range(len(records), boundary + 1):  # units of records the cut took
+        assert cq.put(lost, end + lost * 100, 100, 0)
+    cq.take_unsynced()
+    cq.truncate_from(len(records))  # as the owner's recovery drops them
+    # The files it zeroed are flushed with the next units: the units dropped may be on disk.
+    zeroed = {len(records) * 20 - len(records) * 20 % 80, boundary * 20}
+    assert cq.take_unsynced() == [cq.files.directory / offset_to_file_name(start) for start in sorted(zeroed)]
+    cq.close()
+    store_checkpoint(tmp_path, Checkpoint(flushed_offset=end, dispatched_offset=end))
+
+    again = ConsumeQueue(tmp_path, "TopicA", 0, file_units=4, writable=False)
+    assert (again.max_offset, again.max_physical_end) == (len(records), records[-1].offset + records[-1].size)
+    again.close()
+    plan = plan_commit_log_recovery(tmp_path, recovery_config().replace(consume_queue_file_units=4))
+    assert plan.next_queue_offsets[("TopicA", 0)] == len(records)
 
 
 def test_recovery_makes_the_bytes_it_zeroes_past_the_end_durable(tmp_path, log):
