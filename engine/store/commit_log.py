@@ -300,11 +300,18 @@ def _zero_garbage(segment: MappedFile, pos: int, *, sweep: bool) -> None:
     After a power cut, stale pages can survive beyond a zeroed one; a stale
     record there would look valid to a later scan, so then the whole rest is
     read and every dirty chunk zeroed.
+
+    The zeroed bytes are synced at once: the flusher syncs only up to the log's end,
+    and with nothing appended after recovery it never syncs this segment again. The
+    garbage may be on disk (a power cut left it there, or an fdatasync of the segment
+    carried a killed writer's torn batch), and a power cut after the next clean stop
+    would bring it back, where that stop's recovery keeps records that follow damage.
     """
     for at in range(pos, segment.size_bytes, _GARBAGE_CHUNK_BYTES):
         stop = min(segment.size_bytes, at + _GARBAGE_CHUNK_BYTES)
         if segment.mm[at:stop].strip(b"\x00"):
             segment.zero(at, stop)
+            segment.flush(at, stop)
         elif not sweep:
             return
 

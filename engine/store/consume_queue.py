@@ -89,11 +89,24 @@ class ConsumeQueue:
 
     def _load(self) -> None:
         first = self.files.first_offset()
-        last = self.files.last_offset()
-        if first is None or last is None:
+        if first is None:
             return
         self.min_offset = first // CQ_UNIT_BYTES
-        mapped = self.files.get(last)
+        # The queue ends in the last file that holds a unit. A later file may hold none: a
+        # power cut keeps a new file (its creation is synced) and loses the units written into
+        # it, and ``truncate_from`` zeroes units without removing files. Ending the queue at the
+        # start of such a file would count the zeroed units before it as units, and the
+        # writer's recovery would give the next record a queue offset past them: a gap.
+        for start in reversed(self.files.known):
+            used = self._units_in(start)
+            if used or start == first:
+                self.max_offset = start // CQ_UNIT_BYTES + used
+                break
+        self.max_physical_end = self._last_physical_end()
+
+    def _units_in(self, start: int) -> int:
+        """How many units the file at ``start`` holds: up to its last non-zero byte."""
+        mapped = self.files.get(start)
         assert mapped is not None
         # The end is after the last non-zero byte, not at the first zero unit: a unit zeroed
         # by damage must not hide the units after it (they are checked when read). Bisection
@@ -110,8 +123,7 @@ class ConsumeQueue:
                 mapped.mm[-_TAIL_CHECK_BYTES:].strip(b"\x00"):
             used = len(mapped.mm[:].rstrip(b"\x00"))
             lo = -(-used // CQ_UNIT_BYTES)
-        self.max_offset = last // CQ_UNIT_BYTES + lo
-        self.max_physical_end = self._last_physical_end()
+        return lo
 
     def _last_physical_end(self) -> int:
         for queue_offset in range(self.max_offset - 1, max(self.min_offset, self.max_offset - 64) - 1, -1):
@@ -213,13 +225,17 @@ class ConsumeQueue:
         return lo
 
     def truncate_from(self, queue_offset: int) -> None:
-        """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole)."""
+        """Drop units at and after ``queue_offset`` by zeroing them (the files stay whole).
+
+        The files zeroed are flushed with the next units (``take_unsynced``): the units dropped
+        may be on disk already, and a power cut must not bring them back."""
         queue_offset = max(queue_offset, self.min_offset)
         for offset in range(queue_offset, self.max_offset):
             byte_offset = offset * CQ_UNIT_BYTES
             mapped = self.files.find(byte_offset)
             if mapped is not None:  # zero skips zero pages: they may be holes
                 mapped.zero(byte_offset - mapped.start_offset, byte_offset - mapped.start_offset + CQ_UNIT_BYTES)
+                self.unsynced_starts.add(mapped.start_offset)
         self.max_offset = min(self.max_offset, queue_offset)
         self.max_physical_end = self._last_physical_end()
 

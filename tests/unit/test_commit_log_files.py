@@ -18,9 +18,12 @@ from engine.layout import (
     RecordFields,
     encode_properties,
     encode_record,
+    offset_to_file_name,
     tags_code,
 )
 from engine.services.recovery import plan_commit_log_recovery
+from engine.simulation.disk import SimDisk
+from engine.store.checkpoint import Checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
 from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
 
@@ -412,3 +415,54 @@ def test_appends_do_not_wait_for_a_preallocation_in_progress(tmp_path) -> None:
     assert (tmp_path / COMMIT_LOG_DIR / f"{big:020d}").stat().st_size == big
     for segment in (tmp_path / COMMIT_LOG_DIR).iterdir():  # 512 MiB: not left for pytest's kept tmp dirs
         segment.unlink()
+
+
+def test_a_queue_ends_at_its_last_unit_when_a_later_file_holds_none(tmp_path, log):
+    """A power cut keeps a new queue file (its creation is synced) and loses its units, and the
+    owner's recovery zeroes the units past the durable point: the queue ends after its last
+    unit, not at the empty file, or the writer's next recovery skips the queue offsets between
+    (seed 138 of the simulation: units 62 and 63 zero, records from 64 on)."""
+    records = [r for r in log.records if (r.topic, r.queue_id) == ("TopicA", 0)]
+    cq = ConsumeQueue(tmp_path, "TopicA", 0, file_units=4, writable=True)
+    for r in records:
+        assert cq.put(r.queue_offset, r.offset, r.size, 0)
+    end = log.writer.written_offset
+    boundary = (len(records) // 4 + 1) * 4  # the first unit of a new file
+    for lost in range(len(records), boundary + 1):  # units of records the cut took
+        assert cq.put(lost, end + lost * 100, 100, 0)
+    cq.take_unsynced()
+    cq.truncate_from(len(records))  # as the owner's recovery drops them
+    # The files it zeroed are flushed with the next units: the units dropped may be on disk.
+    zeroed = {len(records) * 20 - len(records) * 20 % 80, boundary * 20}
+    assert cq.take_unsynced() == [cq.files.directory / offset_to_file_name(start) for start in sorted(zeroed)]
+    cq.close()
+    store_checkpoint(tmp_path, Checkpoint(flushed_offset=end, dispatched_offset=end))
+
+    again = ConsumeQueue(tmp_path, "TopicA", 0, file_units=4, writable=False)
+    assert (again.max_offset, again.max_physical_end) == (len(records), records[-1].offset + records[-1].size)
+    again.close()
+    plan = plan_commit_log_recovery(tmp_path, recovery_config().replace(consume_queue_file_units=4))
+    assert plan.next_queue_offsets[("TopicA", 0)] == len(records)
+
+
+def test_recovery_makes_the_bytes_it_zeroes_past_the_end_durable(tmp_path, log):
+    """A record past the recovered end (on disk: the power cut left it, or a killed writer's
+    torn batch was synced with its segment) is zeroed by the writer's recovery, and the zeroes
+    must reach the disk: with nothing appended after, no flush covers them, and a power cut
+    after the next clean stop brought the record back (seed 592 of the simulation)."""
+    end = log.writer.written_offset
+    last = log.records[-1]
+    stale = encode_record(last.fields, queue_offset=last.queue_offset + 1, commit_log_offset=end + 512,
+                          store_timestamp_ms=last.store_ts + 1, store_host=STORE_HOST, with_record_crc=True)
+    patch_file(tmp_path, end + 512, stale)
+    with SimDisk(tmp_path) as disk:
+        for start in log.writer.segments.known:
+            disk.on_sync(segment_path(tmp_path, start), 0, None)  # all of it on disk, the stale record too
+        writer = CommitLogWriter(tmp_path, SEG, store_host=STORE_HOST, with_record_crc=True)
+        writer.open_at(end, after_power_loss=True)
+        writer.close()
+        disk.power_cut(random.Random(1), written_back_ratio=0.0)  # nothing unsynced survives
+    start = end - end % SEG
+    assert not segment_path(tmp_path, start).read_bytes()[end - start:].strip(b"\x00")
+    plan = plan_commit_log_recovery(tmp_path, recovery_config())
+    assert (plan.end_offset, plan.damage) == (end, [])
