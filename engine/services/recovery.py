@@ -59,14 +59,19 @@ def queue_state(store_dir: Path, config: StoreConfig,
 
 
 def units_below(store_dir: Path, config: StoreConfig, topic: str, queue_id: int, end_offset: int) -> int:
-    """How many leading units of a queue point at records that end at or before ``end_offset``."""
+    """How many leading units of a queue point at records that end at or before ``end_offset``.
+
+    A unit a power cut zeroed (or tore) is not below the end: counted, it would hand new records
+    queue offsets past a gap, and the owners would fill the gap with holes. Counting too few is
+    harmless: the plan takes the greater of this and the next offset the log scan finds."""
     cq = ConsumeQueue(store_dir, topic, queue_id, file_units=config.consume_queue_file_units, writable=False)
 
     def record_end(queue_offset: int) -> int | None:
         for probe in range(queue_offset, cq.max_offset):  # blank units carry no offset: look past them
             unit = cq.get(probe)
-            if unit is not None and not unit.is_blank:
-                return unit.commit_log_offset + unit.size
+            if unit is None or unit.is_blank:
+                continue
+            return unit.commit_log_offset + unit.size if unit.is_plausible else None
         return None
 
     try:

@@ -13,6 +13,7 @@ import pytest
 
 from engine.config import ConfigError, StoreConfig
 from engine.layout import (
+    CQ_UNIT_BYTES,
     HostAddress,
     Record,
     RecordFields,
@@ -286,6 +287,28 @@ def test_plan_skips_a_damaged_last_record_before_a_blank_marker(tmp_path, log):
 def unit_bytes(commit_log_offset: int, size: int, tags: int) -> bytes:
     # commitLogOffset int64 | msgSize int32 | tagsCode int64, big-endian
     return struct.pack(">q", commit_log_offset) + struct.pack(">i", size) + struct.pack(">q", tags)
+
+
+def test_plan_does_not_count_lost_units_of_a_queue_that_outlived_the_log(tmp_path, log):
+    """A power cut took the log's tail and, in the queue, a page of units (zeros) before units that
+    point past the log's new end. The zeroed units are not below the end: counting them would give
+    new records queue offsets past a gap, which the owners then fill with holes (MESSAGE_CORRUPT)."""
+    key = ("TopicA", 0)
+    ours = [r for r in log.records if (r.topic, r.queue_id) == key]
+    n = log.next_queue_offsets[key]
+    cq = ConsumeQueue(tmp_path, *key, file_units=recovery_config().consume_queue_file_units, writable=True)
+    for r in ours:
+        cq.put(r.queue_offset, r.offset, r.size, 0)
+    end = log.writer.written_offset
+    for i in range(n, 3 * n):  # units of records the cut took from the log
+        cq.put(i, end + (i - n) * 1000, 1000, 0)
+    for i in range(n // 2, 2 * n):  # a lost page: zeros, below and past the end
+        cq.files.find(i * CQ_UNIT_BYTES).mm[i * CQ_UNIT_BYTES:(i + 1) * CQ_UNIT_BYTES] = bytes(CQ_UNIT_BYTES)
+    cq.flush()
+    cq.close()
+    plan = plan_commit_log_recovery(tmp_path, recovery_config())
+    assert plan.end_offset == end
+    assert plan.next_queue_offsets[key] == n
 
 
 def test_consume_queue_files_and_reopen(tmp_path):
