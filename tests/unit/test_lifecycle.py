@@ -51,8 +51,10 @@ def test_the_supervisor_follows_a_start_a_crash_and_a_stop() -> None:
 def test_the_wire_and_json_carry_the_same_strings_as_before() -> None:
     beat = Heartbeat("writer", 42, Lifecycle.RUNNING, {})
     encoded = msgspec.msgpack.encode(beat)
-    assert encoded == msgspec.msgpack.encode(["heartbeat", "writer", 42, "RUNNING", {}])
+    assert encoded == msgspec.msgpack.encode(["heartbeat", "writer", 42, "RUNNING", {}, ""])  # "": no condition
     assert heartbeat_decoder.decode(encoded).lifecycle is Lifecycle.RUNNING
+    older = heartbeat_decoder.decode(msgspec.msgpack.encode(["heartbeat", "writer", 42, "RUNNING", {}]))
+    assert (older.lifecycle, older.condition) == (Lifecycle.RUNNING, "")  # one without the condition field
     with pytest.raises(msgspec.ValidationError):  # a state no table knows is refused where it is decoded
         heartbeat_decoder.decode(msgspec.msgpack.encode(["heartbeat", "writer", 42, "WALKING", {}]))
     status = ActorStatus("front", 7, Lifecycle.GAVE_UP, 5, {})
