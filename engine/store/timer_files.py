@@ -40,6 +40,7 @@ written last. After a crash the units past the checkpoint's log end are linked a
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -202,6 +203,10 @@ class TimerWheel:
         # OSError if the wheel was made with another size
         self.file = MappedFile(path, 0, size, writable=True, reserve_step_bytes=0 if sparse else None)
         self.reserved_pages: set[int] = set()  # pages of a sparse wheel given blocks by this process
+        # A sparse wheel's slots are read with pread, not through the mapping: on a memory file
+        # system (tmpfs) a page fault on a hole allocates a page even to read it, which on a full
+        # one is a SIGBUS (verified here); pread of a hole gives zeros and allocates nothing.
+        self.read_fd = os.open(path, os.O_RDONLY) if sparse else None
         self.slot_count = slot_count
         self.precision_ms = precision_ms
         self.dirty: dict[int, Slot] = {}
@@ -213,7 +218,11 @@ class TimerWheel:
         slot = self.dirty.get(slot_start)
         if slot is not None:
             return slot
-        time_ms, first, last, count, _ = SLOT.unpack_from(self.file.mm, self._at(slot_start))
+        at = self._at(slot_start)
+        if self.read_fd is None:
+            time_ms, first, last, count, _ = SLOT.unpack_from(self.file.mm, at)
+        else:
+            time_ms, first, last, count, _ = SLOT.unpack(os.pread(self.read_fd, SLOT_BYTES, at))
         if time_ms != slot_start or count <= 0:
             return Slot(slot_start, NO_UNIT, NO_UNIT, 0)
         return Slot(time_ms, first, last, count)
@@ -258,4 +267,7 @@ class TimerWheel:
         self.dirty.clear()
 
     def close(self) -> None:
+        if self.read_fd is not None:
+            os.close(self.read_fd)
+            self.read_fd = None
         self.file.close()
