@@ -26,10 +26,12 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="run this one seed only")
     parser.add_argument("--steps", type=int, default=Plan.steps, help="steps per seed")
+    parser.add_argument("--supervisor-deaths", type=float, default=0.0, metavar="RATIO",
+                        help="how often (per step) the supervisor dies and every actor stops on its own")
     parser.add_argument("--trace", action="store_true", help="print each failing seed's trace of faults")
     args = parser.parse_args()
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
-    plan = Plan(steps=args.steps)
+    plan = Plan(steps=args.steps, supervisor_death_ratio=args.supervisor_deaths)
     started = time.monotonic()
     failed = 0
     totals: dict[str, int] = {}
