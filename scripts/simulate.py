@@ -2,6 +2,7 @@
 
     python scripts/simulate.py --seeds 1000            # seeds 0..999
     python scripts/simulate.py --seed 614 --trace      # replay one seed, with its trace
+    python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004  # the supervisor dies too
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
