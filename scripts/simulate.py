@@ -3,6 +3,7 @@
     python scripts/simulate.py --seeds 1000            # seeds 0..999
     python scripts/simulate.py --seed 614 --trace      # replay one seed, with its plan and trace
     python scripts/simulate.py --seed 139 --fixed-rates   # under the fixed plan of earlier runs
+    python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004 --fixed-rates  # supervisor deaths
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
@@ -28,6 +29,8 @@ def main() -> int:
     parser.add_argument("--start", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="run this one seed only")
     parser.add_argument("--steps", type=int, default=Plan.steps, help="steps per seed")
+    parser.add_argument("--supervisor-deaths", type=float, default=0.0, metavar="RATIO",
+                        help="how often (per step) the supervisor dies and every actor stops on its own")
     parser.add_argument("--trace", action="store_true",
                         help="print each failing seed's plan and trace of faults (with --seed: even if it passes)")
     parser.add_argument("--fixed-rates", action="store_true",
@@ -38,7 +41,8 @@ def main() -> int:
     failed = 0
     totals: dict[str, int] = {}
     for seed in seeds:
-        plan = Plan(steps=args.steps) if args.fixed_rates else Plan.drawn(seed, steps=args.steps)
+        deaths = {"supervisor_death_ratio": args.supervisor_deaths} if args.supervisor_deaths else {}
+        plan = Plan(steps=args.steps, **deaths) if args.fixed_rates else Plan.drawn(seed, steps=args.steps, **deaths)
         outcome = simulate(seed, plan)
         for name, value in outcome.figures.items():
             totals[name] = totals.get(name, 0) + value

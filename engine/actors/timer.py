@@ -117,6 +117,7 @@ class TimerActor(Actor):
         self.last_move_offset = 0  # the highest commit-log offset of a move of the loaded slot
         self.done: deque[Done] = deque()
         self.already_moved: set[int] = set()  # found in the log by the last look; never moved again
+        self.looked_from = 0  # where the looks that found ``already_moved`` began
         self.look_at_ms = 0  # mono ms when to look in the log for moves (after a start or a lost reply)
         self.look_pending = True
         self.look: MoveSearch | None = None  # the look under way, a slice a turn
@@ -281,6 +282,8 @@ class TimerActor(Actor):
         """One slice of the look for moves already in the log since the checkpoint's slot began (a
         restart, a lost reply); True once it is done. Nothing is delivered before."""
         if self.look is None:
+            self.looked_from = min(self.looked_from, self.slot_log_start) if self.already_moved \
+                else self.slot_log_start
             self.look = MoveSearch(self.reader, self.slot_log_start, self.slots.get(CONFIRMED))
         look = self.look
         look.step(self.config.catch_up_bytes_per_turn_max)
@@ -378,12 +381,19 @@ class TimerActor(Actor):
             self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
     def finish_slot(self) -> None:
+        """The next slot begins where the log ends now, unless moves a look found are still to
+        be met: a restarted timer catching up reaches slots it (or the run before) moved
+        already, and their moves lie below the log's end now. Such a slot begins where
+        the look began, so that the checkpoint never names a start past its moves."""
         next_read = self.read_ms + self.precision
-        self.done.append(Done(next_read, self.slots.get(CONFIRMED), self.last_move_offset, self.delivered))
-        self.read_ms, self.slot_log_start = next_read, self.slots.get(CONFIRMED)
         self.loaded = False
         if self.already_moved and not self.look_pending and next_read > self.clock.wall_ms():
             self.already_moved.clear()  # every move made before the look was due before now
+        next_start = self.slots.get(CONFIRMED)
+        if self.already_moved:
+            next_start = min(next_start, self.looked_from)
+        self.done.append(Done(next_read, next_start, self.last_move_offset, self.delivered))
+        self.read_ms, self.slot_log_start = next_read, next_start
 
     # -- checkpoint --------------------------------------------------------------------------
 

@@ -56,6 +56,9 @@ class Plan:
     power_off_after_stop_ratio: float = 0.5  # of clean stops: the power goes before the start
     cut_after_ack_ratio: float = 0.0  # of answered acks: a power cut within three steps
     page_written_back_ratio: float = 1 / 3  # of the pages written since their last sync, at a power cut
+    # the supervisor SIGKILLed: every actor stops on its own, then the engine starts again. Off by
+    # default, so that each seed keeps the run it always had; the pinned regression seeds turn it on
+    supervisor_death_ratio: float = 0.0
     publication_loss_ratio: float = 0.02
     restart_after_steps: int = 10
     pop_topic_ratio: float = 0.0  # of sends: to the pop groups' topic (the others go to any topic)
@@ -134,7 +137,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
                    "restarts": counts.restarts, "power_cuts": counts.power_cuts,
-                   "clean_stops": counts.clean_stops, "sync_jobs": counts.sync_jobs,
+                   "clean_stops": counts.clean_stops, "supervisor_deaths": counts.supervisor_deaths,
+                   "sync_jobs": counts.sync_jobs,
                    "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
                    "pulled": workload.pulled, "popped": workload.popped, "pop_acked": workload.pop_acked,
@@ -194,6 +198,11 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
             name = rng.choice(sorted(world.actors))
             world.trace(f"kill {name}")
             world.kill(name)
+        elif plan.power_cut_ratio + plan.kill_ratio <= roll \
+                < plan.power_cut_ratio + plan.kill_ratio + plan.supervisor_death_ratio:
+            world.trace("the supervisor dies")
+            world.supervisor_death()
+            found += _settled_check(world, workload, "after the supervisor died")
         else:
             _ordinary_step(world, workload, rng, plan)
         if found:

@@ -116,6 +116,7 @@ class Counts:
     kills: int = 0
     power_cuts: int = 0
     clean_stops: int = 0
+    supervisor_deaths: int = 0
     restarts: int = 0
     sync_jobs: int = 0
     trace: list[str] = field(default_factory=list)
@@ -263,6 +264,31 @@ class World:
         if power_off:
             self.disk.power_cut(self.rng, self.page_written_back_ratio)
         self.start_all_again(crash_start=not clean)
+
+    def supervisor_death(self) -> None:
+        """The supervisor is SIGKILLed: every actor gets SIGTERM (PR_SET_PDEATHSIG) and stops on
+        its own, in any order. Its loop ends, the ports of ``drain_at_stop`` are emptied, and
+        ``shutdown`` leaves its files consistent (the timer and the transaction actor write their
+        checkpoints), while the others still run; the page cache keeps everything. The engine
+        then starts again, as after an unclean stop, on a new run directory."""
+        for name in self.rng.sample(sorted(self.actors), len(self.actors)):
+            actor, out = self.actors[name], Effects()
+            actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
+            for port in actor.drain_at_stop:
+                for key in [key for key in self.network.busy() if key[:2] == (name, port)]:
+                    for frames in self.network.take(key, len(self.network.queues[key])):
+                        actor.handle(port, frames, out)
+                actor.drained(port, out)
+            actor.shutdown(out)
+            self.carry_out(name, out)
+            self.trace(f"{name} stops (the supervisor died)")
+            self.kill(name)
+        self.slots.clear()  # the supervisor starts on an empty run directory
+        marker = self.run_dir / CRASH_START_FILE
+        marker.touch()
+        self.counts.supervisor_deaths += 1
+        self.start_all()
+        marker.unlink()
 
     def carry_out(self, name: str, out: Effects, *, may_die: bool = False) -> None:
         """Carry out an actor's effects in order; with ``may_die``, it may be killed part way."""

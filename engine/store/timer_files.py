@@ -92,8 +92,8 @@ class TimerCheckpoint(msgspec.Struct, kw_only=True):
     """The timer's progress (RocketMQ's ``TimerCheckpoint``), written after the log and the wheel.
 
     ``read_time_ms``: every slot before it is delivered; ``slot_log_start``: the commit-log
-    offset the log ended at when that slot's delivery began, where a restart looks for
-    moves already made; ``log_end``: the timer log's end, every unit before it linked in
+    offset the log ended at when that slot's delivery first began (in this run or one before),
+    where a restart looks for moves already made; ``log_end``: the timer log's end, every unit before it linked in
     the wheel file; ``enqueue_next``: the next queue offset of rmq_sys_wheel_timer to read;
     ``files_due_until``: for each timer-log file, the latest deliver time of its units (a file
     is deleted once the read time passes it)."""

@@ -19,8 +19,10 @@ import pytest
 from engine.client import ClientError, EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
-from engine.ipc.control import EventStream
+from engine.ipc.control import EventStream, control
+from engine.ipc.messages import StatusQuery
 from engine.offline.check import check_store
+from engine.store.timer_files import load_timer_checkpoint
 from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess
 
@@ -174,4 +176,58 @@ def test_every_committed_half_arrives_once_and_no_rolled_back_one_across_kills(s
         assert findings == [], "\n".join(map(str, findings))
     finally:
         stop.set()
+        engine.stop()
+
+
+def wait_delivered(engine: EngineProcess, count: int, timeout_s: float = 20) -> None:
+    """Until the timer (this run of it) counts ``count`` messages delivered: moved, or found moved."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        [timer] = [a for a in control(engine.store_dir, StatusQuery()).actors if a.name == "timer"]
+        if timer.lifecycle == "RUNNING" and timer.detail.get("delivered", 0) >= count:
+            return
+        assert time.monotonic() < deadline, f"the timer delivered {timer.detail.get('delivered')} of {count}"
+        time.sleep(0.05)  # the supervisor's view changes with the timer's heartbeats
+
+
+@pytest.mark.slow  # about 15 s: it waits for a slot of 5 s to begin; the pinned simulation seeds are the fast run
+@pytest.mark.timeout(90)
+def test_a_slot_reached_again_after_a_restart_keeps_the_moves_it_made_before(store_dir: Path) -> None:
+    """A slot whose messages were moved, then reached again by a restarted timer catching up,
+    must not be checkpointed as if its delivery had begun at the restart: the next restart
+    would look for its moves only past them, and move every one again (chaos seed 105: a
+    timer kill, then the engine stopped within the slot; 28 messages delivered twice)."""
+    precision = 5_000  # one slot spans the kill, the restart and the stop
+    # A checkpoint at each start (the timer's first tick), naming the slot of that start, and
+    # then none but the one at the stop
+    config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH", timer_precision_ms=precision,
+                                            timer_checkpoint_interval_ms=30_000)
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    try:
+        with engine.client() as client:
+            client.create_topic(TOPIC, queue_count=QUEUES)
+        now = time.time_ns() // 1_000_000
+        slot = now - now % precision + precision
+        if slot - now < 800:  # time to send before the slot begins
+            slot += precision
+        with engine.client() as client:
+            for n in range(40):
+                client.send(TOPIC, [{"body": b"slot-%02d" % n}], deliver_at_ms=slot + 100)
+        reader = QueueReader()
+        reader.wait_for(engine, 40)  # moved within the slot; no checkpoint since the start
+        kill(engine, "timer", 0)
+        wait_delivered(engine, 40)  # the restarted timer found the moves, and is in the slot again
+        assert engine.stop() == 0  # the checkpoint at the stop names the slot being delivered
+        checkpoint = load_timer_checkpoint(store_dir)
+        assert checkpoint is not None
+        if checkpoint.read_time_ms != slot:
+            pytest.skip("the slot ended before the engine stopped: too slow a machine to stage the case")
+        engine.start()
+        wait_delivered(engine, 40)  # each message of the slot found moved (or, wrongly, moved again)
+        with engine.client() as client:
+            reader.read(client, wait_ms=500)
+        assert [body for body, count in reader.bodies().items() if count > 1] == []
+        assert len(reader.messages) == 40
+    finally:
         engine.stop()
