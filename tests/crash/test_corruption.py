@@ -147,6 +147,7 @@ def test_bit_flips_in_records_are_detected_never_served_and_later_records_kept(s
     assert {f.area for f in findings} <= {"commitlog", "consumequeue"}
 
 
+@pytest.mark.slow
 def test_a_flip_in_the_record_crc_property_never_serves_wrong_bytes(store_dir: Path) -> None:
     producer = populate(store_dir, batches=10)
     record = all_records(store_dir)[5]

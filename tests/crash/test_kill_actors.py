@@ -53,8 +53,10 @@ def finish_and_verify(engine: EngineProcess, producers: list[ProducerThread], co
     assert findings == [], "\n".join(map(str, findings))
 
 
-@pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
-@pytest.mark.parametrize("role", ["writer", "flusher", "owner", "index", "reput", "front"])
+@pytest.mark.parametrize(("role", "flush_mode"), [
+    *((role, "ASYNC_FLUSH") for role in ("writer", "flusher", "owner", "index", "reput", "front")),
+    ("writer", "SYNC_FLUSH"), ("flusher", "SYNC_FLUSH"),
+    *(pytest.param(role, "SYNC_FLUSH", marks=pytest.mark.slow) for role in ("owner", "index", "reput", "front"))])
 def test_killing_an_actor_under_load_loses_nothing_acknowledged(store_dir: Path, flush_mode: str, role: str) -> None:
     config = crash_config(flush_mode)
     engine = EngineProcess(store_dir, config=config)
@@ -74,7 +76,7 @@ def test_killing_an_actor_under_load_loses_nothing_acknowledged(store_dir: Path,
         engine.stop()
 
 
-@pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+@pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", pytest.param("SYNC_FLUSH", marks=pytest.mark.slow)])
 def test_killing_the_supervisor_stops_every_actor_and_a_restart_recovers(store_dir: Path, flush_mode: str) -> None:
     config = crash_config(flush_mode)
     engine = EngineProcess(store_dir, config=config)

@@ -39,6 +39,7 @@ def contents(client: StoreClient) -> dict[tuple[str, int], list[tuple[int, bytes
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_lost_consume_queues_are_built_again_from_the_log_on_start(store_dir: Path) -> None:
     engine = EngineProcess(store_dir)

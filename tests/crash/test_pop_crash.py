@@ -47,7 +47,7 @@ def wait_acked(ledger: PopLedger, count: int, workers: list[PopWorker]) -> None:
         workers[0].idle.wait(0.05)
 
 
-@pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+@pytest.mark.parametrize("flush_mode", ["ASYNC_FLUSH", pytest.param("SYNC_FLUSH", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("victim", ["owner", pytest.param("engine", marks=pytest.mark.slow)])
 def test_a_kill_during_pop_and_ack_loses_nothing(store_dir: Path, flush_mode: str, victim: str) -> None:
     config = pop_config(flush_mode)

@@ -67,7 +67,8 @@ def test_sync_flush_loses_nothing_acknowledged(store_dir: Path, seed: int) -> No
     assert not verdict.order_violations, verdict.summary()
 
 
-@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_async_flush_loses_only_the_unflushed_window(store_dir: Path, seed: int) -> None:
     verdict, producer, flushed = cut_power(store_dir, power_config("ASYNC_FLUSH"), seed)
     outside_window = [m for m in verdict.lost if producer.acked_log_offsets[m] + RECORD_BYTES_MAX <= flushed]

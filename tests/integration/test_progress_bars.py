@@ -132,6 +132,7 @@ def spark() -> Iterator[Any]:
         stop_session(session)
 
 
+@pytest.mark.slow
 def test_the_spark_bar_counts_the_tasks_of_the_jobs_it_covers(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     context = spark.sparkContext
     spark.range(0, 10, numPartitions=2).count()  # before the bar: not counted

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # a minute: CI runs it in its slow step
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PORTS = {10911: "endpoint", 9108: "metrics_endpoint", 8081: "grpc_endpoint"}

@@ -195,6 +195,7 @@ def test_status_and_stop_find_the_engine_from_another_directory(tmp_path: Path, 
     assert not psutil.pid_exists(pid)
 
 
+@pytest.mark.slow
 def test_a_hung_supervisor_gives_one_line_and_status_6(tmp_path: Path) -> None:
     store = tmp_path / "store"
     # Heartbeats of the 5 s pause, read late, must not look like hung actors: then the stop is clean.

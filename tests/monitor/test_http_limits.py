@@ -49,7 +49,7 @@ def timed_scrape(monitored: Monitored, url: str) -> float:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("port", ["metrics", "dashboard"])
+@pytest.mark.parametrize("port", ["metrics", pytest.param("dashboard", marks=pytest.mark.slow)])
 def test_a_burst_of_half_sent_requests_neither_starves_the_monitor_nor_its_scrapes(
         burst_monitored: Monitored, port: str) -> None:
     monitored = burst_monitored

@@ -13,6 +13,7 @@ from tests.spark.dataset import DATASET_TOPICS, epoch_ms, pull_topics, rows_by_p
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.slow
 def test_an_export_to_parquet_holds_every_message_partitioned_by_topic_and_date(spark, live: Store,
                                                                                 tmp_path: Path) -> None:
     written = export_parquet(spark, str(live.path), str(tmp_path / "export"), topics=list(DATASET_TOPICS),

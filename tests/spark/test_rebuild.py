@@ -82,6 +82,7 @@ def damage(store: Path, config) -> None:  # config: a StoreConfig
         f.write(INDEX_ITEM.pack(key_hash, offset + 3, diff, prev))
 
 
+@pytest.mark.slow
 def test_on_a_damaged_store_the_job_finds_what_the_engine_check_finds_and_installs_what_repair_writes(
         spark, stopped: Store, tmp_path: Path) -> None:
     store = copy_store(stopped, tmp_path / "damaged")

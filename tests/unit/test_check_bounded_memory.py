@@ -67,6 +67,7 @@ def big_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, StoreConf
     return store_dir, config
 
 
+@pytest.mark.slow
 def test_a_store_of_100_times_the_limit_is_checked_within_it(big_store: tuple[Path, StoreConfig]) -> None:
     store_dir, config = big_store
     log_bytes = sum(f.stat().st_size for f in (store_dir / "commitlog").iterdir())
