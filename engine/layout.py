@@ -335,9 +335,10 @@ class Record(NamedTuple):
 
 
 # Reasons that say no record starts at the offset (an id pointing inside a record, at a blank
-# or at zeros), where the others say a record is there (its magic and PHYSICALOFFSET agree) and
-# is damaged.
-NO_RECORD_REASONS = frozenset({"truncated header", "bad magic", "physical offset mismatch"})
+# or at zeros, or into a segment retention removed), where the others say a record is there
+# (its magic and PHYSICALOFFSET agree) and is damaged.
+NO_RECORD_REASONS = frozenset({"truncated header", "bad magic", "physical offset mismatch",
+                               "no segment holds this offset"})
 
 
 class RecordError(ValueError):

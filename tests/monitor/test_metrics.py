@@ -54,7 +54,8 @@ def test_a_scrape_under_load_counts_what_was_sent_pulled_and_committed(monitored
     def settled(s: dict) -> bool:
         return total(s, "rmqpy_queue_sent_messages_total", topic=TOPIC) == sent and \
             value(s, "rmqpy_queue_pulled_messages_total", topic=TOPIC, queue_id="0") == pulled and \
-            value(s, "rmqpy_group_committed_offset", group="billing", topic=TOPIC, queue_id="0") == 7
+            value(s, "rmqpy_group_committed_offset", group="billing", topic=TOPIC, queue_id="0") == 7 and \
+            total(s, "rmqpy_queue_max_offset", topic=TOPIC) == sent  # the owners report on their own beat
 
     samples = monitored.wait_scrape(settled)
     assert total(samples, "rmqpy_queue_max_offset", topic=TOPIC) == sent
