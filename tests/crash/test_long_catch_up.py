@@ -82,6 +82,6 @@ def test_a_restart_after_a_long_log_past_the_last_transaction_serves_commits(sto
         deadline = time.monotonic() + 10
         while load_transaction_checkpoint(store_dir).scan_from <= scan_from + BULK_MESSAGES * 100:
             assert time.monotonic() < deadline, "scan_from stayed at the last op"
-            time.sleep(0.1)
+            time.sleep(0.1)  # polling the checkpoint file, with a deadline
     finally:
         engine.stop()
