@@ -1,18 +1,21 @@
 """The runtime every actor process runs: its sockets, slots, clock, threads, loop and stop.
 
 An actor's logic is a plain object (``Actor``): it declares the ports it talks
-on, and its handlers turn each message into effects (``engine/actors/effects.py``).
+on (each one end of a channel of ``engine/ipc/channels.py``) and a handler for
+each type of message it takes, and its handlers turn each message into effects
+(``engine/actors/effects.py``).
 Everything else is here, in one place:
 
 * the sockets behind the ports (created after ``recover``, so nothing is served before);
 * the shared offsets (``Env.slots``), the clock (``Env.clock``) and the background
   flush threads (``Env.syncer``), which the simulation replaces with its own;
-* the loop: it polls the sockets, hands every message to ``Actor.handle`` and carries
-  out the effects, runs ``tick`` every ``tick_interval_ms`` and sends a heartbeat to the
+* the loop: it polls the sockets, decodes every message against its channel
+  (``engine/ipc/wire.py``), hands it to the handler of its type and carries out the
+  effects, runs ``tick`` every ``tick_interval_ms`` and sends a heartbeat to the
   supervisor every ``heartbeat_interval_ms``; every turn does bounded work (at most 256
   messages a socket, one slice of a backlog), so no flood keeps an actor from its heartbeat;
 * the stop: SIGTERM (also sent by the kernel when the supervisor dies, through
-  PR_SET_PDEATHSIG) ends the loop; the ports named in ``drain_at_stop`` are emptied,
+  PR_SET_PDEATHSIG) ends the loop; the channels named in ``drain_at_stop`` are emptied,
   then ``shutdown`` leaves files consistent.
 
 Lifecycle: INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED, each step checked against the
@@ -36,14 +39,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.actors.effects import Effects, Exit, Publish, Reply, Tell
 from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
-from engine.ipc import endpoints
+from engine.ipc import channels, endpoints, wire
+from engine.ipc.channels import CLIENT_ENDPOINT, PUBLISH, REQUEST, Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.ipc.messages import Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
@@ -162,13 +166,13 @@ class Env:
 
 @dataclass(frozen=True)
 class Port:
-    """One socket an actor talks on. ``endpoint`` is an internal name (an ipc file in the run
-    directory) or a full address; ``subscribe`` the topics of a SUB."""
+    """One socket an actor talks on: its end of ``channel``, the binding one or a connecting one.
+    ``address`` replaces the channel's endpoint (the client endpoint of the settings);
+    ``subscribe`` the topics of a SUB."""
 
-    name: str
-    kind: str
-    endpoint: str
+    channel: Channel
     bind: bool
+    address: str = ""
     subscribe: tuple[bytes, ...] = ()
     hwm: int | None = None
     max_message_bytes: int = -1
@@ -176,14 +180,36 @@ class Port:
     reconnect_ivl_ms: int | None = None
     monitor: bool = False  # report connects and disconnects (``Actor.connection``)
     curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
-    peer_address: bool = False  # ROUTER: each message goes to ``Actor.handle_from`` with its sender's IP
+    peer_address: bool = False  # ROUTER: each message comes with its sender's IP (``Inbound.peer_ip``)
+
+    def __post_init__(self) -> None:
+        assert self.address or self.channel.endpoint != CLIENT_ENDPOINT, self.channel.name
+
+    @property
+    def name(self) -> str:
+        return self.channel.name
+
+    @property
+    def kind(self) -> str:
+        if self.channel.pattern == REQUEST:
+            return ROUTER if self.bind else DEALER
+        assert self.channel.pattern == PUBLISH
+        return PUB if self.bind else SUB
+
+    @property
+    def endpoint(self) -> str:
+        """An internal name (an ipc file in the run directory) or a full address."""
+        return self.address or self.channel.endpoint
+
+
+Handler = Callable[[Any, wire.Inbound, Effects], None]  # (the typed message, the whole inbound, effects)
 
 
 class Actor:
-    """An actor's logic. Subclasses declare ``ports`` and override the hooks they need."""
+    """An actor's logic. Subclasses declare ``ports`` and ``handlers`` and override the hooks they need."""
 
     tick_interval_ms = 100
-    drain_at_stop: tuple[str, ...] = ()  # ports whose queued messages are handled before ``shutdown``
+    drain_at_stop: tuple[Channel, ...] = ()  # channels whose queued messages are handled before ``shutdown``
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -196,21 +222,33 @@ class Actor:
         """The sockets to open once ``recover`` is done."""
         return []
 
+    def handlers(self) -> dict[type, Handler]:
+        """The handler of each type of message the actor takes (orders of ``Routed`` requests,
+        ``Answered``, publications, ``ClientFrame``): a message of another type is a bug of the
+        sender, asserted."""
+        return {}
+
     def recover(self, out: Effects) -> None:
         """Repair and load state; runs before any port is open (its effects are carried out after)."""
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        """One message from ``port``."""
+    def take(self, port: Port, frames: list[bytes], out: Effects, peer_ip: bytes = b"") -> None:
+        """One message from ``port``: decoded against its channel and handed to the handler of its type.
+        Frames that break the client protocol's layout are dropped (nothing sensible can be answered)."""
+        try:
+            inbound = wire.decode(port.channel, port.bind, frames, peer_ip)
+        except wire.WireError:
+            return
+        table = self.__dict__.get("_handlers")
+        if table is None:
+            table = self.__dict__["_handlers"] = self.handlers()
+        handler = table.get(type(inbound.body))
+        assert handler is not None, f"{self.env.name} has no handler for {type(inbound.body).__name__}"
+        handler(inbound.body, inbound, out)
 
-    def handle_from(self, port: str, frames: list[bytes], peer_ip: bytes, out: Effects) -> None:
-        """One message from a ``peer_address`` port, with its sender's IP (4 or 16 bytes; b"" when
-        the transport has none, as ipc://)."""
-        self.handle(port, frames, out)
+    def drained(self, channel: Channel, out: Effects) -> None:
+        """Every message queued on ``channel`` for this turn was handled (group commits go here)."""
 
-    def drained(self, port: str, out: Effects) -> None:
-        """Every message queued on ``port`` for this turn was handled (group commits go here)."""
-
-    def connection(self, port: str, up: bool) -> None:
+    def connection(self, channel: Channel, up: bool) -> None:
         """A monitored port connected to (or lost) its peer."""
 
     def tick(self, out: Effects) -> None:
@@ -252,12 +290,13 @@ class Runtime:
         self.actor = actor
         self.env = actor.env
         self.zctx = zmq_context
-        self.sockets: dict[str, zmq.Socket] = {}
+        self.sockets: dict[Channel, zmq.Socket] = {}
         self.readers: dict[zmq.Socket, Callable[[], None]] = {}  # what to do when a socket is readable
         self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
 
     def open(self, port: Port) -> None:
+        assert port.channel.opened_by(self.env.name, bind=port.bind), f"{self.env.name} may not open {port.name}"
         cfg = self.env.config
         sock = endpoints.configure(self.zctx.socket(_ZMQ_KINDS[port.kind]), hwm=port.hwm or cfg.socket_hwm_messages,
                                    max_message_bytes=port.max_message_bytes)
@@ -274,30 +313,32 @@ class Runtime:
             self.curve.secure(sock)
         if port.monitor:  # watch before connecting, so the first connection is not missed
             monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self.readers[monitor] = lambda: self.on_monitor(port.name, monitor)
+            self.readers[monitor] = lambda: self.on_monitor(port.channel, monitor)
         address = port.endpoint if "://" in port.endpoint else endpoints.ipc(self.env.run_dir, port.endpoint)
         endpoints.allow_ipv6(sock, address)
         if port.bind:
             sock.bind(address)
         else:
             sock.connect(address)
-        self.sockets[port.name] = sock
+        self.sockets[port.channel] = sock
         if port.peer_address:
-            self.readers[sock] = lambda: self.on_readable_from(port.name, sock)
+            self.readers[sock] = lambda: self.on_readable_from(port, sock)
         elif port.kind != PUB:
-            self.readers[sock] = lambda: self.on_readable(port.name, sock)
+            self.readers[sock] = lambda: self.on_readable(port, sock)
 
     def carry_out(self, out: Effects) -> None:
         for effect in out:
-            if isinstance(effect, Send):
-                send_frames(self.sockets[effect.port], effect.frames)
-            elif isinstance(effect, Forward):
+            if isinstance(effect, Reply):
+                send_frames(self.sockets[effect.origin.channel], wire.reply_frames(*effect))
+            elif isinstance(effect, Publish):
+                send_frames(self.sockets[effect.channel], wire.publication_frames(*effect))
+            elif isinstance(effect, Tell):
                 try:
-                    send_frames(self.sockets[effect.port], effect.frames, _NOBLOCK)
+                    send_frames(self.sockets[effect.channel], wire.request_frames(*effect[:3]), _NOBLOCK)
                 except zmq.Again:
                     refusal = effect.refused()
                     if refusal is not None:
-                        send_frames(self.sockets[refusal.port], refusal.frames)
+                        send_frames(self.sockets[refusal.origin.channel], wire.reply_frames(*refusal))
             else:
                 assert isinstance(effect, Exit)
                 log.critical("exiting (%d): %s", effect.code, effect.reason)
@@ -305,7 +346,7 @@ class Runtime:
                 os._exit(effect.code)  # no clean shutdown: nothing more may be written by this process
         out.clear()
 
-    def on_readable(self, port: str, sock: zmq.Socket) -> None:
+    def on_readable(self, port: Port, sock: zmq.Socket) -> None:
         """Handle up to ``_DRAIN_MESSAGES_MAX`` queued messages without blocking, then ``drained``.
 
         Frames arrive as bytes: for the small frames that make up most traffic a copy is
@@ -316,13 +357,13 @@ class Runtime:
                 frames = recv_frames(sock, _NOBLOCK)
             except zmq.Again:
                 break
-            actor.handle(port, frames, out)
+            actor.take(port, frames, out)
             if out:
                 self.carry_out(out)
-        actor.drained(port, out)
+        actor.drained(port.channel, out)
         self.carry_out(out)
 
-    def on_readable_from(self, port: str, sock: zmq.Socket) -> None:
+    def on_readable_from(self, port: Port, sock: zmq.Socket) -> None:
         """``on_readable`` for a ``peer_address`` port: each message with its sender's IP."""
         actor, out = self.actor, Effects()
         for _ in range(_DRAIN_MESSAGES_MAX):
@@ -330,13 +371,13 @@ class Runtime:
                 frames, ip = recv_frames_from(sock, _NOBLOCK)
             except zmq.Again:
                 break
-            actor.handle_from(port, frames, ip, out)
+            actor.take(port, frames, out, ip)
             if out:
                 self.carry_out(out)
-        actor.drained(port, out)
+        actor.drained(port.channel, out)
         self.carry_out(out)
 
-    def on_monitor(self, port: str, monitor: zmq.Socket) -> None:
+    def on_monitor(self, channel: Channel, monitor: zmq.Socket) -> None:
         from zmq.utils.monitor import recv_monitor_message  # it loads asyncio: 3 MiB in every other actor
 
         for _ in range(64):
@@ -345,7 +386,7 @@ class Runtime:
             except zmq.Again:
                 return
             if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
-                self.actor.connection(port, event["event"] == zmq.EVENT_CONNECTED)
+                self.actor.connection(channel, event["event"] == zmq.EVENT_CONNECTED)
 
     def report(self, reporter: Reporter) -> None:
         try:
@@ -359,7 +400,8 @@ class Runtime:
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         actor.recover(out)
-        for port in actor.ports():
+        ports = {port.channel: port for port in actor.ports()}
+        for port in ports.values():
             self.open(port)
         self.carry_out(out)
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
@@ -398,8 +440,8 @@ class Runtime:
                 self.carry_out(out)
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
-        for name in actor.drain_at_stop:
-            self.on_readable(name, self.sockets[name])
+        for channel in actor.drain_at_stop:
+            self.on_readable(ports[channel], self.sockets[channel])
         actor.shutdown(out)
         self.carry_out(out)
         if self.curve is not None:
@@ -449,7 +491,7 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     runtime = Runtime(actor_cls(env), zctx)
     signal.signal(signal.SIGTERM, lambda *_: setattr(runtime, "stopping", True))
     heartbeat = endpoints.configure(zctx.socket(zmq.PUSH), hwm=16)
-    heartbeat.connect(endpoints.ipc(args.run_dir, endpoints.SUPERVISOR_HEARTBEATS))
+    heartbeat.connect(endpoints.ipc(args.run_dir, channels.HEARTBEATS.endpoint))
     try:
         runtime.run(heartbeat, parent)
     finally:

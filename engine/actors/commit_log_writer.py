@@ -29,22 +29,14 @@ from dataclasses import dataclass
 import msgspec
 
 from engine import codec
-from engine.actors.base import PUB, ROUTER, SUB, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.codec import send_results
 from engine.errors import ErrorCode, PutStatus, RequestError
-from engine.ipc import endpoints
+from engine.ipc import channels, endpoints
+from engine.ipc.channels import Channel
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import (
-    Append,
-    DeleteTopic,
-    FlushFailed,
-    TopicDeletion,
-    Wake,
-    encoder,
-    progress_decoder,
-    writer_request_decoder,
-)
+from engine.ipc.messages import Append, DeleteTopic, FlushFailed, TopicDeletion, Wake, encoder
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
@@ -53,6 +45,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.ipc.wire import Inbound, Origin
 from engine.layout import (
     END_FILE_MIN_BLANK_BYTES,
     IPV4_BYTES,
@@ -104,7 +97,7 @@ class Stored:
 class PendingAck:
     """A batch waiting for the flusher (SYNC_FLUSH)."""
 
-    reply_to: list[bytes]
+    reply_to: Origin
     request_id: int
     end_offset: int
     deadline_ms: int
@@ -120,7 +113,7 @@ def _utc(timestamp_ms: int) -> str:
 class UnsavedDeletion:
     """A topic deletion recorded in memory, answered once the deletion table is on disk."""
 
-    reply_to: list[bytes]
+    reply_to: Origin
     request_id: int
     topic: str
     deletion_offset: int
@@ -171,9 +164,12 @@ class CommitLogWriterActor(Actor):
         self.forced_deleted_messages = 0
 
     def ports(self) -> list[Port]:
-        return [Port("requests", ROUTER, endpoints.WRITER, bind=True),
-                Port("announce", PUB, endpoints.WRITER_PUB, bind=True),
-                Port("flushes", SUB, endpoints.FLUSHER_PUB, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,))]
+        return [Port(channels.WRITER, bind=True), Port(channels.CONFIRMED, bind=True),
+                Port(channels.FLUSHED, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,))]
+
+    def handlers(self) -> dict[type, Handler]:
+        return {Append: self.send, DeleteTopic: self.delete_topic, Wake: self.on_flushed,
+                FlushFailed: self.fail_stop}
 
     def recover(self, out: Effects) -> None:
         unclean = (self.env.run_dir / CRASH_START_FILE).exists()
@@ -215,34 +211,21 @@ class CommitLogWriterActor(Actor):
         """Store the offsets, then wake the dispatcher and the flusher to read them."""
         self.store_offsets()
         self.announce_due = False
-        out.send("announce", [endpoints.TOPIC_CONFIRMED, _WAKE])
+        out.publish(channels.CONFIRMED, endpoints.TOPIC_CONFIRMED, _WAKE)
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        if port == "requests":
-            self.handle_request(frames, out)
-        else:
-            self.handle_flushed(frames, out)
-
-    def drained(self, port: str, out: Effects) -> None:
+    def drained(self, channel: Channel, out: Effects) -> None:
         """After the queued requests: one write of the deletion table, one wake-up for all of them
         (a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches)."""
-        if port != "requests":
+        if channel is not channels.WRITER:
             return
         if self.unsaved_deletions:
             self.save_deletions(out)
         if self.announce_due:
             self.publish_offsets(out)
 
-    def handle_request(self, frames: list[bytes], out: Effects) -> None:
-        """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
-        reply_to, raw = frames[:3], frames[4]
-        match writer_request_decoder.decode(frames[3]):
-            case Append() as append:
-                self.send(reply_to, append, raw, out)
-            case DeleteTopic():
-                self.delete_topic(reply_to, raw)
-
-    def send(self, reply_to: list[bytes], route: Append, raw: bytes, out: Effects) -> None:
+    def send(self, route: Append, inbound: Inbound, out: Effects) -> None:
+        reply_to, raw = inbound.origin, inbound.payload
+        assert reply_to is not None
         try:
             waited_ms = self.clock.mono_ms() - route.received_ms
             if route.received_ms and waited_ms > self.config.send_queue_wait_ms_max:
@@ -259,7 +242,7 @@ class CommitLogWriterActor(Actor):
             stored, end_offset = self.append(request, route.queue_id, internal=route.internal, born_host=born_host)
         except RequestError as exc:
             self.disk_full_refusals += exc.code == ErrorCode.DISK_FULL
-            out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
+            out.reply(reply_to, encode_error(safe_request_id(raw), exc.code, exc.message))
             return
         self.store_offsets()
         self.announce_due = True
@@ -271,7 +254,7 @@ class CommitLogWriterActor(Actor):
         if route.received_ms:
             self.send_latency.observe((now_ms - route.received_ms) / 1000)
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
-        out.send("requests", [*reply_to, encode_reply(request.id, results=results)])
+        out.reply(reply_to, encode_reply(request.id, results=results))
 
     def append(self, request: SendRequest, queue_id: int, *, internal: bool = False,
                born_host: HostAddress | None = None) -> tuple[Stored, int]:
@@ -348,15 +331,15 @@ class CommitLogWriterActor(Actor):
             return
         self.appends.written()
 
-    def delete_topic(self, reply_to: list[bytes], raw: bytes) -> None:
+    def delete_topic(self, _order: DeleteTopic, inbound: Inbound, out: Effects) -> None:
         """Hide the topic's records below the written offset; answered by ``save_deletions``.
 
         Every send handled before this one lies below the deletion offset, every later one
         at or past it: the order of this actor's queue decides."""
-        request = decode_request("delete_topic", raw)  # the front decoded it before forwarding
-        assert isinstance(request, DeleteTopicRequest)
+        request = decode_request("delete_topic", inbound.payload)  # the front decoded it before forwarding
+        assert isinstance(request, DeleteTopicRequest) and inbound.origin is not None
         deletion_offset = self.log.written_offset
-        self.unsaved_deletions.append(UnsavedDeletion(reply_to, request.id, request.topic, deletion_offset,
+        self.unsaved_deletions.append(UnsavedDeletion(inbound.origin, request.id, request.topic, deletion_offset,
                                                       self.deleted_topics.deletion_offsets.get(request.topic)))
         self.deleted_topics.record(request.topic, deletion_offset)
 
@@ -375,8 +358,7 @@ class CommitLogWriterActor(Actor):
             for deletion in batch:
                 reply = encode_error(deletion.request_id, ErrorCode.SERVICE_NOT_AVAILABLE,
                                      f"cannot record the deletion: {exc}")
-                kept = encoder.encode(TopicDeletion(deletion.topic, recorded=False))
-                out.send("requests", [*deletion.reply_to, reply, kept])
+                out.reply(deletion.reply_to, reply, TopicDeletion(deletion.topic, recorded=False))
             return
         for deletion in batch:
             queues = [key for key in self.next_queue_offset if key[0] == deletion.topic]
@@ -387,29 +369,24 @@ class CommitLogWriterActor(Actor):
         self.announce_deletions()
         for deletion in batch:
             reply = encode_reply(deletion.request_id, topic=deletion.topic, deletion_offset=deletion.deletion_offset)
-            recorded = encoder.encode(TopicDeletion(deletion.topic, recorded=True))
-            out.send("requests", [*deletion.reply_to, reply, recorded])
+            out.reply(deletion.reply_to, reply, TopicDeletion(deletion.topic, recorded=True))
 
     def announce_deletions(self) -> None:
         """Owners and the index builder reread ``config/deletedTopics.json`` when this count moves."""
         self.slots.set(TOPIC_DELETIONS, self.slots.get(TOPIC_DELETIONS) + 1)
 
-    def handle_flushed(self, frames: list[bytes], out: Effects) -> None:
-        match progress_decoder.decode(frames[1]):
-            case Wake():
-                self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
-                self.release_pending(out, self.clock.mono_ms())
-            case FlushFailed() as failure:
-                self.fail_stop(out, failure)
+    def on_flushed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
+        self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
+        self.release_pending(out, self.clock.mono_ms())
 
-    def fail_stop(self, out: Effects, failure: FlushFailed) -> None:
+    def fail_stop(self, failure: FlushFailed, _inbound: Inbound, out: Effects) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
         log.critical("the log could not be flushed past %d (%s); refusing acks and exiting",
                      self.flushed_offset, failure.reason,
                      extra=event("flush.failed", reason=failure.reason, flushed_offset=self.flushed_offset))
         for ack in self.pending:
-            out.send("requests", [*ack.reply_to, encode_error(
-                ack.request_id, ErrorCode.FLUSH_FAILED, f"the disk refused a flush: {failure.reason}")])
+            out.reply(ack.reply_to, encode_error(ack.request_id, ErrorCode.FLUSH_FAILED,
+                                                 f"the disk refused a flush: {failure.reason}"))
         self.pending.clear()
         out.exit(70, f"the log could not be flushed: {failure.reason}")  # the refusals go out first
 
@@ -421,7 +398,7 @@ class CommitLogWriterActor(Actor):
                 self.send_latency.observe((now_ms - ack.received_ms) / 1000)
             status = PutStatus.PUT_OK if ack.end_offset <= self.flushed_offset else PutStatus.FLUSH_DISK_TIMEOUT
             results = ack.stored.results(self.msg_id_prefix, status)
-            out.send("requests", [*ack.reply_to, encode_reply(ack.request_id, results=results)])
+            out.reply(ack.reply_to, encode_reply(ack.request_id, results=results))
 
     def clean_expired_segments(self, out: Effects) -> None:
         """Retention: delete expired segments (and, with disk_space_clean_forcibly, unexpired ones)."""

@@ -31,17 +31,21 @@ import dataclasses
 import functools
 import logging
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
-from engine.actors.base import DEALER, ROUTER, SUB, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.actors.owner_pops import OwnerPops
 from engine.errors import ErrorCode, GetStatus, RequestError
-from engine.ipc import endpoints
+from engine.ipc import channels, endpoints
+from engine.ipc.channels import Channel
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.messages import (
     Ack,
+    Answered,
     ChangeInvisible,
     DispatchBatch,
     GetById,
@@ -52,9 +56,6 @@ from engine.ipc.messages import (
     PopStats,
     Pull,
     QueueStats,
-    dispatch_decoder,
-    encoder,
-    owner_request_decoder,
 )
 from engine.ipc.protocol import (
     GetByIdRequest,
@@ -63,11 +64,12 @@ from engine.ipc.protocol import (
     PopRequest,
     PullRequest,
     QueueStatsRequest,
-    decode_request,
+    decode_as,
     encode_error,
     encode_reply,
     safe_request_id,
 )
+from engine.ipc.wire import Inbound, Origin
 from engine.layout import RecordError, decode_msg_id
 from engine.metrics.report import Figures, per_queue
 from engine.services.long_poll import LongPolls, ParkedPull
@@ -87,7 +89,7 @@ class ConsumeQueueOwnerActor(Actor):
     """Takes ``DispatchBatch``es on ``dispatches``, and ``Pull``, ``QueueStats``, ``OffsetForTime``,
     ``GetById``, ``GetByOffset`` on ``requests``; gives client replies on ``requests``."""
 
-    drain_at_stop = ("dispatches",)
+    drain_at_stop = (channels.DISPATCH,)
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -111,10 +113,21 @@ class ConsumeQueueOwnerActor(Actor):
         return self.slots.visible_end(sync_flush=self.sync_flush)
 
     def ports(self) -> list[Port]:
-        return [Port("requests", ROUTER, endpoints.owner_endpoint_name(self.instance), bind=True),
-                Port("dispatches", SUB, endpoints.REPUT_PUB, bind=False,
-                     subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000),
-                Port("writer", DEALER, endpoints.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10)]
+        return [Port(channels.owner(self.instance), bind=True),
+                Port(channels.DISPATCH, bind=False, subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000),
+                Port(channels.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10)]
+
+    def handlers(self) -> dict[type, Handler]:
+        serving = self.serving
+        return {Pull: serving(self.on_pull), Pop: serving(self.on_pop), Ack: serving(self.on_ack),
+                GetById: serving(lambda _o, inbound, _out: self.get_by_id(inbound.payload, by_offset=False)),
+                GetByOffset: serving(lambda _o, inbound, _out: self.get_by_id(inbound.payload, by_offset=True)),
+                QueueStats: serving(lambda _o, inbound, _out: self.queue_question(QueueStatsRequest, inbound.payload)),
+                OffsetForTime: serving(lambda _o, inbound, _out: self.queue_question(OffsetForTimeRequest,
+                                                                                    inbound.payload)),
+                ChangeInvisible: serving(lambda _o, inbound, _out: self.pops.change_invisible(inbound.payload)),
+                PopStats: serving(lambda _o, inbound, _out: self.pops.stats(inbound.payload)),
+                Answered: self.on_writer_answer, DispatchBatch: self.on_batch}
 
     def recover(self, out: Effects) -> None:
         try:
@@ -140,66 +153,63 @@ class ConsumeQueueOwnerActor(Actor):
         self.wake(self.owned.catch_up(self.visible_end))
         self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+    def serving(self, serve: Callable[[Any, Inbound, Effects], bytes | None]) -> Handler:
+        """A request's handler: ``serve`` gives the reply (None: it waits, parked, or went elsewhere);
+        a RequestError is the client's error reply. Long polls that something woke are answered after."""
+
+        def handler(order: object, inbound: Inbound, out: Effects) -> None:
+            assert inbound.origin is not None
+            self.follow_deletions()
+            try:
+                reply = serve(order, inbound, out)
+            except RequestError as exc:
+                reply = encode_error(safe_request_id(inbound.payload), exc.code, exc.message, **exc.details)
+            if reply is not None:
+                self.pops.reply(out, inbound.origin, reply)
+            if self.woken:
+                self.serve_woken(out, self.clock.mono_ms())
+        return handler
+
+    def on_batch(self, batch: DispatchBatch, _inbound: Inbound, out: Effects) -> None:
         self.follow_deletions()
-        if port == "requests":
-            self.handle_request(frames, out)
-        elif port == "writer":
-            self.pops.on_writer_reply(frames)
-            self.wake_unlocked()
-        else:
-            batch: DispatchBatch = dispatch_decoder.decode(frames[1])
-            self.wake(self.owned.apply_batch(batch))
-            self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
+        self.wake(self.owned.apply_batch(batch))
+        self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
         if self.woken:
             self.serve_woken(out, self.clock.mono_ms())
 
-    def drained(self, port: str, out: Effects) -> None:
+    def on_writer_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
+        """The writer's answer to a dead letter's send."""
+        self.pops.on_writer_reply(answer.client, inbound.payload)
+        self.wake_unlocked()
+        if self.woken:
+            self.serve_woken(out, self.clock.mono_ms())
+
+    def drained(self, channel: Channel, out: Effects) -> None:
         self.pops.release(out)
 
     def follow_deletions(self) -> None:
         for topic in self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS)):
             self.pops.states.drop_topic(topic, functools.partial(self.owned.is_mine, topic))
 
-    def handle_request(self, frames: list[bytes], out: Effects) -> None:
-        """[front id, client id, REQ flag, envelope, client request]: routed by the envelope's type."""
-        reply_to, raw = frames[:3], frames[4]
-        reply: bytes | None
-        try:
-            match owner_request_decoder.decode(frames[3]):
-                case Pull():
-                    request = decode_request("pull", raw)
-                    assert isinstance(request, PullRequest)
-                    reply = self.pull(request, reply_to=reply_to)
-                case GetById():
-                    reply = self.get_by_id(raw, by_offset=False)
-                case GetByOffset():
-                    reply = self.get_by_id(raw, by_offset=True)
-                case QueueStats():
-                    reply = self.queue_question("queue_stats", raw)
-                case OffsetForTime():
-                    reply = self.queue_question("offset_for_time", raw)
-                case Pop(queue_ids, then):
-                    request = decode_request("pop", raw)
-                    assert isinstance(request, PopRequest)
-                    if then:  # other owners hold queues of the topic: pass on rather than wait
-                        reply, empty = self.pops.pop(request, queue_ids)
-                        if empty:
-                            out.send("requests", [*reply_to, raw, encoder.encode(PopElsewhere(then))])
-                            return
-                    else:
-                        reply = self.pop(request, queue_ids, reply_to=reply_to)
-                case Ack():
-                    reply = self.pops.ack(raw, out)
-                    self.wake_unlocked()
-                case ChangeInvisible():
-                    reply = self.pops.change_invisible(raw)
-                case PopStats():
-                    reply = self.pops.stats(raw)
-        except RequestError as exc:
-            reply = encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details)
-        if reply is not None:
-            self.pops.reply(out, "requests", [*reply_to, reply])
+    def on_pull(self, _order: Pull, inbound: Inbound, _out: Effects) -> bytes | None:
+        return self.pull(decode_as(PullRequest, inbound.payload), reply_to=inbound.origin)
+
+    def on_pop(self, order: Pop, inbound: Inbound, out: Effects) -> bytes | None:
+        request = decode_as(PopRequest, inbound.payload)
+        if not order.then:
+            return self.pop(request, order.queue_ids, reply_to=inbound.origin)
+        # other owners hold queues of the topic: pass on rather than wait
+        reply, empty = self.pops.pop(request, order.queue_ids)
+        if empty:
+            assert inbound.origin is not None
+            out.reply(inbound.origin, inbound.payload, PopElsewhere(order.then))
+            return None
+        return reply
+
+    def on_ack(self, _order: Ack, inbound: Inbound, out: Effects) -> bytes | None:
+        reply = self.pops.ack(inbound.payload, out)
+        self.wake_unlocked()
+        return reply
 
     def subscription(self, expression: str) -> Subscription:
         cached = self.subscriptions.get(expression)
@@ -227,7 +237,7 @@ class ConsumeQueueOwnerActor(Actor):
             result.next_offset = result.suspect_offset + 1
         return result
 
-    def pop(self, request: PopRequest, queue_ids: list[int], *, reply_to: list[bytes] | None = None,
+    def pop(self, request: PopRequest, queue_ids: list[int], *, reply_to: Origin | None = None,
             final: bool = False, deadline_ms: int | None = None) -> bytes | None:
         """Serve a pop; None when it was parked to wait for a message (long polling)."""
         reply, empty = self.pops.pop(request, queue_ids)
@@ -237,7 +247,7 @@ class ConsumeQueueOwnerActor(Actor):
             return None
         return reply
 
-    def pull(self, request: PullRequest, *, reply_to: list[bytes] | None = None, final: bool = False,
+    def pull(self, request: PullRequest, *, reply_to: Origin | None = None, final: bool = False,
              deadline_ms: int | None = None) -> bytes | None:
         """Serve a pull; None when it was parked to wait for a new message (long polling)."""
         cq = self.owned.get(request.topic, request.queue_id)
@@ -291,11 +301,10 @@ class ConsumeQueueOwnerActor(Actor):
                 reply = encode_error(request.id, exc.code, exc.message, **exc.details)
             if reply is None:
                 continue  # still nothing: parked again, with its original deadline
-            self.pops.reply(out, "requests", [*parked.reply_to, reply])
+            self.pops.reply(out, parked.reply_to, reply)
 
-    def queue_question(self, op: str, raw: bytes) -> bytes:
-        request = decode_request(op, raw)
-        assert isinstance(request, QueueStatsRequest | OffsetForTimeRequest)
+    def queue_question(self, kind: type[QueueStatsRequest | OffsetForTimeRequest], raw: bytes) -> bytes:
+        request = decode_as(kind, raw)
         cq = self.owned.get(request.topic, request.queue_id)
         if isinstance(request, QueueStatsRequest):
             stats = queue_stats(cq, self.reader, visible_end=self.visible_end)
@@ -305,13 +314,12 @@ class ConsumeQueueOwnerActor(Actor):
         return encode_reply(request.id, offset=offset)
 
     def get_by_id(self, raw: bytes, *, by_offset: bool = False) -> bytes:
+        request: GetByOffsetRequest | GetByIdRequest
         if by_offset:
-            request = decode_request("get_by_offset", raw)
-            assert isinstance(request, GetByOffsetRequest)
+            request = decode_as(GetByOffsetRequest, raw)
             offset = request.commit_log_offset
         else:
-            request = decode_request("get_by_id", raw)
-            assert isinstance(request, GetByIdRequest)
+            request = decode_as(GetByIdRequest, raw)
             try:
                 _host, offset = decode_msg_id(request.msg_id)
             except ValueError as exc:

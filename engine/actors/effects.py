@@ -3,8 +3,9 @@
 A handler never touches a socket: it appends effects to the ``Effects`` it is
 handed, and the runtime (``engine/actors/base.py`` in a process, the
 simulation in ``engine/simulation``) carries them out, in order, once the
-handler returns. Slots of the shared offsets and the clock are read (and
-slots written) through the ``Env`` the actor was built with.
+handler returns, laying out their frames with ``engine/ipc/wire.py``. Slots of
+the shared offsets and the clock are read (and slots written) through the
+``Env`` the actor was built with.
 """
 
 from __future__ import annotations
@@ -12,22 +13,40 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import msgspec
 
-class Send(NamedTuple):
-    """Send ``frames`` on the port ``port`` (a reply on a ROUTER, a publication on a PUB)."""
-
-    port: str
-    frames: list[bytes]
+from engine.ipc.channels import Channel
+from engine.ipc.messages import PopElsewhere, Routed, TopicDeletion
+from engine.ipc.wire import Origin
 
 
-class Forward(NamedTuple):
-    """Pass ``frames`` on to the actor behind ``port`` without waiting; when its queue is full
-    or it is not connected, carry out what ``refused()`` gives instead (the client's error reply,
-    built only then; None: nothing)."""
+class Reply(NamedTuple):
+    """Answer the request that came from ``origin`` with the client frame ``payload`` (and, on a
+    routed channel, a ``note`` for the requester itself)."""
 
-    port: str
-    frames: list[bytes]
-    refused: Callable[[], Send | None]
+    origin: Origin
+    payload: bytes
+    note: TopicDeletion | PopElsewhere | None = None
+
+
+class Tell(NamedTuple):
+    """Send a request on ``channel`` (the actor is one of its peers) without waiting: ``routed`` (None
+    on a client channel) and the client frame ``payload``. When the server's queue is full or it is
+    not connected, carry out what ``refused()`` gives instead (the client's error reply, built only
+    then; None: nothing)."""
+
+    channel: Channel
+    routed: Routed | None
+    payload: bytes
+    refused: Callable[[], Reply | None]
+
+
+class Publish(NamedTuple):
+    """Publish ``body`` on ``channel`` under ``topic``; ``body`` may come encoded already."""
+
+    channel: Channel
+    topic: bytes
+    body: msgspec.Struct | bytes
 
 
 class Exit(NamedTuple):
@@ -38,14 +57,17 @@ class Exit(NamedTuple):
     reason: str
 
 
-Effect = Send | Forward | Exit
+Effect = Reply | Tell | Publish | Exit
 
 
 class Effects(list[Effect]):
     """The effects of one handler call, in the order they must happen."""
 
-    def send(self, port: str, frames: list[bytes]) -> None:
-        self.append(Send(port, frames))
+    def reply(self, origin: Origin, payload: bytes, note: TopicDeletion | PopElsewhere | None = None) -> None:
+        self.append(Reply(origin, payload, note))
+
+    def publish(self, channel: Channel, topic: bytes, body: msgspec.Struct | bytes) -> None:
+        self.append(Publish(channel, topic, body))
 
     def exit(self, code: int, reason: str) -> None:
         self.append(Exit(code, reason))

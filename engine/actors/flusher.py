@@ -26,10 +26,12 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-from engine.actors.base import PUB, SUB, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
-from engine.ipc import endpoints
+from engine.ipc import channels, endpoints
+from engine.ipc.channels import Channel
 from engine.ipc.messages import FlushFailed, Wake, encoder
+from engine.ipc.wire import Inbound
 from engine.layout import offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram
@@ -72,11 +74,11 @@ class FlusherActor(Actor):
         self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = self.clock.mono_ms()
 
     def ports(self) -> list[Port]:
-        ports = [Port("flushes", PUB, endpoints.FLUSHER_PUB, bind=True)]
+        ports = [Port(channels.FLUSHED, bind=True)]
         if self.sync_flush:
             # Group commit flushes as soon as bytes are confirmed. Under ASYNC_FLUSH the
             # interval decides, and only the ticks read the writer's offsets.
-            ports.append(Port("wakes", SUB, endpoints.WRITER_PUB, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)))
+            ports.append(Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)))
         return ports
 
     def recover(self, out: Effects) -> None:
@@ -116,10 +118,13 @@ class FlusherActor(Actor):
             self.checkpoint = replace(self.checkpoint, dispatched_offset=rebuilt_from)
             self.write_checkpoint()
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+    def handlers(self) -> dict[type, Handler]:
+        return {Wake: self.on_wake}
+
+    def on_wake(self, _wake: Wake, _inbound: Inbound, _out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
 
-    def drained(self, port: str, out: Effects) -> None:
+    def drained(self, channel: Channel, out: Effects) -> None:
         self.follow_confirmed()
         if self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(out, self.confirmed_offset)
@@ -178,13 +183,13 @@ class FlusherActor(Actor):
 
     def publish_flushed(self, out: Effects) -> None:
         self.slots.set(FLUSHED, self.flushed_offset)
-        out.send("flushes", [endpoints.TOPIC_FLUSHED, _WAKE])
+        out.publish(channels.FLUSHED, endpoints.TOPIC_FLUSHED, _WAKE)
 
     def fail_stop(self, out: Effects, reason: str) -> None:
         """Never retry a failed flush (fsyncgate): tell the writer, then exit so recovery runs."""
         log.critical("flush failed: %s; the writer stops acknowledging and both restart", reason,
                      extra=event("flush.failed", reason=reason, flushed_offset=self.flushed_offset))
-        out.send("flushes", [endpoints.TOPIC_FLUSHED, encoder.encode(FlushFailed(reason))])
+        out.publish(channels.FLUSHED, endpoints.TOPIC_FLUSHED, FlushFailed(reason))
         out.exit(71, f"flush failed: {reason}")
         self.failed = True
 

@@ -25,9 +25,9 @@ of creates costs one write per batch, not one per create, and never keeps
 the loop from its heartbeat.
 
 The client frame is forwarded untouched (bodies are not decoded or copied
-here) behind a typed envelope that tells the backend what to do with it
-(``engine/ipc/messages.py``): [client id, REQ flag, envelope, request].
-Replies come back as [client id, REQ flag, reply] and go out as they are.
+here) behind a ``Routed`` envelope whose order tells the backend what to do
+with it (``engine/ipc/messages.py``); the reply comes back behind an
+``Answered`` and goes out to its client as it is (``engine/ipc/wire.py``).
 """
 
 from __future__ import annotations
@@ -40,12 +40,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
-from engine.actors.base import DEALER, ROUTER, Actor, Env, Port, main
-from engine.actors.effects import Effects, Forward, Send
+from engine.actors.base import Actor, Env, Handler, Port, main
+from engine.actors.effects import Effects, Reply, Tell
 from engine.errors import ErrorCode, RequestError
-from engine.ipc import endpoints
+from engine.ipc import channels
+from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.messages import (
+    INTERNAL,
     Ack,
+    Answered,
     Append,
     ChangeInvisible,
     DeleteTopic,
@@ -53,17 +56,15 @@ from engine.ipc.messages import (
     GetById,
     GetByOffset,
     OffsetForTime,
-    OwnerRequest,
+    Order,
     Pop,
     PopElsewhere,
     PopStats,
     Pull,
     QueueStats,
+    Routed,
+    TopicDeletion,
     TransactionChecks,
-    TransactionRequest,
-    WriterRequest,
-    backend_note_decoder,
-    encoder,
 )
 from engine.ipc.protocol import (
     CommitOffsetRequest,
@@ -78,6 +79,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.ipc.wire import Inbound, Origin
 from engine.layout import decode_msg_id, java_string_hash
 from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group, validate_topic
@@ -92,11 +94,6 @@ from engine.store.topics import TopicTable
 
 log = logging.getLogger(__name__)
 
-_PLAIN = b"\x00"
-_REQ = b"\x01"
-_INTERNAL = b"\x02"  # from an actor on the internal port
-
-
 @functools.lru_cache(maxsize=4096)
 def _queues_by_owner(topic: str, queue_count: int, owner_count: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """(owner, its queue ids of the topic) for each owner holding some, in owner order."""
@@ -110,15 +107,14 @@ class PendingDeletion(NamedTuple):
     """A ``delete_topic`` forwarded to the writer and not answered yet: sent again, as it came,
     if the writer restarts before answering it."""
 
-    client: bytes
-    flag: bytes
+    origin: Origin
     raw: bytes
 
 
 class FrontActor(Actor):
-    """Takes client requests on ``clients`` and backend replies on ``writer`` and ``owner-<k>``;
-    gives client replies on ``clients`` and enveloped requests (``Append``, ``DeleteTopic``,
-    ``Pull``, ...) on the backends' ports."""
+    """Takes client requests on ``clients`` and ``front-internal``, and answers on the backends'
+    channels; gives client replies, and requests routed to the backends (``Append``,
+    ``DeleteTopic``, ``Pull``, ...)."""
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -127,7 +123,7 @@ class FrontActor(Actor):
         self.last_persist_ms = 0
         self.round_robin: dict[str, itertools.count[int]] = {}
         self.owner_count = env.config.consume_queue_owner_count
-        self.owner_ports = [f"owner-{k}" for k in range(self.owner_count)]
+        self.owners = [channels.owner(k) for k in range(self.owner_count)]
         self.requests_served = 0
         self.requests_by_op: dict[str, int] = {}  # since this process started, for metrics
         self.refusals: dict[str, int] = {}  # BUSY and SERVICE_NOT_AVAILABLE given for an actor
@@ -138,8 +134,8 @@ class FrontActor(Actor):
         self.log_min_offset = 0
         self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
         # What waits for the topic table to be on disk: requests to route again, and replies.
-        self.held: list[tuple[bytes, bytes, bytes, bytes]] = []  # client, flag, request, its sender's IP
-        self.held_replies: list[Send] = []
+        self.held: list[tuple[Origin, bytes, bytes]] = []  # whom to answer, request, its sender's IP
+        self.held_replies: list[Reply] = []
         # A disk that refuses the table's write: what waited is refused, the save retried each tick.
         self.table_writes = DiskRefusals("front: the topic table", errnos=None)
         # (group, topic) pairs that pop: from the pop state's directories, and every pop since
@@ -149,18 +145,18 @@ class FrontActor(Actor):
     def ports(self) -> list[Port]:
         cfg = self.config
 
-        def backend(name: str, endpoint: str, *, hwm: int | None = None, monitor: bool = False) -> Port:
+        def backend(channel: Channel, *, hwm: int | None = None, monitor: bool = False) -> Port:
             # IMMEDIATE: refuse, rather than queue for, an actor that is down; find a restarted one in ~10 ms.
-            return Port(name, DEALER, endpoint, bind=False, immediate=True, reconnect_ivl_ms=10, hwm=hwm,
-                        monitor=monitor)
+            return Port(channel, bind=False, immediate=True, reconnect_ivl_ms=10, hwm=hwm, monitor=monitor)
 
-        return [Port("clients", ROUTER, cfg.endpoint, bind=True, max_message_bytes=cfg.client_frame_bytes_max,
+        return [Port(channels.CLIENTS, bind=True, address=cfg.endpoint, max_message_bytes=cfg.client_frame_bytes_max,
                      curve=cfg.curve_enabled, peer_address=True),
-                Port("internal", ROUTER, endpoints.FRONT_INTERNAL, bind=True,
-                     max_message_bytes=cfg.client_frame_bytes_max),
-                backend("writer", endpoints.WRITER, hwm=cfg.writer_queue_requests_max, monitor=True),
-                backend("transactions", endpoints.TRANSACTIONS),
-                *(backend(name, endpoints.owner_endpoint_name(k)) for k, name in enumerate(self.owner_ports))]
+                Port(channels.FRONT_INTERNAL, bind=True, max_message_bytes=cfg.client_frame_bytes_max),
+                backend(channels.WRITER, hwm=cfg.writer_queue_requests_max, monitor=True),
+                backend(channels.TRANSACTIONS), *map(backend, self.owners)]
+
+    def handlers(self) -> dict[type, Handler]:
+        return {ClientFrame: self.on_request, Answered: self.on_answer}
 
     def recover(self, out: Effects) -> None:
         """The system topics (one queue each) are in the table before any client is served."""
@@ -170,21 +166,12 @@ class FrontActor(Actor):
         if self.topics.unsaved:
             self.topics.save()
 
-    def handle_from(self, port: str, frames: list[bytes], peer_ip: bytes, out: Effects) -> None:
-        assert port == "clients"
-        self.handle_client(frames, out, peer_ip)
+    def on_request(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
+        assert inbound.origin is not None
+        self.requests_served += 1
+        self.serve(inbound.origin, inbound.payload, out, inbound.peer_ip)
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        if port == "clients":
-            self.handle_client(frames, out)
-        elif port == "internal":
-            if len(frames) == 2:
-                self.requests_served += 1
-                self.serve(frames[0], _INTERNAL, frames[1], out)
-        else:
-            self.handle_backend_reply(frames, out)
-
-    def drained(self, port: str, out: Effects) -> None:
+    def drained(self, channel: Channel, out: Effects) -> None:
         """Group commit: write the topic table once for the batch, then let what waited on it go.
 
         If the disk refuses the write, every request that waited is answered DISK_FULL (or
@@ -205,8 +192,8 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
-        for client, flag, raw, peer_ip in held:
-            self.serve(client, flag, raw, out, peer_ip)
+        for origin, raw, peer_ip in held:
+            self.serve(origin, raw, out, peer_ip)
 
     def refuse_held(self, exc: OSError, out: Effects) -> None:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -215,20 +202,20 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
-        for client, flag, raw, _peer_ip in held:
+        for origin, raw, _peer_ip in held:
             self.refusals[refusal.code.name] = self.refusals.get(refusal.code.name, 0) + 1
-            out.append(self.error_reply(client, flag, raw, refusal))
+            out.append(self.error_reply(origin, raw, refusal))
 
-    def connection(self, port: str, up: bool) -> None:
+    def connection(self, channel: Channel, up: bool) -> None:
         if up and self.deleting:  # a new writer: what the old one took and did not answer may be lost
             self.redo_deletions = True
         self.writer_up = up
 
-    def answered(self, topic: str, client: bytes, flag: bytes) -> bool:
-        """The writer answered a deletion of ``topic`` for ``client``: it is no longer pending. False
+    def answered(self, topic: str, origin: Origin) -> bool:
+        """The writer answered a deletion of ``topic`` for ``origin``: it is no longer pending. False
         when none is (the answer to a deletion sent twice, whose first answer came)."""
         for pending in self.deleting.get(topic, ()):
-            if pending.client == client and pending.flag == flag:
+            if pending.origin == origin:
                 self.forget_deletion(topic, pending)
                 return True
         return False
@@ -241,15 +228,15 @@ class FrontActor(Actor):
             self.deleting.pop(topic, None)
 
     def forward_deletion(self, topic: str, pending: PendingDeletion,
-                         refused: Callable[[], Send | None] | None = None) -> Forward:
+                         refused: Callable[[], Reply | None] | None = None) -> Tell:
         """To the writer; refused (the writer is down or busy), it is no longer pending and its client
         is told so, unless ``refused`` says otherwise."""
-        forward = self.forward("writer", pending.client, pending.flag, DeleteTopic(), pending.raw)
-        return forward._replace(refused=refused or partial(self.deletion_refused, topic, pending))
+        tell = self.forward(channels.WRITER, pending.origin, DeleteTopic(), pending.raw)
+        return tell._replace(refused=refused or partial(self.deletion_refused, topic, pending))
 
-    def deletion_refused(self, topic: str, pending: PendingDeletion) -> Send:
+    def deletion_refused(self, topic: str, pending: PendingDeletion) -> Reply:
         self.forget_deletion(topic, pending)
-        return self.refusal("writer", pending.client, pending.flag, pending.raw, DeleteTopic())
+        return self.refusal(channels.WRITER, pending.origin, pending.raw, DeleteTopic())
 
     def send_deletions_again(self, out: Effects) -> None:
         """After a writer restart, the deletions it had not answered: it may have recorded them or not,
@@ -265,117 +252,104 @@ class FrontActor(Actor):
     def redo_refused(self) -> None:
         self.redo_deletions = True  # the writer is down or busy again: at a later tick
 
-    def hold(self, client: bytes, flag: bytes, raw: bytes, peer_ip: bytes = b"") -> None:
+    def hold(self, origin: Origin, raw: bytes, peer_ip: bytes = b"") -> None:
         """Route this request again once the topic table is on disk."""
-        self.held.append((client, flag, raw, peer_ip))
+        self.held.append((origin, raw, peer_ip))
 
-    def handle_backend_reply(self, frames: list[bytes], out: Effects) -> None:
-        note = backend_note_decoder.decode(frames[3]) if len(frames) > 3 else None
-        if isinstance(note, PopElsewhere):  # frames[2] is the client's pop: on to the next owner
-            out.append(self.pop_at(frames[0], frames[1], frames[2], note.then))
+    def on_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
+        """A backend's answer, for the client named in it (the writer's, an owner's, the transaction actor's)."""
+        origin = Origin(channels.FRONT_INTERNAL if answer.flag == INTERNAL else channels.CLIENTS, answer.client,
+                        flag=answer.flag)
+        note = answer.note
+        if isinstance(note, PopElsewhere):  # the payload is the client's pop: on to the next owner
+            out.append(self.pop_at(origin, inbound.payload, note.then))
             return
-        if note is not None and not self.answered(note.topic, frames[0], frames[1]):
-            log.info("a second answer to the deletion of %r (sent again after a writer restart) is dropped: "
-                     "its client has the first", note.topic)
-            return
-        relay = self.reply(frames[0], frames[1], frames[2])
-        if note is not None:  # the writer's word on a topic deletion
-            deletion = note
-            if deletion.recorded:
-                self.finish_deletion(deletion.topic)
+        relay = Reply(origin, inbound.payload)
+        if isinstance(note, TopicDeletion):  # the writer's word on a topic deletion
+            if not self.answered(note.topic, origin):
+                log.info("a second answer to the deletion of %r (sent again after a writer restart) is dropped: "
+                         "its client has the first", note.topic)
+                return
+            if note.recorded:
+                self.finish_deletion(note.topic)
                 self.held_replies.append(relay)
                 return
         out.append(relay)
 
-    def handle_client(self, frames: list[bytes], out: Effects, peer_ip: bytes = b"") -> None:
-        if len(frames) == 3 and not frames[1]:
-            client, flag, raw = frames[0], _REQ, frames[2]
-        elif len(frames) == 2:
-            client, flag, raw = frames[0], _PLAIN, frames[1]
-        else:
-            return  # not our framing; nothing sensible to answer
-        self.requests_served += 1
-        self.serve(client, flag, raw, out, peer_ip)
-
-    def serve(self, client: bytes, flag: bytes, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
+    def serve(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         """``peer_ip``: the client's IP (4 or 16 bytes), the born host of what it sends; b"" when
         it has none (ipc://, an actor on the internal port)."""
         try:
-            self.route(client, flag, raw, out, peer_ip)
+            self.route(origin, raw, out, peer_ip)
         except RequestError as exc:
-            out.append(self.error_reply(client, flag, raw, exc))
-
-    def error_reply(self, client: bytes, flag: bytes, raw: bytes, exc: RequestError) -> Send:
-        return self.reply(client, flag, encode_error(safe_request_id(raw), exc.code, exc.message))
+            out.append(self.error_reply(origin, raw, exc))
 
     @staticmethod
-    def reply(client: bytes, flag: bytes, reply: bytes) -> Send:
-        if flag == _INTERNAL:
-            return Send("internal", [client, reply])
-        return Send("clients", [client, b"", reply] if flag == _REQ else [client, reply])
+    def error_reply(origin: Origin, raw: bytes, exc: RequestError) -> Reply:
+        return Reply(origin, encode_error(safe_request_id(raw), exc.code, exc.message))
 
-    def route(self, client: bytes, flag: bytes, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
+    def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         envelope = decode_envelope(raw)
         op = envelope.op
         self.requests_by_op[op] = self.requests_by_op.get(op, 0) + 1
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
-            self.hold(client, flag, raw, peer_ip)
+            self.hold(origin, raw, peer_ip)
             return
         if op == "send":
             if self.auto_create(envelope):
-                self.hold(client, flag, raw, peer_ip)
+                self.hold(origin, raw, peer_ip)
                 return
-            internal = flag == _INTERNAL
+            internal = origin.channel is channels.FRONT_INTERNAL
             if envelope.topic in SYSTEM_TOPICS and not internal:
                 raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {envelope.topic!r} is reserved for the system")
             queue_id = self.choose_queue(envelope)
-            out.append(self.forward("writer", client, flag, Append(queue_id, self.clock.mono_ms(), internal,
+            out.append(self.forward(channels.WRITER, origin, Append(queue_id, self.clock.mono_ms(), internal,
                                                                     peer_ip), raw))
         elif op == "pull":
-            out.append(self.forward(self.queue_owner(envelope), client, flag, Pull(), raw))
+            out.append(self.forward(self.queue_owner(envelope), origin, Pull(), raw))
         elif op == "pop":
-            self.route_pop(client, flag, raw, envelope, out)
+            self.route_pop(origin, raw, envelope, out)
         elif op in ("ack", "change_invisible", "pop_stats"):
             owner = self.queue_owner(envelope)
             self.pop_group(envelope)
             request = Ack() if op == "ack" else ChangeInvisible() if op == "change_invisible" else PopStats()
-            out.append(self.forward(owner, client, flag, request, raw))
+            out.append(self.forward(owner, origin, request, raw))
         elif op in ("end_transaction", "transaction_checks"):
             decode_request(op, raw)  # refused here if malformed: the actor gets only valid requests
             decided = EndTransaction() if op == "end_transaction" else TransactionChecks()
-            out.append(self.forward("transactions", client, flag, decided, raw))
+            out.append(self.forward(channels.TRANSACTIONS, origin, decided, raw))
         elif op == "query_by_key":
             self.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
-            out.append(self.reply(client, flag, self.lookup.answer(raw, visible_end=visible_end,
+            out.append(Reply(origin, self.lookup.answer(raw, visible_end=visible_end,
                                                                    deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "get_by_id":
-            out.append(self.forward(self.owner_for_record(op, raw), client, flag, GetById(), raw))
+            out.append(self.forward(self.owner_for_record(op, raw), origin, GetById(), raw))
         elif op == "queue_stats":
-            out.append(self.forward(self.queue_owner(envelope), client, flag, QueueStats(), raw))
+            out.append(self.forward(self.queue_owner(envelope), origin, QueueStats(), raw))
         elif op == "offset_for_time":
-            out.append(self.forward(self.queue_owner(envelope), client, flag, OffsetForTime(), raw))
+            out.append(self.forward(self.queue_owner(envelope), origin, OffsetForTime(), raw))
         elif op == "get_by_offset":
-            out.append(self.forward(self.owner_for_record(op, raw), client, flag, GetByOffset(), raw))
+            out.append(self.forward(self.owner_for_record(op, raw), origin, GetByOffset(), raw))
         elif op == "delete_topic":
             topic = self.check_topic(envelope, deleting_ok=True)
             if topic in SYSTEM_TOPICS:
                 raise RequestError(ErrorCode.INVALID_TOPIC, f"the topic {topic!r} is the engine's own: it cannot "
                                                             f"be deleted")
             decode_request(op, raw)
-            pending = PendingDeletion(client, flag, raw)
+            pending = PendingDeletion(origin, raw)
             self.deleting.setdefault(topic, []).append(pending)
             out.append(self.forward_deletion(topic, pending))
         elif op == "create_topic":
             if self.create_topic(envelope, raw):
-                self.hold(client, flag, raw)  # answered once the new entry is on disk
+                self.hold(origin, raw)  # answered once the new entry is on disk
             else:
                 config = self.topics.get(envelope.topic or "")
                 assert config is not None
-                out.append(self.reply(client, flag, encode_reply(envelope.id, topic=config.topic_name,
+                out.append(Reply(origin, encode_reply(envelope.id, topic=config.topic_name,
                                                                  queue_count=config.write_queue_nums)))
         else:
-            out.append(self.reply(client, flag, self.local(op, envelope, raw)))
+            out.append(Reply(origin, self.local(op, envelope, raw)))
 
     def pop_group(self, envelope: Envelope) -> str:
         group = envelope.group
@@ -388,19 +362,19 @@ class FrontActor(Actor):
                                f"(use another group)")
         return group
 
-    def route_pop(self, client: bytes, flag: bytes, raw: bytes, envelope: Envelope, out: Effects) -> None:
+    def route_pop(self, origin: Origin, raw: bytes, envelope: Envelope, out: Effects) -> None:
         """To the owner of the pop's queue, or to the next owner holding queues of the topic."""
         topic = self.check_topic(envelope)
         group = self.pop_group(envelope)
         dead_letters = dead_letter_topic(group)
         if self.topics.get(dead_letters) is None:
             self.topics.create(dead_letters, 1, topic_count_max=self.config.topic_count_max, system=True)
-            self.hold(client, flag, raw)  # forwarded once the dead-letter topic is on disk
+            self.hold(origin, raw)  # forwarded once the dead-letter topic is on disk
             return
         self.pop_groups.add((group, topic))
         if envelope.queue_id is not None:
-            owner_port = self.queue_owner(envelope)  # checks the queue id
-            out.append(self.forward(owner_port, client, flag, Pop([envelope.queue_id]), raw))
+            owner = self.queue_owner(envelope)  # checks the queue id
+            out.append(self.forward(owner, origin, Pop([envelope.queue_id]), raw))
             return
         config = self.topics.get(topic)
         assert config is not None
@@ -408,38 +382,36 @@ class FrontActor(Actor):
         turn = self.pop_turn.get(topic, 0) % len(by_owner)
         self.pop_turn[topic] = turn + 1
         order = [(owner, list(queue_ids)) for owner, queue_ids in by_owner[turn:] + by_owner[:turn]]
-        out.append(self.pop_at(client, flag, raw, order))
+        out.append(self.pop_at(origin, raw, order))
 
-    def pop_at(self, client: bytes, flag: bytes, raw: bytes, order: list[tuple[int, list[int]]]) -> Forward:
+    def pop_at(self, origin: Origin, raw: bytes, order: list[tuple[int, list[int]]]) -> Tell:
         """The pop for the first owner of ``order``; it hands the pop back if it has nothing now and
         others are left, so every owner's queues are looked at before one waits (long polling)."""
         (owner, queue_ids), *then = order
-        return self.forward(self.owner_ports[owner], client, flag, Pop(queue_ids, then), raw)
+        return self.forward(self.owners[owner], origin, Pop(queue_ids, then), raw)
 
-    def queue_owner(self, envelope: Envelope) -> str:
-        """The port of the owner of the request's (topic, queue), once both are checked."""
+    def queue_owner(self, envelope: Envelope) -> Channel:
+        """The channel of the owner of the request's (topic, queue), once both are checked."""
         queue_id = self.check_queue(envelope)
-        return self.owner_ports[owner_of(envelope.topic or "", queue_id, self.owner_count)]
+        return self.owners[owner_of(envelope.topic or "", queue_id, self.owner_count)]
 
-    def forward(self, port: str, client: bytes, flag: bytes,
-                request: WriterRequest | OwnerRequest | TransactionRequest, raw: bytes) -> Forward:
-        """The request, enveloped, for the actor behind ``port``; refused at once when its queue is full."""
-        return Forward(port, [client, flag, encoder.encode(request), raw],
-                       partial(self.refusal, port, client, flag, raw, request))
+    def forward(self, channel: Channel, origin: Origin, order: Order, raw: bytes) -> Tell:
+        """The request, routed to the actor behind ``channel``; refused at once when its queue is full."""
+        return Tell(channel, Routed(origin.peer, origin.flag, order), raw,
+                    partial(self.refusal, channel, origin, raw, order))
 
-    def refusal(self, port: str, client: bytes, flag: bytes, raw: bytes,
-                request: WriterRequest | OwnerRequest | TransactionRequest) -> Send:
-        """The answer to a request the actor behind ``port`` could not take: BUSY from a writer that
+    def refusal(self, channel: Channel, origin: Origin, raw: bytes, order: Order) -> Reply:
+        """The answer to a request the actor behind ``channel`` could not take: BUSY from a writer that
         is up (its queue is full), SERVICE_NOT_AVAILABLE from an actor that is down."""
-        if port == "writer" and self.writer_up:
+        if channel is channels.WRITER and self.writer_up:
             refusal = RequestError(ErrorCode.BUSY, f"{self.config.writer_queue_requests_max} sends are already "
                                                    f"waiting for the writer; retry later")
         else:
-            op = type(request).__struct_config__.tag
+            op = type(order).__struct_config__.tag
             refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE,
                                    f"the actor serving {op!r} is not available; retry later")
         self.refusals[refusal.code.name] = self.refusals.get(refusal.code.name, 0) + 1
-        return self.error_reply(client, flag, raw, refusal)
+        return self.error_reply(origin, raw, refusal)
 
     def finish_deletion(self, topic: str) -> None:
         """The writer recorded the deletion: the topic and its groups' offsets go."""
@@ -513,7 +485,7 @@ class FrontActor(Actor):
         counter = self.round_robin.setdefault(topic, itertools.count())
         return next(counter) % config.write_queue_nums
 
-    def owner_for_record(self, op: str, raw: bytes) -> str:
+    def owner_for_record(self, op: str, raw: bytes) -> Channel:
         """The owner that reads a record by id or by offset: the same for both, by the record's segment,
         so reads of one segment share one owner's mapping and reads of the log spread over the owners."""
         request = decode_request(op, raw)
@@ -525,7 +497,7 @@ class FrontActor(Actor):
                 _host, offset = decode_msg_id(request.msg_id)
             except ValueError as exc:
                 raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
-        return self.owner_ports[(offset // self.config.segment_size_bytes) % self.owner_count]
+        return self.owners[(offset // self.config.segment_size_bytes) % self.owner_count]
 
     def local(self, op: str, envelope: Envelope, raw: bytes) -> bytes:
         request = decode_request(op, raw)
@@ -557,7 +529,7 @@ class FrontActor(Actor):
         now_ms = self.clock.mono_ms()
         if self.redo_deletions:
             self.send_deletions_again(out)
-        self.drained("clients", out)  # a held request that changed the table again
+        self.drained(channels.CLIENTS, out)  # a held request that changed the table again
         log_min = self.slots.get(MIN_OFFSET)
         if log_min > self.log_min_offset:  # retention deleted segments: let their mappings go
             self.log_min_offset = log_min

@@ -17,20 +17,18 @@ from typing import Any
 
 import msgspec
 
-from engine.actors.base import DEALER, Clock, Port
-from engine.actors.effects import Effects, Forward
-from engine.ipc import endpoints
+from engine.actors.base import Clock, Port
+from engine.actors.effects import Effects, Tell
+from engine.ipc import channels
 from engine.ipc.protocol import encode_request
 
-FRONT_PORT = "front"
 Reply = dict[str, Any] | None  # None: no reply (refused, or past its deadline)
 _decoder = msgspec.msgpack.Decoder()
 
 
 def front_port() -> Port:
     """Monitored: when the front goes, the requests it held are handed back at once (``lost``)."""
-    return Port(FRONT_PORT, DEALER, endpoints.FRONT_INTERNAL, bind=False, immediate=True, reconnect_ivl_ms=10,
-                monitor=True)
+    return Port(channels.FRONT_INTERNAL, bind=False, immediate=True, reconnect_ivl_ms=10, monitor=True)
 
 
 @dataclass
@@ -55,14 +53,15 @@ class FrontRequests:
              **fields: object) -> None:
         request_id = next(self._ids)
         self._pending[request_id] = _Pending(self.clock.mono_ms() + timeout_ms, on_reply)
-        out.append(Forward(FRONT_PORT, [encode_request(op, request_id, **fields)], partial(self._refuse, request_id)))
+        out.append(Tell(channels.FRONT_INTERNAL, None, encode_request(op, request_id, **fields),
+                        partial(self._refuse, request_id)))
 
     def _refuse(self, request_id: int) -> None:
         self._refused.append(request_id)
 
-    def handle_reply(self, frames: list[bytes], out: Effects) -> None:
+    def handle_reply(self, frame: bytes, out: Effects) -> None:
         try:
-            reply = _decoder.decode(frames[-1])
+            reply = _decoder.decode(frame)
         except msgspec.DecodeError:
             return
         pending = self._pending.pop(reply.get("id", 0), None) if isinstance(reply, dict) else None

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 
-from engine.actors.base import SUB, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
-from engine.ipc import endpoints
+from engine.ipc import channels, endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import DispatchBatch, dispatch_decoder
+from engine.ipc.messages import DispatchBatch
+from engine.ipc.wire import Inbound
 from engine.services.log_slices import read_slice
 from engine.services.restart_points import index_restart, index_restart_unclean
 from engine.store.checkpoint import CheckpointError, load_checkpoint
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class IndexBuilderActor(Actor):
     """Takes ``DispatchBatch``es on ``dispatches``; gives no replies."""
 
-    drain_at_stop = ("dispatches",)
+    drain_at_stop = (channels.DISPATCH,)
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -54,7 +55,7 @@ class IndexBuilderActor(Actor):
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
 
     def ports(self) -> list[Port]:
-        return [Port("dispatches", SUB, endpoints.REPUT_PUB, bind=False, subscribe=(endpoints.TOPIC_INDEX,),
+        return [Port(channels.DISPATCH, bind=False, subscribe=(endpoints.TOPIC_INDEX,),
                      hwm=100_000)]
 
     @property
@@ -112,9 +113,10 @@ class IndexBuilderActor(Actor):
         self.stalled = False
         return True
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        assert port == "dispatches"
-        batch: DispatchBatch = dispatch_decoder.decode(frames[1])
+    def handlers(self) -> dict[type, Handler]:
+        return {DispatchBatch: self.on_batch}
+
+    def on_batch(self, batch: DispatchBatch, _inbound: Inbound, out: Effects) -> None:
         if batch.end <= self.applied_offset:
             return
         if batch.start > self.applied_offset:

@@ -30,10 +30,11 @@ from typing import Any
 import msgspec
 
 from engine.actors.base import Clock
-from engine.actors.effects import Effects, Forward
+from engine.actors.effects import Effects, Reply, Tell
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
-from engine.ipc.messages import Append, encoder
+from engine.ipc import channels
+from engine.ipc.messages import PLAIN, Append, Routed
 from engine.ipc.protocol import (
     AckRequest,
     ChangeInvisibleRequest,
@@ -44,6 +45,7 @@ from engine.ipc.protocol import (
     encode_reply,
     encode_request,
 )
+from engine.ipc.wire import Origin
 from engine.metrics.report import Figures
 from engine.names import dead_letter_topic, validate_group
 from engine.services.owned_queues import OwnedQueues
@@ -63,7 +65,6 @@ from engine.services.pull import Subscription, message_array
 from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)
-_PLAIN = b"\x00"
 _TAGS_CACHED_MAX = 65_536  # (group, topic, incarnation) tags kept: past it the cache starts again
 _reply_decoder = msgspec.msgpack.Decoder()
 
@@ -86,7 +87,7 @@ class OwnerPops:
         self.clock = clock
         self.sync_flush = sync_flush
         self.states = PopStates(owned.store_dir, journal_entries_max=config.pop_journal_entries_max)
-        self.held: list[tuple[str, list[bytes]]] = []  # SYNC_FLUSH: replies waiting for their journal sync
+        self.held: list[Reply] = []  # SYNC_FLUSH: replies waiting for their journal sync
         self.rotation: dict[tuple[str, str], int] = {}
         self.dead_letters: dict[bytes, DeadLetter] = {}
         self.dead_letter_ids = itertools.count(1)
@@ -221,20 +222,19 @@ class OwnerPops:
 
     # -- replies and durability -----------------------------------------------------------------
 
-    def reply(self, out: Effects, port: str, frames: list[bytes]) -> None:
+    def reply(self, out: Effects, origin: Origin, reply: bytes) -> None:
         """Send now (ASYNC_FLUSH), or once this turn's journal entries are on disk (SYNC_FLUSH)."""
         if self.sync_flush and self.states.written:
-            self.held.append((port, frames))
+            self.held.append(Reply(origin, reply))
         else:
-            out.send(port, frames)
+            out.reply(origin, reply)
 
     def release(self, out: Effects) -> None:
         """SYNC_FLUSH's group commit: one fdatasync a journal, then every held reply."""
         if self.held or self.states.written:
             if self.sync_flush:
                 self.states.sync()
-            for port, frames in self.held:
-                out.send(port, frames)
+            out.extend(self.held)
             self.held.clear()
 
     def journals_to_flush(self) -> list[Path]:
@@ -284,8 +284,8 @@ class OwnerPops:
         queue.dead_lettering.add(offset)
         self.dead_letters[client] = DeadLetter(queue, offset, generation,
                                                self.clock.mono_ms() + self.config.dead_letter_retry_ms)
-        out.append(Forward("writer", [client, _PLAIN, encoder.encode(Append(0, self.clock.mono_ms(), True)), request],
-                           lambda: None))  # refused: sent again when its deadline passes
+        out.append(Tell(channels.WRITER, Routed(client, PLAIN, Append(0, self.clock.mono_ms(), True)), request,
+                        lambda: None))  # refused: sent again when its deadline passes
 
     def retry_dead_letters(self, out: Effects) -> None:
         now = self.clock.mono_ms()
@@ -296,12 +296,12 @@ class OwnerPops:
                 if self.states.queues.get(letter.queue.key) is letter.queue:
                     self.send_dead_letter(letter.queue, letter.offset, letter.generation, out)
 
-    def on_writer_reply(self, frames: list[bytes]) -> None:
-        """The writer's answer to a dead-letter send: [client id, flag, reply]."""
-        letter = self.dead_letters.pop(frames[0], None)
+    def on_writer_reply(self, client: bytes, reply_frame: bytes) -> None:
+        """The writer's answer to the dead-letter send of ``client``."""
+        letter = self.dead_letters.pop(client, None)
         if letter is None:
             return  # answered after its retry went out
-        reply = _reply_decoder.decode(frames[2])
+        reply = _reply_decoder.decode(reply_frame)
         queue = letter.queue
         queue.dead_lettering.discard(letter.offset)
         if not reply.get("ok") or self.states.queues.get(queue.key) is not queue:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 
 from engine import codec
-from engine.actors.base import PUB, SUB, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
-from engine.ipc import endpoints
-from engine.ipc.messages import DispatchBatch, encoder
+from engine.ipc import channels, endpoints
+from engine.ipc.channels import Channel
+from engine.ipc.messages import DispatchBatch, FlushFailed, Wake
+from engine.ipc.wire import Inbound
 from engine.layout import END_FILE_MIN_BLANK_BYTES
 from engine.services.restart_points import reput_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
@@ -49,11 +51,11 @@ class ReputDispatcherActor(Actor):
         self.log_min_offset = 0
 
     def ports(self) -> list[Port]:
-        wakes = [Port("wakes", SUB, endpoints.WRITER_PUB, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
+        wakes = [Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
         if self.sync_flush:  # readers see only flushed bytes: wake on flushes too
-            wakes.append(Port("flush_wakes", SUB, endpoints.FLUSHER_PUB, bind=False,
+            wakes.append(Port(channels.FLUSHED, bind=False,
                               subscribe=(endpoints.TOPIC_FLUSHED,)))
-        return [Port("dispatches", PUB, endpoints.REPUT_PUB, bind=True,
+        return [Port(channels.DISPATCH, bind=True,
                      hwm=max(self.config.socket_hwm_messages, 100_000)), *wakes]
 
     def recover(self, out: Effects) -> None:
@@ -69,10 +71,13 @@ class ReputDispatcherActor(Actor):
         self.sent_end = [self.reput_offset] * (self.owner_count + 1)  # per owner, then the index
         log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
+    def handlers(self) -> dict[type, Handler]:
+        return {Wake: self.on_wake, FlushFailed: self.on_wake}
+
+    def on_wake(self, _wake: Wake | FlushFailed, _inbound: Inbound, _out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
 
-    def drained(self, port: str, out: Effects) -> None:
+    def drained(self, channel: Channel, out: Effects) -> None:
         self.follow_log()
         self.dispatch(out)
 
@@ -164,7 +169,7 @@ class ReputDispatcherActor(Actor):
         for k, (topic, entries) in enumerate(receivers):
             if entries or tick:
                 batch = DispatchBatch(self.sent_end[k], end, entries)
-                out.send("dispatches", [topic, encoder.encode(batch)])
+                out.publish(channels.DISPATCH, topic, batch)
                 self.sent_end[k] = end
         self.slots.set(DISPATCHED, end)
 

@@ -28,10 +28,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from engine.actors.base import Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
 from engine.errors import ErrorCode
+from engine.ipc.channels import Channel, ClientFrame
+from engine.ipc.wire import Inbound
 from engine.layout import Record, RecordError, java_string_hash
 from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
@@ -424,12 +426,15 @@ class TimerActor(Actor):
     def pending(self) -> int:
         return max(0, self.enqueue_next - self.delivered) + len(self.sources)
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        self.front.handle_reply(frames, out)
+    def handlers(self) -> dict[type, Handler]:
+        return {ClientFrame: self.on_front_reply}
+
+    def on_front_reply(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
+        self.front.handle_reply(inbound.payload, out)
         self.enqueue(out)
         self.deliver(out)
 
-    def connection(self, port: str, up: bool) -> None:
+    def connection(self, channel: Channel, up: bool) -> None:
         if not up:
             self.front.lost()  # handed back at the next tick, their outcome unknown
 

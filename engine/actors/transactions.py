@@ -27,15 +27,17 @@ from __future__ import annotations
 import heapq
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.actors.base import ROUTER, Actor, Env, Port, main
+from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
 from engine.errors import ErrorCode, RequestError
-from engine.ipc import endpoints
-from engine.ipc.messages import EndTransaction, TransactionChecks, transaction_request_decoder
+from engine.ipc import channels
+from engine.ipc.channels import Channel, ClientFrame
+from engine.ipc.messages import EndTransaction, TransactionChecks
 from engine.ipc.protocol import (
     EndTransactionRequest,
     TransactionChecksRequest,
@@ -44,6 +46,7 @@ from engine.ipc.protocol import (
     encode_reply,
     safe_request_id,
 )
+from engine.ipc.wire import Inbound, Origin
 from engine.layout import Record, RecordError, decode_msg_id
 from engine.services.moved_records import MoveSearch
 from engine.store.commit_log import CommitLogReader
@@ -89,13 +92,13 @@ class Op:
 
 @dataclass
 class Waiter:
-    reply_to: list[bytes]
+    reply_to: Origin
     request_id: int
 
 
 @dataclass
 class ParkedChecks:
-    reply_to: list[bytes]
+    reply_to: Origin
     request: TransactionChecksRequest
     deadline_ms: int
 
@@ -155,7 +158,7 @@ class TransactionActor(Actor):
         self.committed = self.rolled_back = self.checks_offered = 0
 
     def ports(self) -> list[Port]:
-        return [front_port(), Port("requests", ROUTER, endpoints.TRANSACTIONS, bind=True)]
+        return [front_port(), Port(channels.TRANSACTIONS, bind=True)]
 
     def recover(self, out: Effects) -> None:
         checkpoint = load_transaction_checkpoint(self.env.store_dir)
@@ -171,22 +174,27 @@ class TransactionActor(Actor):
 
     # -- requests from producers -------------------------------------------------------------
 
-    def handle(self, port: str, frames: list[bytes], out: Effects) -> None:
-        if port == "requests":
-            reply_to, raw = frames[:3], frames[4]
+    def handlers(self) -> dict[type, Handler]:
+        return {EndTransaction: self.answering(self.end_transaction),
+                TransactionChecks: self.answering(self.transaction_checks), ClientFrame: self.on_front_reply}
+
+    def answering(self, serve: Callable[[Origin, bytes, Effects], None]) -> Handler:
+        """A producer's request: a RequestError is its error reply; then the work it may have made."""
+
+        def handler(_order: object, inbound: Inbound, out: Effects) -> None:
+            assert inbound.origin is not None
             try:
-                match transaction_request_decoder.decode(frames[3]):
-                    case EndTransaction():
-                        self.end_transaction(reply_to, raw, out)
-                    case TransactionChecks():
-                        self.transaction_checks(reply_to, raw, out)
+                serve(inbound.origin, inbound.payload, out)
             except RequestError as exc:
-                out.send("requests", [*reply_to, encode_error(safe_request_id(raw), exc.code, exc.message)])
-        else:
-            self.front.handle_reply(frames, out)
+                out.reply(inbound.origin, encode_error(safe_request_id(inbound.payload), exc.code, exc.message))
+            self.work(out)
+        return handler
+
+    def on_front_reply(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
+        self.front.handle_reply(inbound.payload, out)
         self.work(out)
 
-    def end_transaction(self, reply_to: list[bytes], raw: bytes, out: Effects) -> None:
+    def end_transaction(self, reply_to: Origin, raw: bytes, out: Effects) -> None:
         request = decode_request("end_transaction", raw)
         assert isinstance(request, EndTransactionRequest)
         half = self.read_half(request.msg_id, request.producer_group)
@@ -200,7 +208,7 @@ class TransactionActor(Actor):
             if offset in self.waiting:
                 self.waiting[offset].append(waiter)  # its commit is on its way: answered with it
             else:
-                out.send("requests", [*reply_to, encode_reply(request.id, decision=known)])
+                out.reply(reply_to, encode_reply(request.id, decision=known))
             return
         if self.uncertain.get(offset, 0) > self.clock.mono_ms():
             raise RequestError(ErrorCode.BUSY, f"an earlier decision on {request.msg_id} got no answer; whether it "
@@ -249,23 +257,23 @@ class TransactionActor(Actor):
                 first = self.applied.get(offset)
                 if first is not None and first.decision != decision:  # an earlier op (its answer lost) stands
                     for waiter in pending.waiters:
-                        later.send("requests", [*waiter.reply_to, encode_error(
-                            waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first.decision}")])
+                        later.reply(waiter.reply_to, encode_error(
+                            waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first.decision}"))
                     return
                 self.remember(offset, decision)
                 if decision == "commit":  # answered once the op is applied (its message stored)
                     self.waiting.setdefault(offset, []).extend(pending.waiters)
                 else:
                     for waiter in pending.waiters:
-                        later.send("requests", [*waiter.reply_to, encode_reply(waiter.request_id, decision=decision)])
+                        later.reply(waiter.reply_to, encode_reply(waiter.request_id, decision=decision))
                 return
             code, message = (ErrorCode(reply["error"]["code"]), reply["error"]["message"]) if reply is not None \
                 else (ErrorCode.TIMEOUT, "the op record got no answer in time")
             if reply is None:  # stored or not: the op queue tells within this time
                 self.uncertain[offset] = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 3_000
             for waiter in pending.waiters:  # not decided (or, if the op was stored after all, the op queue says so)
-                later.send("requests", [*waiter.reply_to, encode_error(waiter.request_id, code,
-                                                                       f"the decision was not stored: {message}")])
+                later.reply(waiter.reply_to, encode_error(waiter.request_id, code,
+                                                          f"the decision was not stored: {message}"))
 
         self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=OP_HALF_TOPIC, queue_id=0,
                         messages=[op])
@@ -282,12 +290,12 @@ class TransactionActor(Actor):
             self.decided[offset] = decision  # its half is read later: it is not offered to checks
             self.changed = True
 
-    def transaction_checks(self, reply_to: list[bytes], raw: bytes, out: Effects) -> None:
+    def transaction_checks(self, reply_to: Origin, raw: bytes, out: Effects) -> None:
         request = decode_request("transaction_checks", raw)
         assert isinstance(request, TransactionChecksRequest)
         views = self.take_offered(request.producer_group, request.max_messages)
         if views or request.max_wait_ms == 0:
-            out.send("requests", [*reply_to, encode_reply(request.id, checks=views)])
+            out.reply(reply_to, encode_reply(request.id, checks=views))
             return
         wait = min(request.max_wait_ms, self.config.long_poll_wait_ms_max)
         self.parked.append(ParkedChecks(reply_to, request, self.clock.mono_ms() + wait))
@@ -425,7 +433,7 @@ class TransactionActor(Actor):
         for waiter in self.waiting.pop(offset, []):
             reply = encode_reply(waiter.request_id, decision="commit") if decision == "commit" else encode_error(
                 waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"the half message at {offset} was rolled back")
-            out.send("requests", [*waiter.reply_to, reply])
+            out.reply(waiter.reply_to, reply)
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -471,7 +479,7 @@ class TransactionActor(Actor):
         for parked in self.parked:
             views = self.take_offered(parked.request.producer_group, parked.request.max_messages)
             if views or parked.deadline_ms <= now:
-                out.send("requests", [*parked.reply_to, encode_reply(parked.request.id, checks=views)])
+                out.reply(parked.reply_to, encode_reply(parked.request.id, checks=views))
             else:
                 kept.append(parked)
         self.parked = kept
@@ -508,7 +516,7 @@ class TransactionActor(Actor):
     def work_backlog(self, out: Effects) -> None:
         self.work(out)
 
-    def connection(self, port: str, up: bool) -> None:
+    def connection(self, channel: Channel, up: bool) -> None:
         if not up:
             self.front.lost()  # handed back at the next tick, their outcome unknown
 

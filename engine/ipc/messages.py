@@ -2,9 +2,12 @@
 
 Bodies never cross these sockets: what moves is offsets and small metadata;
 message bytes stay in the mmap'd CommitLog. A client request is forwarded as
-it came (see ``protocol.py``), behind a typed envelope that says what the
-receiver is asked to do: the receiver routes on the envelope's type, never on
-a string.
+it came (see ``protocol.py``), behind a typed envelope, ``Routed``, whose
+``order`` says what the receiver is asked to do; the answer comes back behind
+an ``Answered``. The receiver's handler is chosen by the order's type, never by
+a string. Which channel carries which message, each way, is declared in
+``engine/ipc/channels.py``; the frames are laid out in one place,
+``engine/ipc/wire.py``.
 
 Facts that only grow (how far the log is confirmed, flushed, applied) travel
 in the shared offset slots (``engine/store/shared_offsets.py``); a ``Wake``
@@ -12,14 +15,6 @@ only tells readers to look at them again. ``docs/design.md`` has the table of
 facts and channels.
 
 Each docstring says sender -> receiver, the socket pattern and the reply.
-
-Frames, front -> writer or owner (DEALER to ROUTER)::
-
-    [client id, REQ flag, envelope (one of ``WriterRequest`` / ``OwnerRequest``), client request]
-
-and back: ``[client id, REQ flag, client reply]``, plus a ``TopicDeletion``
-frame when the writer answers a ``DeleteTopic``; an owner that passes a pop on sends
-``[client id, REQ flag, client request, PopElsewhere]``.
 """
 
 from __future__ import annotations
@@ -147,6 +142,37 @@ class TransactionChecks(msgspec.Struct, array_like=True, tag="transaction_checks
 
 
 TransactionRequest = EndTransaction | TransactionChecks
+Order = WriterRequest | OwnerRequest | TransactionRequest
+
+# -- the envelopes ---------------------------------------------------------------------------------
+
+PLAIN, REQ, INTERNAL = 0, 1, 2  # how the client framed its request: DEALER, REQ, or an actor on the internal port
+
+
+class Routed(msgspec.Struct, array_like=True, tag="routed"):
+    """front (an owner, for its dead letters) -> writer, owner or transaction actor (DEALER to ROUTER),
+    before the client's request frame: do ``order`` with it, for ``client``.
+
+    ``client`` and ``flag`` say whom the front answers, and how it frames the answer
+    (``PLAIN``: a DEALER client; ``REQ``: with the empty delimiter; ``INTERNAL``: on the internal
+    port). The receiver gives both back in its ``Answered``.
+    """
+
+    client: bytes
+    flag: int
+    order: Order
+
+
+class Answered(msgspec.Struct, array_like=True, tag="answered"):
+    """writer, owner or transaction actor -> its requester, before the client reply frame: the
+    answer to a ``Routed`` for ``client``. ``note`` is for the requester itself: the writer's
+    ``TopicDeletion``; an owner's ``PopElsewhere``, when the frame after it is the client's pop,
+    handed back."""
+
+    client: bytes
+    flag: int
+    note: TopicDeletion | PopElsewhere | None = None
+
 
 # -- progress of the log --------------------------------------------------------------------------
 
@@ -165,8 +191,6 @@ class FlushFailed(msgspec.Struct, array_like=True, tag="flush_failed"):
 
     reason: str
 
-
-Progress = Wake | FlushFailed
 
 class DispatchEntry(msgspec.Struct, array_like=True):
     """One record as the reput dispatcher found it in the log."""
@@ -262,12 +286,8 @@ class Event(msgspec.Struct, tag="event"):
 
 
 encoder = msgspec.msgpack.Encoder()
-writer_request_decoder = msgspec.msgpack.Decoder(WriterRequest)
-owner_request_decoder = msgspec.msgpack.Decoder(OwnerRequest)
-transaction_request_decoder = msgspec.msgpack.Decoder(TransactionRequest)
-backend_note_decoder = msgspec.msgpack.Decoder(TopicDeletion | PopElsewhere)
-progress_decoder = msgspec.msgpack.Decoder(Progress)
-dispatch_decoder = msgspec.msgpack.Decoder(DispatchBatch)
+routed_decoder = msgspec.msgpack.Decoder(Routed)
+answered_decoder = msgspec.msgpack.Decoder(Answered)
 heartbeat_decoder = msgspec.msgpack.Decoder(Heartbeat)
 control_request_decoder = msgspec.msgpack.Decoder(ControlRequest)
 control_reply_decoder = msgspec.msgpack.Decoder(ControlReply)

@@ -13,7 +13,7 @@ numeric ``code`` (``engine.errors.ErrorCode``), its ``name`` and a message.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar, cast
 
 import msgspec
 from msgspec import Meta
@@ -197,6 +197,9 @@ class TransactionChecksRequest(_Request, kw_only=True):
     max_wait_ms: Annotated[int, Meta(ge=0)] = 0
 
 
+RequestT = TypeVar("RequestT", bound=_Request)
+
+
 class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
@@ -226,7 +229,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
 assert tuple(REQUEST_TYPES) == OPS
 
 _envelope_decoder = msgspec.msgpack.Decoder(Envelope)
-_decoders = {op: msgspec.msgpack.Decoder(cls) for op, cls in REQUEST_TYPES.items()}
+_decoders_by_kind = {cls: msgspec.msgpack.Decoder(cls) for cls in set(REQUEST_TYPES.values())}
 _encoder = msgspec.msgpack.Encoder()
 
 # msgspec raises more than DecodeError on hostile input: UnicodeDecodeError for
@@ -248,14 +251,19 @@ def decode_envelope(frame: bytes | memoryview) -> Envelope:
     if envelope.v != PROTOCOL_VERSION:
         raise RequestError(ErrorCode.UNSUPPORTED_VERSION, f"protocol version {envelope.v} is not supported; "
                                                           f"this engine speaks {PROTOCOL_VERSION}")
-    if envelope.op not in _decoders:
+    if envelope.op not in REQUEST_TYPES:
         raise RequestError(ErrorCode.UNKNOWN_OP, f"unknown op {envelope.op!r}; known ops: {', '.join(OPS)}")
     return envelope
 
 
 def decode_request(op: str, frame: bytes | memoryview) -> _Request:
+    return decode_as(REQUEST_TYPES[op], frame)
+
+
+def decode_as(kind: type[RequestT], frame: bytes | memoryview) -> RequestT:
+    """The request ``frame`` holds, as ``kind``; RequestError if it is not one."""
     try:
-        return _decoders[op].decode(frame)
+        return cast(RequestT, _decoders_by_kind[kind].decode(frame))
     except msgspec.ValidationError as exc:
         raise RequestError(ErrorCode.INVALID_FIELD, str(exc)) from None
     except _DECODE_ERRORS as exc:

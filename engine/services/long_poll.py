@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from engine.ipc.protocol import PopRequest, PullRequest
+from engine.ipc.wire import Origin
 
 QueueKey = tuple[str, int]
 
@@ -24,7 +25,7 @@ class ParkedPull:
 
     deadline_ms: int
     seq: int
-    reply_to: list[bytes] = field(compare=False)
+    reply_to: Origin = field(compare=False)
     request: PullRequest | PopRequest = field(compare=False)
     keys: tuple[QueueKey, ...] = field(compare=False, default=())
     queue_ids: list[int] = field(compare=False, default_factory=list)  # a pop's queues
@@ -42,7 +43,7 @@ class LongPolls:
     def __len__(self) -> int:
         return self.count
 
-    def park(self, reply_to: list[bytes], request: PullRequest | PopRequest, *, now_ms: int,
+    def park(self, reply_to: Origin, request: PullRequest | PopRequest, *, now_ms: int,
              deadline_ms: int | None = None, queue_ids: list[int] | None = None) -> bool:
         """Park a pull (or a pop over ``queue_ids``); False when too many are parked (it is then
         answered at once)."""

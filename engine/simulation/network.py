@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.actors.base import DEALER, PUB, ROUTER, SUB, Port
-from engine.actors.effects import Forward, Send
+from engine.actors.effects import Publish, Reply, Tell
+from engine.ipc import channels, wire
 
 CLIENT = "client"  # the name the simulated clients go by
 
@@ -43,6 +44,8 @@ class Network:
         self.publications_lost = 0
 
     def attach(self, actor: str, ports: list[Port]) -> None:
+        for port in ports:
+            assert port.channel.opened_by(actor, bind=port.bind), f"{actor} may not open {port.channel.name}"
         self.ports[actor] = {port.name: port for port in ports}
         self.up.add(actor)
 
@@ -63,10 +66,17 @@ class Network:
         if receiver in self.up:
             self.queues.setdefault((receiver, port, sender), deque()).append(frames)
 
-    def carry(self, sender: str, effect: Send | Forward) -> bool:
-        """Deliver one ``Send`` or ``Forward`` of ``sender``; False if a Forward's peer is down."""
-        port = self.ports[sender][effect.port]
-        frames = effect.frames
+    def carry(self, sender: str, effect: Reply | Tell | Publish) -> bool:
+        """Deliver one effect of ``sender``, its frames laid out as the runtime lays them
+        (``engine/ipc/wire.py``); False if a Tell's peer is down."""
+        if isinstance(effect, Reply):
+            channel, frames = effect.origin.channel, wire.reply_frames(*effect)
+        elif isinstance(effect, Tell):
+            channel, frames = effect.channel, wire.request_frames(*effect[:3])
+        else:
+            channel, frames = effect.channel, wire.publication_frames(*effect)
+        port = self.ports[sender][channel.name]
+        assert port.channel is channel, (sender, channel.name)
         if port.kind == DEALER:
             peer = self.bound(port.endpoint)
             if peer is None:
@@ -74,7 +84,7 @@ class Network:
             self.push(peer.actor, peer.port, sender, [sender.encode(), *frames])
         elif port.kind == ROUTER:
             identity, rest = frames[0].decode(), frames[1:]
-            if effect.port == "clients":
+            if channel is channels.CLIENTS:
                 self.to_client(rest if rest[0] != b"" else rest[1:])
             elif identity in self.up:
                 dealer = next(p for p in self.ports[identity].values()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.actors.base import Actor, Clock, Env
-from engine.actors.effects import Effects, Exit, Forward, Send
+from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
@@ -192,9 +192,9 @@ class World:
                 if not port.monitor or port.bind:
                     continue
                 if other != name and port.endpoint in bound:
-                    actor.connection(port.name, up)
+                    actor.connection(port.channel, up)
                 elif other == name and up and self.network.bound(port.endpoint) is not None:
-                    actor.connection(port.name, True)
+                    actor.connection(port.channel, True)
 
     def power_cut(self) -> None:
         for name in list(self.actors):
@@ -220,15 +220,16 @@ class World:
         actor = self.actors[name]
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         out = Effects()
-        for port in actor.drain_at_stop:
-            for key in [key for key in self.network.busy() if key[:2] == (name, port)]:
+        for channel in actor.drain_at_stop:
+            port = self.network.ports[name][channel.name]
+            for key in [key for key in self.network.busy() if key[:2] == (name, channel.name)]:
                 for frames in self.network.take(key, len(self.network.queues.get(key, ()))):
-                    actor.handle(port, frames, out)
+                    actor.take(port, frames, out)
                     self.counts.deliveries += 1
                     self.carry_out(name, out)
                     if name not in self.actors:
                         return  # it exited (an Exit effect): killed, not stopped
-            actor.drained(port, out)
+            actor.drained(channel, out)
             self.carry_out(name, out)
             if name not in self.actors:
                 return
@@ -274,11 +275,12 @@ class World:
         for name in self.rng.sample(sorted(self.actors), len(self.actors)):
             actor, out = self.actors[name], Effects()
             actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
-            for port in actor.drain_at_stop:
-                for key in [key for key in self.network.busy() if key[:2] == (name, port)]:
+            for channel in actor.drain_at_stop:
+                port = self.network.ports[name][channel.name]
+                for key in [key for key in self.network.busy() if key[:2] == (name, channel.name)]:
                     for frames in self.network.take(key, len(self.network.queues[key])):
-                        actor.handle(port, frames, out)
-                actor.drained(port, out)
+                        actor.take(port, frames, out)
+                actor.drained(channel, out)
             actor.shutdown(out)
             self.carry_out(name, out)
             self.trace(f"{name} stops (the supervisor died)")
@@ -302,13 +304,12 @@ class World:
                 self.trace(f"{name} exits: {effect.reason}")
                 self.kill(name)
                 return
-            if isinstance(effect, Forward):
+            if isinstance(effect, Tell):
                 if not self.network.carry(name, effect):
                     refusal = effect.refused()
                     if refusal is not None:
                         self.network.carry(name, refusal)
             else:
-                assert isinstance(effect, Send)
                 self.network.carry(name, effect)
         out.clear()
 
@@ -329,13 +330,14 @@ class World:
         if not busy:
             return False
         key = busy[self.rng.randrange(len(busy))]
-        receiver, port, _sender = key
+        receiver, port_name, _sender = key
         actor = self.actors[receiver]
+        port = self.network.ports[receiver][port_name]
         out = Effects()
         for frames in self.network.take(key, self.rng.randint(1, DELIVERIES_PER_STEP_MAX)):
-            actor.handle(port, frames, out)
+            actor.take(port, frames, out)
             self.counts.deliveries += 1
-        actor.drained(port, out)
+        actor.drained(port.channel, out)
         self.carry_out(receiver, out, may_die=may_die and self.rng.random() < 0.05)
         return True
 
