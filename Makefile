@@ -66,7 +66,8 @@ clients: system-tools
 	else echo "note: the Node clients are not installed (node and npm, Node 18 or later, needed)"; fi
 
 # Lint, types and the import rules of the package map are part of the tests: ruff's rules, mypy's
-# settings and import-linter's contracts are in pyproject.toml.
+# settings and import-linter's contracts are in pyproject.toml. The one mypy run holds the store core
+# to --strict's flags too (the per-module overrides there say which modules and why).
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check engine supervisor rmqpy harness tests scripts
 	$(PY) -m mypy engine supervisor rmqpy harness

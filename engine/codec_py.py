@@ -13,6 +13,8 @@ at a record it cannot dispatch and ``read_view`` returns None, and the caller as
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import msgspec
 
@@ -33,8 +35,10 @@ from engine.layout import (
     PROPERTY_UNIQ_KEY,
     TOTAL_SIZE_AND_MAGIC,
     HostAddress,
+    ReadBuffer,
     RecordError,
     RecordFields,
+    WriteBuffer,
     decode_record,
     encode_record_into,
     encoded_size,
@@ -52,6 +56,35 @@ SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine
 # A ``DispatchEntry``'s fields as a tuple (see ``scan_dispatch``).
 DispatchTuple = tuple[str, int, int, int, int, int, int, list[str]]
 
+# One record for ``encode_records``: (body, encoded properties, flag, born_timestamp_ms) as
+# ``build_items`` makes it, or with sys_flag and prepared_transaction_offset after those.
+SendItem = tuple[bytes, bytes, int, int]
+RecordItem = SendItem | tuple[bytes | memoryview, bytes, int, int, int, int]
+
+# A record as a reply's message map (``read_view``): ``engine.ipc.protocol.MessageView``'s
+# fields by name. A plain dict and not a TypedDict, for now: the compiled codec builds it, the
+# reply encoder takes it as it is, and the actors that serve it add fields of their replies
+# (a transaction check's ``check_times``) and hand it on as ``dict[str, Any]``.
+MessageMap = dict[str, Any]
+
+
+class ClientMessage(Protocol):
+    """One message of a send as the client gave it (``engine.ipc.protocol.SendMessage`` is one):
+    the codec and the store read these fields and do not import the wire protocol."""
+
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def tags(self) -> str | None: ...
+    @property
+    def keys(self) -> Sequence[str]: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+    @property
+    def flag(self) -> int: ...
+    @property
+    def born_timestamp(self) -> int | None: ...
+
 _HIDDEN_PROPERTIES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
 
 
@@ -66,9 +99,9 @@ def owner_index(topic: str, queue_id: int, owner_count: int) -> int:
     return (zlib.crc32(f"{topic}".encode()) + queue_id) % owner_count
 
 
-def encode_records(buf, pos: int, base_offset: int, topic: bytes, queue_id: int, first_queue_offset: int,
+def encode_records(buf: WriteBuffer, pos: int, base_offset: int, topic: bytes, queue_id: int, first_queue_offset: int,
                    store_timestamp_ms: int, store_host: HostAddress, born_host: HostAddress,
-                   with_record_crc: bool, items: list[tuple]) -> tuple[list[int], int]:
+                   with_record_crc: bool, items: Sequence[RecordItem]) -> tuple[list[int], int]:
     """Encode a batch of records for one queue at ``buf[pos:]``.
 
     ``items`` are ``(body, properties, flag, born_timestamp_ms)`` with the properties
@@ -94,8 +127,8 @@ def encode_records(buf, pos: int, base_offset: int, topic: bytes, queue_id: int,
     return offsets, pos
 
 
-def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
-                  owner_count: int) -> tuple[list[list[tuple]], list[tuple], int, int, int]:
+def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_records: int,
+                  owner_count: int) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int, int, int]:
     """Parse records from ``buf[pos:limit]`` for dispatch, without CRC checks.
 
     Returns ``(per_owner, for_index, count, pos, stop)``: per owner the entries of its
@@ -105,8 +138,8 @@ def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
     store_timestamp, keys); owners get it with no keys, the index with the UNIQ_KEY
     first, then the user keys.
     """
-    per_owner: list[list[tuple]] = [[] for _ in range(owner_count)]
-    for_index: list[tuple] = []
+    per_owner: list[list[DispatchTuple]] = [[] for _ in range(owner_count)]
+    for_index: list[DispatchTuple] = []
     count = 0
     size_bytes = len(buf)
     while count < max_records:
@@ -135,7 +168,8 @@ def scan_dispatch(buf, pos: int, limit: int, base_offset: int, max_records: int,
     return per_owner, for_index, count, pos, SCAN_MORE
 
 
-def read_view(buf, pos: int, limit: int, base_offset: int, check_crc: bool, require_record_crc: bool) -> dict | None:
+def read_view(buf: ReadBuffer, pos: int, limit: int, base_offset: int, check_crc: bool,
+              require_record_crc: bool) -> MessageMap | None:
     """The record at ``buf[pos:]`` as a reply's message map (``MessageView``'s fields, in
     order); None if it fails any check."""
     try:
@@ -158,7 +192,7 @@ def read_view(buf, pos: int, limit: int, base_offset: int, check_crc: bool, requ
 
 
 
-def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str, keys: list[str],
+def index_put_keys(buf: WriteBuffer, hash_slot_count: int, index_count_max: int, prefix: str, keys: list[str],
                    commit_log_offset: int, store_timestamp_ms: int) -> int:
     """IndexFile#putKey for ``prefix + key`` of every key, in the index file mapped at ``buf``.
 
@@ -194,7 +228,7 @@ def index_put_keys(buf, hash_slot_count: int, index_count_max: int, prefix: str,
     return added
 
 
-def index_header(buf) -> tuple[int, int, int, int, int, int]:
+def index_header(buf: ReadBuffer) -> tuple[int, int, int, int, int, int]:
     """The IndexFile header: begin ts, end ts, begin phy, end phy, slots used, count.
 
     The compiled twin loads the count with acquire, then the rest whole; the writer's twin
@@ -206,8 +240,8 @@ def index_header(buf) -> tuple[int, int, int, int, int, int]:
     return INDEX_HEADER.unpack_from(buf, 0)
 
 
-def index_select(buf, hash_slot_count: int, index_count_max: int, index_count: int, key_hash: int, begin_ts: int,
-                 count_max: int, begin_ms: int, end_ms: int) -> list[int]:
+def index_select(buf: ReadBuffer, hash_slot_count: int, index_count_max: int, index_count: int, key_hash: int,
+                 begin_ts: int, count_max: int, begin_ms: int, end_ms: int) -> list[int]:
     """Commit log offsets of the items in ``key_hash``'s chain, newest first (IndexFile#selectPhyOffset).
 
     ``index_count`` and ``begin_ts`` come from a header read before this call (``index_header``):
@@ -240,9 +274,9 @@ _BLANK_UNIT_SIZE = 0x7FFFFFFF  # consume_queue.BLANK_UNIT_SIZE: a hole left by a
 _encoder = msgspec.msgpack.Encoder()
 
 
-def pull_run(units, units_pos: int, unit_count: int, segment, segment_start: int, visible_end: int,
-             log_min: int, topic: str, queue_id: int, queue_offset: int, max_bytes: int, taken_bytes: int,
-             require_record_crc: bool) -> tuple[bytes, int, int]:
+def pull_run(units: ReadBuffer, units_pos: int, unit_count: int, segment: ReadBuffer, segment_start: int,
+             visible_end: int, log_min: int, topic: str, queue_id: int, queue_offset: int, max_bytes: int,
+             taken_bytes: int, require_record_crc: bool) -> tuple[bytes, int, int]:
     """Serve the plain run of an unfiltered pull: msgpack message maps, straight from the log.
 
     Walks ``unit_count`` ConsumeQueue units from ``units[units_pos:]`` (queue offsets from
@@ -287,7 +321,7 @@ def pull_run(units, units_pos: int, unit_count: int, segment, segment_start: int
     return b"".join(maps), len(maps), taken_bytes
 
 
-def _plain_text(segment, pos: int, size: int, segment_start: int) -> bool:
+def _plain_text(segment: ReadBuffer, pos: int, size: int, segment_start: int) -> bool:
     """The record's properties block is valid UTF-8 and names no property twice."""
     raw = bytes(decode_record(segment, pos, limit=pos + size, base_offset=segment_start,
                               check_crc=False).properties_raw)
@@ -303,8 +337,8 @@ def _plain_text(segment, pos: int, size: int, segment_start: int) -> bool:
 _RESERVED_NAMES = (PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_CRC32)
 
 
-def build_items(messages: list, body_bytes_max: int, properties_bytes_max: int, uniq_keys: list[str],
-                now_ms: int) -> tuple[list[tuple] | None, int]:
+def build_items(messages: Sequence[ClientMessage], body_bytes_max: int, properties_bytes_max: int,
+                uniq_keys: list[str], now_ms: int) -> tuple[list[SendItem] | None, int]:
     """Validate a batch of ``SendMessage``s and encode their properties, as the writer stores them.
 
     Returns ``(items, payload_bytes)``: per message ``(body, properties, flag,

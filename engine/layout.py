@@ -355,10 +355,15 @@ class RecordError(ValueError):
         return self.reason not in NO_RECORD_REASONS
 
 
+# The fixed header's fields as ``record_header(sys_flag).unpack_from`` returns them: the hosts'
+# ips are bytes (4 or 16), every other field an int, in the order of the drawing above.
+RecordHeaderFields = tuple[int, int, int, int, int, int, int, int, int, bytes, int, int, bytes, int, int, int]
+
+
 class _Layout(NamedTuple):
     """Where the variable parts of a structurally valid record lie."""
 
-    header: tuple
+    header: RecordHeaderFields
     body_at: int
     body_len: int
     topic_at: int
@@ -375,7 +380,7 @@ def _layout(buf: ReadBuffer, pos: int, limit: int, here: int) -> _Layout:
     header_struct = record_header(sys_flag)
     if pos + header_struct.size + BODY_LEN.size > limit:
         raise RecordError("truncated header", here)
-    header = header_struct.unpack_from(buf, pos)
+    header: RecordHeaderFields = header_struct.unpack_from(buf, pos)
     size, magic, _body_crc, _queue_id, _flag, _queue_offset, commit_log_offset = header[:7]
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise RecordError("bad magic", here)

@@ -46,9 +46,14 @@ def supervisor_state(store_dir: Path) -> dict[str, object]:
     return state
 
 
+# psutil ships no types: its process status and STATUS_* constants are str.
+_STATUS_ZOMBIE: str = psutil.STATUS_ZOMBIE
+
+
 def _alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        status: str = psutil.Process(pid).status()
+        return status != _STATUS_ZOMBIE
     except psutil.Error:
         return False
 
@@ -88,7 +93,7 @@ def find_engine(store_dir: Path | None, endpoint: str | None, *, default_store: 
 def control(store_dir: Path, request: ControlRequest, *, timeout_ms: int = 5000) -> ControlReply:
     """Send one control request (``StatusQuery``, ``StopCommand``, ``KillCommand``) and wait for the reply."""
     supervisor_state(store_dir)
-    ctx: zmq.Context = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = endpoints.configure(ctx.socket(zmq.DEALER), hwm=16)
     try:
         sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_CONTROL))
@@ -108,7 +113,8 @@ class EventStream:
     """
 
     def __init__(self, store_dir: Path) -> None:
-        self.sock = endpoints.configure(zmq.Context.instance().socket(zmq.SUB), hwm=100_000)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sock = endpoints.configure(ctx.socket(zmq.SUB), hwm=100_000)
         self.sock.setsockopt(zmq.SUBSCRIBE, endpoints.TOPIC_EVENT)
         self.sock.connect(endpoints.ipc(endpoints.run_dir_for(store_dir), endpoints.SUPERVISOR_EVENTS))
         self.seen: list[Event] = []

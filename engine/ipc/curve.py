@@ -44,7 +44,7 @@ class CurveKeys:
             raise ValueError(f"{client_secret_file} holds no secret key (use the .key_secret file)")
         return cls(server_public.decode(), public.decode(), secret.decode())
 
-    def apply(self, sock: zmq.Socket) -> None:
+    def apply(self, sock: zmq.Socket[object]) -> None:
         sock.curve_serverkey = self.server_public_key.encode()
         sock.curve_publickey = self.public_key.encode()
         sock.curve_secretkey = self.secret_key.encode()
@@ -93,7 +93,7 @@ def secret_keys_in(directory: str | Path) -> list[str]:
 class CurveServer:
     """Makes a ROUTER a CURVE server and runs the ZAP allow-list beside it."""
 
-    def __init__(self, context: zmq.Context, secret_file: str, authorized_keys_dir: str) -> None:
+    def __init__(self, context: zmq.Context[zmq.Socket[object]], secret_file: str, authorized_keys_dir: str) -> None:
         self.public, self.secret = load_server_keys(secret_file)
         self.authorized_keys_dir = authorized_keys_dir
         self.authenticator = ThreadAuthenticator(context)
@@ -101,7 +101,7 @@ class CurveServer:
         self._allow_list_mtime_ns = -1
         self.reload_allow_list()
 
-    def secure(self, sock: zmq.Socket) -> None:
+    def secure(self, sock: zmq.Socket[object]) -> None:
         """Call before ``bind``."""
         sock.curve_server = True
         sock.curve_publickey = self.public

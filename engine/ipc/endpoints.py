@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import zmq
 
@@ -59,7 +60,11 @@ def ipc(run_dir: Path, name: str) -> str:
     return f"ipc://{run_dir / name}"
 
 
-def configure(sock: zmq.Socket, *, hwm: int, max_message_bytes: int = -1) -> zmq.Socket:
+# Any socket, blocking or asyncio (whatever its recv returns): the options below are the same.
+SocketT = TypeVar("SocketT", bound="zmq.Socket[object]")
+
+
+def configure(sock: SocketT, *, hwm: int, max_message_bytes: int = -1) -> SocketT:
     """Options every socket gets: no linger at close, bounded queues."""
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -69,7 +74,7 @@ def configure(sock: zmq.Socket, *, hwm: int, max_message_bytes: int = -1) -> zmq
     return sock
 
 
-def allow_ipv6(sock: zmq.Socket, address: str) -> zmq.Socket:
+def allow_ipv6(sock: SocketT, address: str) -> SocketT:
     """IPv6 on for a ``tcp://[v6 address]:port`` endpoint: without it ZeroMQ refuses to bind one
     ("No such device") and never connects to one. Left off otherwise, so that a host name such
     as ``localhost`` keeps resolving to the IPv4 address an engine bound on 127.0.0.1 listens on."""
@@ -85,6 +90,7 @@ class NotRunning(RuntimeError):
 def read_engine_state(store_dir: Path) -> dict[str, object]:
     """pid, endpoint and store of the engine running on ``store_dir``; NotRunning if none."""
     try:
-        return json.loads((run_dir_for(store_dir) / ENGINE_STATE_FILE).read_text())
+        state: dict[str, object] = json.loads((run_dir_for(store_dir) / ENGINE_STATE_FILE).read_text())
+        return state  # decoded JSON: the object the supervisor writes (supervisor.supervisor)
     except (FileNotFoundError, json.JSONDecodeError):
         raise NotRunning(f"no engine is running on {store_dir}") from None

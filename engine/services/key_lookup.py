@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.codec_py import MessageMap
 from engine.config import StoreConfig
 from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_reply
 from engine.layout import RecordError
@@ -64,7 +65,7 @@ class KeyLookup:
         candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
                                       begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
         log_min = self.reader.min_offset()
-        messages: list[dict] = []
+        messages: list[MessageMap] = []
         reply_bytes = 0
         for offset in candidates:  # newest first: a capped answer keeps the newest matches
             if not log_min <= offset < visible_end or self.deleted_topics.hides(request.topic, offset):

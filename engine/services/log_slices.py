@@ -25,8 +25,8 @@ _RECORDS_PER_CALL = 4_096  # records one codec call walks at most (the slice's e
 class LogSlice:
     """Entries as ``DispatchEntry`` tuples (``codec_py.scan_dispatch``), in log order."""
 
-    per_owner: list[list[tuple]]
-    for_index: list[tuple] = field(default_factory=list)
+    per_owner: list[list[DispatchTuple]]
+    for_index: list[DispatchTuple] = field(default_factory=list)
     end: int = 0  # the offset after the last record (or damage) read
 
 

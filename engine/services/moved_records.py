@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 
+from engine.codec_py import DispatchTuple
 from engine.layout import RecordError
 from engine.services.log_slices import read_slice
 from engine.store.commit_log import CommitLogReader
@@ -69,7 +70,7 @@ class MoveSearch:
             self._look_closer(piece.per_owner[0])
         self.position = self.clean_to = piece.end
 
-    def _look_closer(self, entries: list[tuple]) -> None:
+    def _look_closer(self, entries: list[DispatchTuple]) -> None:
         """Decode the records whose bytes hold the mark (a body may hold it too: the decode says)."""
         starts = [entry[3] for entry in entries]
         offset, last_end = starts[0], entries[-1][3] + entries[-1][4]

@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from engine import codec
+from engine.codec_py import MessageMap, RecordItem
 from engine.layout import (
     CRC32_PROPERTY_PREFIX,
     CRC32_RESERVED_BYTES,
@@ -133,7 +134,7 @@ class CommitLogReader:
         return verify_record(segment.mm, offset - segment.start_offset, limit=end, base_offset=segment.start_offset,
                              require_record_crc=self.require_record_crc)
 
-    def read_view(self, offset: int, *, limit: int, check_crc: bool = True) -> dict:
+    def read_view(self, offset: int, *, limit: int, check_crc: bool = True) -> MessageMap:
         """The record at ``offset`` as a reply's message map (``codec.read_view``), every check
         done unless ``check_crc`` is off; RecordError if it is damaged or reaches past ``limit``."""
         segment = self._holding(offset)
@@ -398,7 +399,7 @@ class CommitLogWriter:
                                  batch_bytes=self.batch_size(records), first_queue_offset=first_queue_offset,
                                  store_timestamp_ms=store_timestamp_ms)
 
-    def append_items(self, topic: bytes, queue_id: int, items: list[tuple], *, born_host: HostAddress,
+    def append_items(self, topic: bytes, queue_id: int, items: Sequence[RecordItem], *, born_host: HostAddress,
                      batch_bytes: int, first_queue_offset: int, store_timestamp_ms: int) -> AppendResult:
         """Append ``(body, properties, flag, born_timestamp_ms)`` items (``records.build_items``)
         for one queue, ``batch_bytes`` in all; queue offsets run from ``first_queue_offset``."""

@@ -7,10 +7,11 @@ a reply carries it, is ``codec.read_view``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from engine import codec
+from engine.codec_py import ClientMessage, RecordItem
 from engine.errors import ErrorCode, RequestError
 from engine.layout import (
     CRC32_RESERVED_BYTES,
@@ -29,23 +30,6 @@ _TAGS = PROPERTY_TAGS + NAME_VALUE_SEPARATOR  # each entry is name \x01 value \x
 _KEYS = PROPERTY_KEYS + NAME_VALUE_SEPARATOR
 _UNIQ_KEY = PROPERTY_UNIQ_KEY + NAME_VALUE_SEPARATOR
 _END = PROPERTY_SEPARATOR
-
-
-class ClientMessage(Protocol):
-    """One message of a send as the client gave it (``engine.ipc.protocol.SendMessage`` is one):
-    the store reads these fields and does not import the wire protocol."""
-
-    @property
-    def body(self) -> bytes: ...
-    @property
-    def tags(self) -> str | None: ...
-    @property
-    def keys(self) -> Sequence[str]: ...
-    @property
-    def properties(self) -> Mapping[str, str]: ...
-
-
-Message = TypeVar("Message", bound=ClientMessage)
 
 
 class RecordLimits(Protocol):
@@ -82,11 +66,11 @@ def _check_text(what: str, value: str) -> None:
 class BatchItems(NamedTuple):
     """A validated batch, ready for ``CommitLogWriter.append_items``."""
 
-    items: list[tuple]      # (body, encoded properties, flag, born timestamp ms) per message
-    payload_bytes: int      # the bodies and encoded properties, summed
+    items: Sequence[RecordItem]  # (body, encoded properties, flag, born timestamp ms) per message
+    payload_bytes: int           # the bodies and encoded properties, summed
 
 
-def build_items(messages: list[Message], *, config: RecordLimits, uniq_keys: UniqKeys,
+def build_items(messages: Sequence[ClientMessage], *, config: RecordLimits, uniq_keys: UniqKeys,
                 now_ms: int) -> BatchItems:
     """Validate every message of a batch (all or nothing: RequestError names the first refusal)."""
     items, payload = codec.build_items(messages, config.message_body_bytes_max, config.properties_bytes_max,

@@ -61,7 +61,8 @@ class SharedOffsets:
             os.close(fd)
 
     def get(self, slot: int) -> int:
-        return SLOT.unpack_from(self.mm, slot * SLOT.size)[0]
+        value: int = SLOT.unpack_from(self.mm, slot * SLOT.size)[0]
+        return value
 
     def set(self, slot: int, value: int) -> None:
         SLOT.pack_into(self.mm, slot * SLOT.size, value)
