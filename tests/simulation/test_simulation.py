@@ -198,11 +198,12 @@ def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPat
 def test_a_timer_that_forgets_its_moves_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The timer's restart rule broken on purpose: it never looks in the log for the moves it made
     before a kill (or a lost reply), so it delivers some messages twice."""
-    from engine.actors.timer import TimerActor
+    from engine.services.timer_delivery import TimerDelivery
 
-    def never_look(self: TimerActor) -> None:
+    def never_look(self: TimerDelivery, confirmed: int, step_bytes: int) -> bool:
         self.look_pending = False
+        return False
 
-    monkeypatch.setattr(TimerActor, "look_for_moves", never_look)
+    monkeypatch.setattr(TimerDelivery, "look_for_moves", never_look)
     caught = any(any("moved twice" in v for v in simulate(seed).violations) for seed in range(40))
     assert caught, "the simulation missed a delayed message delivered twice"
