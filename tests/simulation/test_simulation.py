@@ -172,12 +172,12 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
     messages come back. It shows only under SYNC_FLUSH (ASYNC promises nothing across a power
     cut), and mostly in seeds whose plan hammers the pop groups and cuts the power soon after an
     ack: 28 seeds of the first 100, 45 of the first 200 (``Plan.drawn``)."""
-    from engine.services.pop_states import PopStates
+    from engine.services.pop.index_set import IndexSet
 
-    def no_sync(self: PopStates) -> None:
+    def no_sync(self: IndexSet) -> None:
         self.written.clear()
 
-    monkeypatch.setattr(PopStates, "sync", no_sync)
+    monkeypatch.setattr(IndexSet, "sync", no_sync)
     seeds = range(25)
     failing = [seed for seed in seeds if any(
         "after its ack" in v for v in simulate(seed, Plan.drawn(seed, flush_mode="SYNC_FLUSH")).violations)]
