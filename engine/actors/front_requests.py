@@ -5,6 +5,10 @@ The timer and the transaction actor read and write messages the way any client d
 every check of the front and the writer applies to them too. A request the front cannot
 take (it is down: the port queues nothing for a missing peer) or that gets no reply by its
 deadline is handed back with ``None`` for a reply: its outcome is unknown.
+
+Requests are the protocol's request structs (``SendRequest``, ``PullRequest``), replies are
+decoded into its reply structs (``SendReply``, ``PullReply``: the fields the engine sends,
+any other ignored). A reply that does not read as its struct is handed back as ``None`` too.
 """
 
 from __future__ import annotations
