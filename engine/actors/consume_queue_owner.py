@@ -189,7 +189,7 @@ class ConsumeQueueOwnerActor(Actor):
 
     def follow_deletions(self) -> None:
         for topic in self.owned.follow_deletions(self.slots.get(TOPIC_DELETIONS)):
-            self.pops.states.drop_topic(topic, functools.partial(self.owned.is_mine, topic))
+            self.pops.indexes.drop_topic(topic, functools.partial(self.owned.is_mine, topic))
 
     def on_pull(self, _order: Pull, inbound: Inbound, _out: Effects) -> bytes | None:
         return self.pull(decode_as(PullRequest, inbound.payload), reply_to=inbound.origin)
@@ -376,7 +376,7 @@ class ConsumeQueueOwnerActor(Actor):
 
     def detail(self) -> dict[str, int]:
         return {"applied_offset": self.owned.applied_offset, "queues": len(self.owned.queues),
-                "parked_pulls": len(self.long_polls), "pop_queues": len(self.pops.states.queues)}
+                "parked_pulls": len(self.long_polls), "pop_queues": len(self.pops.indexes.queues)}
 
     def metrics(self) -> Figures:
         queues = self.owned.queues.values()

@@ -1,29 +1,38 @@
 """An actor as a client of the front: requests in the client protocol on the front's internal
-port (``endpoints.FRONT_INTERNAL``), each with an id, a deadline and what to do with the reply.
+port (the ``front-internal`` channel), each with an id, a deadline and what to do with the reply.
 
 The timer and the transaction actor read and write messages the way any client does, so
 every check of the front and the writer applies to them too. A request the front cannot
 take (it is down: the port queues nothing for a missing peer) or that gets no reply by its
 deadline is handed back with ``None`` for a reply: its outcome is unknown.
+
+Requests are the protocol's request structs (``SendRequest``, ``PullRequest``), replies are
+decoded into its reply structs (``SendReply``, ``PullReply``: the fields the engine sends,
+any other ignored). A reply that does not read as its struct is handed back as ``None`` too.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Generic, TypeVar
 
 import msgspec
 
 from engine.actors.base import Clock, Port
 from engine.actors.effects import Effects, Tell
 from engine.ipc import channels
-from engine.ipc.protocol import encode_request
+from engine.ipc.protocol import MessageView, PullReply, PullRequest, Reply, SendReply, SendRequest
 
-Reply = dict[str, Any] | None  # None: no reply (refused, or past its deadline)
-_decoder = msgspec.msgpack.Decoder()
+log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Reply)
+_encoder = msgspec.msgpack.Encoder()
+_head_decoder = msgspec.msgpack.Decoder(Reply)  # the id, to find the request; then its own decoder
+_send_decoder = msgspec.msgpack.Decoder(SendReply)
+_pull_decoder = msgspec.msgpack.Decoder(PullReply)
 
 
 def front_port() -> Port:
@@ -32,41 +41,66 @@ def front_port() -> Port:
 
 
 @dataclass
-class _Pending:
+class _Pending(Generic[R]):
     deadline_ms: int
-    on_reply: Callable[[Reply, Effects], None]
+    decoder: msgspec.msgpack.Decoder[R]
+    on_reply: Callable[[R | None, Effects], None]  # None: no reply (refused, or past its deadline)
+
+    def answer(self, frame: bytes, out: Effects) -> None:
+        try:
+            reply = self.decoder.decode(frame)
+        except (msgspec.DecodeError, ValueError, RecursionError) as exc:  # ValidationError is a DecodeError
+            log.error("a reply of the front does not read as %s (%s): its outcome is unknown",
+                      self.decoder.type.__name__, exc)
+            self.on_reply(None, out)
+            return
+        self.on_reply(reply, out)
 
 
 class FrontRequests:
+    """The requests in flight to the front: each sent as its protocol struct with an id and a
+    deadline, its reply decoded into the op's reply struct (``SendReply``, ``PullReply``)."""
+
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         # ids unique across incarnations: a reply meant for the actor before a restart is never taken
         # for the answer to a request of this one
         self._ids = itertools.count((clock.wall_ms() << 20) + 1)
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, _Pending[SendReply] | _Pending[PullReply]] = {}
         self._refused: list[int] = []
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def send(self, out: Effects, op: str, on_reply: Callable[[Reply, Effects], None], *, timeout_ms: int,
-             **fields: object) -> None:
-        request_id = next(self._ids)
-        self._pending[request_id] = _Pending(self.clock.mono_ms() + timeout_ms, on_reply)
-        out.append(Tell(channels.FRONT_INTERNAL, None, encode_request(op, request_id, **fields),
-                        partial(self._refuse, request_id)))
+    def send(self, out: Effects, request: SendRequest, on_reply: Callable[[SendReply | None, Effects], None], *,
+             timeout_ms: int) -> None:
+        self._pending[self._stamp(request)] = _Pending(self.clock.mono_ms() + timeout_ms, _send_decoder, on_reply)
+        self._forward(out, request)
+
+    def pull(self, out: Effects, request: PullRequest, on_reply: Callable[[PullReply | None, Effects], None], *,
+             timeout_ms: int) -> None:
+        self._pending[self._stamp(request)] = _Pending(self.clock.mono_ms() + timeout_ms, _pull_decoder, on_reply)
+        self._forward(out, request)
+
+    def _stamp(self, request: SendRequest | PullRequest) -> int:
+        request.id = next(self._ids)
+        return request.id
+
+    def _forward(self, out: Effects, request: SendRequest | PullRequest) -> None:
+        request_id = request.id
+        out.append(Tell(channels.FRONT_INTERNAL, None, _encoder.encode(request), partial(self._refuse, request_id)))
 
     def _refuse(self, request_id: int) -> None:
         self._refused.append(request_id)
 
     def handle_reply(self, frame: bytes, out: Effects) -> None:
         try:
-            reply = _decoder.decode(frame)
-        except msgspec.DecodeError:
-            return
-        pending = self._pending.pop(reply.get("id", 0), None) if isinstance(reply, dict) else None
+            head = _head_decoder.decode(frame)
+        except (msgspec.DecodeError, ValueError, RecursionError):
+            return  # not a reply map: no request can be told it was answered
+        pending = self._pending.pop(head.id, None)
         if pending is not None:
-            pending.on_reply(reply, out)
+            pending.answer(frame, out)
 
     def lost(self) -> None:
         """The connection to the front broke: no request it held will be answered."""
@@ -85,7 +119,7 @@ class FrontRequests:
 
 class QueueFollower:
     """Reads one queue from an offset on, a long-polled pull at a time, handing each batch of
-    messages to ``on_messages`` (which says whether it took them: False leaves the offset)."""
+    messages to ``on_messages``."""
 
     def __init__(self, front: FrontRequests, topic: str, next_offset: int, *, wait_ms: int = 1_000,
                  messages_max: int = 256) -> None:
@@ -96,21 +130,22 @@ class QueueFollower:
         self.messages_max = messages_max
         self.pulling = False
 
-    def pull(self, out: Effects, on_messages: Callable[[list[dict[str, Any]], Effects], None]) -> None:
+    def pull(self, out: Effects, on_messages: Callable[[list[MessageView], Effects], None]) -> None:
         if self.pulling:
             return
         self.pulling = True
 
-        def on_reply(reply: Reply, later: Effects) -> None:
+        def on_reply(reply: PullReply | None, later: Effects) -> None:
             self.pulling = False
-            if reply is None or not reply.get("ok"):
+            if reply is None or not reply.ok:
                 return  # pulled again at the next tick
-            messages = reply.get("messages", [])
+            messages = reply.messages
             if messages:
-                self.next_offset = messages[-1]["queue_offset"] + 1
-            elif reply.get("next_offset", self.next_offset) > self.next_offset:
-                self.next_offset = reply["next_offset"]  # past entries retention removed
+                self.next_offset = messages[-1].queue_offset + 1
+            elif reply.next_offset is not None and reply.next_offset > self.next_offset:
+                self.next_offset = reply.next_offset  # past entries retention removed
             on_messages(messages, later)
 
-        self.front.send(out, "pull", on_reply, timeout_ms=self.wait_ms + 2_000, topic=self.topic, queue_id=0,
-                        offset=self.next_offset, max_messages=self.messages_max, max_wait_ms=self.wait_ms)
+        self.front.pull(out, PullRequest(op="pull", topic=self.topic, queue_id=0, offset=self.next_offset,
+                                         max_messages=self.messages_max, max_wait_ms=self.wait_ms),
+                        on_reply, timeout_ms=self.wait_ms + 2_000)

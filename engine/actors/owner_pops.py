@@ -1,6 +1,7 @@
 """The pop side of a ConsumeQueue owner: pop, ack, change of invisible time, pop stats, dead letters.
 
-The owner of a queue owns every pop group's ack state on it (``engine/services/pop_state.py``):
+The handler glue of the owner's pops; the logic is in ``engine/services/pop/`` (its package
+docstring maps the parts). The owner of a queue owns every pop group's queue index on it:
 a pop reads the queue the owner already maps, and a dispatch that wakes parked pulls
 wakes parked pops too, with no other hop (``docs/design.md`` 5.7 says why not another actor).
 
@@ -10,24 +11,17 @@ each journal written in it (``release``, a group commit). Under ASYNC_FLUSH repl
 at once and journals are flushed with the queue files, every
 ``flush_consume_queue_interval_ms``.
 
-Dead letters: a delivery due again after ``max_delivery_attempts`` is sent, as a new
-message of ``%DLQ%{group}`` (queue 0, created by the front at the group's first pop),
-to the writer on the ``writer`` port; the owner records DEAD when the writer's reply
-says it is stored. A send that is refused or not answered within
-``dead_letter_retry_ms`` is sent again (the DLQ may then hold it twice: at least once).
+Dead letters (``engine/services/pop/dead_letters.py``) go to the writer on the ``writer``
+port; the owner records DEAD when the writer's reply says it is stored.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from engine.actors.base import Clock
 from engine.actors.effects import Effects, Reply, Tell
@@ -40,41 +34,30 @@ from engine.ipc.protocol import (
     ChangeInvisibleRequest,
     PopRequest,
     PopStatsRequest,
-    SendMessage,
     decode_request,
     encode_reply,
-    encode_request,
 )
 from engine.ipc.wire import Origin
 from engine.metrics.report import Figures
-from engine.names import dead_letter_topic, validate_group
+from engine.names import validate_group
 from engine.services.owned_queues import OwnedQueues
-from engine.services.pop import (
+from engine.services.pop.dead_letters import DeadLetters
+from engine.services.pop.delivery import (
+    HandleTags,
     QueueRead,
     Taken,
     ack,
     change_invisible,
     current_deliveries,
     encode_handle,
-    handle_tag,
     take,
 )
-from engine.services.pop_state import PopQueue
-from engine.services.pop_states import PopStates
+from engine.services.pop.index_set import IndexSet
+from engine.services.pop.queue_index import QueueIndex
 from engine.services.pull import Subscription, message_array
 from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)
-_TAGS_CACHED_MAX = 65_536  # (group, topic, incarnation) tags kept: past it the cache starts again
-_reply_decoder = msgspec.msgpack.Decoder()
-
-
-@dataclass
-class DeadLetter:
-    queue: PopQueue
-    offset: int
-    generation: int
-    deadline_ms: int
 
 
 class OwnerPops:
@@ -86,12 +69,11 @@ class OwnerPops:
         self.config = config
         self.clock = clock
         self.sync_flush = sync_flush
-        self.states = PopStates(owned.store_dir, journal_entries_max=config.pop_journal_entries_max)
+        self.indexes = IndexSet(owned.store_dir, journal_entries_max=config.pop_journal_entries_max)
         self.held: list[Reply] = []  # SYNC_FLUSH: replies waiting for their journal sync
         self.rotation: dict[tuple[str, str], int] = {}
-        self.dead_letters: dict[bytes, DeadLetter] = {}
-        self.dead_letter_ids = itertools.count(1)
-        self.tags: dict[tuple[str, str, int], str] = {}
+        self.dead_letters = DeadLetters()
+        self.tags = HandleTags()
         self.fifo_groups = frozenset(config.fifo_groups)
         self.unlocked: set[tuple[str, int]] = set()  # FIFO queues an ack unlocked: their parked pops wake
 
@@ -100,7 +82,7 @@ class OwnerPops:
         rows: dict[str, list[list[Any]]] = {"rmqpy_pop_in_flight_messages": [], "rmqpy_pop_due_messages": [],
                                             "rmqpy_pop_redelivered_messages": [],
                                             "rmqpy_pop_dead_lettered_messages": []}
-        for (group, topic, queue_id), queue in self.states.queues.items():
+        for (group, topic, queue_id), queue in self.indexes.queues.items():
             labels = [group, topic, str(queue_id)]
             rows["rmqpy_pop_in_flight_messages"].append([*labels, queue.in_flight])
             rows["rmqpy_pop_due_messages"].append([*labels, len(queue.due)])
@@ -121,23 +103,13 @@ class OwnerPops:
                 shutil.rmtree(queue_dir, ignore_errors=True)
                 continue
             cq = self.owned.get(topic, int(queue))  # None: the queue holds no message (a power cut took them)
-            self.states.open(group, topic, int(queue), queue_end=cq.max_offset if cq else 0)
-        log.info("pop state of %d (group, topic, queue) loaded", len(self.states.queues))
+            self.indexes.open(group, topic, int(queue), queue_end=cq.max_offset if cq else 0)
+        log.info("pop state of %d (group, topic, queue) loaded", len(self.indexes.queues))
 
-    def tag(self, queue: PopQueue) -> str:
-        """The receipt handles' tag of ``queue``: its group, topic and the topic's life (incarnation)."""
-        group, topic, _queue_id = queue.key
-        tag = self.tags.get((group, topic, queue.incarnation))
-        if tag is None:
-            if len(self.tags) >= _TAGS_CACHED_MAX:
-                self.tags.clear()
-            tag = self.tags[(group, topic, queue.incarnation)] = handle_tag(group, topic, queue.incarnation)
-        return tag
-
-    def queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
+    def queue(self, group: str, topic: str, queue_id: int) -> QueueIndex:
         cq = self.owned.get(topic, queue_id)
-        return self.states.open(group, topic, queue_id, queue_end=cq.max_offset if cq else None,
-                                incarnation=self.owned.deleted_topics.deletion_offsets.get(topic, -1))
+        return self.indexes.open(group, topic, queue_id, queue_end=cq.max_offset if cq else None,
+                                 incarnation=self.owned.deleted_topics.deletion_offsets.get(topic, -1))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -159,10 +131,10 @@ class OwnerPops:
             queue = self.queue(request.group, request.topic, queue_id)
             scheduled = take(queue, self.owned.get(request.topic, queue_id), self.read, taken,
                              max_messages=max_messages, max_bytes=self.config.pull_bytes_max,
-                             subscription=subscription, until_ms=until_ms, tag=self.tag(queue), fifo=fifo)
+                             subscription=subscription, until_ms=until_ms, tag=self.tags.of(queue), fifo=fifo)
             for offsets, generation in scheduled:
-                self.states.schedule(queue, until_ms, offsets, generation)
-            self.states.write(queue, self.clock.mono_ms())
+                self.indexes.schedule(queue, until_ms, offsets, generation)
+            self.indexes.write(queue, self.clock.mono_ms())
             if taken.count >= max_messages:
                 break
         reply = encode_reply(request.id, messages=message_array(taken.encoded, taken.count),
@@ -174,7 +146,7 @@ class OwnerPops:
         assert isinstance(request, AckRequest)
         validate_group(request.group)
         queue = self.queue(request.group, request.topic, request.queue_id)
-        tag = self.tag(queue)
+        tag = self.tags.of(queue)
         if request.dead_letter:  # the consumer gave up on them: to the DLQ now, whatever the attempt
             current, outcome = current_deliveries(queue, request.receipt_handles, tag)
             for offset, generation in current:
@@ -183,7 +155,7 @@ class OwnerPops:
                     self.send_dead_letter(queue, offset, generation, out)
             return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
         outcome = ack(queue, request.receipt_handles, tag)
-        self.states.write(queue, self.clock.mono_ms())
+        self.indexes.write(queue, self.clock.mono_ms())
         if request.group in self.fifo_groups and outcome.acked and not queue.invisible:
             self.unlocked.add((request.topic, request.queue_id))
         return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
@@ -195,13 +167,13 @@ class OwnerPops:
         invisible_ms = min(request.invisible_ms, self.config.pop_invisible_ms_max)
         until_ms = self.clock.wall_ms() + invisible_ms
         queue = self.queue(request.group, request.topic, request.queue_id)
-        tag = self.tag(queue)
+        tag = self.tags.of(queue)
         changed = change_invisible(queue, request.receipt_handle, tag, until_ms=until_ms)
         if isinstance(changed, str):
             raise RequestError(ErrorCode.INVALID_RECEIPT_HANDLE, changed)
         offset, generation = changed
-        self.states.schedule(queue, until_ms, [offset], generation)
-        self.states.write(queue, self.clock.mono_ms())
+        self.indexes.schedule(queue, until_ms, [offset], generation)
+        self.indexes.write(queue, self.clock.mono_ms())
         return encode_reply(request.id, receipt_handle=encode_handle(request.queue_id, offset, generation, tag),
                             invisible_ms=invisible_ms)
 
@@ -209,7 +181,7 @@ class OwnerPops:
         request = decode_request("pop_stats", raw)
         assert isinstance(request, PopStatsRequest)
         validate_group(request.group)
-        queue = self.states.get(request.group, request.topic, request.queue_id)
+        queue = self.indexes.get(request.group, request.topic, request.queue_id)
         cq = self.owned.get(request.topic, request.queue_id)
         if queue is None:
             return encode_reply(request.id, ack_floor=0, pop_cursor=-1, in_flight=0, due=0, redelivered=0,
@@ -224,23 +196,23 @@ class OwnerPops:
 
     def reply(self, out: Effects, origin: Origin, reply: bytes) -> None:
         """Send now (ASYNC_FLUSH), or once this turn's journal entries are on disk (SYNC_FLUSH)."""
-        if self.sync_flush and self.states.written:
+        if self.sync_flush and self.indexes.written:
             self.held.append(Reply(origin, reply))
         else:
             out.reply(origin, reply)
 
     def release(self, out: Effects) -> None:
         """SYNC_FLUSH's group commit: one fdatasync a journal, then every held reply."""
-        if self.held or self.states.written:
+        if self.held or self.indexes.written:
             if self.sync_flush:
-                self.states.sync()
+                self.indexes.sync()
             out.extend(self.held)
             self.held.clear()
 
     def journals_to_flush(self) -> list[Path]:
         """ASYNC_FLUSH: the journals written since the last flush, for the owner's flush thread
         (under SYNC_FLUSH every turn's journals are synced before its replies go: nothing here)."""
-        return [] if self.sync_flush else self.states.journal_paths()
+        return [] if self.sync_flush else self.indexes.journal_paths()
 
     # -- time -----------------------------------------------------------------------------------
 
@@ -249,7 +221,7 @@ class OwnerPops:
         folded. Returns the queues with new due deliveries (their parked pops are woken)."""
         now_ms = self.clock.wall_ms()
         woken: set[tuple[str, int]] = set()
-        for queue in self.states.expire(now_ms):
+        for queue in self.indexes.expire(now_ms):
             for offset in list(queue.due):
                 _state, attempt, generation, _until = queue.entry(offset)
                 if attempt >= self.config.max_delivery_attempts:
@@ -259,63 +231,46 @@ class OwnerPops:
                 woken.add((queue.key[1], queue.key[2]))
         self.retry_dead_letters(out)
         mono = self.clock.mono_ms()
-        self.states.fold_idle(mono, self.config.pop_journal_idle_fold_ms)
+        self.indexes.fold_idle(mono, self.config.pop_journal_idle_fold_ms)
         return woken
 
-    def send_dead_letter(self, queue: PopQueue, offset: int, generation: int, out: Effects) -> None:
-        group, topic, queue_id = queue.key
+    def send_dead_letter(self, queue: QueueIndex, offset: int, generation: int, out: Effects) -> None:
+        _group, topic, queue_id = queue.key
         cq = self.owned.get(topic, queue_id)
         result = self.read(cq, offset, 1, self.config.pull_bytes_max, Subscription("*"))
         if not result.message_count:
             queue.record(offset, Action.SKIP)  # gone (retention) or damaged: nothing to move
-            self.states.write(queue, self.clock.mono_ms())
+            self.indexes.write(queue, self.clock.mono_ms())
             return
-        view = _reply_decoder.decode(result.encoded[0])
-        _state, attempt, _generation, _until = queue.entry(offset)
-        properties = dict(view["properties"])
-        properties.update({"DLQ_ORIGIN_TOPIC": topic, "DLQ_ORIGIN_MESSAGE_ID": view["msg_id"],
-                           "DLQ_ORIGIN_QUEUE_ID": str(queue_id), "DLQ_ORIGIN_QUEUE_OFFSET": str(offset),
-                           "DLQ_DELIVERY_ATTEMPTS": str(attempt)})
-        message = SendMessage(body=view["body"], tags=view["tags"], keys=view["keys"], properties=properties,
-                              flag=view["flag"], born_timestamp=view["born_timestamp"])
-        request_id = next(self.dead_letter_ids)
-        request = encode_request("send", request_id, topic=dead_letter_topic(group), queue_id=0, messages=[message])
-        client = b"dlq:%d" % request_id
-        queue.dead_lettering.add(offset)
-        self.dead_letters[client] = DeadLetter(queue, offset, generation,
-                                               self.clock.mono_ms() + self.config.dead_letter_retry_ms)
+        client, request = self.dead_letters.letter(queue, offset, generation, result.encoded[0],
+                                                   self.clock.mono_ms() + self.config.dead_letter_retry_ms)
         out.append(Tell(channels.WRITER, Routed(client, PLAIN, Append(0, self.clock.mono_ms(), True)), request,
                         lambda: None))  # refused: sent again when its deadline passes
 
     def retry_dead_letters(self, out: Effects) -> None:
-        now = self.clock.mono_ms()
-        for client, letter in list(self.dead_letters.items()):
-            if letter.deadline_ms <= now:
-                del self.dead_letters[client]
-                letter.queue.dead_lettering.discard(letter.offset)
-                if self.states.queues.get(letter.queue.key) is letter.queue:
-                    self.send_dead_letter(letter.queue, letter.offset, letter.generation, out)
+        for letter in self.dead_letters.overdue(self.clock.mono_ms()):
+            if self.indexes.queues.get(letter.queue.key) is letter.queue:
+                self.send_dead_letter(letter.queue, letter.offset, letter.generation, out)
 
     def on_writer_reply(self, client: bytes, reply_frame: bytes) -> None:
         """The writer's answer to the dead-letter send of ``client``."""
-        letter = self.dead_letters.pop(client, None)
-        if letter is None:
+        answered = self.dead_letters.answered(client, reply_frame)
+        if answered is None:
             return  # answered after its retry went out
-        reply = _reply_decoder.decode(reply_frame)
+        letter, reply = answered
         queue = letter.queue
-        queue.dead_lettering.discard(letter.offset)
-        if not reply.get("ok") or self.states.queues.get(queue.key) is not queue:
+        if reply is None or not reply.ok or self.indexes.queues.get(queue.key) is not queue:
             log.warning("dead-letter send for %s/%s/%d offset %d refused: %s; retried", *queue.key,
-                        letter.offset, reply.get("error"))
-            self.states.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms, [letter.offset],
-                                 letter.generation)
+                        letter.offset, reply.error if reply is not None else "no readable reply")
+            self.indexes.schedule(queue, self.clock.wall_ms() + self.config.dead_letter_retry_ms, [letter.offset],
+                                  letter.generation)
             return
         state, _attempt, generation, _until = queue.entry(letter.offset)
         if state == State.DELIVERED and generation == letter.generation:  # not acked meanwhile
             queue.record(letter.offset, Action.DEAD)
-            self.states.write(queue, self.clock.mono_ms())
+            self.indexes.write(queue, self.clock.mono_ms())
             if queue.key[0] in self.fifo_groups and not queue.invisible:
                 self.unlocked.add((queue.key[1], queue.key[2]))
 
     def close(self) -> None:
-        self.states.close()
+        self.indexes.close()

@@ -20,26 +20,31 @@ restart the actor waits until any commit still in the writer's queue is stored o
 reads the log from the first unapplied op for commits already stored, and applies the
 rest. A decision is never taken twice: a second ``end_transaction`` with the same
 decision is answered OK, with the other one TRANSACTION_ENDED.
+
+The jobs are plain objects: the undecided halves and their checks in
+``engine/services/transaction_halves.py``, the ops and their decisions in
+``engine/services/transaction_ops.py``; this actor holds the requests (of producers, and
+to the front) and the checkpoint.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
-from engine.actors.front_requests import FrontRequests, QueueFollower, Reply, front_port
+from engine.actors.front_requests import FrontRequests, QueueFollower, front_port
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels
 from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.messages import EndTransaction, TransactionChecks
 from engine.ipc.protocol import (
     EndTransactionRequest,
+    MessageView,
+    SendReply,
+    SendRequest,
     TransactionChecksRequest,
     decode_request,
     encode_error,
@@ -47,24 +52,17 @@ from engine.ipc.protocol import (
     safe_request_id,
 )
 from engine.ipc.wire import Inbound, Origin
-from engine.layout import Record, RecordError, decode_msg_id
-from engine.services.moved_records import MoveSearch
+from engine.layout import Record, RecordError
+from engine.services.moved_records import MoveLook, MoveOutcome, move_outcome, refusal
+from engine.services.transaction_decisions import Admitted, Decision, TransactionDecisions, Waiter, advance_checkpoint
+from engine.services.transaction_halves import TransactionHalves, read_half
+from engine.services.transaction_ops import Op, TransactionOps, commit_request, op_message
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import owner_of
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, HALVES_PENDING, owner_slot
-from engine.store.system_topics import (
-    HALF_TOPIC,
-    OP_HALF_TOPIC,
-    OP_TAG,
-    PROPERTY_DECISION,
-    PROPERTY_HALF_OFFSET,
-    PROPERTY_PRODUCER_GROUP,
-    moved_message,
-    real_destination,
-)
+from engine.store.system_topics import HALF_TOPIC, OP_HALF_TOPIC
 from engine.store.transaction_state import (
-    Half,
     TransactionCheckpoint,
     load_transaction_checkpoint,
     store_transaction_checkpoint,
@@ -73,27 +71,6 @@ from engine.store.transaction_state import (
 log = logging.getLogger(__name__)
 
 _REQUEST_TIMEOUT_MS = 5_000
-_RECENT_DECISIONS_MAX = 100_000  # decisions remembered to answer a repeated end_transaction
-_RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.TIMEOUT}
-
-
-@dataclass
-class Op:
-    """An op record read from the op queue, applied in order."""
-
-    queue_offset: int
-    commit_log_offset: int
-    half_offset: int
-    decision: str
-    end: int  # where the op record ends in the log
-    applied: bool = False
-    move_offset: int = 0  # where its commit was stored
-
-
-@dataclass
-class Waiter:
-    reply_to: Origin
-    request_id: int
 
 
 @dataclass
@@ -101,15 +78,6 @@ class ParkedChecks:
     reply_to: Origin
     request: TransactionChecksRequest
     deadline_ms: int
-
-
-@dataclass
-class Decision:
-    """An end_transaction (or the checks' rollback) whose op is being written."""
-
-    half: Record
-    decision: str
-    waiters: list[Waiter] = field(default_factory=list)
 
 
 class TransactionActor(Actor):
@@ -123,39 +91,17 @@ class TransactionActor(Actor):
         self.reader = CommitLogReader.for_config(env.store_dir, env.config)
         self.front = FrontRequests(env.clock)
         self.checkpoint = TransactionCheckpoint()
-        self.halves: dict[int, Half] = {}
-        self.check_heap: list[tuple[int, int]] = []  # (next check wall ms, half offset), lazily pruned
-        self.next_check: dict[int, int] = {}
-        self.decided: dict[int, str] = {}  # decided before their half was read
-        self.decided_since: dict[int, Half] = {}  # decided by an op the checkpoint does not cover yet
-        self.half_marks: deque[tuple[int, int]] = deque()  # (end of a half read, the half queue's next offset)
-        self.recent: OrderedDict[int, str] = OrderedDict()
-        # the first op of each half (its decision and queue offset): it stands, later ones are void
-        self.applied: OrderedDict[int, Op] = OrderedDict()
-        self.uncertain: dict[int, int] = {}  # half -> until when (mono ms) an op with a lost reply may appear
-        self.deciding: dict[int, Decision] = {}
-        self.waiting: dict[int, list[Waiter]] = {}  # commits stored: answer these once the op is applied
-        self.ops: deque[Op] = deque()  # read and not checkpointed, in queue order
-        self.to_apply: deque[Op] = deque()
+        self.halves = TransactionHalves(env.config)
+        self.oplog = TransactionOps()
+        self.decisions = TransactionDecisions(self.halves, self.oplog)
         self.half_follower = QueueFollower(self.front, HALF_TOPIC, 0)
         self.op_follower = QueueFollower(self.front, OP_HALF_TOPIC, 0)
-        self.halves_read_to = 0  # commit-log end of the last half read
-        self.offered: dict[str, dict[int, None]] = {}  # producer group -> halves due for a check, in order
         self.parked: list[ParkedChecks] = []
-        self.already_moved: set[int] = set()
-        self.look_at_ms = 0
-        self.look_pending = True
-        self.look: MoveSearch | None = None  # the look for moves under way, a slice a turn
-        # Every op below ``ops_read_to`` in the log has been read (an empty pull of the op queue, sent
-        # when its owner had applied the log that far, proves it): while every op read is
-        # checkpointed, scan_from may pass the ops' end up to there (``store_checkpoint``).
+        self.look = MoveLook(self.reader)  # for commits already stored, after a start or a lost reply
         self.op_owner_slot = owner_slot(owner_of(OP_HALF_TOPIC, 0, env.config.consume_queue_owner_count))
-        self.op_pull_applied = 0
-        self.ops_read_to = 0
         self.last_checkpoint_ms = 0
         self.disk = DiskRefusals("transactions")  # a full disk: the checkpoint waits, checks go on
-        self.changed = True
-        self.committed = self.rolled_back = self.checks_offered = 0
+        self.committed = self.rolled_back = 0
 
     def ports(self) -> list[Port]:
         return [front_port(), Port(channels.TRANSACTIONS, bind=True)]
@@ -164,11 +110,8 @@ class TransactionActor(Actor):
         checkpoint = load_transaction_checkpoint(self.env.store_dir)
         self.checkpoint = checkpoint
         self.half_follower.next_offset, self.op_follower.next_offset = checkpoint.half_next, checkpoint.op_next
-        now = self.clock.wall_ms()
-        for half in checkpoint.halves:
-            self.keep_half(half, now)
-        self.halves_read_to = checkpoint.halves_read_to
-        self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
+        self.halves.recover(checkpoint, self.clock.wall_ms())
+        self.look.at_ms = self.look_wait_end()
         log.info("recovered: %d undecided halves; reading halves from %d and ops from %d", len(self.halves),
                  checkpoint.half_next, checkpoint.op_next)
 
@@ -197,231 +140,109 @@ class TransactionActor(Actor):
     def end_transaction(self, reply_to: Origin, raw: bytes, out: Effects) -> None:
         request = decode_request("end_transaction", raw)
         assert isinstance(request, EndTransactionRequest)
-        half = self.read_half(request.msg_id, request.producer_group)
+        half = read_half(self.reader, request.msg_id, request.producer_group, self.slots.get(CONFIRMED))
         offset = half.commit_log_offset
         waiter = Waiter(reply_to, request.id)
-        known = self.decision_of(offset)
-        if known is not None:
-            if known != request.decision:
-                raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} was already "
-                                                                f"decided: {known}")
-            if offset in self.waiting:
-                self.waiting[offset].append(waiter)  # its commit is on its way: answered with it
-            else:
+        match self.decisions.admit(half, request.decision, waiter, request.msg_id, self.clock.mono_ms()):
+            case Admitted.ANSWER:
+                known = self.decisions.decision_of(offset)
                 out.reply(reply_to, encode_reply(request.id, decision=known))
-            return
-        if self.uncertain.get(offset, 0) > self.clock.mono_ms():
-            raise RequestError(ErrorCode.BUSY, f"an earlier decision on {request.msg_id} got no answer; whether it "
-                                               f"was stored is known in a moment: retry")
-        if offset in self.deciding:
-            if self.deciding[offset].decision != request.decision:
-                raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} is being "
-                                                                f"decided the other way")
-            self.deciding[offset].waiters.append(waiter)
-            return
-        if offset < self.halves_read_to and offset not in self.halves:
-            raise RequestError(ErrorCode.TRANSACTION_ENDED, f"the transaction of {request.msg_id} was already decided")
-        self.decide(half, request.decision, [waiter], out)
-
-    def read_half(self, msg_id: str, producer_group: str | None) -> Record:
-        try:
-            _host, offset = decode_msg_id(msg_id)
-        except ValueError as exc:
-            raise RequestError(ErrorCode.INVALID_MSG_ID, f"not a message id: {exc}") from None
-        if offset < 0:  # checked here: the log's reads assert their offsets are not negative
-            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} names a negative commit log offset")
-        try:
-            record = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
-        except RecordError:
-            record = None
-        if record is None or record.topic != HALF_TOPIC:
-            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} is not a half message of this store")
-        if producer_group is not None and record.properties.get(PROPERTY_PRODUCER_GROUP) != producer_group:
-            raise RequestError(ErrorCode.TRANSACTION_NOT_FOUND, f"{msg_id} is not a half message of producer group "
-                                                                f"{producer_group!r}")
-        return record
-
-    def decision_of(self, offset: int) -> str | None:
-        return self.recent.get(offset) or self.decided.get(offset)
+            case Admitted.DECIDE:
+                self.decide(half, request.decision, [waiter], out)
 
     def decide(self, half: Record, decision: str, waiters: list[Waiter], out: Effects) -> None:
         """Write the op record; the decision stands once it is stored."""
         offset = half.commit_log_offset
-        self.deciding[offset] = Decision(half, decision, waiters)
-        op = {"body": str(half.queue_offset).encode(), "tags": OP_TAG,
-              "properties": {PROPERTY_DECISION: decision, PROPERTY_HALF_OFFSET: str(offset)}}
+        self.decisions.deciding[offset] = Decision(half, decision, waiters)
 
-        def on_reply(reply: Reply, later: Effects) -> None:
-            pending = self.deciding.pop(offset)
-            if reply is not None and reply.get("ok"):
-                first = self.applied.get(offset)
+        def on_reply(reply: SendReply | None, later: Effects) -> None:
+            pending = self.decisions.deciding.pop(offset)
+            if reply is not None and reply.ok:
+                first = self.oplog.applied.get(offset)
                 if first is not None and first.decision != decision:  # an earlier op (its answer lost) stands
                     for waiter in pending.waiters:
                         later.reply(waiter.reply_to, encode_error(
                             waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"already decided: {first.decision}"))
                     return
-                self.remember(offset, decision)
+                self.decisions.remember(offset, decision)
                 if decision == "commit":  # answered once the op is applied (its message stored)
-                    self.waiting.setdefault(offset, []).extend(pending.waiters)
+                    self.decisions.waiting.setdefault(offset, []).extend(pending.waiters)
                 else:
                     for waiter in pending.waiters:
                         later.reply(waiter.reply_to, encode_reply(waiter.request_id, decision=decision))
                 return
-            code, message = (ErrorCode(reply["error"]["code"]), reply["error"]["message"]) if reply is not None \
+            code, message = (ErrorCode(reply.error.code), reply.error.message) \
+                if reply is not None and reply.error is not None \
                 else (ErrorCode.TIMEOUT, "the op record got no answer in time")
             if reply is None:  # stored or not: the op queue tells within this time
-                self.uncertain[offset] = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 3_000
+                self.oplog.uncertain[offset] = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 3_000
             for waiter in pending.waiters:  # not decided (or, if the op was stored after all, the op queue says so)
                 later.reply(waiter.reply_to, encode_error(waiter.request_id, code,
                                                           f"the decision was not stored: {message}"))
 
-        self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=OP_HALF_TOPIC, queue_id=0,
-                        messages=[op])
-
-    def remember(self, offset: int, decision: str) -> None:
-        self.recent[offset] = decision
-        if len(self.recent) > _RECENT_DECISIONS_MAX:
-            self.recent.popitem(last=False)
-        half = self.halves.pop(offset, None)
-        if half is not None:
-            self.decided_since[offset] = half  # undecided as far as the checkpoint goes, until its op is
-            self.changed = True
-        elif offset >= self.halves_read_to:
-            self.decided[offset] = decision  # its half is read later: it is not offered to checks
-            self.changed = True
+        self.front.send(out, SendRequest(op="send", topic=OP_HALF_TOPIC, queue_id=0,
+                                         messages=[op_message(half, decision)]),
+                        on_reply, timeout_ms=_REQUEST_TIMEOUT_MS)
 
     def transaction_checks(self, reply_to: Origin, raw: bytes, out: Effects) -> None:
         request = decode_request("transaction_checks", raw)
         assert isinstance(request, TransactionChecksRequest)
-        views = self.take_offered(request.producer_group, request.max_messages)
+        views = self.halves.take_offered(request.producer_group, request.max_messages, self.reader,
+                                         self.slots.get(CONFIRMED))
         if views or request.max_wait_ms == 0:
             out.reply(reply_to, encode_reply(request.id, checks=views))
             return
         wait = min(request.max_wait_ms, self.config.long_poll_wait_ms_max)
         self.parked.append(ParkedChecks(reply_to, request, self.clock.mono_ms() + wait))
 
-    def take_offered(self, group: str, count: int) -> list[dict[str, Any]]:
-        queue, views = self.offered.get(group), list[dict[str, Any]]()
-        confirmed = self.slots.get(CONFIRMED)
-        while queue and len(views) < count:
-            offset = next(iter(queue))
-            del queue[offset]
-            half = self.halves.get(offset)
-            if half is None:
-                continue  # decided since it was offered
-            try:
-                view = self.reader.read_view(offset, limit=confirmed)
-            except RecordError:
-                continue
-            destination = real_destination(view["properties"])  # the view has them decoded already
-            if destination is not None:
-                view["topic"], view["queue_id"] = destination
-            view["check_times"] = half.checks
-            views.append(view)
-        return views
-
     # -- following the queues ----------------------------------------------------------------
 
-    def on_halves(self, messages: list[dict[str, Any]], out: Effects) -> None:
-        now = self.clock.wall_ms()
-        for message in messages:
-            offset = message["commit_log_offset"]
-            self.halves_read_to = offset + message["store_size"]
-            self.half_marks.append((self.halves_read_to, message["queue_offset"] + 1))
-            if self.decided.pop(offset, None) is not None or offset in self.recent:
-                continue
-            group = message["properties"].get(PROPERTY_PRODUCER_GROUP, "")
-            if len(self.halves) >= self.config.transaction_halves_max:
-                log.error("more than transaction_halves_max undecided halves: the half at %d is rolled back", offset)
-                self.rollback_later(offset)
-                continue
-            self.keep_half(Half(offset, message["queue_offset"], message["store_timestamp"], group), now)
-        self.changed = True
-
-    def keep_half(self, half: Half, now: int) -> None:
-        self.halves[half.commit_log_offset] = half
-        due = max(half.store_ms + self.config.transaction_timeout_ms, now if half.checks else 0)
-        self.next_check[half.commit_log_offset] = due
-        heapq.heappush(self.check_heap, (due, half.commit_log_offset))
-
-    def rollback_later(self, offset: int) -> None:
-        self.next_check[offset] = 0
-        heapq.heappush(self.check_heap, (0, offset))
-
-    def on_ops(self, messages: list[dict[str, Any]], out: Effects) -> None:
-        if not messages:
-            self.ops_read_to = max(self.ops_read_to, self.op_pull_applied)
-        for message in messages:
-            properties = message["properties"]
-            try:
-                half_offset = int(properties.get(PROPERTY_HALF_OFFSET, ""))
-            except ValueError:
-                continue
-            op = Op(message["queue_offset"], message["commit_log_offset"], half_offset,
-                    properties.get(PROPERTY_DECISION, "rollback"), message["commit_log_offset"] + message["store_size"])
-            self.ops.append(op)
-            self.to_apply.append(op)
+    def on_halves(self, messages: list[MessageView], out: Effects) -> None:
+        self.halves.read(messages, self.clock.wall_ms(), self.oplog.recent)
 
     def apply_ops(self, out: Effects) -> None:
         """Apply the ops in order: a commit moves its half (unless the log shows it moved already)."""
-        while self.to_apply:
-            op = self.to_apply.popleft()
-            self.uncertain.pop(op.half_offset, None)
-            first = self.applied.get(op.half_offset)
-            if first is not None and first is not op:  # a later op of a decided half: void
-                op.applied = True
-                self.recent[op.half_offset] = first.decision
+        while self.oplog.to_apply:
+            op = self.oplog.to_apply.popleft()
+            first = self.oplog.first_op(op)
+            if first is not op:  # a later op of a decided half: void
                 if first.applied or first.decision != "commit":  # else answered when the first commit is
                     self.answer_waiting(op.half_offset, first.decision, out)
                 continue
-            self.applied[op.half_offset] = op
-            if len(self.applied) > _RECENT_DECISIONS_MAX:
-                self.applied.popitem(last=False)
-            self.remember(op.half_offset, op.decision)
+            self.decisions.remember(op.half_offset, op.decision)
             if op.decision != "commit":
                 op.applied = True
                 self.rolled_back += 1
                 continue
-            if op.half_offset in self.already_moved:
-                self.already_moved.discard(op.half_offset)
+            if self.look.take(op.half_offset):
                 self.finish_commit(op, out)
                 continue
             self.move(op, out)
 
     def move(self, op: Op, out: Effects) -> None:
-        confirmed = self.slots.get(CONFIRMED)
-        try:
-            half = self.reader.read(op.half_offset, limit=confirmed)
-        except RecordError as exc:
-            log.error("the committed half at %d cannot be read (%s): its message is lost", op.half_offset, exc.reason)
-            self.finish_commit(op, out)
-            return
-        destination = real_destination(half.properties)
-        if destination is None:
+        commit = commit_request(self.reader, op, self.slots.get(CONFIRMED))
+        if commit is None:  # nothing to move
             self.finish_commit(op, out)
             return
         op.move_offset = -1  # in flight
 
-        def on_reply(reply: Reply, later: Effects) -> None:
-            if reply is not None and reply.get("ok"):
-                op.move_offset = max(result.get("commit_log_offset", 0) for result in reply["results"])
+        def on_reply(reply: SendReply | None, later: Effects) -> None:
+            outcome = move_outcome(reply)
+            if outcome is MoveOutcome.STORED:
+                assert reply is not None
+                op.move_offset = max(result.commit_log_offset for result in reply.results)
                 self.finish_commit(op, later)
                 return
-            code = reply["error"]["code"] if reply is not None else None
-            if code is not None and code not in _RETRY:
-                log.error("the commit of the half at %d cannot be stored: %s", op.half_offset,
-                          reply["error"]["message"] if reply else "")
+            if outcome is MoveOutcome.REFUSED:
+                log.error("the commit of the half at %d cannot be stored: %s", op.half_offset, refusal(reply))
                 self.finish_commit(op, later)
                 return
             op.move_offset = 0  # tried again; after a lost reply, only once the log was looked at
-            self.to_apply.append(op)
-            if code is None or code == ErrorCode.TIMEOUT:
-                self.look_pending = True
-                self.look = None  # a look under way ends before this move: look again, to the end
-                self.look_at_ms = self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
+            self.oplog.to_apply.append(op)
+            if outcome is MoveOutcome.UNKNOWN:
+                self.look.after(self.look_wait_end())
 
-        self.front.send(out, "send", on_reply, timeout_ms=_REQUEST_TIMEOUT_MS, topic=destination[0],
-                        queue_id=destination[1], messages=[moved_message(half)], committed_half=op.half_offset)
+        self.front.send(out, commit, on_reply, timeout_ms=_REQUEST_TIMEOUT_MS)
 
     def finish_commit(self, op: Op, out: Effects) -> None:
         op.applied = True
@@ -430,7 +251,7 @@ class TransactionActor(Actor):
 
     def answer_waiting(self, offset: int, decision: str, out: Effects) -> None:
         """The producers waiting for the commit of ``offset``: done, or the half went the other way."""
-        for waiter in self.waiting.pop(offset, []):
+        for waiter in self.decisions.waiting.pop(offset, []):
             reply = encode_reply(waiter.request_id, decision="commit") if decision == "commit" else encode_error(
                 waiter.request_id, ErrorCode.TRANSACTION_ENDED, f"the half message at {offset} was rolled back")
             out.reply(waiter.reply_to, reply)
@@ -438,37 +259,15 @@ class TransactionActor(Actor):
     # -- checks ------------------------------------------------------------------------------
 
     def run_checks(self, out: Effects) -> None:
-        now = self.clock.wall_ms()
-        while self.check_heap and self.check_heap[0][0] <= now:
-            due, offset = heapq.heappop(self.check_heap)
-            if self.next_check.get(offset) != due:
-                continue  # decided, or rescheduled
-            if due == 0 and offset not in self.deciding:  # past transaction_halves_max: never kept
-                self.next_check.pop(offset, None)
-                self.rollback_unanswered(offset, out)
-                continue
-            half = self.halves.get(offset)
-            if half is None or offset in self.deciding:
-                self.next_check.pop(offset, None)
-                continue
-            if half.checks >= self.config.transaction_check_max:
-                self.next_check.pop(offset, None)
-                self.rollback_unanswered(offset, out)
-                continue
-            half.checks += 1
-            self.checks_offered += 1
-            self.changed = True
-            self.offered.setdefault(half.producer_group, {})[offset] = None  # once, however often checked
-            again = now + self.config.transaction_check_interval_ms
-            self.next_check[offset] = again
-            heapq.heappush(self.check_heap, (again, offset))
+        for offset in self.halves.due_checks(self.clock.wall_ms(), self.decisions.deciding):
+            self.rollback_unanswered(offset, out)
         self.answer_parked(out)
 
     def rollback_unanswered(self, offset: int, out: Effects) -> None:
         try:
             half = self.reader.read(offset, limit=self.slots.get(CONFIRMED))
         except RecordError:
-            self.halves.pop(offset, None)
+            self.halves.halves.pop(offset, None)
             return
         log.warning("the half message at %d was checked %d times without a decision: rolled back", offset,
                     self.config.transaction_check_max)
@@ -476,8 +275,10 @@ class TransactionActor(Actor):
 
     def answer_parked(self, out: Effects) -> None:
         now, kept = self.clock.mono_ms(), []
+        confirmed = self.slots.get(CONFIRMED)
         for parked in self.parked:
-            views = self.take_offered(parked.request.producer_group, parked.request.max_messages)
+            views = self.halves.take_offered(parked.request.producer_group, parked.request.max_messages, self.reader,
+                                             confirmed)
             if views or parked.deadline_ms <= now:
                 out.reply(parked.reply_to, encode_reply(parked.request.id, checks=views))
             else:
@@ -489,29 +290,20 @@ class TransactionActor(Actor):
     def work(self, out: Effects) -> None:
         self.half_follower.pull(out, self.on_halves)
         if not self.op_follower.pulling:  # the pull sent now finds every op below this, or names it
-            self.op_pull_applied = self.slots.get(self.op_owner_slot)
-        self.op_follower.pull(out, self.on_ops)
-        if self.clock.mono_ms() < self.look_at_ms:
-            return
-        if self.look_pending and not self.look_for_moves():
-            return  # the next turn goes on with it
-        self.apply_ops(out)
+            self.oplog.pull_applied = self.slots.get(self.op_owner_slot)
+        self.op_follower.pull(out, lambda messages, _later: self.oplog.read(messages))
+        ops = self.oplog.ops  # no op is applied before the look is done: its commit may be in the log
+        start = min(ops[0].commit_log_offset if ops else self.checkpoint.scan_from, self.checkpoint.scan_from)
+        if self.look.done(self.clock.mono_ms(), start, self.slots.get(CONFIRMED),
+                          self.config.catch_up_bytes_per_turn_max):
+            self.apply_ops(out)
 
-    def look_for_moves(self) -> bool:
-        """One slice of the look for commits already stored (after a start or a lost reply); True
-        once it is done. No op is applied before: its commit may be among them."""
-        if self.look is None:
-            start = self.ops[0].commit_log_offset if self.ops else self.checkpoint.scan_from
-            self.look = MoveSearch(self.reader, min(start, self.checkpoint.scan_from), self.slots.get(CONFIRMED))
-        self.look.step(self.config.catch_up_bytes_per_turn_max)
-        if not self.look.done:
-            return False
-        self.already_moved |= self.look.found
-        self.look, self.look_pending = None, False
-        return True
+    def look_wait_end(self) -> int:
+        """When to look in the log for commits: once any commit still in the writer's queue is stored or refused."""
+        return self.clock.mono_ms() + self.config.send_queue_wait_ms_max + 200
 
     def backlog(self) -> bool:
-        return self.look is not None
+        return self.look.search is not None
 
     def work_backlog(self, out: Effects) -> None:
         self.work(out)
@@ -538,42 +330,21 @@ class TransactionActor(Actor):
         """What the flush has passed, so that a power cut never takes what the checkpoint names: the
         halves read, the ops applied (with their commits) whose halves are among them, and every half
         undecided as far as those ops go."""
-        flushed = self.slots.get(FLUSHED)
-        checkpoint = self.checkpoint
-        while self.half_marks and self.half_marks[0][0] <= flushed:
-            checkpoint.halves_read_to, checkpoint.half_next = self.half_marks.popleft()
-            self.changed = True
-        while self.ops and self.ops[0].applied and self.ops[0].end <= flushed \
-                and self.ops[0].move_offset < flushed and self.ops[0].half_offset < checkpoint.halves_read_to:
-            op = self.ops.popleft()
-            self.decided_since.pop(op.half_offset, None)
-            checkpoint.op_next, checkpoint.scan_from = op.queue_offset + 1, op.end
-            self.changed = True
-        # No op read and not checkpointed, none unread below ops_read_to: no commit of an op after
-        # op_next can lie below it. The next start looks from there, not from the last op (which
-        # may be a whole log back), and only as far as the flush has passed (a power cut keeps it).
-        passed = min(self.ops_read_to, flushed)
-        if not self.ops and passed > checkpoint.scan_from:
-            checkpoint.scan_from = passed
-            self.changed = True
-        if not self.changed:
-            return
-        checkpoint.halves = [half for half in (*self.halves.values(), *self.decided_since.values())
-                             if half.commit_log_offset < checkpoint.halves_read_to]
-        store_transaction_checkpoint(self.env.store_dir, checkpoint)
-        self.changed = False
-        self.slots.set(HALVES_PENDING, len(self.halves))
+        if advance_checkpoint(self.checkpoint, self.halves, self.oplog, self.slots.get(FLUSHED)):
+            store_transaction_checkpoint(self.env.store_dir, self.checkpoint)
+            self.halves.changed = False  # a refused write keeps it changed: the next second retries
+            self.slots.set(HALVES_PENDING, len(self.halves))
 
     def detail(self) -> dict[str, int]:
         return {"halves": len(self.halves), "committed": self.committed, "rolled_back": self.rolled_back,
-                "checks_offered": self.checks_offered, "op_next": self.checkpoint.op_next,
+                "checks_offered": self.halves.checks_offered, "op_next": self.checkpoint.op_next,
                 "disk_refusals": self.disk.count, "scan_from": self.checkpoint.scan_from}
 
     def condition(self) -> str:
         return self.disk.condition()
 
     def shutdown(self, out: Effects) -> None:
-        self.changed = True
+        self.halves.changed = True
         self.store_checkpoint()
 
 

@@ -310,6 +310,37 @@ class SendResult(msgspec.Struct, kw_only=True):
     store_timestamp: int = 0
 
 
+class Reply(msgspec.Struct, kw_only=True):
+    """What every reply carries (section 3.2 of ``docs/protocol.md``): ``ok`` false has ``error``.
+
+    The reply structs below are what an actor that is a client of the front (the timer, the
+    transaction actor) decodes. They name the fields the engine sends for their op and ignore
+    any other, so the protocol can grow without breaking them; a refusal leaves the op's own
+    fields at their defaults."""
+
+    v: int = PROTOCOL_VERSION
+    id: int = 0
+    ok: bool = False
+    error: ErrorInfo | None = None
+
+
+class SendReply(Reply, kw_only=True):
+    """``send`` (section 4.1): one result per message, in request order."""
+
+    results: list[SendResult] = []
+
+
+class PullReply(Reply, kw_only=True):
+    """``pull`` (section 4.2). ``next_offset`` also comes beside an ``error`` where the queue goes on."""
+
+    status: str = ""
+    status_code: int = -1
+    next_offset: int | None = None
+    min_offset: int = 0
+    max_offset: int = 0
+    messages: list[MessageView] = []
+
+
 def encode_reply(request_id: int, **fields: object) -> bytes:
     return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "ok": True, **fields})
 

@@ -17,14 +17,50 @@ without parsing a record. Around a hit the records are walked by the compiled co
 from __future__ import annotations
 
 import bisect
+import enum
+from collections.abc import Mapping
+
+import msgspec
 
 from engine.codec_py import DispatchTuple
+from engine.errors import ErrorCode
+from engine.ipc.protocol import SendMessage, SendReply
 from engine.layout import RecordError
 from engine.services.log_slices import read_slice
 from engine.store.commit_log import CommitLogReader
 from engine.store.system_topics import PROPERTY_ORIGIN_OFFSET, SYSTEM_TOPICS, origin_offset
 
 _MARK = PROPERTY_ORIGIN_OFFSET.encode() + b"\x01"  # a property is name 0x01 value 0x02
+# Refusals after which nothing was stored: the move is tried again. Any other refusal is
+# final for that message (its topic or queue is gone).
+_RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL}
+
+
+class MoveOutcome(enum.Enum):
+    """What the front's reply to a move (a ``send`` with ``ORIGIN_OFFSET``) says became of it."""
+
+    STORED = "stored"
+    REFUSED = "refused"  # for good: counted and logged, never tried again
+    RETRY = "retry"  # not stored: try again
+    UNKNOWN = "unknown"  # no reply, or TIMEOUT: stored or not, the log tells (a look) before a retry
+
+
+def move_outcome(reply: SendReply | None) -> MoveOutcome:
+    if reply is not None and reply.ok:
+        return MoveOutcome.STORED
+    if reply is None or reply.error is None or reply.error.code == ErrorCode.TIMEOUT:
+        return MoveOutcome.UNKNOWN
+    return MoveOutcome.RETRY if reply.error.code in _RETRY else MoveOutcome.REFUSED
+
+
+def as_send_message(message: Mapping[str, object]) -> SendMessage:
+    """A move's message (``system_topics.moved_message`` or ``moved_view_message``) as the send's struct."""
+    return msgspec.convert(message, SendMessage)
+
+
+def refusal(reply: SendReply | None) -> str:
+    """The refusal's message, for the log."""
+    return reply.error.message if reply is not None and reply.error is not None else "no reply in time"
 
 
 class MoveSearch:
@@ -104,3 +140,45 @@ def moved_since(reader: CommitLogReader, start: int, end: int) -> set[int]:
     while not search.done:
         search.step(1 << 30)
     return search.found
+
+
+class MoveLook:
+    """When to look for moves already stored, and what the last look found: after a start, and
+    after a move whose reply was lost (it may be stored), nothing is moved before a look from
+    ``start`` to the confirmed end is done; what it found is never moved again. For the
+    transaction actor (the timer, which also tracks where its looks began, keeps its own)."""
+
+    def __init__(self, reader: CommitLogReader) -> None:
+        self.reader = reader
+        self.found: set[int] = set()  # system-topic offsets moved already
+        self.at_ms = 0  # mono ms from when to look: once any move still in the writer's queue is settled
+        self.pending = True
+        self.search: MoveSearch | None = None  # the look under way, a slice a turn
+
+    def after(self, at_ms: int) -> None:
+        """A move's outcome is unknown: look again, to the end, from ``at_ms`` on."""
+        self.pending = True
+        self.search = None  # a look under way ends before this move
+        self.at_ms = at_ms
+
+    def done(self, now_mono_ms: int, start: int, confirmed: int, step_bytes: int) -> bool:
+        """Whether no look is due or under way; else one slice of it (``step_bytes`` of log)."""
+        if now_mono_ms < self.at_ms:
+            return False
+        if not self.pending:
+            return True
+        if self.search is None:
+            self.search = MoveSearch(self.reader, start, confirmed)
+        self.search.step(step_bytes)
+        if not self.search.done:
+            return False
+        self.found |= self.search.found
+        self.search, self.pending = None, False
+        return True
+
+    def take(self, offset: int) -> bool:
+        """Whether the record at ``offset`` was found moved (and is then forgotten)."""
+        if offset in self.found:
+            self.found.discard(offset)
+            return True
+        return False

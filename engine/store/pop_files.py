@@ -7,7 +7,7 @@ offset % 16384.
 
 Every delivery, ack, change of invisible time and dead-letter move is appended to
 the journal as one fixed 32-byte entry with its own CRC; the journal is folded into
-the segments now and then (``engine/services/pop_state.py`` says when) and emptied.
+the segments now and then (``engine/services/pop/queue_index.py`` says when) and emptied.
 
 Journal entry (``journal.jif``, appended; big-endian)::
 

@@ -172,12 +172,12 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
     messages come back. It shows only under SYNC_FLUSH (ASYNC promises nothing across a power
     cut), and mostly in seeds whose plan hammers the pop groups and cuts the power soon after an
     ack: 28 seeds of the first 100, 45 of the first 200 (``Plan.drawn``)."""
-    from engine.services.pop_states import PopStates
+    from engine.services.pop.index_set import IndexSet
 
-    def no_sync(self: PopStates) -> None:
+    def no_sync(self: IndexSet) -> None:
         self.written.clear()
 
-    monkeypatch.setattr(PopStates, "sync", no_sync)
+    monkeypatch.setattr(IndexSet, "sync", no_sync)
     seeds = range(25)
     failing = [seed for seed in seeds if any(
         "after its ack" in v for v in simulate(seed, Plan.drawn(seed, flush_mode="SYNC_FLUSH")).violations)]
@@ -198,11 +198,12 @@ def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPat
 def test_a_timer_that_forgets_its_moves_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The timer's restart rule broken on purpose: it never looks in the log for the moves it made
     before a kill (or a lost reply), so it delivers some messages twice."""
-    from engine.actors.timer import TimerActor
+    from engine.services.timer_delivery import TimerDelivery
 
-    def never_look(self: TimerActor) -> None:
+    def never_look(self: TimerDelivery, confirmed: int, step_bytes: int) -> bool:
         self.look_pending = False
+        return False
 
-    monkeypatch.setattr(TimerActor, "look_for_moves", never_look)
+    monkeypatch.setattr(TimerDelivery, "look_for_moves", never_look)
     caught = any(any("moved twice" in v for v in simulate(seed).violations) for seed in range(40))
     assert caught, "the simulation missed a delayed message delivered twice"

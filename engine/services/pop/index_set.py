@@ -1,10 +1,14 @@
 """Every pop queue index one owner holds, and one heap of invisible times over all of them.
 
-``PopStates`` opens each (group, topic, queue)'s ``PopQueue`` (``pop_state.py``) once,
+``IndexSet`` opens each (group, topic, queue)'s ``QueueIndex`` (``queue_index.py``) once,
 writes and syncs their journals, folds them, and drops those of deleted topics. A pop of
 32 messages pushes one heap entry (they share their invisible time), so the timer costs
 O(log n) per pop, and a tick looks only at the entries that are due: an entry whose
 delivery was acked or changed since (its generation moved) is dropped when it comes up.
+
+Called by the owner's pop glue (``engine/actors/owner_pops.py``): ``open`` for each request's
+queue, ``schedule`` for each delivery, ``write`` after each request, ``sync`` before the
+replies go (SYNC_FLUSH), ``expire`` and ``fold_idle`` every tick.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import ErrorCode, RequestError
-from engine.services.pop_state import PopKey, PopQueue, pop_queue_dir
+from engine.services.pop.queue_index import PopKey, QueueIndex, queue_index_dir
 from engine.store.disk_refusals import is_disk_refusal
 from engine.store.pop_files import (
     INCARNATION_FILE,
@@ -38,33 +42,33 @@ log = logging.getLogger(__name__)
 class _Expiry:
     until_ms: int
     seq: int
-    queue: PopQueue = field(compare=False)
+    queue: QueueIndex = field(compare=False)
     offsets: Sequence[int] = field(compare=False)  # a range for a pop's first deliveries: O(1) memory
     generation: int = field(compare=False, default=1)  # of every delivery in ``offsets``
 
 
-class PopStates:
-    """Every ``PopQueue`` of one owner, and the heap of their invisible times."""
+class IndexSet:
+    """Every ``QueueIndex`` of one owner, and the heap of their invisible times."""
 
     def __init__(self, store_dir: Path, *, journal_entries_max: int) -> None:
         self.store_dir = store_dir
         self.journal_entries_max = journal_entries_max
-        self.queues: dict[PopKey, PopQueue] = {}
+        self.queues: dict[PopKey, QueueIndex] = {}
         self.expiries: list[_Expiry] = []
         self.seq = itertools.count()
-        self.written: set[PopQueue] = set()  # journals appended to since their last sync
+        self.written: set[QueueIndex] = set()  # journals appended to since their last sync
 
-    def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
+    def get(self, group: str, topic: str, queue_id: int) -> QueueIndex | None:
         return self.queues.get((group, topic, queue_id))
 
     def open(self, group: str, topic: str, queue_id: int, *, queue_end: int | None = None,
-             incarnation: int = -1) -> PopQueue:
+             incarnation: int = -1) -> QueueIndex:
         """The state of (group, topic, queue), recovered from its files, or new; ``incarnation``: the
         topic's deletion offset now (a new state records it, see ``pop_files.write_incarnation``)."""
         key = (group, topic, queue_id)
         queue = self.queues.get(key)
         if queue is None:
-            directory = pop_queue_dir(self.store_dir, group, topic, queue_id)
+            directory = queue_index_dir(self.store_dir, group, topic, queue_id)
             try:
                 if not (directory / INCARNATION_FILE).exists():
                     directory.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,7 @@ class PopStates:
                     else ErrorCode.SERVICE_NOT_AVAILABLE
                 raise RequestError(code, f"the pop state could not be created ({exc.strerror}); "
                                          f"retry later") from None
-            queue = self.queues[key] = PopQueue(directory, key, journal, incarnation=read_incarnation(directory))
+            queue = self.queues[key] = QueueIndex(directory, key, journal, incarnation=read_incarnation(directory))
             queue.recover(queue_end=queue_end)
             if queue.tail_forgotten:
                 self.fold(queue)  # the files must not keep what was dropped
@@ -86,7 +90,7 @@ class PopStates:
             self._schedule_recovered(queue)
         return queue
 
-    def _schedule_recovered(self, queue: PopQueue) -> None:
+    def _schedule_recovered(self, queue: QueueIndex) -> None:
         for number, segment in queue.segments.items():
             states = segment[SEGMENT_STATE_POSITION::SEGMENT_ENTRY_BYTES]
             index = states.find(State.DELIVERED)
@@ -96,14 +100,14 @@ class PopStates:
                 self.schedule(queue, until, [offset], generation)
                 index = states.find(State.DELIVERED, index + 1)
 
-    def schedule(self, queue: PopQueue, until_ms: int, offsets: Sequence[int], generation: int) -> None:
+    def schedule(self, queue: QueueIndex, until_ms: int, offsets: Sequence[int], generation: int) -> None:
         """``offsets``, delivered with ``generation``, become due at ``until_ms``."""
         heapq.heappush(self.expiries, _Expiry(until_ms, next(self.seq), queue, offsets, generation))
 
-    def expire(self, now_ms: int) -> set[PopQueue]:
+    def expire(self, now_ms: int) -> set[QueueIndex]:
         """Move every delivery whose invisible time passed (and that was not acked or changed since)
         to its queue's ``due``; the queues that got some."""
-        touched: set[PopQueue] = set()
+        touched: set[QueueIndex] = set()
         while self.expiries and self.expiries[0].until_ms <= now_ms:
             expiry = heapq.heappop(self.expiries)
             queue = expiry.queue
@@ -116,7 +120,7 @@ class PopStates:
                     touched.add(queue)
         return touched
 
-    def write(self, queue: PopQueue, now_ms: int) -> None:
+    def write(self, queue: QueueIndex, now_ms: int) -> None:
         """Append the request's entries; RequestError (DISK_FULL, or SERVICE_NOT_AVAILABLE) when
         the disk refuses them. They stay pending and go with the next write: the state in
         memory is ahead of the journal meanwhile, which a crash turns into redeliveries only."""
@@ -147,7 +151,7 @@ class PopStates:
         self.written.clear()
         return paths
 
-    def fold(self, queue: PopQueue) -> None:
+    def fold(self, queue: QueueIndex) -> None:
         """Fold the journal into the segments; a disk that refuses the segments (full) leaves the
         journal as it is, and the next fold tries again."""
         queue.journal.sync()  # a failed fdatasync stops the owner (docs/design.md 6.3)

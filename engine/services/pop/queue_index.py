@@ -1,6 +1,7 @@
-"""The ack state of pop consumer groups: RabbitMQ's queue index over a RocketMQ queue.
+"""The queue index of one (group, topic, queue): a pop group's ack state, RabbitMQ's queue index.
 
-One ``PopQueue`` per (group, topic, queue) that the owner of the queue holds. Its
+One ``QueueIndex`` per (group, topic, queue) that the owner of the queue holds
+(``index_set.IndexSet`` opens them; ``delivery.py`` changes them). Its
 files are ``engine/store/pop_files.py``'s: a journal of fixed entries and segment
 files of 16,384 entry states. In memory it keeps:
 
@@ -32,7 +33,8 @@ Rules, after ``rabbit_queue_index``:
   State past the queue's end (the log lost its tail to a power cut under ASYNC_FLUSH)
   is dropped: new messages will take those offsets.
 
-``pop_states.py`` holds every ``PopQueue`` of an owner and the heap of invisible times.
+``index_set.py`` holds every ``QueueIndex`` of an owner and the heap of invisible times.
+The package's docstring (``engine/services/pop/__init__.py``) maps the parts.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ PopKey = tuple[str, str, int]  # group, topic, queue id
 _ZERO_ENTRY = bytes(JOURNAL_ENTRY_BYTES)
 
 
-def pop_queue_dir(store_dir: Path, group: str, topic: str, queue_id: int) -> Path:
+def queue_index_dir(store_dir: Path, group: str, topic: str, queue_id: int) -> Path:
     return store_dir / POP_DIR / group / topic / str(queue_id)
 
 
@@ -85,7 +87,7 @@ def _counts(entries: bytearray) -> SegmentCounts:
 
 
 @dataclass(eq=False)  # hashed by identity: a set holds the queues written to
-class PopQueue:
+class QueueIndex:
     directory: Path
     key: PopKey
     journal: Journal

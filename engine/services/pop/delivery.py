@@ -1,4 +1,5 @@
-"""Pop, ack and change of invisible time over one queue's ack state (``pop_state.PopQueue``).
+"""Delivery and ack logic: pop, ack and change of invisible time over one queue index
+(``queue_index.QueueIndex``), called by the owner's pop glue (``engine/actors/owner_pops.py``).
 
 A pop takes the queue's due redeliveries first (oldest first), then new messages from
 the pop cursor; each delivery is a journal entry DELIVER with its attempt, its receipt
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import ErrorCode, GetStatus
 from engine.ipc.protocol import ErrorInfo
-from engine.services.pop_state import PopQueue
+from engine.services.pop.queue_index import QueueIndex
 from engine.services.pull import PullResult, Subscription
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.pop_files import Action, State
@@ -37,6 +38,7 @@ from engine.store.pop_files import Action, State
 log = logging.getLogger(__name__)
 # (cq, offset, max_messages, max_bytes, subscription) -> what a pull from there finds
 QueueRead = Callable[[ConsumeQueue | None, int, int, int, Subscription], PullResult]
+_TAGS_CACHED_MAX = 65_536  # (group, topic, incarnation) tags kept: past it the cache starts again
 _GONE = (GetStatus.MESSAGE_WAS_REMOVING, GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MATCHED_MESSAGE)
 
 
@@ -45,6 +47,23 @@ def handle_tag(group: str, topic: str, incarnation: int = -1) -> str:
     never deleted (whose handles keep the tag they had before incarnations were named)."""
     name = f"{group}/{topic}" if incarnation < 0 else f"{group}/{topic}@{incarnation}"
     return f"{zlib.crc32(name.encode()):08x}"
+
+
+class HandleTags:
+    """The receipt handles' tag of each queue index (its group, topic and the topic's life), cached:
+    computed once per (group, topic, incarnation), up to ``_TAGS_CACHED_MAX`` (then it starts again)."""
+
+    def __init__(self) -> None:
+        self.tags: dict[tuple[str, str, int], str] = {}
+
+    def of(self, queue: QueueIndex) -> str:
+        group, topic, _queue_id = queue.key
+        tag = self.tags.get((group, topic, queue.incarnation))
+        if tag is None:
+            if len(self.tags) >= _TAGS_CACHED_MAX:
+                self.tags.clear()
+            tag = self.tags[(group, topic, queue.incarnation)] = handle_tag(group, topic, queue.incarnation)
+        return tag
 
 
 def encode_handle(queue_id: int, offset: int, generation: int, tag: str) -> str:
@@ -83,7 +102,7 @@ class Taken:
         self.attempts.extend([attempt] * len(result.offsets))
 
 
-def take(queue: PopQueue, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
+def take(queue: QueueIndex, cq: ConsumeQueue | None, read: QueueRead, taken: Taken, *, max_messages: int,
          max_bytes: int, subscription: Subscription, until_ms: int, tag: str,
          fifo: bool = False) -> list[tuple[Sequence[int], int]]:
     """Add up to ``max_messages`` deliveries of ``queue`` to ``taken``; what to schedule at
@@ -158,7 +177,7 @@ class AckOutcome:
     failed: list[dict[str, str | ErrorInfo]] = field(default_factory=list)
 
 
-def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
+def ack(queue: QueueIndex, handles: list[str], tag: str) -> AckOutcome:
     queue_id = queue.key[2]
     decoded = [decode_handle(handle, queue_id, tag) for handle in handles]
     good = [(i, d) for i, d in enumerate(decoded) if d is not None]
@@ -172,7 +191,7 @@ def ack(queue: PopQueue, handles: list[str], tag: str) -> AckOutcome:
     return outcome
 
 
-def current_deliveries(queue: PopQueue, handles: list[str], tag: str) -> tuple[list[tuple[int, int]], AckOutcome]:
+def current_deliveries(queue: QueueIndex, handles: list[str], tag: str) -> tuple[list[tuple[int, int]], AckOutcome]:
     """The (offset, generation) of each handle that names its message's current delivery, and the
     outcome counting the others refused, as ``ack`` would (for a dead-letter request)."""
     current: list[tuple[int, int]] = []
@@ -202,7 +221,7 @@ def _stale(handle: str, decoded: tuple[int, int] | None, state: int) -> ErrorInf
     return ErrorInfo(int(code), code.name, message)
 
 
-def change_invisible(queue: PopQueue, handle: str, tag: str, *, until_ms: int) -> tuple[int, int] | str:
+def change_invisible(queue: QueueIndex, handle: str, tag: str, *, until_ms: int) -> tuple[int, int] | str:
     """The new (offset, generation), or why not."""
     decoded = decode_handle(handle, queue.key[2], tag)
     if decoded is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.services.pop_states import PopStates
+from engine.services.pop.index_set import IndexSet
 from engine.store.pop_files import (
     JOURNAL_ENTRY_BYTES,
     JOURNAL_FILE,
@@ -46,25 +46,25 @@ def test_a_segment_has_its_golden_header_and_entries() -> None:
                          + zlib.crc32(entries).to_bytes(4, "big") + bytes(4))
 
 
-def new_states(tmp_path: Path, **kwargs: int) -> PopStates:
-    return PopStates(tmp_path, journal_entries_max=kwargs.get("journal_entries_max", 65_536))
+def new_states(tmp_path: Path, **kwargs: int) -> IndexSet:
+    return IndexSet(tmp_path, journal_entries_max=kwargs.get("journal_entries_max", 65_536))
 
 
-def deliver(states: PopStates, offsets: range, *, until: int = 10**13) -> None:
+def deliver(states: IndexSet, offsets: range, *, until: int = 10**13) -> None:
     queue = states.open("g", "t", 0)
     for offset in offsets:
         queue.record(offset, Action.DELIVER, 1, 1, until)
     states.write(queue, 0)
 
 
-def ack(states: PopStates, offsets: range) -> None:
+def ack(states: IndexSet, offsets: range) -> None:
     queue = states.open("g", "t", 0)
     for offset in offsets:
         queue.record(offset, Action.ACK)
     states.write(queue, 0)
 
 
-def reopened(tmp_path: Path, states: PopStates) -> PopStates:
+def reopened(tmp_path: Path, states: IndexSet) -> IndexSet:
     """As after a kill: no fold, no close; the files as they are."""
     for queue in states.queues.values():
         queue.journal.close()
