@@ -9,8 +9,9 @@ Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
 
 * produce in batches of 1000, one batch at a time (how most users call it) and 4 in flight;
 * one durable send at a time (SYNC_FLUSH) and one ASYNC send at a time: p50 and p99;
-* consume everything back through the public client (``StoreClient.pull``, 1024 a pull);
-* 1,000 key lookups, one at a time;
+* consume everything back through the public client (``StoreClient.pull``, 1024 a pull), and on
+  the same host over the shared mapped files (``engine.local_reads.LocalReads.pull``);
+* 1,000 key lookups, one at a time, over the socket and on the same host (``LocalReads``);
 * SIGKILL of each actor kind, 10 times: the worst time until it serves again;
 * each actor's share of the engine's CPU over produce and consume (would it scale with cores?);
 * references: one ``pwrite`` + ``fdatasync`` of 300 bytes, and a ZeroMQ DEALER/ROUTER echo, one at a time.
@@ -40,6 +41,7 @@ from bench import RESULTS, body_of, engine_config, percentile, pipelined, record
 
 from engine.client import ClientError, StoreClient
 from engine.ipc.control import EventStream
+from engine.local_reads import LocalReads
 from harness.faults import actor_pids
 from harness.workload import wait_dispatched
 from rmqpy import PullConsumer
@@ -191,6 +193,20 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
                 offset = reply["next_offset"]
         assert count == total, (count, total)
         record(f"{label} consume all (StoreClient.pull)", [count / (time.perf_counter() - t0)], "msg/s")
+        with LocalReads(engine.store_dir) as local:
+            t0 = time.perf_counter()
+            count = 0
+            for queue_id in range(QUEUES):
+                offset = 0
+                while True:
+                    local_reply = local.pull(topic, queue_id, offset, max_messages=1024)
+                    if not local_reply.messages:
+                        break
+                    count += len(local_reply.messages)
+                    offset = local_reply.next_offset or offset
+            assert count == total, (count, total)
+            record(f"{label} consume all on the same host (LocalReads.pull)", [count / (time.perf_counter() - t0)],
+                   "msg/s")
         t0 = time.perf_counter()
         with PullConsumer(f"peers-{total}", topic, endpoint=engine.endpoint, batch_size=1024, auto_commit=False,
                           idle_timeout_ms=300) as consumer:
@@ -213,6 +229,13 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
                 found = client.query_by_key(topic, f"key-{rng.randrange(total)}", max_results=8)
                 assert len(found) == 1
             record("engine key lookups one at a time", [LOOKUPS / (time.perf_counter() - t0)], "lookups/s")
+            with LocalReads(engine.store_dir) as local:
+                t0 = time.perf_counter()
+                for _ in range(LOOKUPS * 10):
+                    found = local.query_by_key(topic, f"key-{rng.randrange(total)}", max_results=8)
+                    assert len(found) == 1
+                record("engine key lookups one at a time on the same host (LocalReads)",
+                       [LOOKUPS * 10 / (time.perf_counter() - t0)], "lookups/s")
 
 
 def hops(engine: EngineProcess, flush_mode: str) -> None:

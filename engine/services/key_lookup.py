@@ -37,7 +37,7 @@ from pathlib import Path
 
 from engine.codec_py import MessageMap
 from engine.config import StoreConfig
-from engine.ipc.protocol import QueryByKeyRequest, decode_request, encode_reply
+from engine.ipc.protocol import QueryByKeyRequest, decode_as, encode_reply
 from engine.layout import RecordError
 from engine.store.commit_log import CommitLogReader
 from engine.store.deleted_topics import DeletedTopics
@@ -57,24 +57,32 @@ class KeyLookup:
 
         ``visible_end`` is how far readers may see the log; ``deletions`` the writer's
         ``TOPIC_DELETIONS`` count."""
-        request = decode_request("query_by_key", raw)
-        assert isinstance(request, QueryByKeyRequest)
-        count_max = min(request.max_results, self.config.query_result_count_max)
+        request = decode_as(QueryByKeyRequest, raw)
+        messages = self.find(request.topic, request.key, max_results=request.max_results,
+                             begin_ms=request.begin_timestamp, end_ms=request.end_timestamp,
+                             visible_end=visible_end, deletions=deletions)
+        return encode_reply(request.id, messages=messages)
+
+    def find(self, topic: str, key: str, *, max_results: int, begin_ms: int, end_ms: int, visible_end: int,
+             deletions: int) -> list[MessageMap]:
+        """The messages of ``topic`` with ``key`` (a key or the UNIQ_KEY), stored in [begin_ms, end_ms],
+        oldest first; at most ``max_results`` (and ``query_result_count_max``) and about
+        ``pull_bytes_max`` bytes, the newest kept when capped."""
+        count_max = min(max_results, self.config.query_result_count_max)
         self.deleted_topics.follow(deletions)
         self.index.follow_writer()
-        candidates = self.index.query(request.topic, request.key, count_max=count_max * 4,
-                                      begin_ms=request.begin_timestamp, end_ms=request.end_timestamp)
+        candidates = self.index.query(topic, key, count_max=count_max * 4, begin_ms=begin_ms, end_ms=end_ms)
         log_min = self.reader.min_offset()
         messages: list[MessageMap] = []
         reply_bytes = 0
         for offset in candidates:  # newest first: a capped answer keeps the newest matches
-            if not log_min <= offset < visible_end or self.deleted_topics.hides(request.topic, offset):
+            if not log_min <= offset < visible_end or self.deleted_topics.hides(topic, offset):
                 continue
             try:
                 view = self.reader.read_view(offset, limit=visible_end)
             except RecordError:
                 continue
-            if view["topic"] != request.topic or (request.key not in view["keys"] and view["uniq_key"] != request.key):
+            if view["topic"] != topic or (key not in view["keys"] and view["uniq_key"] != key):
                 continue  # a hash collision
             reply_bytes += view["store_size"]
             if messages and reply_bytes > self.config.pull_bytes_max:
@@ -83,7 +91,7 @@ class KeyLookup:
             if len(messages) >= count_max:
                 break
         messages.sort(key=lambda m: m["commit_log_offset"])
-        return encode_reply(request.id, messages=messages)
+        return messages
 
     def after_retention(self) -> None:
         """Segments and index files were deleted: let their mappings go."""

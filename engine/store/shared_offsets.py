@@ -50,13 +50,16 @@ def owner_durable_slot(instance: int) -> int:
 
 
 class SharedOffsets:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, writable: bool = True) -> None:
+        """``writable=False``: a reader outside the engine (``engine/local_reads.py``) maps the file
+        read-only; FileNotFoundError if no engine made it."""
         path = run_dir / OFFSETS_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY, 0o600)
         try:
-            if os.fstat(fd).st_size < SLOT_COUNT * SLOT.size:
+            if writable and os.fstat(fd).st_size < SLOT_COUNT * SLOT.size:
                 os.posix_fallocate(fd, 0, SLOT_COUNT * SLOT.size)
-            self.mm = mmap.mmap(fd, SLOT_COUNT * SLOT.size)
+            self.mm = mmap.mmap(fd, SLOT_COUNT * SLOT.size,
+                                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
         finally:
             os.close(fd)
 
