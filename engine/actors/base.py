@@ -75,7 +75,7 @@ _raw_send = zmq.backend.Socket.send
 _raw_recv = zmq.backend.Socket.recv
 
 
-def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
+def send_frames(sock: zmq.Socket[bytes], frames: list[bytes], flags: int = 0) -> None:
     """``send_multipart``, faster; with NOBLOCK, zmq.Again means nothing was queued (the
     first frame is refused, or all of them are taken)."""
     last = len(frames) - 1
@@ -87,7 +87,7 @@ def send_frames(sock: zmq.Socket, frames: list[bytes], flags: int = 0) -> None:
             _raw_send(sock, frame, more, copy=False)
 
 
-def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[bytes]:
+def recv_frames(sock: zmq.Socket[bytes], flags: int = 0) -> list[bytes]:
     """``recv_multipart``, faster: every frame as bytes."""
     frames = [_raw_recv(sock, flags)]
     while sock.get(_RCVMORE):
@@ -110,7 +110,7 @@ def peer_ip(address: str) -> bytes:
     return b""
 
 
-def recv_frames_from(sock: zmq.Socket, flags: int = 0) -> tuple[list[bytes], bytes]:
+def recv_frames_from(sock: zmq.Socket[bytes], flags: int = 0) -> tuple[list[bytes], bytes]:
     """``recv_frames`` for a ROUTER, with the sender's IP (``peer_ip``).
 
     ZeroMQ gives a message's peer address only on a zero-copy frame (``Frame.get``): the frame
@@ -202,7 +202,9 @@ class Port:
         return self.address or self.channel.endpoint
 
 
-Handler = Callable[[Any, wire.Inbound, Effects], None]  # (the typed message, the whole inbound, effects)
+# (the typed message, the whole inbound, effects). Any: a handler takes the type it is registered
+# under in ``Actor.handlers``, which a dict's value type cannot say (the runtime checks the pairing).
+Handler = Callable[[Any, wire.Inbound, Effects], None]
 
 
 class Actor:
@@ -286,12 +288,12 @@ class Actor:
 class Runtime:
     """Runs one actor in this process over ZeroMQ."""
 
-    def __init__(self, actor: Actor, zmq_context: zmq.Context) -> None:
+    def __init__(self, actor: Actor, zmq_context: zmq.Context[zmq.Socket[bytes]]) -> None:
         self.actor = actor
         self.env = actor.env
         self.zctx = zmq_context
-        self.sockets: dict[Channel, zmq.Socket] = {}
-        self.readers: dict[zmq.Socket, Callable[[], None]] = {}  # what to do when a socket is readable
+        self.sockets: dict[Channel, zmq.Socket[bytes]] = {}
+        self.readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}  # what to do when a socket is readable
         self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
 
@@ -346,7 +348,7 @@ class Runtime:
                 os._exit(effect.code)  # no clean shutdown: nothing more may be written by this process
         out.clear()
 
-    def on_readable(self, port: Port, sock: zmq.Socket) -> None:
+    def on_readable(self, port: Port, sock: zmq.Socket[bytes]) -> None:
         """Handle up to ``_DRAIN_MESSAGES_MAX`` queued messages without blocking, then ``drained``.
 
         Frames arrive as bytes: for the small frames that make up most traffic a copy is
@@ -363,7 +365,7 @@ class Runtime:
         actor.drained(port.channel, out)
         self.carry_out(out)
 
-    def on_readable_from(self, port: Port, sock: zmq.Socket) -> None:
+    def on_readable_from(self, port: Port, sock: zmq.Socket[bytes]) -> None:
         """``on_readable`` for a ``peer_address`` port: each message with its sender's IP."""
         actor, out = self.actor, Effects()
         for _ in range(_DRAIN_MESSAGES_MAX):
@@ -377,7 +379,7 @@ class Runtime:
         actor.drained(port.channel, out)
         self.carry_out(out)
 
-    def on_monitor(self, channel: Channel, monitor: zmq.Socket) -> None:
+    def on_monitor(self, channel: Channel, monitor: zmq.Socket[bytes]) -> None:
         from zmq.utils.monitor import recv_monitor_message  # it loads asyncio: 3 MiB in every other actor
 
         for _ in range(64):
@@ -394,7 +396,7 @@ class Runtime:
         except OSError as exc:  # the run directory is on a full or gone file system: metrics wait
             log.warning("cannot write the metrics report: %s", exc)
 
-    def run(self, heartbeat: zmq.Socket, parent: int) -> None:
+    def run(self, heartbeat: zmq.Socket[bytes], parent: int) -> None:
         actor, clock = self.actor, self.env.clock
         out = Effects()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
@@ -499,7 +501,7 @@ def main(actor_cls: type[Actor], argv: list[str] | None = None) -> int:
     return 0
 
 
-def send_heartbeat(heartbeat: zmq.Socket, name: str, lifecycle: Lifecycle, detail: dict[str, int],
+def send_heartbeat(heartbeat: zmq.Socket[bytes], name: str, lifecycle: Lifecycle, detail: dict[str, int],
                    condition: str = "") -> None:
     beat = Heartbeat(name, os.getpid(), lifecycle, detail, condition)
     try:

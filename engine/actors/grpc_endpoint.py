@@ -52,7 +52,7 @@ class GrpcEndpoint:
         self.link: EngineLink | None = None
         self.stopping = asyncio.Event()
 
-    def beat(self, heartbeat: zmq.Socket) -> None:
+    def beat(self, heartbeat: zmq.Socket[bytes]) -> None:
         send_heartbeat(heartbeat, self.name, self.lifecycle, self.detail())
 
     def detail(self) -> dict[str, int]:

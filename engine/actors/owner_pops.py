@@ -21,7 +21,6 @@ import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from engine.actors.base import Clock
 from engine.actors.effects import Effects, Reply, Tell
@@ -79,9 +78,9 @@ class OwnerPops:
 
     def metrics(self) -> Figures:
         """Each pop group's queue: in flight, due, redelivered and dead-lettered messages."""
-        rows: dict[str, list[list[Any]]] = {"rmqpy_pop_in_flight_messages": [], "rmqpy_pop_due_messages": [],
-                                            "rmqpy_pop_redelivered_messages": [],
-                                            "rmqpy_pop_dead_lettered_messages": []}
+        rows: dict[str, list[list[str | int]]] = {
+            "rmqpy_pop_in_flight_messages": [], "rmqpy_pop_due_messages": [], "rmqpy_pop_redelivered_messages": [],
+            "rmqpy_pop_dead_lettered_messages": []}
         for (group, topic, queue_id), queue in self.indexes.queues.items():
             labels = [group, topic, str(queue_id)]
             rows["rmqpy_pop_in_flight_messages"].append([*labels, queue.in_flight])

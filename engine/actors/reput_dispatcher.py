@@ -15,6 +15,7 @@ commit log offset, so a restarted dispatcher may start early without harm.
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from engine import codec
 from engine.actors.base import Actor, Env, Handler, Port, main
@@ -22,9 +23,9 @@ from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
-from engine.ipc.messages import DispatchBatch, FlushFailed, Wake
+from engine.ipc.messages import DispatchBatch, DispatchEntry, FlushFailed, Wake
 from engine.ipc.wire import Inbound
-from engine.layout import END_FILE_MIN_BLANK_BYTES
+from engine.layout import END_FILE_MIN_BLANK_BYTES, Record
 from engine.services.restart_points import reput_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
@@ -114,11 +115,11 @@ class ReputDispatcherActor(Actor):
     def work_backlog(self, out: Effects) -> None:
         self.dispatch(out)
 
-    def collect(self, start: int, end: int) -> tuple[list[list], list, int]:
+    def collect(self, start: int, end: int) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int]:
         """Parse up to ``dispatch_batch_records_max`` records from ``start``: the entries for
         each owner and for the index, and the offset after the last record parsed."""
-        per_owner: list[list] = [[] for _ in range(self.owner_count)]
-        for_index: list = []
+        per_owner: list[list[DispatchTuple]] = [[] for _ in range(self.owner_count)]
+        for_index: list[DispatchTuple] = []
         room = self.config.dispatch_batch_records_max
         offset = start
         while offset < end and room > 0:
@@ -142,7 +143,8 @@ class ReputDispatcherActor(Actor):
                 offset = segment.end_offset
         return per_owner, for_index, min(offset, end)
 
-    def step_over(self, offset: int, end: int, per_owner: list[list], for_index: list) -> int:
+    def step_over(self, offset: int, end: int, per_owner: list[list[DispatchTuple]],
+                  for_index: list[DispatchTuple]) -> int:
         """The record at ``offset`` did not parse on the fast path: let the full decoder say why."""
         item = next(iter(self.reader.scan(offset, end, check_crc=False)))
         if isinstance(item, Damage):
@@ -151,7 +153,7 @@ class ReputDispatcherActor(Actor):
         self.route(item, per_owner, for_index)
         return item.commit_log_offset + item.total_size
 
-    def route(self, record, per_owner: list[list], for_index: list) -> None:
+    def route(self, record: Record, per_owner: list[list[DispatchTuple]], for_index: list[DispatchTuple]) -> None:
         keys = record.keys
         uniq = record.uniq_key
         entry: DispatchTuple = (record.topic, record.queue_id, record.queue_offset, record.commit_log_offset,
@@ -160,7 +162,8 @@ class ReputDispatcherActor(Actor):
         if keys or uniq:
             for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
 
-    def publish(self, out: Effects, end: int, per_owner: list[list], for_index: list, *, tick: bool = False) -> None:
+    def publish(self, out: Effects, end: int, per_owner: list[list[DispatchTuple]], for_index: list[DispatchTuple],
+                *, tick: bool = False) -> None:
         """Send each receiver what it has in the log up to ``end``; a receiver with nothing new
         hears nothing until the next tick (its batch then starts where its last one ended).
 
@@ -168,7 +171,8 @@ class ReputDispatcherActor(Actor):
         receivers = [*zip(self.owner_topics, per_owner, strict=True), (endpoints.TOPIC_INDEX, for_index)]
         for k, (topic, entries) in enumerate(receivers):
             if entries or tick:
-                batch = DispatchBatch(self.sent_end[k], end, entries)
+                # the tuples stand for the entries on the wire (encoded alike): a cast, not a copy
+                batch = DispatchBatch(self.sent_end[k], end, cast("list[DispatchEntry]", entries))
                 out.publish(channels.DISPATCH, topic, batch)
                 self.sent_end[k] = end
         self.slots.set(DISPATCHED, end)
@@ -185,7 +189,7 @@ class ReputDispatcherActor(Actor):
             self.reader.segments.refresh()
         self.follow_log()
         self.dispatch(out)
-        empty: list[list] = [[] for _ in range(self.owner_count)]
+        empty: list[list[DispatchTuple]] = [[] for _ in range(self.owner_count)]
         self.publish(out, self.reput_offset, empty, [], tick=True)
 
     def detail(self) -> dict[str, int]:

@@ -20,6 +20,9 @@ Which part does what (a pop goes down this list and comes back up it, once):
 ``queue_index.py``, ``QueueIndex``
     The queue index of one (group, topic, queue): the state of each queue offset in
     memory, the journal entries of each change, the fold into segments, recovery.
+``fan_out.py``, ``PopFanOut``
+    At the front, before any of the above: which owners a pop without a queue id asks, in
+    which order (each owner hands it back, ``PopElsewhere``, when it has nothing now).
 ``engine/store/pop_files.py``
     The files: the journal's and the segments' byte layouts, drawn beside their structs.
 """
