@@ -201,7 +201,10 @@ class ConsumeQueue:
         self.files.refresh()
         for start in self.files.known[:-1]:
             last_unit = self.get(min(self.max_offset, (start + self.file_bytes) // CQ_UNIT_BYTES) - 1)
-            if last_unit is None or last_unit.commit_log_offset + last_unit.size > log_min_offset:
+            # A blank last unit (a power cut lost its page, or damage zeroed it) says nothing of where
+            # the file's records are: the file stays. Read as offset 0 it would look expired.
+            if last_unit is None or not last_unit.is_plausible or \
+                    last_unit.commit_log_offset + last_unit.size > log_min_offset:
                 break
             self.files.delete(start)
             deleted += 1
