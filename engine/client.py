@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -244,6 +244,22 @@ class StoreClient:
                      end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64) -> list[dict[str, Any]]:
         return self.request("query_by_key", topic=topic, key=key, begin_timestamp=begin_timestamp,
                             end_timestamp=end_timestamp, max_results=max_results)["messages"]
+
+    def query_by_keys(self, topic: str, keys: Sequence[str], *, begin_timestamp: int = 0,
+                      end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64,
+                      keys_per_request: int = 1_000) -> list[list[dict[str, Any]]]:
+        """``query_by_key`` for every key of ``keys``, many keys a round trip: each key's messages, in
+        the keys' order. A reply that answers only the first keys (its size cap) is followed by a
+        request for the rest."""
+        found: list[list[dict[str, Any]]] = []
+        while len(found) < len(keys):
+            batch = list(keys[len(found):len(found) + keys_per_request])
+            answered = self.request("query_by_keys", topic=topic, keys=batch, begin_timestamp=begin_timestamp,
+                                    end_timestamp=end_timestamp, max_results=max_results)["found"]
+            if not answered:
+                raise ClientError("the engine answered no key of a query_by_keys")
+            found += answered
+        return found
 
     def get_by_id(self, msg_id: str) -> dict[str, Any]:
         return self.request("get_by_id", msg_id=msg_id)["message"]

@@ -68,6 +68,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     pull_message_count_max: int = 1024
     pull_bytes_max: int = 4 * MiB
     query_result_count_max: int = 64
+    query_keys_per_request_max: int = 1_000  # keys of one query_by_keys
     consumer_offset_persist_interval_ms: int = 5_000
     consumer_offset_entries_max: int = 1_000_000  # (group, topic) pairs with committed offsets
     check_memory_bytes_max: int = 64 * MiB  # `engine check`: findings kept beyond the per-queue state
@@ -354,7 +355,7 @@ _MINIMUMS: dict[str, int] = {
     "index_item_count_max": 2,
     "message_body_bytes_max": 1, "properties_bytes_max": 1, "send_batch_bytes_max": 1,
     "topic_queue_count_default": 1, "topic_queue_count_max": 1, "topic_count_max": 1,
-    "pull_message_count_max": 1, "pull_bytes_max": 1, "query_result_count_max": 1,
+    "pull_message_count_max": 1, "pull_bytes_max": 1, "query_result_count_max": 1, "query_keys_per_request_max": 1,
     "consumer_offset_persist_interval_ms": 1, "consumer_offset_entries_max": 1, "check_memory_bytes_max": 1,
     "long_poll_wait_ms_max": 0, "long_poll_parked_max": 0, "long_poll_wakes_per_turn_max": 1,
     "catch_up_bytes_per_turn_max": 1,

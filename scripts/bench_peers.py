@@ -11,7 +11,8 @@ Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
 * one durable send at a time (SYNC_FLUSH) and one ASYNC send at a time: p50 and p99;
 * consume everything back through the public client (``StoreClient.pull``, 1024 a pull), and on
   the same host over the shared mapped files (``engine.local_reads.LocalReads.pull``);
-* 1,000 key lookups, one at a time, over the socket and on the same host (``LocalReads``);
+* 1,000 key lookups, one at a time, over the socket and on the same host (``LocalReads``), and
+  10,000 over the socket 100 keys a request (``query_by_keys``);
 * SIGKILL of each actor kind, 10 times: the worst time until it serves again;
 * each actor's share of the engine's CPU over produce and consume (would it scale with cores?);
 * references: one ``pwrite`` + ``fdatasync`` of 300 bytes, and a ZeroMQ DEALER/ROUTER echo, one at a time.
@@ -229,6 +230,13 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
                 found = client.query_by_key(topic, f"key-{rng.randrange(total)}", max_results=8)
                 assert len(found) == 1
             record("engine key lookups one at a time", [LOOKUPS / (time.perf_counter() - t0)], "lookups/s")
+            t0 = time.perf_counter()
+            for _ in range(LOOKUPS // 10):
+                found_many = client.query_by_keys(topic, [f"key-{rng.randrange(total)}" for _ in range(100)],
+                                                  max_results=8)
+                assert all(len(found) == 1 for found in found_many)
+            record("engine key lookups, 100 keys a request (query_by_keys)",
+                   [LOOKUPS * 10 / (time.perf_counter() - t0)], "lookups/s")
             with LocalReads(engine.store_dir) as local:
                 t0 = time.perf_counter()
                 for _ in range(LOOKUPS * 10):

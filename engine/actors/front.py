@@ -14,7 +14,7 @@ queue against the topic table it owns (``config/topics.json``, its rules in
   ``%DLQ%{group}``. A (group, topic) either pops or commits offsets: the other is refused
   (GROUP_MODE_CONFLICT, ``engine/services/consumer_groups.py``);
 * ``end_transaction``, ``transaction_checks`` -> the transaction actor;
-* ``query_by_key``: answered here, from the IndexFiles and the log mapped read-only
+* ``query_by_key``, ``query_by_keys``: answered here, from the IndexFiles and the log mapped read-only
   (``engine/services/key_lookup.py``): the index builder writes them;
 * ``delete_topic`` -> the writer, which records where the deletion falls in the
   log; on its answer the topic leaves the table and its consumer offsets go (the
@@ -274,11 +274,11 @@ class FrontActor(Actor):
             out.append(self.forward(channels.WRITER, origin, append, raw))
         elif op == "pop":
             self.route_pop(origin, raw, envelope, out)
-        elif op == "query_by_key":
+        elif op in ("query_by_key", "query_by_keys"):
             self.topics.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
-            out.append(Reply(origin, self.lookup.answer(raw, visible_end=visible_end,
-                                                        deletions=self.slots.get(TOPIC_DELETIONS))))
+            answer = self.lookup.answer if op == "query_by_key" else self.lookup.answer_many
+            out.append(Reply(origin, answer(raw, visible_end=visible_end, deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "delete_topic":
             topic = self.topics.check_deletable(envelope)
             decode_request(op, raw)

@@ -21,7 +21,7 @@ from msgspec import Meta
 from engine.errors import ErrorCode, RequestError
 
 PROTOCOL_VERSION = 1
-OPS = ("send", "pull", "query_by_key", "get_by_id", "create_topic", "list_topics", "ping", "status",
+OPS = ("send", "pull", "query_by_key", "query_by_keys", "get_by_id", "create_topic", "list_topics", "ping", "status",
        "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic",
        "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks")
 
@@ -93,6 +93,16 @@ class QueryByKeyRequest(_Request, kw_only=True):
     begin_timestamp: Int64 = 0
     end_timestamp: Int64 = 0x7FFFFFFFFFFFFFFF
     max_results: Annotated[int, Meta(ge=1)] = 64
+
+
+class QueryByKeysRequest(_Request, kw_only=True):
+    """``query_by_key`` for many keys in one round trip (at most ``query_keys_per_request_max``)."""
+
+    topic: TopicName
+    keys: Annotated[list[Annotated[str, Meta(min_length=1, max_length=4096)]], Meta(min_length=1)]
+    begin_timestamp: Int64 = 0
+    end_timestamp: Int64 = 0x7FFFFFFFFFFFFFFF
+    max_results: Annotated[int, Meta(ge=1)] = 64  # per key
 
 
 class GetByIdRequest(_Request, kw_only=True):
@@ -208,6 +218,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "send": SendRequest,
     "pull": PullRequest,
     "query_by_key": QueryByKeyRequest,
+    "query_by_keys": QueryByKeysRequest,
     "get_by_id": GetByIdRequest,
     "create_topic": CreateTopicRequest,
     "list_topics": PlainRequest,

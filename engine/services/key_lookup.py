@@ -37,7 +37,8 @@ from pathlib import Path
 
 from engine.codec_py import MessageMap
 from engine.config import StoreConfig
-from engine.ipc.protocol import QueryByKeyRequest, decode_as, encode_reply
+from engine.errors import ErrorCode, RequestError
+from engine.ipc.protocol import QueryByKeyRequest, QueryByKeysRequest, decode_as, encode_reply
 from engine.layout import RecordError
 from engine.store.commit_log import CommitLogReader
 from engine.store.deleted_topics import DeletedTopics
@@ -62,6 +63,27 @@ class KeyLookup:
                              begin_ms=request.begin_timestamp, end_ms=request.end_timestamp,
                              visible_end=visible_end, deletions=deletions)
         return encode_reply(request.id, messages=messages)
+
+    def answer_many(self, raw: bytes, *, visible_end: int, deletions: int) -> bytes:
+        """The reply to a ``query_by_keys`` request: each key's messages, in the keys' order, as far as
+        ``pull_bytes_max`` allows (the reply then answers the first keys only: the client asks again
+        for the rest); RequestError if the request is malformed or has too many keys."""
+        request = decode_as(QueryByKeysRequest, raw)
+        if len(request.keys) > self.config.query_keys_per_request_max:
+            raise RequestError(ErrorCode.LIMIT_EXCEEDED, f"{len(request.keys)} keys in one query_by_keys; at most "
+                                                         f"{self.config.query_keys_per_request_max} "
+                                                         f"(query_keys_per_request_max)")
+        found: list[list[MessageMap]] = []
+        reply_bytes = 0
+        for key in request.keys:
+            messages = self.find(request.topic, key, max_results=request.max_results,
+                                 begin_ms=request.begin_timestamp, end_ms=request.end_timestamp,
+                                 visible_end=visible_end, deletions=deletions)
+            reply_bytes += sum(message["store_size"] for message in messages)
+            if found and reply_bytes > self.config.pull_bytes_max:
+                break
+            found.append(messages)
+        return encode_reply(request.id, found=found)
 
     def find(self, topic: str, key: str, *, max_results: int, begin_ms: int, end_ms: int, visible_end: int,
              deletions: int) -> list[MessageMap]:
