@@ -37,7 +37,6 @@ import psutil
 
 from engine.config import ConfigError, StoreConfig
 from engine.ipc.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
-from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
 from engine.ipc.messages import StatusQuery, StopCommand
 from engine.version import package_version
 from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
@@ -162,6 +161,9 @@ def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParse
 def cmd_start(args: argparse.Namespace) -> int:
     config = StoreConfig.load(args.config, endpoint=args.endpoint)  # store_port follows the endpoint
     if config.curve_enabled:  # fail here, with the reason, rather than in the front's restarts
+        # zmq.auth loads asyncio: imported only here, it costs the other starts nothing
+        from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
+
         try:
             load_server_keys(config.curve_server_secret_key_file)
             allowed = check_authorized_keys_dir(config.curve_authorized_keys_dir)

@@ -467,7 +467,21 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--store-dir", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--config", type=Path, required=True, help="JSON config written by the supervisor")
+    parser.add_argument("--start-gate-fd", type=int, help="wait for a byte on this pipe before recovering")
     return parser.parse_args(argv)
+
+
+def _await_start_gate(fd: int) -> None:
+    """Wait until the supervisor lets this actor recover (its wave has come; ``Supervisor.start``
+    spawns every actor at once, so that imports overlap with the earlier waves' recovery). The
+    pipe closed without a byte: the start failed or was stopped first, exit without touching the store."""
+    try:
+        go = os.read(fd, 1)
+    finally:
+        os.close(fd)
+    if not go:
+        log.info("the engine stopped before this actor's wave started")
+        raise SystemExit(0)
 
 
 def process_setup(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
@@ -481,6 +495,8 @@ def process_setup(argv: list[str] | None) -> tuple[argparse.Namespace, int]:
     # stderr, logs/<name>.stderr (faulthandler writes to the descriptor, past logging).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+    if args.start_gate_fd is not None:
+        _await_start_gate(args.start_gate_fd)
     return args, parent
 
 

@@ -229,7 +229,8 @@ class CommitLogWriterActor(Actor):
             self.last_clean_ms = now_ms
             self.clean_expired_segments(out)
         self.publish_offsets(out)
-        if self.acks:
+        if self.acks:  # the flusher's slot too: a lost Wake on ``flushed`` holds no ack past this tick
+            self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
             self.release_acks(out, now_ms)
         # As soon as a segment takes appends, the next one is prepared in the background
         # (RocketMQ's AllocateMappedFileService): zeroing a warm segment takes about as long

@@ -214,7 +214,12 @@ class FlusherActor(Actor):
         now_ms = self.clock.mono_ms()
         cfg = self.config
         self.follow_confirmed()
-        if not self.sync_flush and self.confirmed_offset > self.flushed_offset:
+        if self.sync_flush and self.confirmed_offset > self.flushed_offset:
+            # A Wake on ``confirmed`` lost (a slow joiner, a full queue): flushed at this tick, not never.
+            self.flush_commit_log(out, self.confirmed_offset)
+            if self.failed:
+                return
+        elif self.confirmed_offset > self.flushed_offset:
             thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
             dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
             if thorough or dirty_pages >= cfg.flush_least_pages:

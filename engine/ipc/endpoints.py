@@ -62,11 +62,17 @@ def ipc(run_dir: Path, name: str) -> str:
 
 # Any socket, blocking or asyncio (whatever its recv returns): the options below are the same.
 SocketT = TypeVar("SocketT", bound="zmq.Socket[object]")
+_RECONNECT_IVL_MS = 10
 
 
 def configure(sock: SocketT, *, hwm: int, max_message_bytes: int = -1) -> SocketT:
-    """Options every socket gets: no linger at close, bounded queues."""
+    """Options every socket gets: no linger at close, bounded queues, and a retry of a connect
+    every 10 ms (ZeroMQ's default is 100 ms). An actor connects to the endpoints of later waves
+    before they are bound (the writer to the flusher's), and the start lets a wave recover as soon
+    as the one before runs: so the first connect after a bind comes ms after it, well before
+    the engine's ready line (``Supervisor.start``). A PUB's message sent before it is dropped."""
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
     if max_message_bytes > 0:

@@ -7,14 +7,24 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
 from engine.client import EngineError
+from engine.config import StoreConfig
 from supervisor.launcher import EngineProcess
 from tests.helpers import parked_requests, wait_dispatched
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """One engine for the module (an engine's start and stop cost more than most tests here): each
+    test creates topics of its own, and what it asserts of a group is of that group on its topics."""
+    with EngineProcess(tmp_path_factory.mktemp("pop-ack") / "store", config=StoreConfig.test_min()) as process:
+        yield process
 
 
 def send_numbered(client, topic: str, count: int, *, batch: int = 200) -> None:

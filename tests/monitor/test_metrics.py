@@ -85,6 +85,7 @@ def test_pop_groups_show_what_is_in_flight_and_redelivered(monitored: Monitored)
     with monitored.engine.client() as client:
         client.create_topic("work", queue_count=1)
         client.send("work", [{"body": b"job %d" % i} for i in range(10)])
+        wait_dispatched(client)  # a pop sees what the reput dispatcher has put in the queue
         popped = client.pop("workers", "work", max_messages=4, invisible_ms=60_000)
         assert len(popped) == 4
         client.ack("workers", popped[:1])
