@@ -60,7 +60,7 @@ def test_a_group_reads_every_queue_in_order_and_a_restart_resumes_where_it_commi
 
 def test_a_message_on_a_quiet_queue_is_not_held_up_by_a_backlog_on_another(engine: EngineProcess,
                                                                            endpoint: str) -> None:
-    backlog = 4_000
+    backlog = 20_000  # wide enough that the urgent message's path (send, dispatch, wake) is shorter under load
     with Producer(endpoint) as producer:
         for _ in range(backlog // 1_000):
             producer.send_batch("jobs", [b"backlog"] * 1_000, queue_id=0)
