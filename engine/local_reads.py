@@ -36,16 +36,15 @@ from engine.config import StoreConfig, decode_config
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import channels, endpoints
 from engine.ipc.protocol import MessageView, PullReply
-from engine.layout import RecordError, decode_msg_id
 from engine.services.key_lookup import KeyLookup
 from engine.services.pull import PullResult, Subscription, pull
+from engine.services.queue_reads import NOTHING_YET, msg_id_offset, read_record
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.records import owner_of
 from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets, owner_slot
 
-_NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
 _APPLY_POLL_S = 0.000_5  # while the owner applies records already confirmed: a few ms at most
 _messages_decoder = msgspec.msgpack.Decoder(list[MessageView])  # typed: about 0.5 us a message against 0.8 as maps
 
@@ -123,7 +122,7 @@ class LocalReads:
         matching = Subscription(subscription)
         while True:
             result = self._pull_once(topic, queue_id, offset, max_messages, max_bytes, matching)
-            if result.message_count or result.status not in _NOTHING_YET or not self._wait(topic, queue_id, deadline):
+            if result.message_count or result.status not in NOTHING_YET or not self._wait(topic, queue_id, deadline):
                 break
         if result.corrupt_offset >= 0 and not result.message_count:
             raise RequestError(ErrorCode.MESSAGE_CORRUPT, f"the message at queue offset {result.corrupt_offset} is "
@@ -189,25 +188,14 @@ class LocalReads:
     def get_by_offset(self, commit_log_offset: int) -> dict[str, Any]:
         """The record at ``commit_log_offset``; RequestError MESSAGE_NOT_FOUND or MESSAGE_CORRUPT as the op gives."""
         self._follow()
-        end = self.visible_end()
-        if not self.reader.min_offset() <= commit_log_offset < end:
-            raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {commit_log_offset}")
-        try:
-            view = self.reader.read_view(commit_log_offset, limit=end)
-        except RecordError as exc:
-            code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
-            raise RequestError(code, f"no intact message at commit log offset {commit_log_offset}: "
-                                     f"{exc.reason}") from None
-        if self.deleted_topics.hides(view["topic"], commit_log_offset):
+        view, deleted = read_record(self.reader, self.deleted_topics, commit_log_offset,
+                                    visible_end=self.visible_end())
+        if deleted:
             view["deleted_topic"] = True
         return view
 
     def get_by_id(self, msg_id: str) -> dict[str, Any]:
-        try:
-            _host, offset = decode_msg_id(msg_id)
-        except ValueError as exc:
-            raise RequestError(ErrorCode.INVALID_MSG_ID, f"{msg_id!r} is not a message id: {exc}") from None
-        return self.get_by_offset(offset)
+        return self.get_by_offset(msg_id_offset(msg_id))
 
     def close(self) -> None:
         for cq in self.queues.values():

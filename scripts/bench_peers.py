@@ -165,6 +165,21 @@ class CpuMeter:
             self.spent[name] = self.spent.get(name, 0.0) + value - self.before[name]
 
 
+def consume_all(pull: Callable[[int, int], tuple[int, int]], total: int) -> float:
+    """Read every queue from its start with ``pull(queue_id, offset) -> (messages, next offset)``: msg/s."""
+    t0 = time.perf_counter()
+    count = 0
+    for queue_id in range(QUEUES):
+        offset = 0
+        while True:
+            found, offset = pull(queue_id, offset)
+            if not found:
+                break
+            count += found
+    assert count == total, (count, total)
+    return count / (time.perf_counter() - t0)
+
+
 def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMeter | None) -> None:
     label = f"engine {flush_mode} {total:,}"
     topic = f"peers-{flush_mode}-{total}"
@@ -182,32 +197,18 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
         assert all(r["ok"] for r in replies)
         record(f"{label} produce batch={BATCH}, 4 in flight", [total / seconds], "msg/s")
         wait_dispatched(client, timeout_ms=300_000)
-        t0 = time.perf_counter()
-        count = 0
-        for queue_id in range(QUEUES):
-            offset = 0
-            while True:
-                reply = client.pull(topic, queue_id, offset, max_messages=1024)
-                if not reply["messages"]:
-                    break
-                count += len(reply["messages"])
-                offset = reply["next_offset"]
-        assert count == total, (count, total)
-        record(f"{label} consume all (StoreClient.pull)", [count / (time.perf_counter() - t0)], "msg/s")
+
+        def over_socket(queue_id: int, offset: int) -> tuple[int, int]:
+            reply = client.pull(topic, queue_id, offset, max_messages=1024)
+            return len(reply["messages"]), reply["next_offset"]
+
+        record(f"{label} consume all (StoreClient.pull)", [consume_all(over_socket, total)], "msg/s")
         with LocalReads(engine.store_dir) as local:
-            t0 = time.perf_counter()
-            count = 0
-            for queue_id in range(QUEUES):
-                offset = 0
-                while True:
-                    local_reply = local.pull(topic, queue_id, offset, max_messages=1024)
-                    if not local_reply.messages:
-                        break
-                    count += len(local_reply.messages)
-                    offset = local_reply.next_offset or offset
-            assert count == total, (count, total)
-            record(f"{label} consume all on the same host (LocalReads.pull)", [count / (time.perf_counter() - t0)],
-                   "msg/s")
+            def on_host(queue_id: int, offset: int) -> tuple[int, int]:
+                reply = local.pull(topic, queue_id, offset, max_messages=1024)
+                return len(reply.messages), reply.next_offset or offset
+
+            record(f"{label} consume all on the same host (LocalReads.pull)", [consume_all(on_host, total)], "msg/s")
         t0 = time.perf_counter()
         with PullConsumer(f"peers-{total}", topic, endpoint=engine.endpoint, batch_size=1024, auto_commit=False,
                           idle_timeout_ms=300) as consumer:

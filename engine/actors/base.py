@@ -233,6 +233,11 @@ class Actor:
     def recover(self, out: Effects) -> None:
         """Repair and load state; runs before any port is open (its effects are carried out after)."""
 
+    @functools.cached_property
+    def handler_table(self) -> dict[type, Handler]:
+        """``handlers()``, asked once."""
+        return self.handlers()
+
     def take(self, port: Port, frames: list[bytes], out: Effects, peer_ip: bytes = b"") -> None:
         """One message from ``port``: decoded against its channel and handed to the handler of its type.
         Frames that break the client protocol's layout are dropped (nothing sensible can be answered)."""
@@ -240,10 +245,7 @@ class Actor:
             inbound = wire.decode(port.channel, port.bind, frames, peer_ip)
         except wire.WireError:
             return
-        table = self.__dict__.get("_handlers")
-        if table is None:
-            table = self.__dict__["_handlers"] = self.handlers()
-        handler = table.get(type(inbound.body))
+        handler = self.handler_table.get(type(inbound.body))
         assert handler is not None, f"{self.env.name} has no handler for {type(inbound.body).__name__}"
         handler(inbound.body, inbound, out)
 

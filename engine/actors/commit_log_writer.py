@@ -194,7 +194,6 @@ class CommitLogWriterActor(Actor):
             out.reply(reply_to, reply, note)
 
     def on_flushed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
-        self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
         self.release_acks(out, self.clock.mono_ms())
 
     def fail_stop(self, failure: FlushFailed, _inbound: Inbound, out: Effects) -> None:
@@ -208,6 +207,8 @@ class CommitLogWriterActor(Actor):
         out.exit(70, f"the log could not be flushed: {failure.reason}")  # the refusals go out first
 
     def release_acks(self, out: Effects, now_ms: int) -> None:
+        """Answer the sends the flusher's slot now covers (or whose deadline passed)."""
+        self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
         for ack, status in self.acks.release(self.flushed_offset, now_ms):
             if ack.received_ms:
                 self.send_latency.observe((now_ms - ack.received_ms) / 1000)
@@ -229,8 +230,7 @@ class CommitLogWriterActor(Actor):
             self.last_clean_ms = now_ms
             self.clean_expired_segments(out)
         self.publish_offsets(out)
-        if self.acks:  # the flusher's slot too: a lost Wake on ``flushed`` holds no ack past this tick
-            self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
+        if self.acks:  # a lost Wake on ``flushed`` holds no ack past this tick
             self.release_acks(out, now_ms)
         # As soon as a segment takes appends, the next one is prepared in the background
         # (RocketMQ's AllocateMappedFileService): zeroing a warm segment takes about as long

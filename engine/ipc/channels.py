@@ -124,7 +124,7 @@ EVENTS = Channel("events", PUBLISH, endpoints.SUPERVISOR_EVENTS, "supervisor", (
                  topics=(endpoints.TOPIC_EVENT,), meaning="lifecycle news")
 
 
-OWNER = Channel("owner-<k>", REQUEST, endpoints.owner_endpoint_name(0).replace("0", "<k>"), "owner-<k>", ("front",),
+OWNER = Channel("owner-<k>", REQUEST, "owner-<k>.sock", "owner-<k>", ("front",),
                 _OWNER_ORDERS, (PopElsewhere,), framed=True,
                 meaning="reads, pops and acks of the queues owner k holds; a pop passed on comes back as "
                         "``PopElsewhere``")

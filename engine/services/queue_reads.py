@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from engine.codec_py import MessageMap
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc.protocol import (
@@ -38,11 +39,38 @@ from engine.services.long_poll import LongPolls
 from engine.services.owned_queues import OwnedQueues, QueueKey
 from engine.services.pull import PullResult, Subscription, pull
 from engine.services.queue_queries import offset_for_time, queue_stats
+from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
+from engine.store.deleted_topics import DeletedTopics
 from engine.store.shared_offsets import CONFIRMED, SharedOffsets
 
 _SUBSCRIPTIONS_CACHED_MAX = 1024
-_NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)
+NOTHING_YET = (GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE)  # a long poll may wait
+
+
+def msg_id_offset(msg_id: str) -> int:
+    """The commit log offset a message id names; RequestError INVALID_MSG_ID if it is none."""
+    try:
+        _host, offset = decode_msg_id(msg_id)
+    except ValueError as exc:
+        raise RequestError(ErrorCode.INVALID_MSG_ID, f"{msg_id!r} is not a message id: {exc}") from None
+    return offset
+
+
+def read_record(reader: CommitLogReader, deleted_topics: DeletedTopics, offset: int, *,
+                visible_end: int) -> tuple[MessageMap, bool]:
+    """The record at ``offset`` below ``visible_end``, and whether it is of a deleted topic's earlier
+    life (its queue offset names no message of the topic now); RequestError MESSAGE_NOT_FOUND, or
+    MESSAGE_CORRUPT for a damaged record. What ``get_by_id`` and ``get_by_offset`` answer, in the
+    owner and in ``engine/local_reads.py``."""
+    if not reader.min_offset() <= offset < visible_end:
+        raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {offset}")
+    try:
+        view = reader.read_view(offset, limit=visible_end)
+    except RecordError as exc:
+        code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
+        raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
+    return view, deleted_topics.hides(view["topic"], offset)
 
 
 class QueueReads:
@@ -108,7 +136,7 @@ class QueueReads:
             key = (request.topic, request.queue_id)
             self.pulled_messages[key] = self.pulled_messages.get(key, 0) + result.message_count
             self.pulled_bytes[key] = self.pulled_bytes.get(key, 0) + sum(map(len, result.encoded))
-        nothing_yet = result.status in _NOTHING_YET or (
+        nothing_yet = result.status in NOTHING_YET or (
             result.status == GetStatus.NO_MATCHED_MESSAGE and cq is not None and result.next_offset >= cq.max_offset)
         if not final and nothing_yet and request.max_wait_ms > 0 and reply_to is not None:
             waiting = msgspec.structs.replace(request, offset=max(request.offset, result.next_offset))
@@ -137,20 +165,8 @@ class QueueReads:
             offset = request.commit_log_offset
         else:
             request = decode_as(GetByIdRequest, raw)
-            try:
-                _host, offset = decode_msg_id(request.msg_id)
-            except ValueError as exc:
-                raise RequestError(ErrorCode.INVALID_MSG_ID,
-                                   f"{request.msg_id!r} is not a message id: {exc}") from None
-        end = self.visible_end
-        if not self.reader.min_offset() <= offset < end:
-            raise RequestError(ErrorCode.MESSAGE_NOT_FOUND, f"no message at commit log offset {offset}")
-        try:
-            view = self.reader.read_view(offset, limit=end)
-        except RecordError as exc:
-            code = ErrorCode.MESSAGE_CORRUPT if exc.damaged else ErrorCode.MESSAGE_NOT_FOUND
-            raise RequestError(code, f"no intact message at commit log offset {offset}: {exc.reason}") from None
-        if self.owned.deleted_topics.hides(view["topic"], offset):
-            # a record of a deleted topic's earlier life: its queue offset names no message of the topic now
+            offset = msg_id_offset(request.msg_id)
+        view, deleted = read_record(self.reader, self.owned.deleted_topics, offset, visible_end=self.visible_end)
+        if deleted:
             return encode_reply(request.id, message=view, deleted_topic=True)
         return encode_reply(request.id, message=view)
