@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 from engine.ipc.protocol import SendMessage, SendReply
 from engine.services.moved_records import MoveOutcome, MoveSearch, as_send_message, move_outcome, refusal
-from engine.services.timer_enqueue import read_source_view
+from engine.services.timer_enqueue import source_move
 from engine.store.commit_log import CommitLogReader
-from engine.store.system_topics import moved_view_message, real_destination
 from engine.store.timer_files import NO_UNIT, TimerCheckpoint, TimerLog, TimerWheel, Unit
 
 log = logging.getLogger(__name__)
@@ -122,14 +121,16 @@ class TimerDelivery:
                 self.already_moved.discard(unit.offset_py)
                 self.delivered += 1
                 continue
-            view = read_source_view(self.reader, unit, confirmed)
-            destination = real_destination(view["properties"]) if view is not None else None
-            if view is None or destination is None:
+            move, why = source_move(self.reader, unit, confirmed)
+            if move is None:
                 self.dropped += 1
                 self.delivered += 1
+                log.error("the delayed message of timer unit %d (due %d) cannot be delivered: %s", unit.pos,
+                          unit.deliver_ms, why)
                 continue
+            destination, message = move
             batch = moves.setdefault(destination, [])
-            batch.append((unit, as_send_message(moved_view_message(view))))
+            batch.append((unit, as_send_message(message)))
             if len(batch) >= MOVE_MESSAGES_MAX:
                 break
         for batch in moves.values():

@@ -14,13 +14,19 @@ import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from engine.ipc.protocol import MessageView
 from engine.layout import Record, RecordError, java_string_hash
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.system_topics import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
+from engine.store.system_topics import (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_TOPIC,
+    moved_message,
+    moved_view_message,
+    real_destination,
+)
 from engine.store.timer_files import NO_UNIT, UNIT_BYTES, TimerCheckpoint, TimerLog, TimerWheel, Unit
 
 log = logging.getLogger(__name__)
@@ -56,19 +62,34 @@ def read_source(reader: CommitLogReader, unit: Unit, confirmed: int) -> Record |
     return record
 
 
-def read_source_view(reader: CommitLogReader, unit: Unit, confirmed: int) -> dict[str, Any] | None:
-    """``read_source``, as the C codec reads it (the delivery's hot path): the record's message map."""
+Move = tuple[tuple[str, int], dict[str, object]]  # (real topic, queue id), the send's message map
+
+
+def source_move(reader: CommitLogReader, unit: Unit, confirmed: int) -> tuple[Move | None, str]:
+    """The move of ``unit``'s message to its real topic and queue (``moved_view_message``: the
+    record as the C codec reads it, the delivery's hot path); or None and
+    why it cannot be made. A record the codec refuses and the Python decoder reads whole is
+    moved as that one reads it: a message is never dropped while its record can be read."""
     if unit.offset_py + unit.size_py > confirmed:
-        return None
+        return None, f"its record at {unit.offset_py} ends past the log's confirmed end {confirmed}"
     try:
         view = reader.read_view(unit.offset_py, limit=confirmed)
     except RecordError:
         view = None
-    if view is None or view["topic"] != TIMER_TOPIC or view["store_size"] != unit.size_py \
-            or view["store_timestamp"] != unit.write_ms:
-        read_source(reader, unit, confirmed)  # logs why
-        return None
-    return view
+    if view is not None and view["topic"] == TIMER_TOPIC and view["store_size"] == unit.size_py \
+            and view["store_timestamp"] == unit.write_ms:
+        message, properties = moved_view_message(view), view["properties"]
+    else:
+        record = read_source(reader, unit, confirmed)  # logs why, when it is not the unit's message
+        if record is None:
+            return None, f"its record at {unit.offset_py} cannot be read, or is another message"
+        log.warning("the timer unit at %d: the codec and the decoder disagree on the record at %d; moved as "
+                    "the decoder reads it", unit.pos, unit.offset_py)
+        message, properties = moved_message(record), record.properties
+    destination = real_destination(properties)
+    if destination is None:
+        return None, f"its record at {unit.offset_py} names no real topic and queue"
+    return (destination, message), ""
 
 
 class TimerEnqueue:
