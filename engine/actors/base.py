@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -145,7 +145,26 @@ class Clock:
         return time.time_ns() // 1_000_000
 
 
-SyncerFactory = Callable[[str, Callable[[int], None]], Syncer]
+class SyncerFactory(Protocol):
+    """How an actor gets its flush thread (``FileSyncer``; the simulation's runs at its steps):
+    ``on_durable`` is called with each offset made durable, ``on_failure`` (when given) with the
+    reason a flush failed, after which the syncer takes no more work."""
+
+    def __call__(self, name: str, on_durable: Callable[[int], None], *,
+                 on_failure: Callable[[str], None] | None = None) -> Syncer: ...
+
+
+class Waker:
+    """How a thread of an actor wakes the actor's loop, which then calls ``Actor.on_thread_wake``: the
+    runtime polls an eventfd beside the sockets (``fd``); the simulation calls the actor at a
+    step of its choosing. Safe to call from any thread."""
+
+    def __init__(self) -> None:
+        self.fd = -1  # set by the runtime
+
+    def wake(self) -> None:
+        if self.fd >= 0:
+            os.eventfd_write(self.fd, 1)
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,7 @@ class Env:
     slots: SharedOffsets
     clock: Clock = field(default_factory=Clock)
     syncer: SyncerFactory = FileSyncer
+    waker: Waker = field(default_factory=Waker)
     background: bool = True  # may the store objects prepare files in background threads
     process_id: int = field(default_factory=os.getpid)  # in message ids (the simulation gives its own)
 
@@ -255,6 +275,9 @@ class Actor:
     def connection(self, channel: Channel, up: bool) -> None:
         """A monitored port connected to (or lost) its peer."""
 
+    def on_thread_wake(self, out: Effects) -> None:
+        """One of the actor's own threads called ``env.waker.wake()`` (one call for any number of wakes)."""
+
     def tick(self, out: Effects) -> None:
         """Periodic work; runs every ``tick_interval_ms``."""
 
@@ -295,7 +318,8 @@ class Runtime:
         self.env = actor.env
         self.zctx = zmq_context
         self.sockets: dict[Channel, zmq.Socket[bytes]] = {}
-        self.readers: dict[zmq.Socket[bytes], Callable[[], None]] = {}  # what to do when a socket is readable
+        # what to do when a socket (or the waker's eventfd) is readable
+        self.readers: dict[zmq.Socket[bytes] | int, Callable[[], None]] = {}
         self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
 
@@ -381,6 +405,21 @@ class Runtime:
         actor.drained(port.channel, out)
         self.carry_out(out)
 
+    def open_waker(self) -> None:
+        """The eventfd behind ``env.waker``: a wake from the actor's threads makes it readable."""
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.env.waker.fd = fd
+        self.readers[fd] = lambda: self.on_waker(fd)
+
+    def on_waker(self, fd: int) -> None:
+        try:
+            os.eventfd_read(fd)  # the count back to 0: one call for every wake since the last
+        except BlockingIOError:
+            return
+        out = Effects()
+        self.actor.on_thread_wake(out)
+        self.carry_out(out)
+
     def on_monitor(self, channel: Channel, monitor: zmq.Socket[bytes]) -> None:
         from zmq.utils.monitor import recv_monitor_message  # it loads asyncio: 3 MiB in every other actor
 
@@ -403,6 +442,7 @@ class Runtime:
         out = Effects()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
+        self.open_waker()  # before recovery, which may start the actor's threads
         actor.recover(out)
         ports = {port.channel: port for port in actor.ports()}
         for port in ports.values():

@@ -10,20 +10,26 @@ It also decides where a topic deletion falls in the log (``delete_topic``,
 see ``engine/store/deleted_topics.py``): the front forwards the request here so
 that every send routed before it lies below the deletion offset.
 
-Under ASYNC_FLUSH a send is answered once its records are in the mapping.
-Under SYNC_FLUSH the answer waits until the flusher reports the log flushed
-past the batch (group commit: one flush covers every waiting batch), or
-FLUSH_DISK_TIMEOUT after ``sync_flush_timeout_ms``.
+Under ASYNC_FLUSH a send is answered once its records are in the mapping (the
+flusher flushes the log on its interval).
+Under SYNC_FLUSH the writer syncs its own appends: after each run of sends its
+flush thread fdatasyncs what they added and wakes the loop, which stores the
+flushed offset, answers every send the sync covers (group commit: one sync
+covers every batch appended meanwhile) and wakes the dispatcher; a send whose
+sync has not come within ``sync_flush_timeout_ms`` is answered
+FLUSH_DISK_TIMEOUT, and a failed sync stops the writer (fsyncgate).
 
 This module is the writer's handler glue; its jobs are in ``engine/services/``:
 ``log_appends.py`` (a send checked, given its queue offsets and appended),
-``sync_acks.py`` (the sends waiting for the flush), ``deletion_records.py`` (the
+``sync_acks.py`` (the sends waiting for the flush, and the writer's own sync),
+``deletion_records.py`` (the
 deletion table's group commit) and ``retention_rounds.py`` (deleting old segments).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from engine import codec
 from engine.actors.base import Actor, Env, Handler, Port, main
@@ -42,15 +48,15 @@ from engine.ipc.protocol import (
     safe_request_id,
 )
 from engine.ipc.wire import Inbound
-from engine.layout import IPV4_BYTES, IPV6_BYTES, HostAddress, encode_msg_id
+from engine.layout import IPV4_BYTES, IPV6_BYTES, HostAddress, encode_msg_id, offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram, per_queue
 from engine.services.deletion_records import DeletionRecords
 from engine.services.log_appends import LogAppends
 from engine.services.recovery import plan_commit_log_recovery
 from engine.services.retention_rounds import RetentionRounds
-from engine.services.sync_acks import PendingAck, SyncAcks
-from engine.store.commit_log import CommitLogWriter
+from engine.services.sync_acks import OwnSync, PendingAck, SyncAcks
+from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import UniqKeys
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, LAST_STORE_TIMESTAMP, MIN_OFFSET, WRITTEN
@@ -81,6 +87,8 @@ class CommitLogWriterActor(Actor):
         self.min_offset = 0
         self.flushed_offset = 0
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.own_sync = OwnSync(env.syncer, env.waker, env.name, self.segment_path, cfg.segment_size_bytes) \
+            if self.sync_flush else None
         self.preallocations = DiskRefusals("writer: preallocating the next segment", errnos=None,
                                             event_kind="segment.create_failed")
         self.busy_refusals = 0
@@ -90,12 +98,17 @@ class CommitLogWriterActor(Actor):
         self.last_clean_ms = self.clock.mono_ms()
 
     def ports(self) -> list[Port]:
-        return [Port(channels.WRITER, bind=True), Port(channels.CONFIRMED, bind=True),
-                Port(channels.FLUSHED, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,))]
+        ports = [Port(channels.WRITER, bind=True), Port(channels.CONFIRMED, bind=True)]
+        if not self.sync_flush:  # the flusher flushes the log: a failed flush comes from it
+            ports.append(Port(channels.FLUSHED, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,)))
+        return ports
+
+    def segment_path(self, start: int) -> Path:
+        return self.env.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
 
     def handlers(self) -> dict[type, Handler]:
         return {Append: self.send, DeleteTopic: self.delete_topic, Wake: self.on_flushed,
-                FlushFailed: self.fail_stop}
+                FlushFailed: self.on_flush_failed}
 
     def recover(self, out: Effects) -> None:
         unclean = (self.env.run_dir / CRASH_START_FILE).exists()
@@ -110,6 +123,11 @@ class CommitLogWriterActor(Actor):
         self.appends.last_store_timestamp_ms = plan.last_store_timestamp_ms
         self.min_offset = plan.min_offset
         self.flushed_offset = plan.end_offset
+        if self.own_sync is not None:  # readers never see past what is on disk, nor past a cut tail
+            self.slots.set(FLUSHED, min(self.slots.get(FLUSHED), plan.end_offset))
+            self.own_sync.recover(plan.scan_start, plan.end_offset)  # the scan began at the last durable point
+            if self.own_sync.synced >= plan.end_offset:
+                self.slots.set(FLUSHED, plan.end_offset)
         log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges; "
                  "codec: %s", plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
                  len(plan.next_queue_offsets), len(plan.damage), "compiled" if codec.COMPILED else "python")
@@ -141,7 +159,10 @@ class CommitLogWriterActor(Actor):
             return
         if self.deletions.unsaved:
             self.save_deletions(out)
-        if self.announce_due:
+        if self.own_sync is not None:  # readers wait for the sync: the wake-up comes with it (``on_thread_wake``)
+            self.own_sync.request(self.log.written_offset)
+            self.announce_due = False
+        elif self.announce_due:
             self.publish_offsets(out)
 
     def send(self, route: Append, inbound: Inbound, out: Effects) -> None:
@@ -196,15 +217,31 @@ class CommitLogWriterActor(Actor):
     def on_flushed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
         self.release_acks(out, self.clock.mono_ms())
 
-    def fail_stop(self, failure: FlushFailed, _inbound: Inbound, out: Effects) -> None:
+    def on_thread_wake(self, out: Effects) -> None:
+        """The flush thread synced the log (SYNC_FLUSH): the flushed offset for readers, the
+        answers it covers, and the dispatcher woken to pass the new durable end on."""
+        sync = self.own_sync
+        assert sync is not None
+        if sync.failure is not None:
+            self.fail_stop(sync.failure, out)
+            return
+        if sync.synced > self.slots.get(FLUSHED):
+            self.slots.set(FLUSHED, sync.synced)
+            self.release_acks(out, self.clock.mono_ms())
+            self.publish_offsets(out)
+
+    def on_flush_failed(self, failure: FlushFailed, _inbound: Inbound, out: Effects) -> None:
+        self.fail_stop(failure.reason, out)
+
+    def fail_stop(self, reason: str, out: Effects) -> None:
         """A flush failed: never acknowledge past it; exit so recovery runs (fsyncgate)."""
         log.critical("the log could not be flushed past %d (%s); refusing acks and exiting",
-                     self.flushed_offset, failure.reason,
-                     extra=event("flush.failed", reason=failure.reason, flushed_offset=self.flushed_offset))
+                     self.flushed_offset, reason,
+                     extra=event("flush.failed", reason=reason, flushed_offset=self.flushed_offset))
         for ack in self.acks.fail():
             out.reply(ack.reply_to, encode_error(ack.request_id, ErrorCode.FLUSH_FAILED,
-                                                 f"the disk refused a flush: {failure.reason}"))
-        out.exit(70, f"the log could not be flushed: {failure.reason}")  # the refusals go out first
+                                                 f"the disk refused a flush: {reason}"))
+        out.exit(70, f"the log could not be flushed: {reason}")  # the refusals go out first
 
     def release_acks(self, out: Effects, now_ms: int) -> None:
         """Answer the sends the flusher's slot now covers (or whose deadline passed)."""
@@ -271,7 +308,11 @@ class CommitLogWriterActor(Actor):
 
     def shutdown(self, out: Effects) -> None:
         self.retention.close()
+        if self.own_sync is not None:
+            self.own_sync.close()
         self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)
+        if self.own_sync is not None:
+            self.slots.set(FLUSHED, self.log.written_offset)
         self.publish_offsets(out)
         self.log.close()
 

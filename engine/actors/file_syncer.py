@@ -6,6 +6,10 @@ dispatches for as long. The actor marks the files it dirtied; every
 ``request`` hands the marked set, with the offset it makes durable, to the
 thread, which ``fdatasync``s each file (the call releases the GIL) and then
 reports the offset through ``on_durable``.
+
+A failed flush is kept for the next request, unless the actor passed ``on_failure``: then
+it is told why, and the thread takes no more work (fsyncgate: the commit-log writer,
+which syncs its own appends under SYNC_FLUSH, never retries a failed flush).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ class Syncer(Protocol):
 
 
 class FileSyncer:
-    def __init__(self, name: str, on_durable: Callable[[int], None]) -> None:
+    def __init__(self, name: str, on_durable: Callable[[int], None], *,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.on_durable = on_durable
+        self.on_failure = on_failure
         self.dirty: set[Path] = set()
         self._pending: tuple[set[Path], int] | None = None
         self._lock = threading.Lock()
@@ -68,7 +74,12 @@ class FileSyncer:
                 work, self._pending = self._pending, None
             if work is not None:
                 paths, offset = work
-                failed = [path for path in paths if not _fdatasync(path)]
+                reasons: list[str] = []
+                failed = [path for path in sorted(paths) if not _fdatasync(path, reasons)]
+                if failed and self.on_failure is not None:
+                    self.on_failure(reasons[0])
+                    self._idle.set()
+                    return
                 if failed:
                     # Not durable: the offset is not reported, so the checkpoint keeps its older
                     # dispatched offset and recovery re-applies the log from there.
@@ -93,8 +104,9 @@ class FileSyncer:
         self._thread.join(10)
 
 
-def _fdatasync(path: Path) -> bool:
-    """True when the file is on disk (or gone: deleted meanwhile by retention or repair)."""
+def _fdatasync(path: Path, reasons: list[str]) -> bool:
+    """True when the file is on disk (or gone: deleted meanwhile by retention or repair); else
+    the reason goes into ``reasons``."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -102,7 +114,8 @@ def _fdatasync(path: Path) -> bool:
     try:
         sync.fdatasync(fd, path)
     except OSError as exc:
-        log.error("cannot flush %s: %s; its units stay above the durable offset", path, exc)
+        log.error("cannot flush %s: %s", path, exc)
+        reasons.append(str(exc))
         return False
     finally:
         os.close(fd)

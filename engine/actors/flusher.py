@@ -1,11 +1,11 @@
 """The flush/checkpoint actor: makes the log, queues and index durable.
 
-* CommitLog: ASYNC_FLUSH flushes every ``flush_interval_ms`` when at least
-  ``flush_least_pages`` pages are dirty, and everything every
-  ``flush_thorough_interval_ms``. SYNC_FLUSH flushes as soon as the writer
-  confirms new bytes; confirmations that arrive during a flush are covered
-  by the next one (group commit). Each flush is stored in the shared offsets
-  and its readers are woken (PUB ``flushed``).
+* CommitLog, under ASYNC_FLUSH: flushed every ``flush_interval_ms`` when at
+  least ``flush_least_pages`` pages are dirty, and everything every
+  ``flush_thorough_interval_ms``. Each flush is stored in the shared offsets
+  and its readers are woken (PUB ``flushed``). Under SYNC_FLUSH the writer
+  syncs its own appends (one wake-up per durable send) and stores the flushed
+  offset itself; this actor only reads it, for the checkpoint.
 * Queues and index: their owners flush their own files every
   ``flush_consume_queue_interval_ms`` and publish how far that made them
   durable; the smallest of those becomes the checkpoint's ``dispatched_offset``.
@@ -29,9 +29,7 @@ from pathlib import Path
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import channels, endpoints
-from engine.ipc.channels import Channel
 from engine.ipc.messages import FlushFailed, Wake, encoder
-from engine.ipc.wire import Inbound
 from engine.layout import offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram
@@ -54,7 +52,7 @@ _WAKE = encoder.encode(Wake())
 
 
 class FlusherActor(Actor):
-    """Takes ``Wake``s on ``wakes`` (SYNC_FLUSH); gives ``Wake``s and ``FlushFailed`` on ``flushes``."""
+    """Takes nothing; gives ``Wake``s and ``FlushFailed`` on ``flushed`` (ASYNC_FLUSH)."""
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -74,12 +72,7 @@ class FlusherActor(Actor):
         self.last_thorough_ms = self.last_queue_flush_ms = self.last_checkpoint_ms = self.clock.mono_ms()
 
     def ports(self) -> list[Port]:
-        ports = [Port(channels.FLUSHED, bind=True)]
-        if self.sync_flush:
-            # Group commit flushes as soon as bytes are confirmed. Under ASYNC_FLUSH the
-            # interval decides, and only the ticks read the writer's offsets.
-            ports.append(Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)))
-        return ports
+        return [Port(channels.FLUSHED, bind=True)]  # the interval decides: the ticks read the writer's offsets
 
     def recover(self, out: Effects) -> None:
         try:
@@ -87,10 +80,11 @@ class FlusherActor(Actor):
         except CheckpointError as exc:
             log.error("checkpoint unusable (%s); starting a new one", exc)
         self.confirmed_offset = self.slots.get(CONFIRMED)  # the writer recovered first
-        self.flushed_offset = flusher_restart(self.checkpoint.flushed_offset, self.confirmed_offset)
-        # What the writer recovered may never have been flushed (a killed engine): flush it now,
-        # and publish the flushed offset, which readers under SYNC_FLUSH wait for.
-        self.flush_commit_log(out, self.confirmed_offset)
+        if self.sync_flush:  # the writer synced what it recovered
+            self.flushed_offset = self.slots.get(FLUSHED)
+        else:  # what the writer recovered may never have been flushed (a killed engine): flush it now
+            self.flushed_offset = flusher_restart(self.checkpoint.flushed_offset, self.confirmed_offset)
+            self.flush_commit_log(out, self.confirmed_offset)
         dispatched = checkpoint_within_log(self.checkpoint.dispatched_offset, self.confirmed_offset)
         if dispatched != self.checkpoint.dispatched_offset:
             log.warning("the log ends at %d, before the checkpoint's dispatched offset %d (a power cut took "
@@ -119,15 +113,7 @@ class FlusherActor(Actor):
             self.write_checkpoint()
 
     def handlers(self) -> dict[type, Handler]:
-        return {Wake: self.on_wake}
-
-    def on_wake(self, _wake: Wake, _inbound: Inbound, _out: Effects) -> None:
-        """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
-
-    def drained(self, channel: Channel, out: Effects) -> None:
-        self.follow_confirmed()
-        if self.confirmed_offset > self.flushed_offset:
-            self.flush_commit_log(out, self.confirmed_offset)
+        return {}
 
     def follow_confirmed(self) -> None:
         """Read the writer's confirmed offset and the store time of its last record."""
@@ -214,11 +200,8 @@ class FlusherActor(Actor):
         now_ms = self.clock.mono_ms()
         cfg = self.config
         self.follow_confirmed()
-        if self.sync_flush and self.confirmed_offset > self.flushed_offset:
-            # A Wake on ``confirmed`` lost (a slow joiner, a full queue): flushed at this tick, not never.
-            self.flush_commit_log(out, self.confirmed_offset)
-            if self.failed:
-                return
+        if self.sync_flush:
+            self.flushed_offset = self.slots.get(FLUSHED)  # the writer's own sync
         elif self.confirmed_offset > self.flushed_offset:
             thorough = now_ms - self.last_thorough_ms >= cfg.flush_thorough_interval_ms
             dirty_pages = self.confirmed_offset // PAGE_BYTES - self.flushed_offset // PAGE_BYTES
@@ -263,7 +246,9 @@ class FlusherActor(Actor):
 
     def shutdown(self, out: Effects) -> None:
         self.follow_confirmed()
-        if self.confirmed_offset > self.flushed_offset:
+        if self.sync_flush:
+            self.flushed_offset = self.slots.get(FLUSHED)
+        elif self.confirmed_offset > self.flushed_offset:
             self.flush_commit_log(out, self.confirmed_offset)
         applied = self.durable_dispatched_offset()
         self.checkpoint = replace(self.checkpoint, dispatched_offset=applied,

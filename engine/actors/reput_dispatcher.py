@@ -23,7 +23,7 @@ from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
-from engine.ipc.messages import DispatchBatch, DispatchEntry, FlushFailed, Wake
+from engine.ipc.messages import DispatchBatch, DispatchEntry, Wake
 from engine.ipc.wire import Inbound
 from engine.layout import END_FILE_MIN_BLANK_BYTES, Record
 from engine.services.restart_points import reput_restart
@@ -52,12 +52,9 @@ class ReputDispatcherActor(Actor):
         self.log_min_offset = 0
 
     def ports(self) -> list[Port]:
-        wakes = [Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
-        if self.sync_flush:  # readers see only flushed bytes: wake on flushes too
-            wakes.append(Port(channels.FLUSHED, bind=False,
-                              subscribe=(endpoints.TOPIC_FLUSHED,)))
-        return [Port(channels.DISPATCH, bind=True,
-                     hwm=max(self.config.socket_hwm_messages, 100_000)), *wakes]
+        # Under SYNC_FLUSH readers see only flushed bytes: the writer wakes us after each of its syncs.
+        return [Port(channels.DISPATCH, bind=True, hwm=max(self.config.socket_hwm_messages, 100_000)),
+                Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
 
     def recover(self, out: Effects) -> None:
         slots = self.slots
@@ -73,9 +70,9 @@ class ReputDispatcherActor(Actor):
         log.info("reput starts at %d (confirmed %d)", self.reput_offset, self.confirmed_offset)
 
     def handlers(self) -> dict[type, Handler]:
-        return {Wake: self.on_wake, FlushFailed: self.on_wake}
+        return {Wake: self.on_wake}
 
-    def on_wake(self, _wake: Wake | FlushFailed, _inbound: Inbound, _out: Effects) -> None:
+    def on_wake(self, _wake: Wake, _inbound: Inbound, _out: Effects) -> None:
         """A ``Wake``: what it announces is read from the shared offsets once the queue is drained."""
 
     def drained(self, channel: Channel, out: Effects) -> None:

@@ -107,12 +107,13 @@ WRITER = Channel("writer", REQUEST, endpoints.WRITER, "writer", ("front", "owner
 TRANSACTIONS = Channel("transactions", REQUEST, endpoints.TRANSACTIONS, "transactions", ("front",),
                        (EndTransaction, TransactionChecks), (), framed=True,
                        meaning="producers' decisions and their checks")
-CONFIRMED = Channel("confirmed", PUBLISH, endpoints.WRITER_PUB, "writer", ("reput", "flusher"), (), (Wake,),
+CONFIRMED = Channel("confirmed", PUBLISH, endpoints.WRITER_PUB, "writer", ("reput",), (), (Wake,),
                     topics=(endpoints.TOPIC_CONFIRMED,),
-                    meaning="the confirmed offset moved (the flusher subscribes under SYNC_FLUSH only)")
-FLUSHED = Channel("flushed", PUBLISH, endpoints.FLUSHER_PUB, "flusher", ("writer", "reput"), (), (Wake, FlushFailed),
+                    meaning="the confirmed offset moved; under SYNC_FLUSH, after each of the writer's own syncs")
+FLUSHED = Channel("flushed", PUBLISH, endpoints.FLUSHER_PUB, "flusher", ("writer",), (), (Wake, FlushFailed),
                   topics=(endpoints.TOPIC_FLUSHED,),
-                  meaning="the flushed offset moved, or a flush failed (the reput subscribes under SYNC_FLUSH only)")
+                  meaning="the flushed offset moved, or a flush failed (ASYNC_FLUSH; the writer subscribes for "
+                          "the failures)")
 DISPATCH = Channel("dispatch", PUBLISH, endpoints.REPUT_PUB, "reput", ("owner-<k>", "index"), (), (DispatchBatch,),
                    topics=(b"cq.<k>.", endpoints.TOPIC_INDEX),
                    meaning="records of the log, per owner and for the index")

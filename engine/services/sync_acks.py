@@ -8,19 +8,24 @@ fails answers every waiting send FLUSH_FAILED: nothing past a failed flush is ev
 acknowledged (fsyncgate).
 
 Called by the writer (``engine/actors/commit_log_writer.py``): ``wait`` for a stored send
-that must wait, ``release`` when the flusher reports progress and each tick, ``fail`` when
-the flusher reports a failed flush.
+that must wait, ``release`` when its own sync (``OwnSync``) reports progress and each tick,
+``fail`` when a flush failed.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import PutStatus
 from engine.ipc.wire import Origin
 from engine.services.log_appends import Stored
+
+if TYPE_CHECKING:
+    from engine.actors.base import SyncerFactory, Waker
 
 
 @dataclass
@@ -60,3 +65,55 @@ class SyncAcks:
         failed = list(self.pending)
         self.pending.clear()
         return failed
+
+
+class OwnSync:
+    """The writer's own sync of its appends under SYNC_FLUSH (one wake-up per durable send).
+
+    After each run of appends the writer hands the segments they touched, and the offset they
+    reach, to its flush thread (``FileSyncer``, or the simulation's); the thread fdatasyncs them,
+    sets ``synced`` (or ``failure``) and wakes the writer's loop through the waker, which then
+    publishes the flushed offset and answers the sends it covers. A stalled disk stalls the
+    thread, not the loop: the sends' deadlines answer FLUSH_DISK_TIMEOUT meanwhile."""
+
+    def __init__(self, syncer: SyncerFactory, waker: Waker, name: str, segment_path: Callable[[int], Path],
+                 segment_size_bytes: int) -> None:
+        self.waker = waker
+        self.segment_path = segment_path
+        self.segment_size_bytes = segment_size_bytes
+        self.requested = 0  # the offset the last request makes durable
+        self.synced = 0  # written by the thread: the log is on disk up to here
+        self.failure: str | None = None  # written by the thread: why a flush failed
+        self.syncer = syncer(name, self._durable, on_failure=self._failed)
+
+    def _durable(self, offset: int) -> None:  # the flush thread
+        self.synced = offset
+        self.waker.wake()
+
+    def _failed(self, reason: str) -> None:  # the flush thread
+        self.failure = reason
+        self.waker.wake()
+
+    def request(self, end: int) -> None:
+        """Make the log durable up to ``end``: the segments from the last request's end on."""
+        if end <= self.requested:
+            return
+        size = self.segment_size_bytes
+        for start in range(self.requested - self.requested % size, end, size):
+            self.syncer.mark(self.segment_path(start))
+        self.requested = end
+        self.syncer.request(end)
+
+    def recover(self, durable: int, end: int) -> None:
+        """At the writer's start: what lies between the last known durable offset and the
+        recovered end may be only in the page cache (a killed writer); sync it before serving."""
+        self.requested = self.synced = min(durable, end)
+        if end > self.requested:
+            size = self.segment_size_bytes
+            for start in range(self.requested - self.requested % size, end, size):
+                self.syncer.mark(self.segment_path(start))
+            self.requested = end
+            self.syncer.flush_now(end)
+
+    def close(self) -> None:
+        self.syncer.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.actors.base import Actor, Clock, Env
+from engine.actors.base import Actor, Clock, Env, Waker
 from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
@@ -71,7 +71,8 @@ class SimSyncer:
     """``FileSyncer`` without its thread: a requested flush becomes a job the world runs at a
     step of its choosing (or loses, if the actor dies first)."""
 
-    def __init__(self, world: World, actor: str, on_durable: Callable[[int], None]) -> None:
+    def __init__(self, world: World, actor: str, on_durable: Callable[[int], None], *,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self.world = world
         self.actor = actor
         self.on_durable = on_durable
@@ -91,6 +92,18 @@ class SimSyncer:
 
     def close(self) -> None:
         pass
+
+
+class SimWaker(Waker):
+    """``Waker`` without the eventfd: the world calls the actor's ``on_thread_wake`` after the step that woke it."""
+
+    def __init__(self, world: World, actor: str) -> None:
+        super().__init__()
+        self.world = world
+        self.actor = actor
+
+    def wake(self) -> None:
+        self.world.wakes.add(self.actor)
 
 
 def sim_config(flush_mode: str) -> StoreConfig:
@@ -142,6 +155,7 @@ class World:
         self.down: dict[str, int] = {}  # killed actor -> step it died at
         self.process_ids = itertools.count(100)  # each start a new "pid", the same in every replay
         self.jobs: list[SyncJob] = []
+        self.wakes: set[str] = set()  # actors whose own thread woke them (``Actor.on_thread_wake``)
         self.counts = Counts()
         self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
 
@@ -153,8 +167,8 @@ class World:
         actor_cls = next(v for v in vars(module).values()
                          if isinstance(v, type) and issubclass(v, Actor) and v is not Actor)
         env = Env(name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
-                  syncer=lambda actor, on_durable: SimSyncer(self, actor, on_durable), background=False,
-                  process_id=next(self.process_ids))
+                  syncer=lambda actor, on_durable, on_failure=None: SimSyncer(self, actor, on_durable),
+                  waker=SimWaker(self, name), background=False, process_id=next(self.process_ids))
         actor = actor_cls(env)
         out = Effects()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
@@ -167,6 +181,7 @@ class World:
         self.next_tick[name] = self.clock.mono_ms()
         self.tell_connections(name, up=True)
         self.carry_out(name, out)
+        self.deliver_wakes()  # a wake during its recovery (the writer's sync of its recovered tail)
 
     def start_all(self) -> None:
         for name in self.specs:  # the supervisor's order: each recovers before the next starts
@@ -177,6 +192,7 @@ class World:
         self.actors.pop(name, None)
         self.network.detach(name)
         self.jobs = [job for job in self.jobs if job.actor != name]
+        self.wakes.discard(name)
         self.down[name] = self.counts.steps
         self.counts.kills += 1
         self.tell_connections(name, up=False)
@@ -319,6 +335,15 @@ class World:
             self.disk.on_sync(path, 0, None)
         job.on_durable(job.offset)
         self.counts.sync_jobs += 1
+        self.deliver_wakes()
+
+    def deliver_wakes(self) -> None:
+        """``on_thread_wake`` for each running actor one of its threads woke (a recovering one's waits)."""
+        for name in sorted(self.wakes & self.actors.keys()):
+            self.wakes.discard(name)
+            out = Effects()
+            self.actors[name].on_thread_wake(out)
+            self.carry_out(name, out)
 
     def trace(self, line: str) -> None:
         self.counts.trace.append(f"{self.counts.steps:5d} {line}")

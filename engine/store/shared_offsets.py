@@ -6,7 +6,7 @@ store): it describes the running engine, not the data.
 
     slot 0 written_offset     writer
     slot 1 confirmed_offset   writer
-    slot 2 flushed_offset     flusher
+    slot 2 flushed_offset     flusher under ASYNC_FLUSH, writer under SYNC_FLUSH (its own syncs)
     slot 3 dispatched_offset  reput dispatcher
     slot 4 index_applied      index builder
     slot 5 min_offset         writer (start of the oldest segment)

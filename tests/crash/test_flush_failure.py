@@ -1,7 +1,9 @@
-"""A failed fsync is never retried: no acknowledgement past it, writer and flusher restart, nothing lost.
+"""A failed fsync is never retried: no acknowledgement past it, the actor that flushes the log
+restarts (and the writer with it), nothing lost.
 
-strace attaches to the running flusher and makes its fdatasync calls fail
-with EIO (the fault-injection tool of shared/reference/reliability.md).
+strace attaches to the running actor, every thread of it, and makes its fdatasync calls fail
+with EIO or stall (the fault-injection tool of shared/reference/reliability.md). Under
+SYNC_FLUSH the writer syncs its own appends; under ASYNC_FLUSH the flusher flushes the log.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
-from engine.ipc.control import EventStream
+from engine.ipc.control import ControlTimeout, EventStream
 from engine.offline.check import check_store
 from harness.faults import actor_pids
 from harness.workload import Producer, read_everything, verify, wait_dispatched
@@ -29,8 +31,9 @@ TOPICS = {"fsync": 2}
 
 
 def inject_into_fdatasync(pid: int, fault: str) -> subprocess.Popen[bytes]:
-    """Attach strace to ``pid`` so that its fdatasync calls get ``fault``; return once attached."""
-    tracer = subprocess.Popen(["strace", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
+    """Attach strace to ``pid`` (each of its threads) so that its fdatasync calls get ``fault``;
+    return once attached."""
+    tracer = subprocess.Popen(["strace", "-f", "-p", str(pid), "-o", "/dev/null", "-e", "trace=fdatasync",
                                "-e", f"inject=fdatasync:{fault}"], stderr=subprocess.PIPE)
     assert tracer.stderr is not None
     seen = b""
@@ -58,13 +61,11 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
         for _ in range(20):
             assert producer.send_batch() == 4
         events = EventStream(store_dir)
-        tracer = inject_into_fdatasync(actor_pids(store_dir)["flusher"], "error=EIO")
+        tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "error=EIO")
         assert producer.send_batch() == 0, "a batch whose flush failed was acknowledged"
         assert producer.errors.get("FLUSH_FAILED", 0) + producer.errors.get("TIMEOUT", 0) >= 1
-        assert events.wait_for("actor.exited", name="flusher").exit_code == 71
         assert events.wait_for("actor.exited", name="writer").exit_code == 70
         events.wait_for("recovery.done", name="writer")
-        events.wait_for("recovery.done", name="flusher")
         events.close()
         deadline = time.monotonic() + 30
         while producer.send_batch() == 0:
@@ -90,7 +91,7 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
     try:
         with engine.client(timeout_ms=10_000) as client:
             client.send("slow", [{"body": b"before"}], queue_id=0)
-            tracer = inject_into_fdatasync(actor_pids(store_dir)["flusher"], "delay_enter=1500ms")
+            tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "delay_enter=1500ms")
             [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
             assert result["status"] == "FLUSH_DISK_TIMEOUT"
             [unwaited] = client.send("slow", [{"body": b"no wait"}], queue_id=0, wait_store=False)
@@ -106,3 +107,47 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
             tracer.kill()
             tracer.wait()
         assert engine.stop() == 0
+
+
+def test_under_async_flush_a_failed_flush_of_the_flusher_restarts_it_and_the_writer(store_dir: Path) -> None:
+    require(shutil.which("strace") is not None, "strace")
+    config = StoreConfig.test_min()
+    assert config.flush_mode == "ASYNC_FLUSH"
+    engine = EngineProcess(store_dir, config=config)
+    engine.start()
+    tracer = None
+    try:
+        client = engine.client(timeout_ms=10_000)
+        producer = Producer("p", client, TOPICS, random.Random(3), batch_size=4)
+        events = EventStream(store_dir)
+        tracer = inject_into_fdatasync(actor_pids(store_dir)["flusher"], "error=EIO")
+        deadline = time.monotonic() + 30
+        while True:
+            producer.send_batch()  # acknowledged at once under ASYNC_FLUSH; the next flush meets the fault
+            try:
+                flusher_exit = events.wait_for("actor.exited", name="flusher", timeout_ms=100)
+            except ControlTimeout:
+                assert time.monotonic() < deadline, "the flusher never flushed"
+                continue
+            break
+        assert flusher_exit.exit_code == 71
+        assert events.wait_for("actor.exited", name="writer").exit_code == 70
+        tracer.kill()
+        tracer.wait()
+        tracer = None
+        events.wait_for("recovery.done", name="writer")
+        events.wait_for("recovery.done", name="flusher")
+        events.close()
+        deadline = time.monotonic() + 30
+        while producer.send_batch() == 0:
+            assert time.monotonic() < deadline, dict(producer.errors)
+        wait_dispatched(client)
+        verdict = verify([producer], read_everything(client, TOPICS))
+        assert verdict.ok(), verdict.summary()
+        client.close()
+    finally:
+        if tracer is not None:
+            tracer.kill()
+            tracer.wait()
+        assert engine.stop() == 0
+    assert check_store(store_dir, config) == []

@@ -15,7 +15,7 @@ from engine.simulation.world import World, sim_config
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_a_sync_send_is_answered_though_every_wake_of_the_flusher_is_lost(tmp_path: Path) -> None:
+def test_a_sync_send_is_answered_though_every_publication_is_lost(tmp_path: Path) -> None:
     world = World(tmp_path, random.Random(1), sim_config("SYNC_FLUSH"), publication_loss_ratio=1.0)
     replies: list[dict] = []
     world.network.to_client = lambda frames: replies.append(msgspec.msgpack.decode(frames[-1]))
