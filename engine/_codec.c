@@ -1150,15 +1150,17 @@ append_steal(PyObject *list, PyObject *obj)
 
 /*
  * Dispatch one parsed record: its entry to its owner, and to the index when it
- * has keys. -1 on error.
+ * has keys (its UNIQ_KEY counts only with index_uniq). -1 on error.
  */
 static int
 dispatch_record(const Layout *rec, PyObject *topic, TopicCache *cache, long owner_count, PyObject *per_owner,
-                PyObject *for_index)
+                PyObject *for_index, int index_uniq)
 {
     Wanted wanted;
     int32_t code = 0;
     (void)scan_properties(rec->rec + rec->props_at, rec->props_len, &wanted, NULL);  /* no dict: cannot fail */
+    if (!index_uniq)
+        wanted.uniq.at = NULL;
     if (wanted.tags.at != NULL && tags_code_bytes(wanted.tags.at, wanted.tags.len, &code) < 0)
         return -1;
     PyObject *empty = PyList_New(0);
@@ -1190,7 +1192,7 @@ dispatch_record(const Layout *rec, PyObject *topic, TopicCache *cache, long owne
 }
 
 /*
- * scan_dispatch(buf, pos, limit, base_offset, max_records, owner_count)
+ * scan_dispatch(buf, pos, limit, base_offset, max_records, owner_count[, index_uniq])
  *     -> (per_owner, for_index, count, pos, stop)
  *
  * codec_py.scan_dispatch: records parsed from buf[pos:limit] as decode_record
@@ -1201,10 +1203,13 @@ dispatch_record(const Layout *rec, PyObject *topic, TopicCache *cache, long owne
 static PyObject *
 codec_scan_dispatch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "scan_dispatch() takes 6 arguments (%zd given)", nargs);
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "scan_dispatch() takes 6 or 7 arguments (%zd given)", nargs);
         return NULL;
     }
+    int index_uniq = 1;
+    if (nargs == 7 && (index_uniq = PyObject_IsTrue(args[6])) < 0)
+        return NULL;
     Py_ssize_t pos, limit;
     long long base, max_records, owner_count;
     int base_exact;
@@ -1258,7 +1263,7 @@ codec_scan_dispatch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
             stop = SCAN_DAMAGE;
             break;
         }
-        int rc = dispatch_record(&rec, topic, &cache, (long)owner_count, per_owner, for_index);
+        int rc = dispatch_record(&rec, topic, &cache, (long)owner_count, per_owner, for_index, index_uniq);
         Py_DECREF(topic);
         if (rc < 0)
             goto done;

@@ -128,7 +128,8 @@ def encode_records(buf: WriteBuffer, pos: int, base_offset: int, topic: bytes, q
 
 
 def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_records: int,
-                  owner_count: int) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int, int, int]:
+                  owner_count: int, index_uniq: bool = True,
+                  ) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int, int, int]:
     """Parse records from ``buf[pos:limit]`` for dispatch, without CRC checks.
 
     Returns ``(per_owner, for_index, count, pos, stop)``: per owner the entries of its
@@ -136,7 +137,7 @@ def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_r
     parsed, where the scan stopped and why (``SCAN_*``). An entry is a ``DispatchEntry``
     as a tuple: (topic, queue_id, queue_offset, commit_log_offset, size, tags_code,
     store_timestamp, keys); owners get it with no keys, the index with the UNIQ_KEY
-    first, then the user keys.
+    first (unless ``index_uniq`` is off: ``index_uniq_key_enabled``), then the user keys.
     """
     per_owner: list[list[DispatchTuple]] = [[] for _ in range(owner_count)]
     for_index: list[DispatchTuple] = []
@@ -160,7 +161,7 @@ def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_r
                  record.store_timestamp_ms, [])
         per_owner[owner_index(topic, queue_id, owner_count)].append(entry)
         keys = [k for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR) if k]
-        uniq = props.get(PROPERTY_UNIQ_KEY)
+        uniq = props.get(PROPERTY_UNIQ_KEY) if index_uniq else None
         if uniq or keys:
             for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
         pos += record.total_size

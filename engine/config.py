@@ -53,6 +53,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     index_hash_slot_count: int = 5_000_000
     index_item_count_max: int = 20_000_000
     warm_segments: bool = False
+    # RocketMQ indexes every message's UNIQ_KEY (its client id) beside its KEYS: about half of
+    # the index builder's work. Off, a lookup by a UNIQ_KEY (query_by_key with it) finds
+    # nothing; lookups by KEYS and by offset message id (get_by_id) work as before.
+    index_uniq_key_enabled: bool = True
 
     # Messages.
     message_body_bytes_max: int = 4 * MiB

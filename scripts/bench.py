@@ -515,10 +515,22 @@ def ref_sqlite(workdir: Path, *, body: int, batch: int, total: int, reps: int) -
 
 # -- main ----------------------------------------------------------------------------------------
 
+SETTINGS: dict[str, object] = {}  # --set name=value: the engine's settings changed for this run
+
+
 def engine_config(flush_mode: str) -> StoreConfig:
     return StoreConfig().replace(flush_mode=flush_mode, segment_size_bytes=256 * MiB, send_batch_bytes_max=8 * MiB,
                                  client_frame_bytes_max=9 * MiB, warm_segments=flush_mode == "SYNC_FLUSH",
-                                 heartbeat_timeout_ms=30_000)
+                                 heartbeat_timeout_ms=30_000, **SETTINGS)
+
+
+def setting(text: str) -> tuple[str, object]:
+    """``name=value``, the value read as JSON (true, 12) or else taken as a string."""
+    name, _, value = text.partition("=")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
 
 
 def main() -> int:
@@ -531,7 +543,10 @@ def main() -> int:
     parser.add_argument("--million", action="store_true", help="peers: also 1,000,000 messages")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workdir", type=Path, help="where stores go (default: a temporary directory)")
+    parser.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE",
+                        help="change a setting of the engine for this run (e.g. index_uniq_key_enabled=false)")
     args = parser.parse_args()
+    SETTINGS.update(args.set)
     only = set(filter(None, args.only.split(",")))
 
     peers = "peers" in only  # the peers' workload is a run of its own (scripts/bench_peers.py)

@@ -38,7 +38,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import RESULTS, body_of, engine_config, percentile, pipelined, record, request_frame
+from bench import RESULTS, SETTINGS, body_of, engine_config, percentile, pipelined, record, request_frame, setting
 
 from engine.client import ClientError, StoreClient
 from engine.ipc.control import EventStream
@@ -330,7 +330,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--million", action="store_true", help="also 1,000,000 messages")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE",
+                        help="change a setting of the engine for this run (e.g. index_uniq_key_enabled=false)")
     args = parser.parse_args()
+    SETTINGS.update(args.set)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as workdir:
         run(Path(workdir), million=args.million)
     if args.json:

@@ -94,7 +94,8 @@ class IndexBuilderActor(Actor):
         self.behind = False
         if end <= start:
             return
-        piece = read_slice(self.reader, start, end, self.config.catch_up_bytes_per_turn_max, 1)
+        piece = read_slice(self.reader, start, end, self.config.catch_up_bytes_per_turn_max, 1,
+                           index_uniq=self.config.index_uniq_key_enabled)
         for topic, _queue_id, _queue_offset, commit_log_offset, _size, _code, store_timestamp, keys in piece.for_index:
             if not self.apply(topic, keys, commit_log_offset, store_timestamp):
                 return

@@ -44,6 +44,7 @@ class ReputDispatcherActor(Actor):
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.reader = CommitLogReader.for_config(env.store_dir, cfg)
         self.owner_count = cfg.consume_queue_owner_count
+        self.index_uniq = cfg.index_uniq_key_enabled
         self.owner_topics = [endpoints.owner_topic(k) for k in range(self.owner_count)]
         self.reput_offset = 0
         self.confirmed_offset = 0
@@ -127,7 +128,7 @@ class ReputDispatcherActor(Actor):
             base = segment.start_offset
             limit = min(segment.size_bytes, end - base)
             owners, index, count, pos, stop = codec.scan_dispatch(segment.mm, offset - base, limit, base, room,
-                                                                  self.owner_count)
+                                                                  self.owner_count, self.index_uniq)
             for mine, found in zip(per_owner, owners, strict=True):
                 mine.extend(found)
             for_index += index

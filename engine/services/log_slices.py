@@ -30,9 +30,10 @@ class LogSlice:
     end: int = 0  # the offset after the last record (or damage) read
 
 
-def read_slice(reader: CommitLogReader, start: int, end: int, bytes_max: int, owner_count: int) -> LogSlice:
+def read_slice(reader: CommitLogReader, start: int, end: int, bytes_max: int, owner_count: int, *,
+               index_uniq: bool = True) -> LogSlice:
     """The entries of the records in [start, end), stopping at the first record boundary at or
-    past ``start + bytes_max``."""
+    past ``start + bytes_max``; index entries with the UNIQ_KEY first if ``index_uniq``."""
     assert bytes_max > 0 and owner_count >= 1
     found = LogSlice([[] for _ in range(owner_count)], end=start)
     stop = min(end, start + bytes_max)
@@ -51,10 +52,10 @@ def read_slice(reader: CommitLogReader, start: int, end: int, bytes_max: int, ow
                 break
             limit = min(segment_limit, stop - base)  # a record across ``stop`` is the decoder's
             if limit - pos < END_FILE_MIN_BLANK_BYTES:
-                pos = _step_over(reader, found, base + pos, end, owner_count) - base
+                pos = _step_over(reader, found, base + pos, end, owner_count, index_uniq) - base
                 continue
             owners, index, _count, pos, why = codec.scan_dispatch(mm, pos, limit, base, _RECORDS_PER_CALL,
-                                                                  owner_count)
+                                                                  owner_count, index_uniq)
             for mine, entries in zip(found.per_owner, owners, strict=True):
                 mine.extend(entries)
             found.for_index += index
@@ -62,20 +63,21 @@ def read_slice(reader: CommitLogReader, start: int, end: int, bytes_max: int, ow
                 pos = segment.size_bytes
                 break
             if why == codec.SCAN_DAMAGE:
-                pos = _step_over(reader, found, base + pos, end, owner_count) - base
+                pos = _step_over(reader, found, base + pos, end, owner_count, index_uniq) - base
         offset = base + pos
     found.end = min(offset, end)
     return found
 
 
-def _step_over(reader: CommitLogReader, found: LogSlice, offset: int, end: int, owner_count: int) -> int:
+def _step_over(reader: CommitLogReader, found: LogSlice, offset: int, end: int, owner_count: int,
+               index_uniq: bool) -> int:
     item = next(iter(reader.scan(offset, end, check_crc=False)))
     if isinstance(item, Damage):  # the reput dispatcher reports it
         return item.end
     entry: DispatchTuple = (item.topic, item.queue_id, item.queue_offset, item.commit_log_offset, item.total_size,
              codec.tags_code(item.tags), item.store_timestamp_ms, [])
     found.per_owner[codec.owner_index(item.topic, item.queue_id, owner_count)].append(entry)
-    keys, uniq = item.keys, item.uniq_key
+    keys, uniq = item.keys, item.uniq_key if index_uniq else None
     if keys or uniq:
         found.for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
     return item.commit_log_offset + item.total_size

@@ -53,3 +53,18 @@ def test_a_reply_past_its_size_cap_answers_the_first_keys_and_the_client_asks_fo
         assert 1 <= len(first) < len(keys)  # about 64 KiB of the 200 KiB asked for
         found = client.query_by_keys("big", keys)
         assert [[m["body"] for m in messages] for messages in found] == [[bytes(20 * KiB)]] * 10
+
+
+def test_without_the_uniq_key_index_keys_are_found_and_uniq_keys_are_not(store_dir: Path) -> None:
+    config = StoreConfig.test_min().replace(index_uniq_key_enabled=False)
+    with EngineProcess(store_dir, config=config) as engine, engine.client() as client:
+        client.create_topic("orders", queue_count=1)
+        [keyed, plain] = client.send("orders", [{"body": b"keyed", "keys": ["order-1"]}, {"body": b"plain"}],
+                                     queue_id=0)
+        wait_dispatched(client)
+        [found] = client.query_by_key("orders", "order-1")
+        assert found["body"] == b"keyed"
+        uniq_keys = [client.get_by_id(result["msg_id"])["uniq_key"] for result in (keyed, plain)]
+        assert all(uniq_keys)
+        assert client.query_by_keys("orders", uniq_keys) == [[], []]
+        assert client.get_by_id(plain["msg_id"])["body"] == b"plain"  # the offset id needs no index

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from engine import codec_py as py
-from engine.layout import CQ_UNIT, HostAddress, encode_blank, java_string_hash
+from engine.layout import CQ_UNIT, HostAddress, decode_record, encode_blank, java_string_hash
 
 try:
     from engine import _codec as c
@@ -304,6 +304,17 @@ def test_random_segments_scan_and_views_agree():
             same_scan(seg, start, len(seg))
             same_views(seg, start, len(seg))
             same_views(seg, start, end)
+
+
+def test_without_the_uniq_key_index_only_user_keys_reach_the_index():
+    rng = random.Random(44)
+    seg, starts = build_segment(rng, 64 * 1024, batches=12)
+    with_uniq = same_scan(seg, 0, len(seg))
+    expected = py.scan_dispatch(seg, 0, len(seg), BASE, 1 << 30, 3, False)
+    assert c.scan_dispatch(seg, 0, len(seg), BASE, 1 << 30, 3, False) == expected
+    assert expected[0] == with_uniq[0]  # the owners' entries do not change
+    uniq = {decode_record(seg, start, limit=len(seg), base_offset=BASE, check_crc=False).uniq_key for start in starts}
+    assert uniq - {None} and not uniq & {key for entry in expected[1] for key in entry[7]}
 
 
 def test_segment_with_blank_marker():
