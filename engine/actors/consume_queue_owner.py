@@ -134,8 +134,15 @@ class ConsumeQueueOwnerActor(Actor):
                  owned.applied_offset)
 
     def catch_up(self) -> None:
-        """Apply the log up to the readable end (one slice), wake what it touched, publish progress."""
-        self.wake(self.owned.catch_up(self.reads.visible_end))
+        """Apply the log up to the readable end (one slice), wake what it touched, publish progress.
+
+        The end is read before the deletions: the writer records a deletion before it appends
+        anything past it, so every deletion of a topic whose records lie below that end is
+        followed first. Otherwise a catch-up could build a deleted topic's new queue from records
+        past the deletion, and the deletion, followed after, drop it whole."""
+        end = self.reads.visible_end
+        self.follow_deletions()
+        self.wake(self.owned.catch_up(end))
         self.slots.set(owner_slot(self.instance), self.owned.applied_offset)
 
     def serving(self, serve: Callable[[Any, Inbound, Effects], bytes | None]) -> Handler:

@@ -237,8 +237,9 @@ class OwnedQueues:
     def follow_deletions(self, deletions: int) -> set[str]:
         """The writer recorded a topic deletion (the count moved): drop that topic's queues.
 
-        Every unit they hold points below the deletion offset: units at or past it are
-        dispatched only after the writer bumped the count, and this runs before each dispatch."""
+        Every unit they hold points below the deletion offset: the writer bumps the count before
+        it appends past it, and this runs before each dispatch batch is applied and before each
+        catch-up slice (with the slice's end read first)."""
         changed = self.deleted_topics.follow(deletions)
         for cq in [cq for (topic, _queue_id), cq in self.queues.items() if topic in changed]:
             self.drop_queue(cq)

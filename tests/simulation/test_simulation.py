@@ -123,6 +123,9 @@ PINNED_PLAN_SEEDS = [
     # record below the log's start", and the owner's restart deleted the whole file
     (1058, Plan.drawn(1058, steps=1_500)),
     (1051, Plan.drawn(1051, steps=1_500)),  # the same, in a topic deleted and created again (sim-b)
+    # an owner catching up from the log built a deleted topic's new queue from records past the
+    # deletion, then followed the deletion and dropped the queue whole
+    (138, Plan.drawn(138, steps=1_500)),
 ]
 
 
