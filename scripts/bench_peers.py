@@ -15,7 +15,10 @@ Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
   10,000 over the socket 100 keys a request (``query_by_keys``);
 * SIGKILL of each actor kind, 10 times: the worst time until it serves again;
 * each actor's share of the engine's CPU over produce and consume (would it scale with cores?);
-* references: one ``pwrite`` + ``fdatasync`` of 300 bytes, and a ZeroMQ DEALER/ROUTER echo, one at a time.
+* references: one ``pwrite`` + ``fdatasync`` of 300 bytes, and a ZeroMQ DEALER/ROUTER echo, one at a time;
+* Redis Streams with ``appendfsync always`` (one stream a queue, ``XADD`` pipelined a batch at a
+  time, ``XRANGE`` 1024 at a time, single ``XADD`` p50 and p99), when ``redis-server`` is on the
+  PATH and the ``redis`` client is installed (``pip install -e .[bench]``): started and stopped here.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,7 +51,7 @@ from engine.local_reads import LocalReads
 from harness.faults import actor_pids
 from harness.workload import wait_dispatched
 from rmqpy import PullConsumer
-from supervisor.launcher import EngineProcess
+from supervisor.launcher import EngineProcess, free_port
 
 QUEUES = 4
 BATCH = 1000
@@ -141,6 +146,61 @@ def sqlite_peer(workdir: Path, total: int) -> None:
     db.close()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def redis_peer(workdir: Path, total: int) -> None:
+    """Redis Streams, every write fsynced before its reply (``appendfsync always``)."""
+    try:
+        import redis
+    except ImportError:
+        print("Redis peer skipped: the redis client is not installed (pip install -e .[bench])")
+        return
+    server = shutil.which("redis-server")
+    if server is None:
+        print("Redis peer skipped: redis-server is not on the PATH (apt-get install redis-server)")
+        return
+    directory = workdir / f"redis-{total}"
+    directory.mkdir()
+    port = free_port()
+    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+                                "--appendonly", "yes", "--appendfsync", "always", "--save", ""],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # the server is starting: nothing to wait on but its port
+        t0 = time.perf_counter()
+        for n in range(total // BATCH):
+            pipe = client.pipeline(transaction=False)
+            for i in range(n * BATCH, (n + 1) * BATCH):
+                pipe.xadd(f"q{i % QUEUES}", {"key": f"key-{i}", "tags": "tag", "body": body_of(BODY, i)})
+            pipe.execute()
+        record(f"Redis always produce {total:,} batch={BATCH}", [total / (time.perf_counter() - t0)], "msg/s")
+        t0 = time.perf_counter()
+        count = 0
+        for queue in range(QUEUES):
+            start = "-"
+            while entries := client.xrange(f"q{queue}", min=start, count=1024):
+                count += len(entries)
+                start = "(" + entries[-1][0].decode()
+        record(f"Redis XRANGE consume all {total:,}", [count / (time.perf_counter() - t0)], "msg/s")
+        if total <= 100_000:
+            latencies = [timed_ms(lambda i=i: client.xadd("one", {"key": f"one-{i}", "body": body_of(BODY, i)}))
+                         for i in range(SINGLES)]
+            record("Redis always single XADD p50", [percentile(latencies, 0.5)], "ms")
+            record("Redis always single XADD p99", [percentile(latencies, 0.99)], "ms")
+        client.close()
+    finally:
+        process.terminate()
+        process.wait(10)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -311,6 +371,7 @@ def run(workdir: Path, *, million: bool) -> None:
     totals = [100_000, 1_000_000] if million else [100_000]
     for total in totals:
         sqlite_peer(workdir, total)
+        redis_peer(workdir, total)
     for flush_mode in ("SYNC_FLUSH", "ASYNC_FLUSH"):
         with EngineProcess(workdir / f"peers-{flush_mode}", config=engine_config(flush_mode),
                            start_timeout_s=120) as engine:
