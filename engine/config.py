@@ -53,9 +53,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     index_hash_slot_count: int = 5_000_000
     index_item_count_max: int = 20_000_000
     warm_segments: bool = False
-    # RocketMQ indexes every message's UNIQ_KEY (its client id) beside its KEYS: about half of
-    # the index builder's work. Off, a lookup by a UNIQ_KEY (query_by_key with it) finds
-    # nothing; lookups by KEYS and by offset message id (get_by_id) work as before.
+    # RocketMQ indexes every message's UNIQ_KEY (its client id) beside its KEYS. Off, a message
+    # without KEYS costs the index builder nothing, and a lookup by a UNIQ_KEY (query_by_key
+    # with it) finds nothing; lookups by KEYS and by offset message id (get_by_id) work as before.
     index_uniq_key_enabled: bool = True
 
     # Messages.
