@@ -168,7 +168,7 @@ class TimerActor(Actor):
         self.log.flush()
         self.wheel.write_dirty()
         store_timer_checkpoint(self.env.store_dir, checkpoint)
-        self.enqueuing.delete_delivered(checkpoint.read_time_ms)
+        self.enqueuing.delete_delivered(checkpoint.read_time_ms, checkpoint.log_end)
         self.slots.set(TIMERS_PENDING, self.pending())
 
     def pending(self) -> int:

@@ -197,8 +197,9 @@ class TimerEnqueue:
             self.durable_marks = (enqueue_next, log_end)
         return self.durable_marks
 
-    def delete_delivered(self, read_time_ms: int) -> None:
-        """Delete the log files whose every unit is delivered (the checkpoint says so, written before)."""
-        for start in self.log.delete_delivered(self.due_until, read_time_ms):
+    def delete_delivered(self, read_time_ms: int, recovery_from: int) -> None:
+        """Delete the log files whose every unit is delivered (the checkpoint says so, written before),
+        below the file of the checkpoint's log end (``recovery_from``)."""
+        for start in self.log.delete_delivered(self.due_until, read_time_ms, recovery_from=recovery_from):
             del self.due_until[start]  # the next checkpoint forgets it; a restart before skips what is gone
             log.info("timer log file %d: every unit delivered; deleted", start)

@@ -178,9 +178,13 @@ class TimerLog:
         for mapped in list(self.files.files.values()):
             mapped.flush()
 
-    def delete_delivered(self, due_until: dict[int, int], read_time_ms: int) -> list[int]:
-        """Delete the full files whose every unit is due before ``read_time_ms`` (delivered); their starts."""
-        current = self.files.file_start(self.end)
+    def delete_delivered(self, due_until: dict[int, int], read_time_ms: int, *, recovery_from: int) -> list[int]:
+        """Delete the full files whose every unit is due before ``read_time_ms`` (delivered); their starts.
+
+        Never the file that holds ``recovery_from`` (the checkpoint's log end) or a later one: a
+        restart reads the units from there on to link them again, and a file gone under that
+        point would hide every unit after it (their slots would name units the log no longer has)."""
+        current = self.files.file_start(min(self.end, recovery_from))
         gone = [start for start, until in due_until.items() if start < current and until < read_time_ms]
         for start in gone:
             self.files.delete(start)

@@ -126,6 +126,9 @@ PINNED_PLAN_SEEDS = [
     # an owner catching up from the log built a deleted topic's new queue from records past the
     # deletion, then followed the deletion and dropped the queue whole
     (138, Plan.drawn(138, steps=1_500)),
+    # the timer deleted a delivered timer-log file that held its checkpoint's log end: the restart
+    # found no units past it, and the wheel's slots named units the log no longer had
+    (220, Plan.drawn(220, steps=1_500)),
 ]
 
 
