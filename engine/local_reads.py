@@ -26,6 +26,7 @@ uses: a unit must lead to an intact record of its own topic, queue and queue off
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +95,13 @@ class LocalReads:
                 cq.min_offset = cq.first_live_unit(self.reader.min_offset())
 
     def _queue(self, topic: str, queue_id: int, offset: int) -> ConsumeQueue | None:
-        """The queue, its end looked at again when ``offset`` is at or past what this process knew."""
+        """The queue, its end looked at again when ``offset`` is at or past what this process knew
+        (``follow_end``: the units its owner appended since), opened again below its start."""
         key = (topic, queue_id)
         cq = self.queues.get(key)
-        if cq is None or offset >= cq.max_offset or offset < cq.min_offset:
+        if cq is not None and offset >= cq.max_offset:
+            cq.follow_end()
+        if cq is None or offset < cq.min_offset:
             if cq is not None:
                 cq.close()
             cq = ConsumeQueue(self.store_dir, topic, queue_id, file_units=self.config.consume_queue_file_units,
@@ -116,6 +120,18 @@ class LocalReads:
              subscription: str = "*", max_wait_ms: int = 0) -> PullReply:
         """What the ``pull`` op answers (docs/protocol.md 4.2), typed: status, next/min/max offsets and the
         messages; RequestError as the op refuses (MESSAGE_CORRUPT for a damaged record met first)."""
+        reply, encoded = self.pull_encoded(topic, queue_id, offset, max_messages=max_messages, max_bytes=max_bytes,
+                                           subscription=subscription, max_wait_ms=max_wait_ms)
+        if encoded:
+            reply.messages = _messages_decoder.decode(encoded)
+        return reply
+
+    def pull_encoded(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32,
+                     max_bytes: int | None = None, subscription: str = "*",
+                     max_wait_ms: int = 0) -> tuple[PullReply, bytes]:
+        """``pull`` with the messages left encoded, for the caller's own decoder (``rmqpy``'s
+        ``Message``): a msgpack array of the reply's message maps (b"" for none); the reply's
+        ``messages`` stays empty."""
         if max_messages < 1 or offset < 0:
             raise RequestError(ErrorCode.INVALID_FIELD, "max_messages must be at least 1 and offset not negative")
         deadline = time.monotonic() + max_wait_ms / 1000
@@ -128,10 +144,9 @@ class LocalReads:
             raise RequestError(ErrorCode.MESSAGE_CORRUPT, f"the message at queue offset {result.corrupt_offset} is "
                                                           f"damaged and is not served; the next offset is "
                                                           f"{result.next_offset}", next_offset=result.next_offset)
-        messages = _messages_decoder.decode(result.messages()) if result.message_count else []
-        return PullReply(ok=True, status=result.status.name, status_code=int(result.status),
-                         next_offset=result.next_offset, min_offset=result.min_offset, max_offset=result.max_offset,
-                         messages=messages)
+        reply = PullReply(ok=True, status=result.status.name, status_code=int(result.status),
+                          next_offset=result.next_offset, min_offset=result.min_offset, max_offset=result.max_offset)
+        return reply, result.messages() if result.message_count else b""
 
     def _pull_once(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int | None,
                    matching: Subscription) -> PullResult:
@@ -147,8 +162,11 @@ class LocalReads:
         return result
 
     def _wait(self, topic: str, queue_id: int, deadline: float) -> bool:
-        """Wait for the log to grow (a ``Wake`` on ``confirmed``) and the queue's owner to apply it;
-        False once ``deadline`` passed."""
+        return self.wait_for_new(topic, [queue_id], deadline)
+
+    def wait_for_new(self, topic: str, queue_ids: Iterable[int], deadline: float) -> bool:
+        """Wait for the log to grow (a ``Wake`` on ``confirmed``) and the owners of the queues to
+        apply it; False once ``deadline`` (``time.monotonic``) passed."""
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if remaining_ms <= 0:
             return False
@@ -158,9 +176,10 @@ class LocalReads:
             while wakes.poll(0):
                 wakes.recv_multipart()
         target = max(confirmed, self.slots.get(CONFIRMED))
-        slot = owner_slot(owner_of(topic, queue_id, self.config.consume_queue_owner_count))
-        while self.slots.get(slot) < target and time.monotonic() < deadline:
-            time.sleep(_APPLY_POLL_S)  # the owner applies within a dispatch turn
+        owners = self.config.consume_queue_owner_count
+        slots = {owner_slot(owner_of(topic, queue_id, owners)) for queue_id in queue_ids}
+        while any(self.slots.get(slot) < target for slot in slots) and time.monotonic() < deadline:
+            time.sleep(_APPLY_POLL_S)  # the owners apply within a dispatch turn
         return time.monotonic() < deadline
 
     def _wake_socket(self) -> zmq.Socket[bytes]:

@@ -21,6 +21,11 @@ the group reads again what it had not finished: at least once. With ``auto_commi
 the consumer commits every ``commit_every`` finished messages and when it closes;
 without, only ``commit()`` commits.
 
+On the engine's host, ``store_dir`` reads the queues over the engine's own mapped files
+(``engine.local_reads.LocalReads``: no socket per batch, the messages decoded straight from
+the records) and waits for new ones on the engine's wake-ups; offsets are still fetched and
+committed through the engine, which alone writes.
+
 One consumer per group and topic reads all queues: two consumers of one group would
 read the same messages (this engine does not share queues out between a group's
 members). Give each its own ``queue_ids``, or use a ``PopConsumer`` for a pool of workers.
@@ -34,11 +39,14 @@ import functools
 import random
 import time
 from collections.abc import Iterable, Iterator
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
+import msgspec
 import zmq
 
 from engine.client import DEFAULT_ENDPOINT, EngineError
+from engine.errors import RequestError
 from engine.ipc.curve import CurveKeys
 from rmqpy._channel import Channel, Outcome
 from rmqpy._queue_book import QueueBook, assigned_queues, first_offset
@@ -47,9 +55,13 @@ from rmqpy.message import Message, messages_from_wire
 from rmqpy.retry import RetryPolicy, call_with_retry
 from rmqpy.subscription import subscription_expression
 
+if TYPE_CHECKING:
+    from engine.local_reads import LocalReads
+
 __all__ = ["PullConsumer"]
 
 _LOOK_INTERVAL_S = 0.001  # how often the socket is looked at while messages are buffered
+_local_messages = msgspec.msgpack.Decoder(list[Message])  # a local pull's records, straight into Messages
 
 
 class PullConsumer:
@@ -58,7 +70,8 @@ class PullConsumer:
                  start_from: Literal["earliest", "latest"] = "earliest", auto_commit: bool = True,
                  commit_every: int = 100, batch_size: int = 32, max_wait_ms: int = 5_000,
                  idle_timeout_ms: int | None = None, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 store_dir: str | Path | None = None) -> None:
         """Connect and read the group's committed offsets (raises ``EngineError`` if the topic is missing).
 
         ``subscription``: ``"*"``, ``"a || b"`` or a list of tags. ``batch_size``: messages per
@@ -66,6 +79,8 @@ class PullConsumer:
         for a message (at most 30 000), and ``poll``'s default wait. ``idle_timeout_ms``: the
         iteration ends after this long without a message (None: it never ends by itself).
         ``retry``: how refused pulls and commits are retried (reads are always safe to retry).
+        ``store_dir``: the store of the engine ``endpoint`` names, on this host: pulls read its files
+        in this process (``endpoints.NotRunning`` if no engine runs on it).
         """
         if min(commit_every, batch_size, max_wait_ms) < 1:
             raise ValueError("commit_every, batch_size and max_wait_ms must be >= 1")
@@ -82,8 +97,13 @@ class PullConsumer:
         self._next_look = 0.0  # when poll next reads the socket while messages are buffered
         self._closed = False
         self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
+        self._local: LocalReads | None = None
         try:
             self._book = self._open_book(None if queue_ids is None else list(queue_ids), start_from)
+            if store_dir is not None:
+                from engine.local_reads import LocalReads  # the store's modules only when asked for
+
+                self._local = LocalReads(Path(store_dir))
         except BaseException:
             self._channel.close()
             raise
@@ -120,6 +140,8 @@ class PullConsumer:
         finally:
             self._closed = True
             self._channel.close()
+            if self._local is not None:
+                self._local.close()
 
     @property
     def queue_ids(self) -> list[int]:
@@ -157,12 +179,16 @@ class PullConsumer:
         now = time.monotonic()
         deadline = now + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
-            # While messages are buffered, the socket is looked at once a millisecond, not at every
-            # message (a look that finds nothing costs more than handing out a message); a queue
-            # whose pull was answered meanwhile still takes its turn within that millisecond.
+            # While messages are buffered, the socket (or the store's files) is looked at once a
+            # millisecond, not at every message (a look that finds nothing costs more than handing
+            # out a message); a queue whose pull was answered meanwhile still takes its turn within
+            # that millisecond.
             if now >= self._next_look or not self._book.buffered():
-                self._send_pulls(now)
-                self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
+                if self._local is not None:
+                    self._pull_locally(now)
+                else:
+                    self._send_pulls(now)
+                    self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
                 self._next_look = now + _LOOK_INTERVAL_S
             taken = self._book.take(max_messages or self.batch_size)
             if taken:
@@ -171,7 +197,10 @@ class PullConsumer:
             if now >= deadline:
                 return []
             wake = min(deadline, self._book.next_retry_at() or deadline)
-            self._take_replies(self._channel.replies(max(1, int((wake - now) * 1000))))
+            if self._local is not None:
+                self._local.wait_for_new(self.topic, self._book.queue_ids, wake)
+            else:
+                self._take_replies(self._channel.replies(max(1, int((wake - now) * 1000))))
             now = time.monotonic()
 
     def _send_pulls(self, now: float) -> None:
@@ -180,6 +209,27 @@ class PullConsumer:
                 "pull", wait_ms=self.max_wait_ms, topic=self.topic, queue_id=queue_id, offset=offset,
                 max_messages=self.batch_size, subscription=self.subscription, max_wait_ms=self.max_wait_ms)
             self._pulls[request_id] = (queue_id, token)
+
+    def _pull_locally(self, now: float) -> None:
+        """Each queue that wants messages reads them from the store's files (``store_dir``); a refusal
+        that retrying cannot cure is raised after every queue had its turn."""
+        assert self._local is not None
+        refusal: EngineError | None = None
+        for queue_id, offset, token in self._book.to_pull(now):
+            try:
+                reply, encoded = self._local.pull_encoded(self.topic, queue_id, offset, max_messages=self.batch_size,
+                                                          subscription=self.subscription)
+            except RequestError as exc:
+                pause_ms = self.retry.backoff_ms(self._book.failures(queue_id) + 1, jitter=random.random())
+                self._book.failed(queue_id, token, now + pause_ms / 1000)
+                if exc.code not in self.retry.retriable_codes:
+                    refusal = refusal or EngineError(int(exc.code), exc.code.name, exc.message,
+                                                     {**exc.details, "queue_id": queue_id})
+                continue
+            assert reply.next_offset is not None
+            self._book.pulled(queue_id, token, _local_messages.decode(encoded) if encoded else [], reply.next_offset)
+        if refusal is not None:
+            raise refusal
 
     def _take_replies(self, replies: list[tuple[int, Outcome]]) -> None:
         """Give each reply to the book; a refusal that retrying cannot cure is raised after all are in."""

@@ -10,7 +10,8 @@ Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
 * produce in batches of 1000, one batch at a time (how most users call it) and 4 in flight;
 * one durable send at a time (SYNC_FLUSH) and one ASYNC send at a time: p50 and p99;
 * consume everything back through the public client (``StoreClient.pull``, 1024 a pull), and on
-  the same host over the shared mapped files (``engine.local_reads.LocalReads.pull``);
+  the same host over the shared mapped files (``engine.local_reads.LocalReads.pull``), and through
+  ``rmqpy.PullConsumer`` both ways (``store_dir`` for the files);
 * 1,000 key lookups, one at a time, over the socket and on the same host (``LocalReads``), and
   10,000 over the socket 100 keys a request (``query_by_keys``);
 * SIGKILL of each actor kind, 10 times: the worst time until it serves again;
@@ -276,6 +277,13 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
         assert count == total, (count, total)
         record(f"{label} consume all (rmqpy.PullConsumer, typed)", [count / (time.perf_counter() - t0 - 0.3)],
                "msg/s")
+        t0 = time.perf_counter()
+        with PullConsumer(f"peers-local-{total}", topic, endpoint=engine.endpoint, batch_size=1024,
+                          auto_commit=False, idle_timeout_ms=300, store_dir=engine.store_dir) as consumer:
+            count = sum(1 for _ in consumer)
+        assert count == total, (count, total)
+        record(f"{label} consume all on the same host (rmqpy.PullConsumer, store_dir)",
+               [count / (time.perf_counter() - t0 - 0.3)], "msg/s")
         if meter:
             meter.stop()
         if total > 100_000:

@@ -125,6 +125,29 @@ class ConsumeQueue:
             lo = -(-used // CQ_UNIT_BYTES)
         return lo
 
+    def follow_end(self) -> None:
+        """For a reader of a queue its owner writes (read-only): take in the units appended since,
+        up to the first empty unit (bisected, as ``_units_in`` does); the next file is looked for
+        once the last known one is full."""
+        while True:
+            byte_offset = self.max_offset * CQ_UNIT_BYTES
+            mapped = self.files.find(byte_offset)
+            if mapped is None:
+                self.files.refresh()
+                mapped = self.files.find(byte_offset)
+                if mapped is None:
+                    return
+            lo, hi = (byte_offset - mapped.start_offset) // CQ_UNIT_BYTES, self.file_units
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            self.max_offset = mapped.start_offset // CQ_UNIT_BYTES + lo
+            if lo < self.file_units:
+                return
+
     def _last_physical_end(self) -> int:
         for queue_offset in range(self.max_offset - 1, max(self.min_offset, self.max_offset - 64) - 1, -1):
             unit = self.get(queue_offset)

@@ -150,3 +150,31 @@ def test_a_missing_topic_or_queue_is_refused_at_once(endpoint: str) -> None:
     with pytest.raises(EngineError) as info:
         PullConsumer("g", "jobs", endpoint=endpoint, queue_ids=[5])
     assert info.value.code == ErrorCode.QUEUE_NOT_FOUND
+
+
+def test_on_the_engines_host_the_group_reads_the_store_files_and_commits_through_the_engine(
+        engine: EngineProcess, endpoint: str) -> None:
+    bodies = fill(endpoint, "orders", 50, 4)
+    with engine.client() as client:
+        wait_dispatched(client)
+    with PullConsumer("local", "orders", endpoint=endpoint, commit_every=10, store_dir=engine.store_dir) as consumer:
+        first = take(consumer, 120)
+        for queue_id in range(4):
+            offsets = [m.queue_offset for m in first if m.queue_id == queue_id]
+            assert offsets == list(range(len(offsets))), "each queue in order, none skipped"
+        assert all(m.topic == "orders" and len(m.msg_id) == 32 for m in first)
+    with PullConsumer("local", "orders", endpoint=endpoint, idle_timeout_ms=1_000) as consumer:  # over the socket
+        rest = list(consumer)
+    assert sorted(m.body for m in first + rest) == sorted(bodies), "nothing lost, nothing read twice"
+
+
+def test_on_the_engines_host_a_waiting_poll_is_answered_by_the_arrival(engine: EngineProcess, endpoint: str) -> None:
+    with PullConsumer("late-local", "orders", endpoint=endpoint, start_from="latest", max_wait_ms=20_000,
+                      store_dir=engine.store_dir) as consumer:
+        assert consumer.poll(0) == []
+        with Producer(endpoint) as producer:
+            producer.send("orders", b"wake up", queue_id=3)
+        started = time.monotonic()
+        [message] = consumer.poll(30_000)
+        assert message.body == b"wake up"
+        assert time.monotonic() - started < 10, "answered by the message, not by the 20 s wait"
