@@ -91,11 +91,14 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
     try:
         with engine.client(timeout_ms=10_000) as client:
             client.send("slow", [{"body": b"before"}], queue_id=0)
-            tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "delay_enter=1500ms")
+            tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "delay_enter=3000ms")
             [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
             assert result["status"] == "FLUSH_DISK_TIMEOUT"
+            started = time.monotonic()
             [unwaited] = client.send("slow", [{"body": b"no wait"}], queue_id=0, wait_store=False)
             assert unwaited["status"] == "PUT_OK"  # wait_store=False does not wait for the flush
+            # ... and the writer's loop does not wait for its flush thread, stalled on the disk for 3 s
+            assert time.monotonic() - started < 1.5
             tracer.kill()
             tracer.wait()
             tracer = None

@@ -101,6 +101,39 @@ def test_retention_deleting_mapped_segments_under_a_reader_is_no_crash(store_dir
         engine.stop()
 
 
+def test_lookups_racing_the_index_builder_find_only_whole_entries(engine: EngineProcess, store_dir: Path) -> None:
+    """Key lookups in the reader's process while the index builder adds entries: every message
+    found carries the key (a slot or an item read half-published would lead elsewhere)."""
+    with engine.client() as client, LocalReads(store_dir) as local:
+        client.create_topic("race", queue_count=1)
+
+        def produce() -> None:
+            with StoreClient(engine.endpoint) as producer:
+                for first in range(0, 4_000, 20):
+                    batch = [{"body": b"r%d" % n, "keys": [f"k{n % 50}"]} for n in range(first, first + 20)]
+                    producer.send("race", batch, queue_id=0)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        lookups = found = 0
+        try:
+            while producer.is_alive():
+                key = lookups % 50
+                for message in local.query_by_key("race", f"k{key}", max_results=64):
+                    assert f"k{key}" in message["keys"] and int(message["body"][1:]) % 50 == key, message
+                    found += 1
+                lookups += 1
+        finally:
+            producer.join()
+        wait_dispatched(client)
+        assert lookups > 20 and found > 0, (lookups, found)
+        count_max = min(80, engine.config.query_result_count_max)  # k7 is on 80 messages
+        everything = local.query_by_key("race", "k7", max_results=count_max)
+        assert everything == client.query_by_key("race", "k7", max_results=count_max)
+        assert len(everything) == count_max
+        assert {int(m["body"][1:]) for m in everything} <= set(range(7, 4_000, 50))
+
+
 def test_no_engine_is_said_plainly(store_dir: Path) -> None:
     with pytest.raises(NotRunning, match="no engine is running"):
         LocalReads(store_dir)
