@@ -299,7 +299,8 @@ class CommitLogWriterActor(Actor):
         return ""
 
     def metrics(self) -> Figures:
-        return {"rmqpy_queue_sent_messages": per_queue(self.appends.sent_messages),
+        own_sync = {"rmqpy_flush_seconds": self.own_sync.flush_seconds} if self.own_sync is not None else {}
+        return {**own_sync, "rmqpy_queue_sent_messages": per_queue(self.appends.sent_messages),
                 "rmqpy_queue_sent_bytes": per_queue(self.appends.sent_bytes),
                 "rmqpy_send_latency_seconds": self.send_latency,
                 "rmqpy_refusals": [["BUSY", "writer", self.busy_refusals],

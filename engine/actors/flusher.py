@@ -242,6 +242,8 @@ class FlusherActor(Actor):
                 "dispatched_offset": self.checkpoint.dispatched_offset}
 
     def metrics(self) -> Figures:
+        if self.sync_flush:  # the writer flushes the log, and reports rmqpy_flush_seconds itself
+            return {}
         return {"rmqpy_flush_seconds": self.flush_seconds, "rmqpy_fdatasync_seconds": self.fdatasync_seconds}
 
     def shutdown(self, out: Effects) -> None:

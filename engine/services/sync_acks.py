@@ -14,6 +14,7 @@ that must wait, ``release`` when its own sync (``OwnSync``) reports progress and
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import PutStatus
 from engine.ipc.wire import Origin
+from engine.metrics.report import Histogram
 from engine.services.log_appends import Stored
 
 if TYPE_CHECKING:
@@ -84,10 +86,19 @@ class OwnSync:
         self.requested = 0  # the offset the last request makes durable
         self.synced = 0  # written by the thread: the log is on disk up to here
         self.failure: str | None = None  # written by the thread: why a flush failed
+        # rmqpy_flush_seconds: from handing the oldest unsynced run to the thread to the sync that
+        # covered it (perf_counter seconds; None while everything requested is synced)
+        self.flush_seconds = Histogram.new()
+        self._waiting_since: float | None = None
         self.syncer = syncer(name, self._durable, on_failure=self._failed)
 
     def _durable(self, offset: int) -> None:  # the flush thread
+        since = self._waiting_since
         self.synced = offset
+        if offset >= self.requested:
+            self._waiting_since = None
+        if since is not None:
+            self.flush_seconds.observe(time.perf_counter() - since)
         self.waker.wake()
 
     def _failed(self, reason: str) -> None:  # the flush thread
@@ -102,6 +113,8 @@ class OwnSync:
         for start in range(self.requested - self.requested % size, end, size):
             self.syncer.mark(self.segment_path(start))
         self.requested = end
+        if self._waiting_since is None:
+            self._waiting_since = time.perf_counter()
         self.syncer.request(end)
 
     def recover(self, durable: int, end: int) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from engine.config import ConfigError, StoreConfig
 from engine.services.retention import disk_used_ratio
 from tests.helpers import wait_dispatched
-from tests.monitor.conftest import Monitored, total, value
+from tests.monitor.conftest import Monitored, monitored_engine, total, value
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -147,3 +148,14 @@ def test_disk_used_is_dfs_figure_and_the_one_the_writer_refuses_sends_at(monitor
     assert value(samples, "rmqpy_disk_used_ratio") == pytest.approx(used / (used + available), abs=0.01)
     assert value(samples, "rmqpy_disk_free_bytes") == pytest.approx(available, rel=0.01)
     assert disk_used_ratio(store) == pytest.approx(used / (used + available), abs=0.01)  # the writer's
+
+
+def test_under_sync_flush_the_writer_times_its_own_syncs(store_dir: Path) -> None:
+    with monitored_engine(store_dir, flush_mode="SYNC_FLUSH") as monitored, monitored.engine.client() as client:
+        for n in range(10):
+            client.send(TOPIC, [{"body": b"durable %d" % n}], queue_id=0)
+        samples = monitored.wait_scrape(lambda s: value(s, "rmqpy_flush_seconds_count") >= 10)
+        assert value(samples, "rmqpy_flush_seconds_sum") > 0
+        assert value(samples, "rmqpy_send_latency_seconds_count", flush_mode="SYNC_FLUSH") == 10
+        # one histogram of the log's flushes: the writer's; the flusher reports none in this mode
+        assert not any(name == "rmqpy_fdatasync_seconds_count" for name, _labels in samples)
