@@ -17,6 +17,7 @@ Store-level duties (RocketMQ's DefaultMessageStore start/shutdown):
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import logging
@@ -70,6 +71,7 @@ log = logging.getLogger("supervisor")
 
 _STACK_DUMP_GRACE_MS = 300
 ABORT_FILE = "abort"
+FAULTS_FILE = "supervisor.faults"  # in logs/: the stacks of a supervisor ended by a fatal signal
 
 
 def monotonic_ms() -> int:
@@ -151,6 +153,10 @@ class Supervisor:
             raise
         # Only the engine holding the lock writes (and rotates) the store's logs.
         configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
+        # A fatal signal (SIGSEGV, SIGABRT, SIGBUS...) leaves the supervisor's stacks in the store's
+        # logs, even when its stderr is a pipe nobody reads any more (a script's, a test's).
+        self.faults = (self.store_dir / LOG_DIR / FAULTS_FILE).open("a", encoding="utf-8")
+        faulthandler.enable(self.faults, all_threads=True)
         started_ms = monotonic_ms()
         self._check_file_systems()
         self.crash_start = (self.store_dir / ABORT_FILE).exists()

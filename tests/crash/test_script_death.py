@@ -19,6 +19,8 @@ import psutil
 import pytest
 
 from engine.ipc import endpoints
+from supervisor.launcher import EngineProcess
+from supervisor.supervisor import FAULTS_FILE
 from tests.conftest import processes_mentioning
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,3 +75,21 @@ def test_a_supervisor_whose_parent_is_already_gone_does_not_start(store_dir: Pat
     assert done.returncode != 0
     assert b"not starting" in done.stderr, done.stderr
     assert not endpoints.run_dir_for(store_dir).exists()
+
+
+def test_a_supervisor_ended_by_a_fatal_signal_leaves_its_stacks_in_the_logs(store_dir: Path) -> None:
+    """Its stderr may be a pipe nobody reads (a script's): the stacks go to logs/supervisor.faults."""
+    engine = EngineProcess(store_dir)
+    engine.start()
+    try:
+        actors = [psutil.Process(pid) for pid in engine.actor_pids().values()]
+        os.kill(engine.pid, signal.SIGSEGV)
+        _gone, orphans = psutil.wait_procs(actors, timeout=30)
+        assert orphans == [], "the actors stop with their supervisor"
+        assert engine.process is not None and engine.process.wait(10) == -signal.SIGSEGV
+        engine.process = None
+        faults = (store_dir / "logs" / FAULTS_FILE).read_text()
+        assert "Segmentation fault" in faults and "supervisor/supervisor.py" in faults, faults
+        engine.start()  # and the next start recovers, as after any crash
+    finally:
+        engine.stop()
