@@ -188,8 +188,11 @@ def cmd_start(args: argparse.Namespace) -> int:
               f"(it exited); not starting", file=sys.stderr)
         return EXIT_FAILED
     supervisor.start()
-    print(f"ready {config.endpoint} store={supervisor.store_dir}{degraded_note(supervisor.reasons())}", flush=True)
     try:
+        # One write: whoever waits for "ready " may act on it at once, even kill the process that
+        # started us (--die-with-parent), and a second write (print's end, under PYTHONUNBUFFERED)
+        # then met a closed pipe; the BrokenPipeError ended the command before the stop below.
+        _say(f"ready {config.endpoint} store={supervisor.store_dir}{degraded_note(supervisor.reasons())}\n")
         supervisor.run()
     finally:
         clean = supervisor.shutdown()
@@ -198,6 +201,15 @@ def cmd_start(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the process reading our output is gone (--die-with-parent)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_OK if clean else EXIT_UNCLEAN
+
+
+def _say(line: str) -> None:
+    """``line`` on stdout in one write; a reader gone already is no reason to stop serving."""
+    try:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stopped(clean: bool) -> str:
