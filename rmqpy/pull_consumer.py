@@ -220,11 +220,8 @@ class PullConsumer:
                 reply, encoded = self._local.pull_encoded(self.topic, queue_id, offset, max_messages=self.batch_size,
                                                           subscription=self.subscription)
             except RequestError as exc:
-                pause_ms = self.retry.backoff_ms(self._book.failures(queue_id) + 1, jitter=random.random())
-                self._book.failed(queue_id, token, now + pause_ms / 1000)
-                if exc.code not in self.retry.retriable_codes:
-                    refusal = refusal or EngineError(int(exc.code), exc.code.name, exc.message,
-                                                     {**exc.details, "queue_id": queue_id})
+                error = EngineError(int(exc.code), exc.code.name, exc.message, dict(exc.details))
+                refusal = refusal or self._pull_failed(queue_id, token, error)
                 continue
             assert reply.next_offset is not None
             self._book.pulled(queue_id, token, _local_messages.decode(encoded) if encoded else [], reply.next_offset)
@@ -239,13 +236,18 @@ class PullConsumer:
             if isinstance(outcome, dict):
                 self._book.pulled(queue_id, token, messages_from_wire(outcome["messages"]), outcome["next_offset"])
                 continue
-            pause_ms = self.retry.backoff_ms(self._book.failures(queue_id) + 1, jitter=random.random())
-            self._book.failed(queue_id, token, time.monotonic() + pause_ms / 1000)
-            if isinstance(outcome, EngineError) and outcome.code not in self.retry.retriable_codes:
-                outcome.details.setdefault("queue_id", queue_id)
-                refusal = refusal or outcome
+            refusal = refusal or self._pull_failed(queue_id, token, outcome)
         if refusal is not None:
             raise refusal
+
+    def _pull_failed(self, queue_id: int, token: int, outcome: object) -> EngineError | None:
+        """The queue pulls again after a back-off; the refusal, if retrying cannot cure it."""
+        pause_ms = self.retry.backoff_ms(self._book.failures(queue_id) + 1, jitter=random.random())
+        self._book.failed(queue_id, token, time.monotonic() + pause_ms / 1000)
+        if isinstance(outcome, EngineError) and outcome.code not in self.retry.retriable_codes:
+            outcome.details.setdefault("queue_id", queue_id)
+            return outcome
+        return None
 
     # -- offsets -----------------------------------------------------------
 

@@ -107,26 +107,27 @@ class OwnSync:
 
     def request(self, end: int) -> None:
         """Make the log durable up to ``end``: the segments from the last request's end on."""
-        if end <= self.requested:
-            return
-        size = self.segment_size_bytes
-        for start in range(self.requested - self.requested % size, end, size):
-            self.syncer.mark(self.segment_path(start))
-        self.requested = end
-        if self._waiting_since is None:
-            self._waiting_since = time.perf_counter()
-        self.syncer.request(end)
+        if self._mark_to(end):
+            if self._waiting_since is None:
+                self._waiting_since = time.perf_counter()
+            self.syncer.request(end)
 
     def recover(self, durable: int, end: int) -> None:
         """At the writer's start: what lies between the last known durable offset and the
         recovered end may be only in the page cache (a killed writer); sync it before serving."""
         self.requested = self.synced = min(durable, end)
-        if end > self.requested:
-            size = self.segment_size_bytes
-            for start in range(self.requested - self.requested % size, end, size):
-                self.syncer.mark(self.segment_path(start))
-            self.requested = end
+        if self._mark_to(end):
             self.syncer.flush_now(end)
+
+    def _mark_to(self, end: int) -> bool:
+        """Mark the segments from the last request's end up to ``end``; False if nothing is new."""
+        if end <= self.requested:
+            return False
+        size = self.segment_size_bytes
+        for start in range(self.requested - self.requested % size, end, size):
+            self.syncer.mark(self.segment_path(start))
+        self.requested = end
+        return True
 
     def close(self) -> None:
         self.syncer.close()

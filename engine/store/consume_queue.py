@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from engine.layout import CQ_UNIT, CQ_UNIT_BYTES, offset_to_file_name
 from engine.names import is_decimal, is_topic_name
-from engine.store.mapped_file import MappedFileQueue
+from engine.store.mapped_file import MappedFile, MappedFileQueue
 
 CONSUME_QUEUE_DIR = "consumequeue"
 BLANK_UNIT_SIZE = 0x7FFFFFFF
@@ -111,13 +111,7 @@ class ConsumeQueue:
         # The end is after the last non-zero byte, not at the first zero unit: a unit zeroed
         # by damage must not hide the units after it (they are checked when read). Bisection
         # finds the first zero unit; only if bytes follow it is the whole file searched.
-        lo, hi = 0, self.file_units
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
-                hi = mid
-            else:
-                lo = mid + 1
+        lo = self._first_empty_unit(mapped, 0)
         after = lo * CQ_UNIT_BYTES
         if mapped.mm[after:after + _TAIL_CHECK_BYTES].strip(b"\x00") or \
                 mapped.mm[-_TAIL_CHECK_BYTES:].strip(b"\x00"):
@@ -125,9 +119,20 @@ class ConsumeQueue:
             lo = -(-used // CQ_UNIT_BYTES)
         return lo
 
+    def _first_empty_unit(self, mapped: MappedFile, lo: int) -> int:
+        """The first unit at or after ``lo`` whose size is 0, bisected (units are written in order)."""
+        hi = self.file_units
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
     def follow_end(self) -> None:
         """For a reader of a queue its owner writes (read-only): take in the units appended since,
-        up to the first empty unit (bisected, as ``_units_in`` does); the next file is looked for
+        up to the first empty unit (``_first_empty_unit``, as ``_units_in`` does); the next file is looked for
         once the last known one is full."""
         while True:
             byte_offset = self.max_offset * CQ_UNIT_BYTES
@@ -137,13 +142,7 @@ class ConsumeQueue:
                 mapped = self.files.find(byte_offset)
                 if mapped is None:
                     return
-            lo, hi = (byte_offset - mapped.start_offset) // CQ_UNIT_BYTES, self.file_units
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if CQ_UNIT.unpack_from(mapped.mm, mid * CQ_UNIT_BYTES)[1] == 0:
-                    hi = mid
-                else:
-                    lo = mid + 1
+            lo = self._first_empty_unit(mapped, (byte_offset - mapped.start_offset) // CQ_UNIT_BYTES)
             self.max_offset = mapped.start_offset // CQ_UNIT_BYTES + lo
             if lo < self.file_units:
                 return

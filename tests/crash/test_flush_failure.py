@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.client import StoreClient
 from engine.config import StoreConfig
 from engine.ipc.control import ControlTimeout, EventStream
 from engine.offline.check import check_store
@@ -49,6 +50,16 @@ def inject_into_fdatasync(pid: int, fault: str) -> subprocess.Popen[bytes]:
     return tracer
 
 
+def sends_go_on_and_nothing_is_lost(producer: Producer, client: StoreClient) -> None:
+    """After the restart: sends are taken again (within 30 s), and every acknowledged one is stored once."""
+    deadline = time.monotonic() + 30
+    while producer.send_batch() == 0:
+        assert time.monotonic() < deadline, dict(producer.errors)
+    wait_dispatched(client)
+    verdict = verify([producer], read_everything(client, TOPICS))
+    assert verdict.ok(), verdict.summary()
+
+
 def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path) -> None:
     require(shutil.which("strace") is not None, "strace")
     config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH")
@@ -67,12 +78,7 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
         assert events.wait_for("actor.exited", name="writer").exit_code == 70
         events.wait_for("recovery.done", name="writer")
         events.close()
-        deadline = time.monotonic() + 30
-        while producer.send_batch() == 0:
-            assert time.monotonic() < deadline, dict(producer.errors)
-        wait_dispatched(client)
-        verdict = verify([producer], read_everything(client, TOPICS))
-        assert verdict.ok(), verdict.summary()
+        sends_go_on_and_nothing_is_lost(producer, client)
         client.close()
     finally:
         if tracer is not None:
@@ -141,12 +147,7 @@ def test_under_async_flush_a_failed_flush_of_the_flusher_restarts_it_and_the_wri
         events.wait_for("recovery.done", name="writer")
         events.wait_for("recovery.done", name="flusher")
         events.close()
-        deadline = time.monotonic() + 30
-        while producer.send_batch() == 0:
-            assert time.monotonic() < deadline, dict(producer.errors)
-        wait_dispatched(client)
-        verdict = verify([producer], read_everything(client, TOPICS))
-        assert verdict.ok(), verdict.summary()
+        sends_go_on_and_nothing_is_lost(producer, client)
         client.close()
     finally:
         if tracer is not None:
