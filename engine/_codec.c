@@ -2400,8 +2400,8 @@ check_message(PyObject *message, long long body_max, PyObject *uniq, Parts *m, P
     m->born = m->flag ? PyObject_GetAttr(message, s_born_timestamp) : NULL;
     if (m->born == NULL)
         return -1;
-    if (!PyBytes_Check(m->body) || !PyDict_Check(m->properties) || !PyList_Check(m->keys)) {
-        PyErr_SetString(PyExc_TypeError, "a message needs bytes body, dict properties and list keys");
+    if (!PyBytes_Check(m->body) || !PyDict_Check(m->properties) || !(PyList_Check(m->keys) || PyTuple_Check(m->keys))) {
+        PyErr_SetString(PyExc_TypeError, "a message needs bytes body, dict properties and list (or tuple) keys");
         return -1;
     }
     Py_ssize_t body_len = PyBytes_GET_SIZE(m->body);
@@ -2434,10 +2434,10 @@ check_message(PyObject *message, long long body_max, PyObject *uniq, Parts *m, P
         if (m->tags_len > 0)
             total += 5 + m->tags_len + 1;             /* TAGS \x01 tags \x02 */
     }
-    Py_ssize_t key_count = PyList_GET_SIZE(m->keys);
+    Py_ssize_t key_count = PySequence_Fast_GET_SIZE(m->keys);
     for (Py_ssize_t k = 0; k < key_count; k++) {
         Py_ssize_t key_len;
-        const char *key = utf8_of(PyList_GET_ITEM(m->keys, k), &key_len);
+        const char *key = utf8_of(PySequence_Fast_GET_ITEM(m->keys, k), &key_len);
         if (key == NULL)
             return -1;
         if (key_len == 0 || memchr(key, KEY_SEPARATOR, (size_t)key_len) != NULL || has_separator(key, key_len))
@@ -2475,13 +2475,13 @@ write_properties(const Parts *m, PyObject *uniq, char *out)
         out = put_text(out, m->tags_at, m->tags_len);
         *out++ = PROPERTY_SEPARATOR;
     }
-    Py_ssize_t key_count = PyList_GET_SIZE(m->keys);
+    Py_ssize_t key_count = PySequence_Fast_GET_SIZE(m->keys);
     if (key_count > 0) {
         out = put_text(out, "KEYS\x01", 5);
         for (Py_ssize_t k = 0; k < key_count; k++) {
             if (k > 0)
                 *out++ = KEY_SEPARATOR;
-            const char *key = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(m->keys, k), &len);
+            const char *key = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(m->keys, k), &len);
             out = put_text(out, key, len);
         }
         *out++ = PROPERTY_SEPARATOR;
@@ -2550,6 +2550,320 @@ codec_build_items(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
         PyList_SET_ITEM(items, i, item);
     }
     PyObject *result = Py_BuildValue("(NL)", items, payload);
+    return result;
+}
+
+static const char HEX_DIGITS[] = "0123456789ABCDEF";
+
+/* The message id of counter ``seq`` into id (at least prefix_len + 20 bytes): prefix, the counter's
+ * high 32 bits, the clock's low 32 bits, the counter's low 16 bits, in upper-case hex; its length. */
+static Py_ssize_t
+format_uniq_key(char *id, const char *prefix, Py_ssize_t prefix_len, unsigned long long seq, long long now)
+{
+    memcpy(id, prefix, (size_t)prefix_len);
+    char *tail = id + prefix_len;
+    uint32_t high = (uint32_t)(seq >> 16), clock = (uint32_t)now;
+    for (int d = 0; d < 8; d++) {
+        tail[d] = HEX_DIGITS[(high >> (28 - 4 * d)) & 0xF];
+        tail[8 + d] = HEX_DIGITS[(clock >> (28 - 4 * d)) & 0xF];
+    }
+    for (int d = 0; d < 4; d++)
+        tail[16 + d] = HEX_DIGITS[(seq >> (12 - 4 * d)) & 0xF];
+    return prefix_len + 20;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Batches the client encodes: RocketMQ's MessageBatch body                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * MessageDecoder.encodeMessages, each message in turn (big-endian):
+ *
+ *   0  TOTALSIZE i32    4  MAGICCODE i32 (0)    8  BODYCRC i32 (0)    12 FLAG i32
+ *   16 BODYLEN i32, BODY, PROPLEN u16, PROPERTIES "name\x01value\x02..."
+ *
+ * TOTALSIZE = 22 + BODYLEN + PROPLEN. MAGICCODE and BODYCRC are written 0 and
+ * not read: the writer computes the record's CRCs itself, as RocketMQ's broker does.
+ */
+enum { BATCH_AT_FLAG = 12, BATCH_AT_BODY_LEN = 16, BATCH_AT_BODY = 20, BATCH_FIXED_BYTES = 22 };
+
+static int
+name_in(const uint8_t *name, Py_ssize_t len, PyObject *names)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        PyObject *n = PyTuple_GET_ITEM(names, i);
+        if (PyBytes_GET_SIZE(n) == len && memcmp(PyBytes_AS_STRING(n), name, (size_t)len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* A KEYS value: keys joined by single spaces, none empty. */
+static int
+keys_ok(const uint8_t *v, Py_ssize_t n)
+{
+    if (v[0] == KEY_SEPARATOR || v[n - 1] == KEY_SEPARATOR)
+        return 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (v[i] == KEY_SEPARATOR && v[i - 1] == KEY_SEPARATOR)
+            return 0;
+    return 1;
+}
+
+/*
+ * A client's encoded properties: entries name\x01value\x02 to the last byte, each name and
+ * value non-empty, no \x01 in a value, no name twice, none of ``refused`` nor __CRC32#,
+ * KEYS' keys non-empty, and the whole valid UTF-8. 1 if they pass (*has_uniq: one is
+ * UNIQ_KEY), 0 if not, -1 on an error.
+ */
+static int
+client_properties_ok(const uint8_t *p, Py_ssize_t n, PyObject *refused, int *has_uniq)
+{
+    enum { PAIRWISE_MAX = 32 };
+    const uint8_t *names[PAIRWISE_MAX];
+    Py_ssize_t name_lens[PAIRWISE_MAX];
+    Py_ssize_t count = 0, at = 0;
+    PyObject *seen = NULL;  /* the names, once there are more than PAIRWISE_MAX */
+    int ok = 0;
+    *has_uniq = 0;
+    while (at < n) {
+        const uint8_t *name = p + at;
+        const uint8_t *end = memchr(name, PROPERTY_SEPARATOR, (size_t)(n - at));
+        const uint8_t *sep = end ? memchr(name, NAME_VALUE_SEPARATOR, (size_t)(end - name)) : NULL;
+        if (sep == NULL)
+            goto done;
+        Py_ssize_t name_len = sep - name, value_len = end - sep - 1;
+        if (name_len == 0 || value_len == 0 || memchr(sep + 1, NAME_VALUE_SEPARATOR, (size_t)value_len) != NULL
+            || name_is(name, name_len, "__CRC32#") || name_in(name, name_len, refused)
+            || (name_is(name, name_len, "KEYS") && !keys_ok(sep + 1, value_len)))
+            goto done;
+        *has_uniq |= name_is(name, name_len, "UNIQ_KEY");
+        if (count < PAIRWISE_MAX) {
+            for (Py_ssize_t i = 0; i < count; i++)
+                if (name_lens[i] == name_len && memcmp(names[i], name, (size_t)name_len) == 0)
+                    goto done;
+            names[count] = name;
+            name_lens[count] = name_len;
+        } else {
+            if (seen == NULL) {
+                if ((seen = PySet_New(NULL)) == NULL)
+                    return -1;
+                for (Py_ssize_t i = 0; i < PAIRWISE_MAX; i++) {
+                    PyObject *b = PyBytes_FromStringAndSize((const char *)names[i], name_lens[i]);
+                    if (b == NULL || PySet_Add(seen, b) < 0) {
+                        Py_XDECREF(b);
+                        ok = -1;
+                        goto done;
+                    }
+                    Py_DECREF(b);
+                }
+            }
+            PyObject *b = PyBytes_FromStringAndSize((const char *)name, name_len);
+            int dup = b ? PySet_Contains(seen, b) : -1;
+            if (dup == 0)
+                dup = PySet_Add(seen, b) < 0 ? -1 : 0;
+            Py_XDECREF(b);
+            if (dup != 0) {
+                ok = dup < 0 ? -1 : 0;
+                goto done;
+            }
+        }
+        count++;
+        at = end - p + 1;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            ok = -1;
+            goto done;
+        }
+        PyErr_Clear();
+        goto done;
+    }
+    Py_DECREF(text);
+    ok = 1;
+done:
+    Py_XDECREF(seen);
+    return ok;
+}
+
+/* batch_items(records, body_bytes_max, properties_bytes_max, uniq_prefix, uniq_first_seq, now_ms,
+ *             born_timestamp_ms, refused_names) -> (items, payload_bytes) or (None, index) */
+static PyObject *
+codec_batch_items(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "batch_items(records, body_bytes_max, properties_bytes_max, uniq_prefix, "
+                                         "uniq_first_seq, now_ms, born_timestamp_ms, refused_names)");
+        return NULL;
+    }
+    long long body_max, properties_max, first, now;
+    Py_ssize_t prefix_len;
+    PyObject *born = args[6], *refused = args[7];
+    const char *prefix = utf8_of(args[3], &prefix_len);
+    if (prefix == NULL || int_arg(args[1], 0, LLONG_MAX, "body_bytes_max", &body_max) < 0
+        || int_arg(args[2], 0, LLONG_MAX, "properties_bytes_max", &properties_max) < 0
+        || int_arg(args[4], 0, LLONG_MAX / 2, "uniq_first_seq", &first) < 0
+        || int_arg(args[5], LLONG_MIN, LLONG_MAX, "now_ms", &now) < 0)
+        return NULL;
+    if (prefix_len > 44 || !PyLong_Check(born) || !PyTuple_Check(refused)) {
+        PyErr_SetString(PyExc_TypeError, "uniq_prefix is at most 44 bytes, born_timestamp_ms an int and "
+                                         "refused_names a tuple of bytes");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(refused); i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(refused, i))) {
+            PyErr_SetString(PyExc_TypeError, "refused_names must be a tuple of bytes");
+            return NULL;
+        }
+    Py_buffer in;
+    if (PyObject_GetBuffer(args[0], &in, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const uint8_t *p = in.buf;
+    Py_ssize_t pos = 0, index = 0;
+    long long payload = 0;
+    PyObject *result = NULL, *items = PyList_New(0);
+    if (items == NULL)
+        goto done;
+    for (; pos < in.len || index == 0; index++) {
+        Py_ssize_t left = in.len - pos;
+        if (left < BATCH_FIXED_BYTES)
+            goto refused;
+        int64_t total = load_i32(p + pos), body_len = load_i32(p + pos + BATCH_AT_BODY_LEN);
+        if (total > left || body_len <= 0 || body_len > body_max || body_len > total - BATCH_FIXED_BYTES)
+            goto refused;
+        const uint8_t *body = p + pos + BATCH_AT_BODY, *props = body + body_len + 2;
+        Py_ssize_t props_len = load_u16(body + body_len);
+        if (BATCH_FIXED_BYTES + body_len + props_len != total)
+            goto refused;
+        int has_uniq, ok = client_properties_ok(props, props_len, refused, &has_uniq);
+        if (ok < 0)
+            goto done;
+        Py_ssize_t size = props_len + (has_uniq ? 0 : 9 + prefix_len + 20 + 1);
+        if (ok == 0 || size + CRC_TAIL_BYTES > properties_max)
+            goto refused;
+        PyObject *encoded = PyBytes_FromStringAndSize(NULL, size);
+        if (encoded == NULL)
+            goto done;
+        char *out = put_text(PyBytes_AS_STRING(encoded), (const char *)props, props_len);
+        if (!has_uniq) {
+            out = put_text(out, "UNIQ_KEY\x01", 9);
+            out += format_uniq_key(out, prefix, prefix_len, (unsigned long long)(first + index), now);
+            *out = PROPERTY_SEPARATOR;
+        }
+        PyObject *item = Py_BuildValue("(y#NiO)", (const char *)body, (Py_ssize_t)body_len, encoded,
+                                       (int)load_i32(p + pos + BATCH_AT_FLAG), born);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+        payload += body_len + size;
+        pos += (Py_ssize_t)total;
+    }
+    result = Py_BuildValue("(OL)", items, payload);
+    goto done;
+refused:
+    result = Py_BuildValue("(On)", Py_None, index);
+done:
+    Py_XDECREF(items);
+    PyBuffer_Release(&in);
+    return result;
+}
+
+/* batch_records(messages, uniq_prefix, first_counter) -> (records, uniq_keys) or (None, index) */
+static PyObject *
+codec_batch_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "batch_records(messages, uniq_prefix, first_counter)");
+        return NULL;
+    }
+    long long first;
+    Py_ssize_t prefix_len;
+    PyObject *messages = args[0];
+    const char *prefix = utf8_of(args[1], &prefix_len);
+    if (prefix == NULL || int_arg(args[2], 0, LLONG_MAX / 2, "first_counter", &first) < 0)
+        return NULL;
+    if (!PyList_Check(messages) || prefix_len > 44) {
+        PyErr_SetString(PyExc_TypeError, "messages must be a list and uniq_prefix at most 44 bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(messages), done_parts = 0, i;
+    Parts *parts = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Parts));
+    Py_ssize_t *sizes = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_ssize_t));
+    PyObject *keys = PyList_New(count), *records = NULL, *result = NULL;
+    if (parts == NULL || sizes == NULL || keys == NULL) {
+        if (keys != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    int64_t total = 0;
+    for (i = 0; i < count; i++) {
+        char id[64];
+        memcpy(id, prefix, (size_t)prefix_len);
+        for (int d = 0; d < 16; d++)
+            id[prefix_len + d] = HEX_DIGITS[((unsigned long long)(first + i) >> (60 - 4 * d)) & 0xF];
+        PyObject *uniq = PyUnicode_FromStringAndSize(id, prefix_len + 16);
+        if (uniq == NULL)
+            goto done;
+        PyList_SET_ITEM(keys, i, uniq);
+        done_parts = i + 1;
+        int ok = check_message(PyList_GET_ITEM(messages, i), LLONG_MAX, uniq, &parts[i], &sizes[i]);
+        if (ok < 0)
+            goto done;
+        long long flag = 0;
+        if (ok == 1 && PyLong_Check(parts[i].flag)) {
+            int overflow;
+            flag = PyLong_AsLongLongAndOverflow(parts[i].flag, &overflow);
+            if (flag == -1 && PyErr_Occurred())
+                goto done;
+            ok = !overflow && flag >= INT32_MIN && flag <= INT32_MAX;
+        } else {
+            ok = 0;
+        }
+        if (ok == 0 || sizes[i] > UINT16_MAX || PyBytes_GET_SIZE(parts[i].body) > INT32_MAX - UINT16_MAX) {
+            result = Py_BuildValue("(On)", Py_None, i);
+            goto done;
+        }
+        if (parts[i].has_uniq) {  /* the message's own id is its result's */
+            PyObject *own = PyDict_GetItemString(parts[i].properties, "UNIQ_KEY");
+            Py_INCREF(own);
+            PyList_SET_ITEM(keys, i, own);
+            Py_DECREF(uniq);
+        }
+        total += BATCH_FIXED_BYTES + PyBytes_GET_SIZE(parts[i].body) + sizes[i];
+    }
+    if (total > PY_SSIZE_T_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "the batch is too large");
+        goto done;
+    }
+    records = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (records == NULL)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(records);
+    for (i = 0; i < count; i++) {
+        Parts *m = &parts[i];
+        Py_ssize_t body_len = PyBytes_GET_SIZE(m->body);
+        long long flag = PyLong_AsLongLong(m->flag);  /* in range: pass one checked */
+        store_u32(out, (uint32_t)(BATCH_FIXED_BYTES + body_len + sizes[i]));
+        memset(out + 4, 0, 8);
+        store_u32(out + BATCH_AT_FLAG, (uint32_t)flag);
+        store_u32(out + BATCH_AT_BODY_LEN, (uint32_t)body_len);
+        memcpy(out + BATCH_AT_BODY, PyBytes_AS_STRING(m->body), (size_t)body_len);
+        out += BATCH_AT_BODY + body_len;
+        store_u16(out, (uint16_t)sizes[i]);
+        write_properties(m, PyList_GET_ITEM(keys, i), (char *)out + 2);
+        out += 2 + sizes[i];
+    }
+    result = Py_BuildValue("(OO)", records, keys);
+done:
+    for (i = 0; i < done_parts; i++)
+        release_parts(&parts[i]);
+    PyMem_Free(parts);
+    PyMem_Free(sizes);
+    Py_XDECREF(keys);
+    Py_XDECREF(records);
     return result;
 }
 
@@ -2648,24 +2962,13 @@ codec_uniq_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_ValueError, "prefix is at most 44 bytes");
         return NULL;
     }
-    static const char hex[] = "0123456789ABCDEF";
     char id[64];
-    memcpy(id, prefix, (size_t)prefix_len);
-    char *tail = id + prefix_len;
-    uint32_t clock = (uint32_t)now;
-    for (int d = 0; d < 8; d++)
-        tail[8 + d] = hex[(clock >> (28 - 4 * d)) & 0xF];
     PyObject *keys = PyList_New((Py_ssize_t)count);
     if (keys == NULL)
         return NULL;
     for (long long i = 0; i < count; i++) {
-        unsigned long long seq = (unsigned long long)(first + i);
-        uint32_t high = (uint32_t)(seq >> 16);
-        for (int d = 0; d < 8; d++)
-            tail[d] = hex[(high >> (28 - 4 * d)) & 0xF];
-        for (int d = 0; d < 4; d++)
-            tail[16 + d] = hex[(seq >> (12 - 4 * d)) & 0xF];
-        PyObject *key = PyUnicode_FromStringAndSize(id, prefix_len + 20);
+        Py_ssize_t len = format_uniq_key(id, prefix, prefix_len, (unsigned long long)(first + i), now);
+        PyObject *key = PyUnicode_FromStringAndSize(id, len);
         if (key == NULL) {
             Py_DECREF(keys);
             return NULL;
@@ -2687,6 +2990,10 @@ static PyMethodDef codec_methods[] = {
      "MessageClientIDSetter-shaped message ids for a run of counters (see engine/codec_py.py)."},
     {"build_items", (PyCFunction)(void (*)(void))codec_build_items, METH_FASTCALL,
      "Validate a batch of SendMessages and encode their properties (see engine/codec_py.py)."},
+    {"batch_items", (PyCFunction)(void (*)(void))codec_batch_items, METH_FASTCALL,
+     "Check a client's encoded batch and take its items for encode_records (see engine/codec_py.py)."},
+    {"batch_records", (PyCFunction)(void (*)(void))codec_batch_records, METH_FASTCALL,
+     "A batch of messages encoded as RocketMQ's MessageBatch body (see engine/codec_py.py)."},
     {"send_results", (PyCFunction)(void (*)(void))codec_send_results, METH_FASTCALL,
      "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,

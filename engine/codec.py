@@ -32,6 +32,8 @@ index_header = _impl.index_header
 index_select = _impl.index_select
 pull_run = _impl.pull_run
 build_items = _impl.build_items
+batch_items = _impl.batch_items
+batch_records = _impl.batch_records
 send_results = _impl.send_results
 uniq_keys = _impl.uniq_keys
 

@@ -12,6 +12,7 @@ at a record it cannot dispatch and ``read_view`` returns None, and the caller as
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -389,6 +390,120 @@ def build_items(messages: Sequence[ClientMessage], body_bytes_max: int, properti
 
 def _has_separator(text: str) -> bool:
     return NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text
+
+
+# A batch the client encodes (RocketMQ's MessageBatch body, ``MessageDecoder.encodeMessages``),
+# each message in turn, big-endian:
+#
+#   0  TOTALSIZE i32    4  MAGICCODE i32 (0)    8  BODYCRC i32 (0)    12 FLAG i32
+#   16 BODYLEN i32, BODY, PROPLEN u16, PROPERTIES "name\x01value\x02..."
+#
+# TOTALSIZE = 22 + BODYLEN + PROPLEN. MAGICCODE and BODYCRC are written 0 and not read: the
+# writer computes the record's CRCs itself, as RocketMQ's broker does.
+BATCH_HEAD = struct.Struct(">iiiii")  # TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODYLEN
+BATCH_FIXED_BYTES = BATCH_HEAD.size + 2  # and PROPLEN
+_PAIR = NAME_VALUE_SEPARATOR.encode()
+_ENTRY_END = PROPERTY_SEPARATOR.encode()
+
+
+def batch_entries(records: bytes | memoryview) -> tuple[list[tuple[int, bytes, bytes]], int | None]:
+    """The (flag, body, properties) of each message of an encoded batch, up to the first that is
+    cut short or whose sizes disagree, and that one's index (None when all are whole)."""
+    entries: list[tuple[int, bytes, bytes]] = []
+    data = bytes(records)
+    pos = 0
+    while pos < len(data) or not entries:
+        if len(data) - pos < BATCH_FIXED_BYTES:
+            return entries, len(entries)
+        total, _magic, _crc, flag, body_len = BATCH_HEAD.unpack_from(data, pos)
+        if total > len(data) - pos or body_len <= 0 or body_len > total - BATCH_FIXED_BYTES:
+            return entries, len(entries)
+        at = pos + BATCH_HEAD.size
+        (props_len,) = struct.unpack_from(">H", data, at + body_len)
+        if BATCH_FIXED_BYTES + body_len + props_len != total:
+            return entries, len(entries)
+        props_at = at + body_len + 2
+        entries.append((flag, data[at:at + body_len], data[props_at:props_at + props_len]))
+        pos += total
+    return entries, None
+
+
+def client_properties_ok(raw: bytes, refused: tuple[bytes, ...]) -> tuple[bool, bool]:
+    """(whether a client's encoded properties pass, whether one is UNIQ_KEY): entries
+    ``name\x01value\x02`` to the last byte, each name and value non-empty, no ``\x01`` in a
+    value, no name twice, none of ``refused`` nor __CRC32#, KEYS' keys non-empty, valid UTF-8."""
+    if raw and not raw.endswith(_ENTRY_END):
+        return False, False
+    names = set()
+    for entry in raw.split(_ENTRY_END)[:-1] if raw else []:
+        name, sep, value = entry.partition(_PAIR)
+        if not sep or not name or not value or _PAIR in value or name in names \
+                or name == PROPERTY_CRC32.encode() or name in refused \
+                or (name == PROPERTY_KEYS.encode() and not all(value.split(KEY_SEPARATOR.encode()))):
+            return False, False
+        names.add(name)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False, False
+    return True, PROPERTY_UNIQ_KEY.encode() in names
+
+
+def batch_items(records: bytes | memoryview, body_bytes_max: int, properties_bytes_max: int, uniq_prefix: str,
+                uniq_first_seq: int, now_ms: int, born_timestamp_ms: int,
+                refused_names: tuple[bytes, ...]) -> tuple[list[SendItem] | None, int]:
+    """Check a batch the client encoded and take its items, as ``build_items`` makes them.
+
+    Returns ``(items, payload_bytes)``: per message ``(body, properties, flag,
+    born_timestamp_ms)``. Or ``(None, i)`` when message ``i`` is the first refused
+    (``records.batch_items`` says why): cut short or with sizes that disagree; an empty body
+    or one over ``body_bytes_max``; properties that ``client_properties_ok`` refuses, or that
+    take more than ``properties_bytes_max`` with the 20 bytes of the record CRC. A message
+    without UNIQ_KEY gets the id of counter ``uniq_first_seq + i`` (``uniq_keys``).
+    """
+    entries, cut_at = batch_entries(records)
+    items: list[SendItem] = []
+    payload = 0
+    for i, (flag, body, raw) in enumerate(entries):
+        ok, has_uniq = client_properties_ok(raw, refused_names)
+        if len(body) > body_bytes_max or not ok:
+            return None, i
+        properties = raw
+        if not has_uniq:
+            [uniq] = uniq_keys(uniq_prefix, uniq_first_seq + i, 1, now_ms)
+            properties += f"{PROPERTY_UNIQ_KEY}{NAME_VALUE_SEPARATOR}{uniq}{PROPERTY_SEPARATOR}".encode()
+        if len(properties) + CRC32_RESERVED_BYTES > properties_bytes_max:
+            return None, i
+        items.append((body, properties, flag, born_timestamp_ms))
+        payload += len(body) + len(properties)
+    if cut_at is not None:
+        return None, cut_at
+    return items, payload
+
+
+def batch_records(messages: Sequence[ClientMessage], uniq_prefix: str,
+                  first_counter: int) -> tuple[bytes | None, list[str] | int]:
+    """A client's batch encoded as RocketMQ's MessageBatch body, and each message's id.
+
+    Properties are encoded as ``build_items`` encodes them (with no size limits: the engine
+    holds the batch to its own); a message without UNIQ_KEY gets ``uniq_prefix`` and the 16
+    upper-case hex digits of its counter, from ``first_counter``. ``(None, i)`` when message
+    ``i`` is the first that ``build_items`` would refuse, or whose flag or properties do not
+    fit the encoding (a signed 32-bit int; 65,535 bytes).
+    """
+    ids: list[str] = []
+    parts: list[bytes] = []
+    for i, message in enumerate(messages):
+        uniq = f"{uniq_prefix}{first_counter + i:016X}"
+        items, _ = build_items([message], 2**62, 2**62, [uniq], 0)
+        flag = message.flag
+        if items is None or len(items[0][1]) > 0xFFFF or not isinstance(flag, int) or not -2**31 <= flag < 2**31:
+            return None, i
+        [(body, properties, flag, _born)] = items
+        parts += [BATCH_HEAD.pack(BATCH_FIXED_BYTES + len(body) + len(properties), 0, 0, flag, len(body)), body,
+                  len(properties).to_bytes(2, "big"), properties]
+        ids.append(message.properties.get(PROPERTY_UNIQ_KEY, uniq))
+    return b"".join(parts), ids
 
 
 def send_results(offsets: list[int], queue_id: int, first_queue_offset: int, store_timestamp_ms: int,

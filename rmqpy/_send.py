@@ -8,7 +8,6 @@ after a ``BUSY`` carries the same ids, so nothing can be told apart from the fir
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Iterable, Mapping
@@ -16,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from engine import codec
 from rmqpy.message import OutgoingMessage, outgoing_to_wire
 
 UNIQ_KEY = "UNIQ_KEY"
@@ -31,14 +31,18 @@ class UniqKeys:
 
     def __init__(self) -> None:
         prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big") + os.urandom(6)
-        self._prefix = prefix.hex().upper()
-        self._counter = itertools.count()
+        self.prefix = prefix.hex().upper()
+        self._counter = 0
         self._lock = threading.Lock()
 
-    def next(self) -> str:
+    def claim(self, count: int) -> int:
+        """The first of ``count`` consecutive counters, no one else's."""
         with self._lock:
-            n = next(self._counter)
-        return f"{self._prefix}{n & 0xFFFFFFFFFFFFFFFF:016X}"
+            first, self._counter = self._counter, self._counter + count
+        return first & 0xFFFFFFFFFFFFFFFF
+
+    def next(self) -> str:
+        return f"{self.prefix}{self.claim(1):016X}"
 
 
 class SendOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +54,10 @@ class SendOptions(msgspec.Struct, frozen=True, kw_only=True):
     deliver_at_ms: int | None = None
     delay_level: int | None = None
     wait_store: bool = True
+
+    @property
+    def delayed(self) -> bool:
+        return self.delay_ms is not None or self.deliver_at_ms is not None or self.delay_level is not None
 
     def fields(self) -> dict[str, Any]:
         """The request fields that differ from the engine's defaults."""
@@ -79,3 +87,29 @@ def prepare_batch(messages: Iterable[OutgoingMessage | bytes],
     if not wire:
         raise ValueError("a batch needs at least one message")
     return wire, keys
+
+
+def batch_fields(messages: Iterable[OutgoingMessage | bytes], uniq_keys: UniqKeys,
+                 options: SendOptions) -> tuple[dict[str, Any], list[str | None]]:
+    """The batch of a send request and the uniq key of each message.
+
+    The batch goes as records this producer encodes (RocketMQ's MessageBatch body: the
+    engine checks them and stores them without decoding a message map each), or as message
+    maps when records cannot carry it: a delayed send, messages with different born
+    timestamps, or a message the encoding refuses (the engine then says why).
+    """
+    batch = [item if isinstance(item, OutgoingMessage) else OutgoingMessage(body=item) for item in messages]
+    if not batch:
+        raise ValueError("a batch needs at least one message")
+    born = {message.born_timestamp for message in batch}
+    if not options.delayed and len(born) == 1:
+        records, keys = codec.batch_records(batch, uniq_keys.prefix, uniq_keys.claim(len(batch)))
+        if records is not None:
+            assert isinstance(keys, list)
+            fields: dict[str, Any] = {"records": records}
+            [born_timestamp] = born
+            if born_timestamp is not None:
+                fields["born_timestamp"] = born_timestamp
+            return fields, list[str | None](keys)
+    wire, wire_keys = prepare_batch(batch, uniq_keys)
+    return {"messages": wire}, wire_keys

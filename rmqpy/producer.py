@@ -35,7 +35,7 @@ import zmq.asyncio
 from engine.client import DEFAULT_ENDPOINT, StoreClient
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
-from rmqpy._send import SendOptions, UniqKeys, one_message, prepare_batch
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
 from rmqpy.aio.producer import AsyncProducer
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
@@ -136,14 +136,14 @@ class Producer:
 
     def _send_now(self, topic: str, messages: Iterable[OutgoingMessage | bytes],
                   options: SendOptions) -> list[SendResult]:
-        wire, uniq_keys = prepare_batch(messages, self._uniq_keys)
-        fields = options.fields()
+        batch, uniq_keys = batch_fields(messages, self._uniq_keys, options)
+        fields = {**options.fields(), **batch}
 
         def attempt() -> list[SendResult]:
             with self._client_lock:
                 if self._closed:
                     raise ClientClosed("the producer is closed")
-                results = self._client.request("send", topic=topic, messages=wire, **fields)["results"]
+                results = self._client.request("send", topic=topic, **fields)["results"]
             return send_results_from_wire(topic, results, uniq_keys)
 
         return call_with_retry(self.retry, attempt, on_retry=self.on_retry)

@@ -43,9 +43,11 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from engine import codec
 from engine.config import MiB, StoreConfig
-from engine.ipc.protocol import PROTOCOL_VERSION
+from engine.ipc.protocol import PROTOCOL_VERSION, SendMessage
 from harness.faults import actor_pids
+from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
 
 encode = msgspec.msgpack.encode
@@ -122,9 +124,29 @@ def bench_send(engine: EngineProcess, label: str, *, body: int, batch: int, tota
     return topic
 
 
-def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
-    from harness.workload import wait_dispatched
+def bench_batch_forms(engine: EngineProcess, flush_mode: str, *, total: int, reps: int) -> None:
+    """One batch of 1,000 in flight, as message maps and as records the client encodes (timed with
+    the encoding), alternated rep by rep, each rep starting with the dispatch caught up."""
+    rates: dict[str, list[float]] = {"messages": [], "records": []}
+    with engine.client(timeout_ms=60_000) as client:
+        for rep in range(reps):
+            for form, values in rates.items():
+                topic = f"forms-{flush_mode}-{form}-{rep}"
+                batches = [[message(256, first + i) for i in range(1000)] for first in range(0, total, 1000)]
+                typed = [[SendMessage(**m) for m in batch] for batch in batches]
+                wait_dispatched(client, timeout_ms=300_000)
+                t0 = time.perf_counter()
+                for n, batch in enumerate(batches):
+                    if form == "messages":
+                        client.request("send", topic=topic, messages=batch)
+                    else:
+                        client.request("send", topic=topic, records=codec.batch_records(typed[n], "BE", n * 1000)[0])
+                values.append(total / (time.perf_counter() - t0))
+    for form, values in rates.items():
+        record(f"engine send {flush_mode} body=256B batch=1000, 1 in flight, as {form}", values, "msg/s")
 
+
+def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
     with engine.client() as client:
         wait_dispatched(client, timeout_ms=120_000)
         queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}[topic]
@@ -155,8 +177,6 @@ def bench_pull(engine: EngineProcess, topic: str, *, reps: int) -> None:
 
 
 def _load_topic(engine: EngineProcess, topic: str, total: int, *, body: int = 256, queues: int = 8) -> None:
-    from harness.workload import wait_dispatched
-
     with engine.client() as client:
         client.create_topic(topic, queue_count=queues)
     frames = [request_frame("send", n, topic=topic, messages=[{"body": body_of(body, n * 1000 + i)}
@@ -311,7 +331,7 @@ def bench_durable_send_latency(engine: EngineProcess, *, reps: int) -> None:
 
 def bench_end_to_end(engine: EngineProcess, rate: float, *, reps: int, count: int = 3000) -> None:
     """Send single messages at ``rate``; a long-polling consumer measures send -> delivered."""
-    from harness.workload import wait_dispatched
+
 
     with engine.client() as client:
         wait_dispatched(client, timeout_ms=300_000)  # start from an idle engine, not a backlog
@@ -577,7 +597,7 @@ def main() -> int:
             ref_sqlite(workdir, body=256, batch=1, total=int(2_000 * scale), reps=reps)
         for flush_mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             if not (want("send") or want("pull") or want("lookup") or want("latency") or want("e2e")
-                    or want("restart") or want("pop")):
+                    or want("restart") or want("pop") or want("records")):
                 break
             store = workdir / f"store-{flush_mode}"
             with EngineProcess(store, config=engine_config(flush_mode), start_timeout_s=120) as engine:
@@ -588,6 +608,8 @@ def main() -> int:
                                        inflight=4)
                         if body == 256 and batch == 1000:
                             topic = t
+                if want("records"):
+                    bench_batch_forms(engine, flush_mode, total=int(100_000 * scale), reps=reps)
                 if flush_mode == "ASYNC_FLUSH" and topic and want("pull"):
                     bench_pull(engine, topic, reps=reps)
                 if flush_mode == "ASYNC_FLUSH" and topic and want("lookup"):

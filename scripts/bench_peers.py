@@ -7,7 +7,9 @@ Python client, in one run on one machine, beside SQLite in WAL mode with synchro
 
 Every message is 256 bytes with a key and a tag; a topic has 4 queues. Figures:
 
-* produce in batches of 1000, one batch at a time (how most users call it) and 4 in flight;
+* produce in batches of 1000, one batch at a time (how most users call it) and 4 in flight; one
+  at a time also as records the client encodes (``codec.batch_records`` in the timed loop), and
+  through ``rmqpy.Producer`` (records, and a typed ``SendResult`` per message);
 * one durable send at a time (SYNC_FLUSH) and one ASYNC send at a time: p50 and p99;
 * consume everything back through the public client (``StoreClient.pull``, 1024 a pull), and on
   the same host over the shared mapped files (``engine.local_reads.LocalReads.pull``), and through
@@ -46,12 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench import RESULTS, SETTINGS, body_of, engine_config, percentile, pipelined, record, request_frame, setting
 
+from engine import codec
 from engine.client import ClientError, StoreClient
 from engine.ipc.control import EventStream
 from engine.local_reads import LocalReads
 from harness.faults import actor_pids
 from harness.workload import wait_dispatched
-from rmqpy import PullConsumer
+from rmqpy import OutgoingMessage, Producer, PullConsumer
 from supervisor.launcher import EngineProcess, free_port
 
 QUEUES = 4
@@ -252,6 +255,20 @@ def engine_peer(engine: EngineProcess, flush_mode: str, total: int, meter: CpuMe
         for first in range(0, total, BATCH):
             client.send(topic, messages(first, BATCH))
         record(f"{label} produce batch={BATCH}, 1 in flight", [total / (time.perf_counter() - t0)], "msg/s")
+        typed = [[OutgoingMessage(body=m["body"], keys=tuple(m["keys"]), tags=m["tags"])
+                  for m in messages(first, BATCH)] for first in range(0, total, BATCH)]
+        wait_dispatched(client, timeout_ms=300_000)  # each produce starts with the dispatch caught up
+        t0 = time.perf_counter()
+        for n, batch in enumerate(typed):  # encoded here, in the timed loop, as a producer would
+            client.request("send", topic=f"{topic}-records", records=codec.batch_records(batch, "BE", n * BATCH)[0])
+        record(f"{label} produce batch={BATCH}, 1 in flight (records)", [total / (time.perf_counter() - t0)], "msg/s")
+        wait_dispatched(client, timeout_ms=300_000)
+        with Producer(engine.endpoint, timeout_ms=60_000) as producer:
+            t0 = time.perf_counter()
+            for batch in typed:
+                producer.send_batch(f"{topic}-producer", batch)
+            record(f"{label} produce batch={BATCH}, 1 in flight (rmqpy.Producer: records, typed results)",
+                   [total / (time.perf_counter() - t0)], "msg/s")
         frames = [request_frame("send", n, topic=f"{topic}-4", messages=messages(n * BATCH, BATCH))
                   for n in range(total // BATCH)]
         seconds, replies = pipelined(engine.endpoint, frames, inflight=4)

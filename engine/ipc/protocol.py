@@ -63,7 +63,12 @@ class SendRequest(_Request, kw_only=True):
     topic: TopicName
     queue_id: Int32 | None = None
     sharding_key: Annotated[str, Meta(max_length=4096)] | None = None  # same key, same queue
-    messages: Annotated[list[SendMessage], Meta(min_length=1, max_length=100_000)]
+    # The batch: ``messages``, or ``records`` (the same messages encoded by the client as RocketMQ's
+    # MessageBatch body: engine/codec_py.py, ``batch_records``), born at ``born_timestamp`` (the
+    # engine's clock when None). A batch of records is a plain send: not delayed, not transactional.
+    messages: Annotated[list[SendMessage], Meta(max_length=100_000)] = []
+    records: bytes | None = None
+    born_timestamp: Int64 | None = None
     wait_store: bool = True
     # A delayed batch waits in the timer until its deliver time (at most one of the three):
     delay_level: Annotated[int, Meta(ge=1, le=1000)] | None = None  # RocketMQ 4's levels (delay_levels_ms)

@@ -37,6 +37,8 @@ def destination(request: SendRequest, queue_id: int, *, config: StoreConfig, now
                 internal: bool) -> tuple[str, int, list[SendMessage]]:
     """(topic, queue id, messages) to append; RequestError if the routing fields are refused."""
     messages = request.messages
+    if not messages:
+        raise RequestError(ErrorCode.INVALID_FIELD, "a send needs 'messages' (at least one) or 'records'")
     if request.committed_half is not None and not internal:
         raise RequestError(ErrorCode.INVALID_FIELD, "committed_half is set by the engine only")
     if not internal:
@@ -61,6 +63,20 @@ def destination(request: SendRequest, queue_id: int, *, config: StoreConfig, now
     if request.delay_level is not None:
         timing[PROPERTY_DELAY] = str(min(request.delay_level, len(config.delay_levels_ms)))
     return TIMER_TOPIC, 0, redirect(messages, timing)
+
+
+def check_plain_records(request: SendRequest) -> None:
+    """A batch the client encoded (``records``) is stored in its own topic and queue as it is:
+    RequestError if the request also asks for a delay, a transaction or messages."""
+    routing = [name for name in ("delay_level", "delay_ms", "deliver_at_ms", "committed_half")
+               if getattr(request, name) is not None]
+    if request.transaction:
+        routing.append("transaction")
+    if request.messages:
+        routing.append("messages")
+    if routing:
+        raise RequestError(ErrorCode.INVALID_FIELD, f"a batch of records is a plain send: send messages, not "
+                                                    f"records, with {', '.join(routing)}")
 
 
 def deliver_time(request: SendRequest, *, config: StoreConfig, now_ms: int) -> int | None:

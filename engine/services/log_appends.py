@@ -7,8 +7,9 @@ engine's own actors, the sender's IP), ``append``:
   when no queue was chosen;
 * rewrites where it is stored (a delayed or transactional send goes to its system topic:
   ``engine/services/delivery_routes.py``) and builds its records, all or nothing
-  (``engine/store/records.py``); a batch larger than ``send_batch_bytes_max`` (or than a
-  segment) is MESSAGE_ILLEGAL;
+  (``engine/store/records.py``), from its messages or from the records the client
+  encoded (RocketMQ's MessageBatch body: checked, ids given where they have none); a
+  batch larger than ``send_batch_bytes_max`` (or than a segment) is MESSAGE_ILLEGAL;
 * gives its messages the next queue offsets of their queue (one counter per topic-queue,
   rebuilt from the log at start) and appends them into the mapped segment.
 
@@ -34,14 +35,17 @@ from engine.config import StoreConfig
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc.protocol import SendRequest
 from engine.layout import END_FILE_MIN_BLANK_BYTES, SYSFLAG_TRANSACTION_COMMIT, HostAddress
-from engine.services.delivery_routes import destination
+from engine.services.delivery_routes import check_plain_records, destination
 from engine.services.retention import disk_space
 from engine.store.commit_log import CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
-from engine.store.records import UniqKeys, build_items
+from engine.store.records import UniqKeys, batch_items, build_items
+from engine.store.system_topics import SYSTEM_PROPERTIES
 
 # refused with DISK_FULL; other errors of the disk with SERVICE_NOT_AVAILABLE (a read-only file system, EIO)
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# the routing properties a client's records may not carry (its messages may not either: delivery_routes)
+ENGINE_ONLY_PROPERTIES = tuple(sorted(name.encode() for name in SYSTEM_PROPERTIES))
 
 
 @dataclass
@@ -88,10 +92,16 @@ class LogAppends:
             raise RequestError(ErrorCode.DISK_FULL, f"the disk is more than "
                                                     f"{self.config.disk_space_warning_level_ratio:.0%} full; "
                                                     f"sends are refused until retention frees space")
-        topic_name, queue_id, messages = destination(request, queue_id, config=self.config, now_ms=now_ms,
-                                                     internal=internal)
+        if request.records is not None:  # encoded by the client: checked, then stored as they are
+            check_plain_records(request)
+            topic_name = request.topic
+            batch = batch_items(request.records, config=self.config, uniq_keys=self.uniq_keys, now_ms=now_ms,
+                                born_ms=request.born_timestamp, refused_names=ENGINE_ONLY_PROPERTIES)
+        else:
+            topic_name, queue_id, messages = destination(request, queue_id, config=self.config, now_ms=now_ms,
+                                                         internal=internal)
+            batch = build_items(messages, config=self.config, uniq_keys=self.uniq_keys, now_ms=now_ms)
         topic = topic_name.encode()
-        batch = build_items(messages, config=self.config, uniq_keys=self.uniq_keys, now_ms=now_ms)
         items = batch.items
         if request.committed_half is not None:  # as EndTransactionProcessor stores a commit
             items = [(*item, SYSFLAG_TRANSACTION_COMMIT, request.committed_half) for item in items]

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from engine.ipc.protocol import encode_request
+from engine import codec
+from engine.ipc.protocol import SendMessage, encode_request
 from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
@@ -117,9 +118,14 @@ class Workload:
         for _ in range(self.rng.randint(1, 4)):
             n = self.sent_messages = self.sent_messages + 1
             body = f"m{n}:".encode() + self.rng.randbytes(self.rng.randrange(8, 700))
-            batch.append({"body": body, "keys": [f"k{n}"], "tags": self.rng.choice("AB")})
-        self.request("send", ("send", topic, [(m["body"], m["keys"][0]) for m in batch]), topic=topic,
-                     messages=batch, queue_id=self.rng.randrange(TOPICS[topic]))
+            batch.append(SendMessage(body=body, keys=[f"k{n}"], tags=self.rng.choice("AB")))
+        sent = ("send", topic, [(m.body, m.keys[0]) for m in batch])
+        if n % 2:  # every other batch as records the client encoded (drawing nothing more from the rng)
+            records, _ = codec.batch_records(batch, "51A1", n)
+            self.request("send", sent, topic=topic, records=records, queue_id=self.rng.randrange(TOPICS[topic]))
+        else:
+            maps = [{"body": m.body, "keys": m.keys, "tags": m.tags} for m in batch]
+            self.request("send", sent, topic=topic, messages=maps, queue_id=self.rng.randrange(TOPICS[topic]))
 
     def delete_topic(self) -> None:
         """Delete a topic, then create it again (its queues start again at offset 0)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-from engine import codec
+from engine import codec, codec_py
 from engine.codec_py import ClientMessage, RecordItem
 from engine.errors import ErrorCode, RequestError
 from engine.layout import (
@@ -79,6 +79,47 @@ def build_items(messages: Sequence[ClientMessage], *, config: RecordLimits, uniq
         explain_refusal(messages[payload], config)
         raise RequestError(ErrorCode.INVALID_PROPERTY, f"message {payload} of the batch was refused")
     return BatchItems(items, payload)
+
+
+def batch_items(records: bytes, *, config: RecordLimits, uniq_keys: UniqKeys, now_ms: int, born_ms: int | None,
+                refused_names: tuple[bytes, ...]) -> BatchItems:
+    """Check a batch the client encoded (``codec_py.batch_items``): all or nothing, RequestError
+    names the first refusal. ``refused_names``: property names only the engine sets."""
+    first = uniq_keys.next  # the id of message i, if it has none, is counter first + i
+    items, payload = codec.batch_items(records, config.message_body_bytes_max, config.properties_bytes_max,
+                                       uniq_keys.prefix, first, now_ms, now_ms if born_ms is None else born_ms,
+                                       refused_names)
+    if items is None:
+        explain_record_refusal(records, payload, config, refused_names)
+        raise RequestError(ErrorCode.INVALID_PROPERTY, f"message {payload} of the batch was refused")
+    uniq_keys.next = first + len(items)
+    return BatchItems(items, payload)
+
+
+def explain_record_refusal(records: bytes, index: int, config: RecordLimits, refused_names: tuple[bytes, ...]) -> None:
+    """Raise the RequestError that says why ``codec.batch_items`` refused message ``index``."""
+    entries, cut_at = codec_py.batch_entries(records)
+    if index == cut_at:
+        what = "holds no message" if not records else f"is cut short or its sizes disagree at message {index}"
+        raise RequestError(ErrorCode.MESSAGE_ILLEGAL, f"the batch of records {what} (RocketMQ's MessageBatch "
+                                                      f"encoding: TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODYLEN, "
+                                                      f"BODY, PROPLEN, PROPERTIES)")
+    _flag, body, raw = entries[index]
+    if len(body) > config.message_body_bytes_max:
+        _refuse_body(body, config.message_body_bytes_max)
+    ok, has_uniq = codec_py.client_properties_ok(raw, refused_names)
+    if not ok:
+        engine_only = sorted({entry.partition(b"\x01")[0].decode(errors="replace") for entry in raw.split(b"\x02")}
+                             & {name.decode() for name in refused_names})
+        if engine_only:
+            raise RequestError(ErrorCode.INVALID_PROPERTY, f"the properties {', '.join(engine_only)} of message "
+                                                           f"{index} are set by the engine only")
+        raise RequestError(ErrorCode.INVALID_PROPERTY, f"the properties of message {index} are not entries "
+                                                       f"name\\x01value\\x02 of UTF-8 with non-empty names and "
+                                                       f"values, each name once, no __CRC32#, no empty key in KEYS")
+    size = len(raw) + (0 if has_uniq else len(_UNIQ_KEY) + 32 + len(_END)) + CRC32_RESERVED_BYTES
+    raise RequestError(ErrorCode.PROPERTIES_SIZE_EXCEEDED, f"the properties of message {index} take {size} bytes; "
+                                                           f"the limit is {config.properties_bytes_max}")
 
 
 def explain_refusal(message: ClientMessage, config: RecordLimits) -> None:

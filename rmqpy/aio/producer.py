@@ -16,7 +16,7 @@ import zmq.asyncio
 
 from engine.client import DEFAULT_ENDPOINT
 from engine.ipc.curve import CurveKeys
-from rmqpy._send import SendOptions, UniqKeys, one_message, prepare_batch
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
 from rmqpy.aio.client import AsyncClient
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry_async
@@ -73,11 +73,11 @@ class AsyncProducer:
     async def send_with_options(self, topic: str, messages: Iterable[OutgoingMessage | bytes],
                                 options: SendOptions) -> list[SendResult]:
         """The send all the others make: one request, retried as ``retry`` says."""
-        wire, uniq_keys = prepare_batch(messages, self._uniq_keys)
-        fields = options.fields()
+        batch, uniq_keys = batch_fields(messages, self._uniq_keys, options)
+        fields = {**options.fields(), **batch}
 
         async def attempt() -> list[SendResult]:
-            results = (await self.client.request("send", topic=topic, messages=wire, **fields))["results"]
+            results = (await self.client.request("send", topic=topic, **fields))["results"]
             return send_results_from_wire(topic, results, uniq_keys)
 
         return await call_with_retry_async(self.retry, attempt, on_retry=self.on_retry)

@@ -21,6 +21,7 @@ from rmqpy import (
     PutStatus,
     SendResult,
 )
+from rmqpy._send import SendOptions, UniqKeys, batch_fields
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -138,3 +139,17 @@ def test_a_refusal_that_retrying_cannot_cure_is_raised_at_once(endpoint: str) ->
         producer.send("orders", b"after close")
     with pytest.raises(ClientClosed):
         producer.send_async("orders", b"after close")
+
+
+def test_a_plain_batch_goes_as_records_and_the_rest_as_messages() -> None:
+    uniq_keys = UniqKeys()
+    plain = [OutgoingMessage(body=b"a", tags="t", born_timestamp=5), OutgoingMessage(body=b"b", born_timestamp=5)]
+    fields, ids = batch_fields(plain, uniq_keys, SendOptions())
+    assert set(fields) == {"records", "born_timestamp"} and fields["born_timestamp"] == 5
+    assert len(set(ids)) == 2 and all(isinstance(i, str) and len(i) == 32 for i in ids)
+    for messages, options in (
+            (plain, SendOptions(delay_ms=1_000)),  # a delay goes through the engine's timer topic
+            ([*plain, OutgoingMessage(body=b"c")], SendOptions()),  # born at different times
+            ([OutgoingMessage(body=b"d", properties={"bad": "x\x01y"})], SendOptions())):  # the engine says why
+        fields, ids = batch_fields(messages, uniq_keys, options)
+        assert set(fields) == {"messages"} and len(ids) == len(messages)

@@ -10,12 +10,13 @@ import msgspec
 import pytest
 import zmq
 
+from engine import codec
 from engine.client import EngineError, RequestTimeout, StoreClient
 from engine.config import MiB, StoreConfig
 from engine.errors import ErrorCode
 from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
-from engine.ipc.protocol import PROTOCOL_VERSION
+from engine.ipc.protocol import PROTOCOL_VERSION, SendMessage
 from supervisor.launcher import EngineProcess
 from tests.conftest import processes_mentioning
 from tests.helpers import wait_dispatched
@@ -263,3 +264,31 @@ def test_ids_and_offsets_that_decode_negative_get_their_codes_and_hurt_no_actor(
     assert [(a.name, a.restarts) for a in status.actors if a.restarts] == []
     [stored] = client.send("good", [GOOD], queue_id=0)
     assert client.get_by_id(stored["msg_id"])["body"] == GOOD["body"]
+
+
+def records_of(*messages: SendMessage) -> bytes:
+    records, _ = codec.batch_records(list(messages), "AB", 0)
+    assert records is not None
+    return records
+
+
+@pytest.mark.parametrize(("fields", "code"), [
+    ({"records": records_of(SendMessage(body=b"r")), "delay_ms": 1_000}, ErrorCode.INVALID_FIELD),
+    ({"records": records_of(SendMessage(body=b"r")), "transaction": True, "producer_group": "p"},
+     ErrorCode.INVALID_FIELD),
+    ({"records": records_of(SendMessage(body=b"r")), "messages": [GOOD]}, ErrorCode.INVALID_FIELD),
+    ({"records": "text, not bin"}, ErrorCode.INVALID_FIELD),
+    ({"records": b""}, ErrorCode.MESSAGE_ILLEGAL),
+    ({"records": records_of(SendMessage(body=b"r"))[:-1]}, ErrorCode.MESSAGE_ILLEGAL),
+    ({"records": records_of(SendMessage(body=b"r"), SendMessage(body=b"s", properties={"REAL_TOPIC": "other"}))},
+     ErrorCode.INVALID_PROPERTY),
+    ({"records": records_of(SendMessage(body=b"b" * (4 * MiB + 1)))}, ErrorCode.MESSAGE_ILLEGAL),
+], ids=["delayed", "transactional", "and-messages", "not-bin", "empty", "cut-short", "engine-only-property",
+        "body-too-large"])
+def test_refused_records_store_nothing(client: StoreClient, fields: dict[str, Any], code: ErrorCode) -> None:
+    wait_dispatched(client)
+    before = client.status()["offsets"]["written_offset"]
+    reply = raw_request(client, encode(op="send", topic="good", queue_id=1, **fields))
+    assert reply["ok"] is False and reply["error"]["code"] == int(code), reply
+    assert client.status()["offsets"]["written_offset"] == before
+    assert client.send("good", [GOOD], queue_id=1)[0]["status"] == "PUT_OK"  # and the writer goes on
