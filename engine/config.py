@@ -136,6 +136,18 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     transaction_check_max: int = 15  # RocketMQ's transactionCheckMax: then the half is rolled back
     transaction_halves_max: int = 1_000_000  # unresolved halves the check service keeps in memory
 
+    # Replication (docs/replication.md): RocketMQ's master/slave HA. A master with a
+    # replication_endpoint streams its log to the replicas that connect there; an engine with
+    # replica_of (that endpoint of its master) appends only what its master sends, dispatches
+    # it itself, serves reads, and refuses writes (NOT_MASTER).
+    replication_endpoint: str = ""  # tcp://host:port a master listens on for replicas ("" : none)
+    replica_of: str = ""  # tcp://host:port of the master's replication_endpoint ("" : this engine is a master)
+    replication_chunk_bytes_max: int = 256 * KiB  # log bytes in one message to a replica (whole records)
+    replication_chunks_in_flight_max: int = 4  # sent to a replica and not yet reported written by it
+    replication_report_interval_ms: int = 1_000  # a replica reports its end at least this often
+    replication_config_interval_ms: int = 1_000  # how often a master sends changed topics and offsets files
+    replica_silence_ms_max: int = 10_000  # a replica not heard from for this long is dropped by its master
+
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
     flush_interval_ms: int = 500
@@ -193,6 +205,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     log_file_bytes_max: int = 64 * MiB  # a log file past this size is renamed <name>.log.1 (older ones shift)
     log_files_kept: int = 5  # files per log, the live one included; the oldest is deleted
 
+    @property
+    def is_replica(self) -> bool:
+        return bool(self.replica_of)
+
     def validate(self) -> StoreConfig:
         """Check relationships between fields; raise ConfigError naming the field."""
         checks = [
@@ -211,6 +227,14 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (_is_ip(self.store_host),
              f"store_host must be an IPv4 or IPv6 address (it is written into records; got {self.store_host!r})"),
             (is_endpoint(self.endpoint), f"endpoint must be tcp://host:port or ipc://path (got {self.endpoint!r})"),
+            (not (self.replication_endpoint and self.replica_of),
+             "an engine is a master (replication_endpoint) or a replica (replica_of), not both"),
+            (not self.replication_endpoint or self.replication_endpoint.startswith("tcp://"),
+             f"replication_endpoint must be tcp://host:port (got {self.replication_endpoint!r})"),
+            (not self.replica_of or self.replica_of.startswith("tcp://"),
+             f"replica_of must be tcp://host:port, its master's replication_endpoint (got {self.replica_of!r})"),
+            (self.replication_chunk_bytes_max >= 64 * KiB,
+             f"replication_chunk_bytes_max must be at least 64 KiB (got {self.replication_chunk_bytes_max})"),
             (self.topic_queue_count_default <= self.topic_queue_count_max,
              f"topic_queue_count_default ({self.topic_queue_count_default}) must be between 1 and "
              f"topic_queue_count_max ({self.topic_queue_count_max})"),
@@ -372,6 +396,8 @@ _MINIMUMS: dict[str, int] = {
     "timer_deliveries_in_flight_max": 1, "timer_checkpoint_interval_ms": 1,
     "transaction_timeout_ms": 1, "transaction_check_interval_ms": 1, "transaction_check_max": 1,
     "transaction_halves_max": 1,
+    "replication_chunks_in_flight_max": 1, "replication_report_interval_ms": 1, "replication_config_interval_ms": 1,
+    "replica_silence_ms_max": 1,
     "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
     "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
     "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted

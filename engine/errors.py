@@ -70,6 +70,7 @@ class ErrorCode(enum.IntEnum):
     DELAY_ILLEGAL = 24  # a deliver time further than timer_max_delay_ms (levels past the last are capped)
     TRANSACTION_NOT_FOUND = 25  # the id is not a half message of this store (or of this producer group)
     TRANSACTION_ENDED = 26  # the half message was already decided the other way (or rolled back by the checks)
+    NOT_MASTER = 27  # this engine is a replica: it serves reads; writes go to its master
 
 
 class RequestError(Exception):

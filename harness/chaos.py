@@ -14,7 +14,10 @@ too, and the official RocketMQ 5 producer sends through it all along
 (``harness/grpc_workload.py``): every message it got a receipt for must be stored. Delayed
 and transactional messages go to ``TIMER_TOPIC`` all along (``harness/timer_workload.py``):
 each answered one must arrive exactly once, not early, and no rolled-back one at all. The
-engine is stopped, and ``check_store`` must find nothing. The seed replays the same schedule.
+engine is stopped, and ``check_store`` must find nothing. A replica follows the engine all along
+(``replica_of``, docs/replication.md), and its actors are killed too: at the end its log must
+be the engine's byte for byte, its queues must read the same, and ``check_store`` must pass on
+it. The seed replays the same schedule.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from engine.offline.check import Finding, check_store
 from harness.faults import actor_pids, kill_actor
 from harness.grpc_workload import GRPC_QUEUES, GRPC_TOPIC, GrpcSender, missing_receipts
 from harness.pop_workload import PopLedger, PopVerdict, PopWorker, drain, message_key
+from harness.replication import log_bytes, wait_replicated
 from harness.timer_workload import TIMER_QUEUES, TIMER_TOPIC, TimerSender, TimerVerdict, timer_verdict
 from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify, wait_dispatched
 from supervisor.launcher import EngineProcess, free_port
@@ -57,6 +61,8 @@ class ChaosReport:
     grpc_missing: list[str] = field(default_factory=list)
     timer_verdict: TimerVerdict | None = None
     monitor_ok: bool = False  # after the faults, a scrape of the metrics shows every actor up
+    replica_same: bool = False  # the replica's log and queues are the master's
+    replica_findings: list[Finding] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -64,7 +70,7 @@ class ChaosReport:
         grpc_ok = self.grpc_receipts > 0 and not self.grpc_missing
         timer_ok = self.timer_verdict is not None and self.timer_verdict.ok()
         return self.verdict is not None and self.verdict.ok() and pops_ok and grpc_ok and timer_ok \
-            and self.monitor_ok and not self.findings
+            and self.monitor_ok and not self.findings and self.replica_same and not self.replica_findings
 
     def summary(self) -> str:
         verdict = self.verdict.summary() if self.verdict else "not verified"
@@ -73,7 +79,8 @@ class ChaosReport:
                 f"(engine counts all acked: {self.pop_drained}) grpc_receipts={self.grpc_receipts} "
                 f"grpc_missing={len(self.grpc_missing)} "
                 f"{self.timer_verdict.summary() if self.timer_verdict else 'timer: not verified'} "
-                f"monitor_ok={self.monitor_ok} check_findings={len(self.findings)}")
+                f"monitor_ok={self.monitor_ok} check_findings={len(self.findings)} "
+                f"replica_same={self.replica_same} replica_check_findings={len(self.replica_findings)}")
 
 
 class Consumer(threading.Thread):
@@ -102,11 +109,18 @@ class Consumer(threading.Thread):
             client.close()
 
 
-def chaos_config(flush_mode: str) -> StoreConfig:
+def replica_config(flush_mode: str, master: StoreConfig) -> StoreConfig:
+    return StoreConfig.test_min().replace(flush_mode=flush_mode, segment_size_bytes=1 << 20,
+                                          message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024,
+                                          replica_of=master.replication_endpoint, replication_report_interval_ms=200)
+
+
+def chaos_config(flush_mode: str, replication_endpoint: str) -> StoreConfig:
     return StoreConfig.test_min().replace(flush_mode=flush_mode, segment_size_bytes=1 << 20,
                                           message_body_bytes_max=64 * 1024, send_batch_bytes_max=256 * 1024,
                                           grpc_enabled=True, grpc_endpoint=f"127.0.0.1:{free_port()}",
-                                          metrics_endpoint=f"127.0.0.1:{free_port()}")
+                                          metrics_endpoint=f"127.0.0.1:{free_port()}",
+                                          replication_endpoint=replication_endpoint)
 
 
 def _every_actor_up_in_metrics(engine: EngineProcess, timeout_s: float = 15) -> bool:
@@ -139,22 +153,34 @@ def _kill_supervisor(engine: EngineProcess) -> None:
     engine.start()
 
 
-def _cycle(engine: EngineProcess, producer: ProducerThread, rng: random.Random, report: ChaosReport, *,
-           force_supervisor: bool) -> None:
+def _cycle(engine: EngineProcess, replica: EngineProcess, producer: ProducerThread, rng: random.Random,
+           report: ChaosReport, *, force_supervisor: bool) -> None:
     producer.wait_acked(producer.acked + rng.randrange(40, 160))
     if force_supervisor or rng.random() < SUPERVISOR_KILL_RATIO:
         report.schedule.append("supervisor")
         _kill_supervisor(engine)
         return
-    name = rng.choice(sorted(n for n in actor_pids(engine.store_dir) if n != "supervisor"))
-    events = EventStream(engine.store_dir)
+    victims = [(engine, name) for name in actor_pids(engine.store_dir) if name != "supervisor"]
+    victims += [(replica, name) for name in actor_pids(replica.store_dir) if name != "supervisor"]
+    target, name = rng.choice(sorted(victims, key=lambda victim: (victim[0] is replica, victim[1])))
+    events = EventStream(target.store_dir)
     try:
-        kill_actor(engine.store_dir, name)
-        report.schedule.append(name)
+        kill_actor(target.store_dir, name)
+        report.schedule.append(f"replica {name}" if target is replica else name)
         events.wait_for("actor.exited", name=name)
         events.wait_for("recovery.done", name=name)
     finally:
         events.close()
+
+
+def _replica_verdict(engine: EngineProcess, replica: EngineProcess, report: ChaosReport) -> None:
+    """The replica's log is the master's byte for byte, and its queues read the same."""
+    with engine.client(timeout_ms=10_000) as master_client, replica.client(timeout_ms=10_000) as replica_client:
+        end = wait_replicated(master_client, replica_client, timeout_s=60)
+        size = engine.config.segment_size_bytes
+        same_log = log_bytes(replica.store_dir, 0, end, size) == log_bytes(engine.store_dir, 0, end, size)
+        report.replica_same = same_log and read_everything(replica_client, TOPICS) == read_everything(
+            master_client, TOPICS)
 
 
 def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False) -> ChaosReport:
@@ -166,11 +192,17 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
     workers: list[PopWorker] = []
     grpc_senders: list[GrpcSender] = []
     timer_senders: list[TimerSender] = []
-    engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH"))
+    replication_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    engine = EngineProcess(store_dir, config=chaos_config("ASYNC_FLUSH", replication_endpoint))
+    replica = EngineProcess(store_dir.parent / f"{store_dir.name}-replica",
+                            config=replica_config("ASYNC_FLUSH", engine.config))
     try:
         for phase, flush_mode in enumerate(("ASYNC_FLUSH", "SYNC_FLUSH")):
-            engine.config = chaos_config(flush_mode).replace(endpoint=engine.endpoint, store_port=engine.port)
+            engine.config = chaos_config(flush_mode, replication_endpoint).replace(endpoint=engine.endpoint,
+                                                                                   store_port=engine.port)
             engine.start()
+            if phase == 0:
+                replica.start()
             producer = Producer(f"p{phase}", engine.client(timeout_ms=3_000), TOPICS, random.Random(rng.random()),
                                 body_sizes=(40, 300, 2000), batch_size=8)
             producers.append(producer)
@@ -194,7 +226,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             phase_cycles = cycles // 2 if phase == 0 else cycles - cycles // 2
             supervisor_cycle = rng.randrange(phase_cycles) if phase_cycles else -1  # at least one per phase
             for cycle in range(phase_cycles):
-                _cycle(engine, thread, rng, report, force_supervisor=cycle == supervisor_cycle)
+                _cycle(engine, replica, thread, rng, report, force_supervisor=cycle == supervisor_cycle)
                 if log:
                     print(f"cycle {len(report.schedule)}: killed {report.schedule[-1]} "
                           f"(acked so far {thread.acked})", flush=True)
@@ -222,6 +254,7 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
         report.grpc_missing = missing_receipts(client, grpc_senders)
         report.timer_verdict = timer_verdict(client, timer_senders)
         report.monitor_ok = _every_actor_up_in_metrics(engine)
+        _replica_verdict(engine, replica, report)
     finally:
         for timer_sender in timer_senders:
             timer_sender.stop()
@@ -231,6 +264,8 @@ def run_chaos(store_dir: Path, *, seed: int, cycles: int = 20, log: bool = False
             sender.stop()
         if client is not None:
             client.close()
+        replica.stop()
         engine.stop()
     report.findings = check_store(store_dir, engine.config)
+    report.replica_findings = check_store(replica.store_dir, replica.config)
     return report

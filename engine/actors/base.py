@@ -47,7 +47,7 @@ from engine.actors.effects import Effects, Exit, Publish, Reply, Tell
 from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import channels, endpoints, wire
-from engine.ipc.channels import CLIENT_ENDPOINT, PUBLISH, REQUEST, Channel
+from engine.ipc.channels import PUBLISH, REQUEST, Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.ipc.messages import Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
@@ -203,7 +203,7 @@ class Port:
     peer_address: bool = False  # ROUTER: each message comes with its sender's IP (``Inbound.peer_ip``)
 
     def __post_init__(self) -> None:
-        assert self.address or self.channel.endpoint != CLIENT_ENDPOINT, self.channel.name
+        assert self.address or not self.channel.endpoint.startswith("<config."), self.channel.name
 
     @property
     def name(self) -> str:

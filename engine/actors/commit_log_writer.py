@@ -38,7 +38,7 @@ from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import Append, DeleteTopic, FlushFailed, Wake, encoder
+from engine.ipc.messages import Append, DeleteTopic, FlushFailed, ReplicaAppend, ReplicaAppended, Wake, encoder
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
@@ -107,8 +107,8 @@ class CommitLogWriterActor(Actor):
         return self.env.store_dir / COMMIT_LOG_DIR / offset_to_file_name(start)
 
     def handlers(self) -> dict[type, Handler]:
-        return {Append: self.send, DeleteTopic: self.delete_topic, Wake: self.on_flushed,
-                FlushFailed: self.on_flush_failed}
+        return {Append: self.send, DeleteTopic: self.delete_topic, ReplicaAppend: self.replica_append,
+                Wake: self.on_flushed, FlushFailed: self.on_flush_failed}
 
     def recover(self, out: Effects) -> None:
         unclean = (self.env.run_dir / CRASH_START_FILE).exists()
@@ -176,6 +176,9 @@ class CommitLogWriterActor(Actor):
                 raise RequestError(ErrorCode.BUSY, f"the send waited {waited_ms} ms for the writer (limit "
                                                    f"{self.config.send_queue_wait_ms_max} ms) and was not stored; "
                                                    f"retry later")
+            if self.config.is_replica:  # the front refuses them first; an owner's dead letter would come here
+                raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica of {self.config.replica_of}: "
+                                                         f"send to its master")
             request = decode_as(SendRequest, raw)
             if self.deletions.unsaved:  # a deletion's queues start again at 0: it is saved before a later send
                 self.save_deletions(out)
@@ -198,6 +201,18 @@ class CommitLogWriterActor(Actor):
             self.send_latency.observe((now_ms - route.received_ms) / 1000)
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         out.reply(reply_to, encode_reply(request.id, results=results))
+
+    def replica_append(self, order: ReplicaAppend, inbound: Inbound, out: Effects) -> None:
+        """A replica's append of its master's log bytes (``LogAppends.append_replicated``), answered
+        with the log's end; the followers are woken as for sends (``drained``)."""
+        assert inbound.origin is not None
+        refused = self.appends.append_replicated(order.offset, inbound.payload)
+        if not refused:
+            if not self.min_offset:  # an empty replica starts at its master's oldest segment
+                self.min_offset = self.log.segments.first_offset() or 0
+            self.store_offsets()
+            self.announce_due = True
+        out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, refused))
 
     def delete_topic(self, _order: DeleteTopic, inbound: Inbound, out: Effects) -> None:
         """Hide the topic's records below the written offset; answered by ``save_deletions``.

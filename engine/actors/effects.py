@@ -16,7 +16,7 @@ from typing import NamedTuple
 import msgspec
 
 from engine.ipc.channels import Channel
-from engine.ipc.messages import PopElsewhere, Routed, TopicDeletion
+from engine.ipc.messages import Note, Routed
 from engine.ipc.wire import Origin
 
 
@@ -26,7 +26,7 @@ class Reply(NamedTuple):
 
     origin: Origin
     payload: bytes
-    note: TopicDeletion | PopElsewhere | None = None
+    note: Note | None = None
 
 
 class Tell(NamedTuple):
@@ -63,7 +63,7 @@ Effect = Reply | Tell | Publish | Exit
 class Effects(list[Effect]):
     """The effects of one handler call, in the order they must happen."""
 
-    def reply(self, origin: Origin, payload: bytes, note: TopicDeletion | PopElsewhere | None = None) -> None:
+    def reply(self, origin: Origin, payload: bytes, note: Note | None = None) -> None:
         self.append(Reply(origin, payload, note))
 
     def publish(self, channel: Channel, topic: bytes, body: msgspec.Struct | bytes) -> None:

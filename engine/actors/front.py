@@ -88,6 +88,7 @@ from engine.services.consumer_groups import ConsumerGroups
 from engine.services.front_figures import FrontFigures
 from engine.services.key_lookup import KeyLookup
 from engine.services.pop.fan_out import PopFanOut, PopOrder
+from engine.services.shipped_config import ShippedConfig
 from engine.services.topic_deletions import PendingDeletion, TopicDeletions
 from engine.services.topic_rules import TopicRules
 from engine.store.records import owner_of
@@ -106,6 +107,9 @@ _POP_OPS = ("ack", "change_invisible", "pop_stats")  # of a pop group: not one t
 _TO_RECORD_OWNER: dict[str, Callable[[], Order]] = {"get_by_id": GetById, "get_by_offset": GetByOffset}
 _TO_TRANSACTIONS: dict[str, Callable[[], Order]] = {"end_transaction": EndTransaction,
                                                     "transaction_checks": TransactionChecks}
+# what a replica refuses (NOT_MASTER): every op that writes, here or in a backend
+_WRITES = frozenset({"send", "create_topic", "delete_topic", "commit_offset", "pop", "ack", "change_invisible",
+                     "end_transaction", "transaction_checks"})
 
 
 def record_owner(op: str, raw: bytes, segment_size_bytes: int, owner_count: int) -> int:
@@ -144,6 +148,7 @@ class FrontActor(Actor):
         # What waits for the topic table to be on disk: requests to route again, and replies.
         self.held: list[tuple[Origin, bytes, bytes]] = []  # whom to answer, request, its sender's IP
         self.held_replies: list[Reply] = []
+        self.shipped = ShippedConfig(env.store_dir) if env.config.is_replica else None
 
     def ports(self) -> list[Port]:
         cfg = self.config
@@ -250,6 +255,9 @@ class FrontActor(Actor):
         envelope = decode_envelope(raw)
         op = envelope.op
         self.figures.routed(op)
+        if op in _WRITES and self.config.is_replica:
+            raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica of {self.config.replica_of}: it "
+                                                     f"serves reads; send {op} to its master")
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
             self.hold(origin, raw, peer_ip)
             return
@@ -365,6 +373,9 @@ class FrontActor(Actor):
             self.log_min_offset = log_min
             self.lookup.after_retention()
         self.groups.persist_due(now_ms)
+        if self.shipped is not None and self.shipped.changed():  # a replica: its master's files came
+            self.topics = TopicRules(self.env.store_dir, self.config, self.deletions)
+            self.groups = ConsumerGroups(self.env.store_dir, self.config)
 
     def shutdown(self, out: Effects) -> None:
         self.groups.persist()

@@ -11,8 +11,9 @@ start together, and the next wave starts once all of them run:
 4. the reput dispatcher resumes from what the owners and the index builder hold;
 5. the front opens the client endpoint (and the internal port, where the timer and the
    transaction actor are already bound for it);
-6. the gRPC endpoint (when on), a client of the front, and the monitor (metrics and the
-   dashboard, when on), which reads what the others report.
+6. the gRPC endpoint (when on), a client of the front, the monitor (metrics and the
+   dashboard, when on), which reads what the others report, and replication's actor: a
+   master's sender (with ``replication_endpoint``) or a replica's receiver (``replica_of``).
 
 Stop order is the reverse, wave by wave: every actor of a wave is sent SIGTERM at once, and the
 next (lower) wave is signalled once all of them exited. So the dispatcher drains before the
@@ -40,15 +41,24 @@ class ActorSpec:
 def actor_specs(config: StoreConfig) -> list[ActorSpec]:
     owners = [ActorSpec(f"owner-{k}", "engine.actors.consume_queue_owner", k, wave=3)
               for k in range(config.consume_queue_owner_count)]
+    # A replica's timer and transaction actor would deliver and decide what its master does: they
+    # do not run there (docs/replication.md); it takes its log from its master instead.
+    master_only = [] if config.is_replica else [ActorSpec("timer", "engine.actors.timer", wave=3),
+                                                ActorSpec("transactions", "engine.actors.transactions", wave=3)]
+    replication = []
+    if config.replication_endpoint:
+        replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=6)]
+    elif config.is_replica:
+        replication = [ActorSpec("replication-receiver", "engine.actors.replication_receiver", wave=6)]
     return [
         ActorSpec("writer", "engine.actors.commit_log_writer", wave=1),
         ActorSpec("flusher", "engine.actors.flusher", wave=2),
         *owners,
         ActorSpec("index", "engine.actors.index_builder", wave=3),
-        ActorSpec("timer", "engine.actors.timer", wave=3),
-        ActorSpec("transactions", "engine.actors.transactions", wave=3),
+        *master_only,
         ActorSpec("reput", "engine.actors.reput_dispatcher", wave=4),
         ActorSpec("front", "engine.actors.front", wave=5),
+        *replication,
         *([ActorSpec("grpc", "engine.actors.grpc_endpoint", wave=6)] if config.grpc_enabled else []),
         *([ActorSpec("monitor", "engine.actors.monitor", wave=6)]
           if config.metrics_endpoint or config.dashboard_endpoint else []),

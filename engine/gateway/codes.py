@@ -35,6 +35,7 @@ _BY_ERROR = {
     ErrorCode.DELAY_ILLEGAL: Code.ILLEGAL_DELIVERY_TIME,
     ErrorCode.TRANSACTION_NOT_FOUND: Code.INVALID_TRANSACTION_ID,
     ErrorCode.TRANSACTION_ENDED: Code.INVALID_TRANSACTION_ID,
+    ErrorCode.NOT_MASTER: Code.FORBIDDEN,  # the endpoint of a replica: its writes go to its master
 }
 
 # A send whose record was stored but not flushed or replicated in time: RocketMQ's proxy

@@ -31,6 +31,7 @@ from engine.ipc.messages import (
     Ack,
     Append,
     ChangeInvisible,
+    ConfigSnapshot,
     ControlReply,
     ControlRequest,
     DeleteTopic,
@@ -41,12 +42,17 @@ from engine.ipc.messages import (
     GetById,
     GetByOffset,
     Heartbeat,
+    LogChunk,
     OffsetForTime,
     Pop,
     PopElsewhere,
     PopStats,
     Pull,
     QueueStats,
+    ReplicaAppend,
+    ReplicaAppended,
+    ReplicaRefused,
+    ReplicaReport,
     TopicDeletion,
     TransactionChecks,
     Wake,
@@ -59,6 +65,7 @@ class ClientFrame:
 
 REQUEST, PUBLISH, PUSH = "request", "publish", "push"
 CLIENT_ENDPOINT = "<config.endpoint>"  # the front's client endpoint, from the settings
+REPLICATION_ENDPOINT = "<config.replication_endpoint>"  # a master's, from its settings (a replica's replica_of)
 
 
 @dataclass(frozen=True, eq=False)  # one object per channel: compared and hashed by identity
@@ -101,13 +108,14 @@ CLIENTS = Channel("clients", REQUEST, CLIENT_ENDPOINT, "front", ("client", "grpc
 FRONT_INTERNAL = Channel("front-internal", REQUEST, endpoints.FRONT_INTERNAL, "front", ("timer", "transactions"),
                          (ClientFrame,), (ClientFrame,),
                          meaning="the client protocol for the actors that read and write messages as clients do")
-WRITER = Channel("writer", REQUEST, endpoints.WRITER, "writer", ("front", "owner-<k>"), (Append, DeleteTopic),
-                 (TopicDeletion,), framed=True,
-                 meaning="sends and topic deletions; an owner's dead letters (``Append``)")
+WRITER = Channel("writer", REQUEST, endpoints.WRITER, "writer", ("front", "owner-<k>", "replication-receiver"),
+                 (Append, DeleteTopic, ReplicaAppend), (TopicDeletion, ReplicaAppended), framed=True,
+                 meaning="sends and topic deletions; an owner's dead letters (``Append``); on a replica, the "
+                         "master's log bytes (``ReplicaAppend``)")
 TRANSACTIONS = Channel("transactions", REQUEST, endpoints.TRANSACTIONS, "transactions", ("front",),
                        (EndTransaction, TransactionChecks), (), framed=True,
                        meaning="producers' decisions and their checks")
-CONFIRMED = Channel("confirmed", PUBLISH, endpoints.WRITER_PUB, "writer", ("reput",), (), (Wake,),
+CONFIRMED = Channel("confirmed", PUBLISH, endpoints.WRITER_PUB, "writer", ("reput", "replication-sender"), (), (Wake,),
                     topics=(endpoints.TOPIC_CONFIRMED,),
                     meaning="the confirmed offset moved; under SYNC_FLUSH, after each of the writer's own syncs")
 FLUSHED = Channel("flushed", PUBLISH, endpoints.FLUSHER_PUB, "flusher", ("writer",), (), (Wake, FlushFailed),
@@ -117,6 +125,10 @@ FLUSHED = Channel("flushed", PUBLISH, endpoints.FLUSHER_PUB, "flusher", ("writer
 DISPATCH = Channel("dispatch", PUBLISH, endpoints.REPUT_PUB, "reput", ("owner-<k>", "index"), (), (DispatchBatch,),
                    topics=(b"cq.<k>.", endpoints.TOPIC_INDEX),
                    meaning="records of the log, per owner and for the index")
+REPLICATION = Channel("replication", REQUEST, REPLICATION_ENDPOINT, "replication-sender", ("replication-receiver",),
+                      (ReplicaReport,), (LogChunk, ConfigSnapshot, ReplicaRefused), framed=True,
+                      meaning="between engines, over tcp: a replica's reports of its log's end; its master's log "
+                              "bytes from there, and its config files")
 HEARTBEATS = Channel("heartbeats", PUSH, endpoints.SUPERVISOR_HEARTBEATS, "supervisor", ("every actor",),
                      (Heartbeat,), (), meaning="lifecycle and figures, every heartbeat_interval_ms")
 CONTROL = Channel("control", REQUEST, endpoints.SUPERVISOR_CONTROL, "supervisor", ("CLI", "tests"),
@@ -141,8 +153,8 @@ def owner(instance: int) -> Channel:
     return channel
 
 
-CHANNELS = (CLIENTS, FRONT_INTERNAL, WRITER, OWNER, TRANSACTIONS, CONFIRMED, FLUSHED, DISPATCH, HEARTBEATS, CONTROL,
-            EVENTS)
+CHANNELS = (CLIENTS, FRONT_INTERNAL, WRITER, OWNER, TRANSACTIONS, CONFIRMED, FLUSHED, DISPATCH, REPLICATION,
+            HEARTBEATS, CONTROL, EVENTS)
 
 _KINDS = {REQUEST: ("ROUTER", "DEALER"), PUBLISH: ("PUB", "SUB"), PUSH: ("PULL", "PUSH")}
 

@@ -1,7 +1,8 @@
 """Every internal message between actors, as typed msgspec Structs.
 
 Bodies never cross these sockets: what moves is offsets and small metadata;
-message bytes stay in the mmap'd CommitLog. A client request is forwarded as
+message bytes stay in the mmap'd CommitLog. Between engines it is the other way: a
+master ships its log's bytes to its replicas (``LogChunk``), as RocketMQ's HA does. A client request is forwarded as
 it came (see ``protocol.py``), behind a typed envelope, ``Routed``, whose
 ``order`` says what the receiver is asked to do; the answer comes back behind
 an ``Answered``. The receiver's handler is chosen by the order's type, never by
@@ -53,7 +54,24 @@ class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):
     """
 
 
-WriterRequest = Append | DeleteTopic
+class ReplicaAppend(msgspec.Struct, array_like=True, tag="replica_append"):
+    """replication receiver -> writer (a replica's): append the log bytes of the frame after this at
+    ``offset``, which must be where the log ends (whole records: ``LogChunk``).
+    Reply: ``ReplicaAppended`` with the log's end after it (an empty frame)."""
+
+    offset: int
+
+
+WriterRequest = Append | DeleteTopic | ReplicaAppend
+
+
+class ReplicaAppended(msgspec.Struct, array_like=True, tag="replica_appended"):
+    """writer -> replication receiver, beside an empty frame: the replica's log now ends at
+    ``end_offset``. ``refused``: why the bytes were not appended ("" when they were): they were
+    not for the log's end (the receiver then reports that end to its master, which sends from it)."""
+
+    end_offset: int
+    refused: str = ""
 
 
 class TopicDeletion(msgspec.Struct, array_like=True, tag="topic_deletion"):
@@ -142,7 +160,45 @@ class TransactionChecks(msgspec.Struct, array_like=True, tag="transaction_checks
 
 
 TransactionRequest = EndTransaction | TransactionChecks
-Order = WriterRequest | OwnerRequest | TransactionRequest
+
+# -- replica -> master (replication, between engines) ----------------------------------------------
+
+
+class ReplicaReport(msgspec.Struct, array_like=True, tag="replica_report"):
+    """replication receiver (a replica's) -> replication sender (its master's), over tcp: my log
+    ends at ``end_offset`` (all of it written). ``restart``: send from there, forgetting what is in
+    flight (a new connection, or bytes the replica's writer refused); else the report is progress.
+    Replies: ``LogChunk``s from the replica's end (``ReplicaRefused`` when the master cannot)."""
+
+    end_offset: int
+    restart: bool = False
+
+
+ReplicationRequest = ReplicaReport
+Order = WriterRequest | OwnerRequest | TransactionRequest | ReplicationRequest
+
+
+class LogChunk(msgspec.Struct, array_like=True, tag="log_chunk"):
+    """replication sender -> receiver, beside the log bytes from ``offset``: whole records (a
+    segment's blank tail whole), never across a segment's end. ``master_end_offset``: how far the
+    master's log is confirmed, for the replica's lag."""
+
+    offset: int
+    master_end_offset: int
+
+
+class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
+    """replication sender -> receiver, beside a file's bytes: the master's ``config/<name>`` (the
+    topics, the consumers' offsets, the deleted topics) as it is on disk now."""
+
+    name: str
+
+
+class ReplicaRefused(msgspec.Struct, array_like=True, tag="replica_refused"):
+    """replication sender -> receiver, beside an empty frame: the master cannot follow the replica's
+    report (its log ends past the master's, or starts below the master's oldest segment)."""
+
+    reason: str
 
 # -- the envelopes ---------------------------------------------------------------------------------
 
@@ -163,6 +219,9 @@ class Routed(msgspec.Struct, array_like=True, tag="routed"):
     order: Order
 
 
+Note = TopicDeletion | PopElsewhere | ReplicaAppended | LogChunk | ConfigSnapshot | ReplicaRefused
+
+
 class Answered(msgspec.Struct, array_like=True, tag="answered"):
     """writer, owner or transaction actor -> its requester, before the client reply frame: the
     answer to a ``Routed`` for ``client``. ``note`` is for the requester itself: the writer's
@@ -171,7 +230,7 @@ class Answered(msgspec.Struct, array_like=True, tag="answered"):
 
     client: bytes
     flag: int
-    note: TopicDeletion | PopElsewhere | None = None
+    note: Note | None = None
 
 
 # -- progress of the log --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import msgspec
 
+from engine import codec
 from engine.codec import send_results
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, PutStatus, RequestError
@@ -135,6 +136,34 @@ class LogAppends:
         self.sent_bytes[key] = self.sent_bytes.get(key, 0) + batch_bytes
         self.last_store_timestamp_ms = store_ts
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
+
+    def append_replicated(self, offset: int, data: bytes) -> str:
+        """A replica's append of its master's log bytes at ``offset`` (``LogChunk``): "" when
+        appended, else why not. Appended only at the log's end (at a segment's start while the
+        log is empty: a master's oldest segment), and only whole records, whose queue offsets
+        and store times the counters then follow (this replica may become a master)."""
+        log = self.log
+        size_bytes = self.config.segment_size_bytes
+        empty = log.written_offset == 0 and not log.segments.known
+        if offset != log.written_offset and not (empty and offset % size_bytes == 0):
+            return f"the chunk is for {offset}, the log ends at {log.written_offset}"
+        if offset % size_bytes + len(data) > size_bytes:
+            return f"the chunk at {offset} of {len(data)} bytes crosses a segment's end"
+        per_owner, _index, _count, parsed, stop = codec.scan_dispatch(data, 0, len(data), offset, len(data), 1,
+                                                                      False)
+        if parsed != len(data) and stop != codec.SCAN_BLANK:
+            return f"the chunk at {offset} holds a damaged record at {offset + parsed}"
+        log.written_offset = offset
+        try:
+            log.append_raw(data)
+        except OSError as exc:
+            self.refused(exc, len(data))
+            return f"the log cannot be written: {exc.strerror or exc}"
+        self.refusals.written()
+        for topic, queue_id, queue_offset, _clo, _size, _tags, store_ms, _keys in per_owner[0]:
+            self.next_queue_offset[(topic, queue_id)] = queue_offset + 1
+            self.last_store_timestamp_ms = max(self.last_store_timestamp_ms, store_ms)
+        return ""
 
     def refused(self, exc: OSError, batch_bytes: int) -> tuple[int, int]:
         """Note an append the disk refused (logged once an episode); (bytes needed, bytes free)."""

@@ -417,6 +417,17 @@ class CommitLogWriter:
         self.written_offset = segment.start_offset + pos + batch_bytes
         return AppendResult(offsets, self.written_offset)
 
+    def append_raw(self, data: bytes) -> None:
+        """A replica's append: bytes of its master's log at this log's end, whole records that do
+        not cross a segment's end (a segment's blank tail among them: ``LogChunk``)."""
+        start = self.written_offset - self.written_offset % self.segment_size_bytes
+        pos = self.written_offset - start
+        assert pos + len(data) <= self.segment_size_bytes, (pos, len(data))
+        segment = self._segment(start)
+        segment.reserve(min(self.segment_size_bytes, pos + len(data) + END_FILE_MIN_BLANK_BYTES))
+        _write_all(self._fd(segment), memoryview(data), pos)
+        self.written_offset += len(data)
+
     def reserve_for(self, batch_bytes: int) -> None:
         """Reserve the blocks an append of ``batch_bytes`` would take, appending nothing: OSError as
         ``append_items`` would give it. The writer asks again this way whether a disk that refused

@@ -1,0 +1,124 @@
+"""The replication receiver: a replica's end of RocketMQ's HA (``DefaultHAClient``).
+
+Connects to its master's ``replication_endpoint`` (``replica_of``) and reports where this
+engine's log ends (``ReplicaReport``, with ``restart`` on each new connection); hands every
+``LogChunk`` that comes back to the writer (``ReplicaAppend``: the writer stays the only
+appender, and appends a chunk only at the log's end), and reports the end the writer
+answers. The config files the master sends (``ConfigSnapshot``) replace this store's, which
+the front reloads. A replica's own reput dispatches what is appended, so its queues and
+index are its own, built from the same bytes.
+
+A report goes out at least every ``replication_report_interval_ms``; one with ``restart``
+when nothing came for that long while the log is behind its master's (a chunk lost on the
+way, the writer restarted), or when the writer refused a chunk that was not for its end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from engine.actors.base import Actor, Env, Handler, Port, main
+from engine.actors.effects import Effects, Tell
+from engine.ipc import channels
+from engine.ipc.channels import Channel
+from engine.ipc.messages import (
+    PLAIN,
+    Answered,
+    ConfigSnapshot,
+    LogChunk,
+    ReplicaAppend,
+    ReplicaAppended,
+    ReplicaRefused,
+    ReplicaReport,
+    Routed,
+)
+from engine.ipc.wire import Inbound
+from engine.logs import event
+from engine.services.log_shipping import SHIPPED_CONFIG_FILES
+from engine.store.atomic_file import write_atomically
+from engine.store.shared_offsets import WRITTEN
+
+log = logging.getLogger(__name__)
+_CONFIG_FILES = {path.name: path for path in SHIPPED_CONFIG_FILES}
+
+
+class ReplicationReceiverActor(Actor):
+    """Takes ``Answered`` (``LogChunk``, ``ConfigSnapshot``, ``ReplicaRefused``) on ``replication`` and
+    (``ReplicaAppended``) on ``writer``; gives ``ReplicaReport`` on ``replication`` and
+    ``ReplicaAppend`` on ``writer``."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.master_end_offset = 0
+        self.last_chunk_ms = self.clock.mono_ms()
+        self.last_report_ms = 0
+        self.refused = ""  # why the master refuses to be followed ("" while it is followed)
+        self.chunks_appended = 0
+        self.appends_refused = 0
+
+    def ports(self) -> list[Port]:
+        return [Port(channels.REPLICATION, bind=False, address=self.config.replica_of, monitor=True,
+                     max_message_bytes=self.config.client_frame_bytes_max + self.config.segment_size_bytes),
+                Port(channels.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10)]
+
+    def handlers(self) -> dict[type, Handler]:
+        return {Answered: self.on_answer}
+
+    def recover(self, out: Effects) -> None:
+        self.report(out, restart=True)
+
+    def connection(self, channel: Channel, up: bool) -> None:
+        if channel is channels.REPLICATION and up:
+            self.last_report_ms = 0  # the next tick reports, with restart: a new connection is a new follow
+
+    def report(self, out: Effects, *, restart: bool) -> None:
+        self.last_report_ms = self.clock.mono_ms()
+        out.append(Tell(channels.REPLICATION, Routed(b"", PLAIN, ReplicaReport(self.slots.get(WRITTEN), restart)),
+                        b"", lambda: None))
+
+    def on_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
+        note = answer.note
+        if isinstance(note, LogChunk):
+            self.last_chunk_ms = self.clock.mono_ms()
+            self.master_end_offset = note.master_end_offset
+            self.refused = ""
+            out.append(Tell(channels.WRITER, Routed(b"", PLAIN, ReplicaAppend(note.offset)), inbound.payload,
+                            lambda: None))  # the writer is down: the next report restarts from its end
+        elif isinstance(note, ReplicaAppended):
+            if note.refused:
+                self.appends_refused += 1
+                log.warning("the writer refused a chunk: %s; following again from %d", note.refused,
+                            note.end_offset)
+            else:
+                self.chunks_appended += 1
+            self.report(out, restart=bool(note.refused))
+        elif isinstance(note, ConfigSnapshot):
+            relative = _CONFIG_FILES.get(note.name)
+            if relative is not None:
+                (self.env.store_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+                write_atomically(self.env.store_dir / relative, inbound.payload)
+        elif isinstance(note, ReplicaRefused):
+            if note.reason != self.refused:
+                log.error("the master refuses to be followed: %s", note.reason,
+                          extra=event("replication.refused", reason=note.reason))
+            self.refused = note.reason
+
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
+        interval = self.config.replication_report_interval_ms
+        if now_ms - self.last_report_ms < interval:
+            return
+        stalled = now_ms - self.last_chunk_ms >= interval and self.slots.get(WRITTEN) < self.master_end_offset
+        self.report(out, restart=stalled or self.last_report_ms == 0)
+
+    def detail(self) -> dict[str, int]:
+        return {"end_offset": self.slots.get(WRITTEN), "master_end_offset": self.master_end_offset,
+                "lag_bytes": max(0, self.master_end_offset - self.slots.get(WRITTEN)),
+                "chunks_appended": self.chunks_appended, "appends_refused": self.appends_refused}
+
+    def condition(self) -> str:
+        return f"the master refuses to be followed: {self.refused}" if self.refused else ""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(ReplicationReceiverActor))

@@ -1,0 +1,106 @@
+"""The replication sender: a master's end of RocketMQ's HA (``DefaultHAService``).
+
+Replicas connect to ``replication_endpoint`` (ROUTER, tcp) and report where their logs end
+(``ReplicaReport``); this actor sends each its log from there in chunks of whole records
+(``LogChunk`` and the bytes), as far as the log is confirmed, a few chunks ahead of what
+the replica reported written (``engine/services/log_shipping.py``). The writer's
+``confirmed`` wake-ups say when there is more to send; every tick sends what a lost wake-up
+left, the config files that changed (topics, consumers' offsets: ``ConfigSnapshot``) every
+``replication_config_interval_ms``, and forgets replicas silent for ``replica_silence_ms_max``.
+
+It holds nothing on disk: a restarted sender knows no replica until each reports again, at
+least every ``replication_report_interval_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from engine.actors.base import Actor, Env, Handler, Port, main
+from engine.actors.effects import Effects
+from engine.ipc import channels, endpoints
+from engine.ipc.messages import ConfigSnapshot, LogChunk, ReplicaRefused, ReplicaReport, Wake
+from engine.ipc.wire import Inbound
+from engine.logs import event
+from engine.services.log_shipping import LogShipping, Replica
+from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationSenderActor(Actor):
+    """Takes ``ReplicaReport`` on ``replication`` and ``Wake`` on ``confirmed``; gives ``LogChunk``s,
+    ``ConfigSnapshot``s and ``ReplicaRefused`` on ``replication``."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.shipping = LogShipping(env.store_dir, env.config)
+        self.last_config_ms = 0
+        self.bytes_sent = 0
+        self.refusals = 0
+
+    def ports(self) -> list[Port]:
+        return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
+                     max_message_bytes=self.config.client_frame_bytes_max),
+                Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
+
+    def handlers(self) -> dict[type, Handler]:
+        return {ReplicaReport: self.on_report, Wake: self.on_confirmed}
+
+    def on_report(self, report: ReplicaReport, inbound: Inbound, out: Effects) -> None:
+        assert inbound.origin is not None
+        now_ms = self.clock.mono_ms()
+        known = inbound.origin.peer in self.shipping.replicas
+        replica = self.shipping.report(inbound.origin, report.end_offset, restart=report.restart,
+                                       confirmed=self.slots.get(CONFIRMED), min_offset=self.slots.get(MIN_OFFSET),
+                                       now_ms=now_ms)
+        if isinstance(replica, str):
+            self.refusals += 1
+            log.error("a replica cannot follow: %s", replica, extra=event("replication.refused", reason=replica))
+            out.reply(inbound.origin, b"", ReplicaRefused(replica))
+            return
+        if not known or report.restart:
+            log.info("a replica follows from %d", report.end_offset,
+                     extra=event("replication.follow", end_offset=report.end_offset))
+            self.send_config(replica, out)
+        self.send_log(replica, out)
+
+    def on_confirmed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
+        for replica in self.shipping.replicas.values():
+            self.send_log(replica, out)
+
+    def send_log(self, replica: Replica, out: Effects) -> None:
+        confirmed = self.slots.get(CONFIRMED)
+        for offset, data in self.shipping.chunks(replica, confirmed):
+            self.bytes_sent += len(data)
+            out.reply(replica.origin, data, LogChunk(offset, confirmed))
+
+    def send_config(self, replica: Replica, out: Effects) -> None:
+        for name, data in self.shipping.config_changes(replica):
+            out.reply(replica.origin, data, ConfigSnapshot(name))
+
+    def tick(self, out: Effects) -> None:
+        now_ms = self.clock.mono_ms()
+        for replica in self.shipping.drop_silent(now_ms):
+            log.warning("a replica (last at %d) was silent for %d ms and is forgotten until it reports again",
+                        replica.reported, self.config.replica_silence_ms_max)
+        config_due = now_ms - self.last_config_ms >= self.config.replication_config_interval_ms
+        if config_due:
+            self.last_config_ms = now_ms
+        for replica in self.shipping.replicas.values():
+            if config_due:
+                self.send_config(replica, out)
+            self.send_log(replica, out)
+
+    def detail(self) -> dict[str, int]:
+        confirmed = self.slots.get(CONFIRMED)
+        lags = [confirmed - replica.reported for replica in self.shipping.replicas.values()]
+        return {"replicas": len(lags), "replica_lag_bytes_max": max(lags, default=0), "bytes_sent": self.bytes_sent,
+                "refusals": self.refusals}
+
+    def shutdown(self, out: Effects) -> None:
+        self.shipping.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(ReplicationSenderActor))

@@ -1,0 +1,127 @@
+"""A master and its replica as real engines on loopback: the replica holds the master's log byte for
+byte, builds its own queues and index from it, serves reads, and refuses writes; replication's
+actors killed under load lose and duplicate nothing; a replica that cannot follow is told why.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.client import EngineError, StoreClient
+from engine.config import StoreConfig
+from engine.errors import ErrorCode
+from engine.ipc.control import control
+from engine.ipc.messages import StatusQuery
+from engine.offline.check import check_store
+from harness.faults import kill_actor
+from harness.replication import log_bytes, offsets, replicated_pair, wait_replicated
+from harness.workload import Producer, ProducerThread, read_everything, verify
+from supervisor.launcher import EngineProcess, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPICS = {"alpha": 4, "beta": 2}
+
+
+def small_segments() -> StoreConfig:
+    return StoreConfig.test_min().replace(segment_size_bytes=1 << 20, message_body_bytes_max=64 * 1024,
+                                          send_batch_bytes_max=256 * 1024, replication_report_interval_ms=200,
+                                          replication_config_interval_ms=200)
+
+
+def fill(client: StoreClient, rng: random.Random, batches: int) -> None:
+    for n in range(batches):
+        topic = rng.choice(sorted(TOPICS))
+        client.send(topic, [{"body": rng.randbytes(rng.choice((40, 900, 20_000))), "keys": [f"k{n}-{i}"],
+                             "tags": rng.choice("AB")} for i in range(rng.randint(1, 12))])
+
+
+def assert_same_stores(master: EngineProcess, replica: EngineProcess, config: StoreConfig) -> None:
+    with master.client() as mc, replica.client() as rc:
+        end = wait_replicated(mc, rc)
+        deadline = time.monotonic() + 15  # the topic table comes beside the log, every config interval
+        while not {t["topic"] for t in rc.list_topics()} >= set(TOPICS):
+            assert time.monotonic() < deadline, "the master's topics never reached the replica"
+        assert log_bytes(replica.store_dir, 0, end, config.segment_size_bytes) == \
+            log_bytes(master.store_dir, 0, end, config.segment_size_bytes)
+        assert read_everything(rc, TOPICS) == read_everything(mc, TOPICS)
+
+
+def test_a_replica_holds_the_masters_log_and_serves_reads_of_it(tmp_path: Path) -> None:
+    config = small_segments()
+    with replicated_pair(tmp_path, config) as (master, replica):
+        with master.client() as client:
+            for topic, queues in TOPICS.items():
+                client.create_topic(topic, queue_count=queues)
+            fill(client, random.Random(1), 300)  # about 5 segments of 1 MiB
+            client.commit_offset("readers", "alpha", 1, 7)
+        assert_same_stores(master, replica, config)
+        with master.client() as mc, replica.client() as rc:
+            assert len(list((replica.store_dir / "commitlog").iterdir())) > 3
+            assert rc.query_by_key("beta", "k5-0") == mc.query_by_key("beta", "k5-0")
+            assert {t["topic"] for t in rc.list_topics()} >= set(TOPICS)
+            refusals = [lambda: rc.send("alpha", [{"body": b"x"}]), lambda: rc.create_topic("gamma"),
+                        lambda: rc.commit_offset("readers", "alpha", 0, 1), lambda: rc.delete_topic("alpha"),
+                        lambda: rc.pop("g", "alpha", max_messages=1)]
+            for write in refusals:
+                with pytest.raises(EngineError) as refused:
+                    write()
+                assert refused.value.code == ErrorCode.NOT_MASTER and master.config.replication_endpoint in \
+                    refused.value.message, refused.value
+        with replica.client() as rc:  # the master's offsets reach the replica with its config files
+            deadline = time.monotonic() + 15
+            while rc.fetch_offset("readers", "alpha", 1) != 7:
+                assert time.monotonic() < deadline, "the master's committed offset never reached the replica"
+    assert check_store(replica.store_dir, replica.config) == []
+
+
+@pytest.mark.slow
+def test_killing_replication_and_the_replicas_writer_under_load_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    config = small_segments()
+    rng = random.Random(7)
+    with replicated_pair(tmp_path, config) as (master, replica):
+        client = master.client(timeout_ms=3_000)
+        producer = Producer("p", client, TOPICS, random.Random(3), body_sizes=(40, 300, 2000), batch_size=8)
+        thread = ProducerThread(producer).start()
+        for round_ in range(9):
+            thread.wait_acked(len(producer.acked) + 200, timeout_s=30)
+            engine, role = [(master, "replication-sender"), (replica, "replication-receiver"),
+                            (replica, "writer")][round_ % 3]
+            kill_actor(engine.store_dir, role, rng=rng)
+        thread.stop()
+        client.close()
+        with master.client() as mc:
+            verdict = verify([producer], read_everything(mc, TOPICS))
+        assert verdict.ok() and verdict.acked > 0, verdict.summary()
+        assert_same_stores(master, replica, config)
+    assert check_store(replica.store_dir, replica.config) == []
+
+
+def test_an_empty_replica_catches_up_and_one_ahead_of_its_master_is_told_why(tmp_path: Path) -> None:
+    config = small_segments()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    master = EngineProcess(tmp_path / "master", config=config.replace(replication_endpoint=endpoint))
+    with master:
+        with master.client() as client:
+            for topic, queues in TOPICS.items():
+                client.create_topic(topic, queue_count=queues)
+            fill(client, random.Random(2), 120)
+        with EngineProcess(tmp_path / "replica", config=config.replace(replica_of=endpoint)) as replica:
+            assert_same_stores(master, replica, config)
+        ahead = tmp_path / "ahead"
+        shutil.copytree(tmp_path / "replica", ahead)  # a replica that holds more than a fresh master
+    fresh = EngineProcess(tmp_path / "fresh", config=config.replace(replication_endpoint=endpoint))
+    with fresh, EngineProcess(ahead, config=config.replace(replica_of=endpoint)) as replica:
+        reasons: list[str] = []
+        deadline = time.monotonic() + 15
+        while not any("past this master's" in reason for reason in reasons):
+            assert time.monotonic() < deadline, f"the replica never said why it cannot follow: {reasons}"
+            reply = control(replica.store_dir, StatusQuery())
+            reasons = list(reply.reasons) if reply.state == "DEGRADED" else []
+        with replica.client() as rc:
+            assert offsets(rc)["written_offset"] > 0  # nothing of its own is lost
