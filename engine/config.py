@@ -147,6 +147,13 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     replication_report_interval_ms: int = 1_000  # a replica reports its end at least this often
     replication_config_interval_ms: int = 1_000  # how often a master sends changed topics and offsets files
     replica_silence_ms_max: int = 10_000  # a replica not heard from for this long is dropped by its master
+    # "SYNC": a send is answered once every in-sync replica holds it (FLUSH_SLAVE_TIMEOUT after
+    # sync_flush_timeout_ms), and refused (SLAVE_NOT_AVAILABLE) while fewer than min_in_sync_replicas
+    # are in sync; readers see only what the in-sync replicas hold. "ASYNC": answered as flush_mode says.
+    # It applies to a master (replication_endpoint); a replica follows its master's.
+    replication_mode: Literal["ASYNC", "SYNC"] = "ASYNC"
+    min_in_sync_replicas: int = 1
+    replica_lag_max_ms: int = 15_000  # RocketMQ's haMaxTimeSlaveNotCatchup: out of sync past this behind
 
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
@@ -208,6 +215,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     @property
     def is_replica(self) -> bool:
         return bool(self.replica_of)
+
+    @property
+    def sync_replication(self) -> bool:
+        """A master whose sends wait for its in-sync replicas."""
+        return self.replication_mode == "SYNC" and bool(self.replication_endpoint)
 
     def validate(self) -> StoreConfig:
         """Check relationships between fields; raise ConfigError naming the field."""
@@ -396,8 +408,9 @@ _MINIMUMS: dict[str, int] = {
     "timer_deliveries_in_flight_max": 1, "timer_checkpoint_interval_ms": 1,
     "transaction_timeout_ms": 1, "transaction_check_interval_ms": 1, "transaction_check_max": 1,
     "transaction_halves_max": 1,
-    "replication_chunks_in_flight_max": 1, "replication_report_interval_ms": 1, "replication_config_interval_ms": 1,
-    "replica_silence_ms_max": 1,
+    "replication_chunk_bytes_max": 1, "replication_chunks_in_flight_max": 1, "replication_report_interval_ms": 1,
+    "replication_config_interval_ms": 1,
+    "replica_silence_ms_max": 1, "min_in_sync_replicas": 1, "replica_lag_max_ms": 1,
     "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
     "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
     "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted

@@ -71,6 +71,7 @@ class ErrorCode(enum.IntEnum):
     TRANSACTION_NOT_FOUND = 25  # the id is not a half message of this store (or of this producer group)
     TRANSACTION_ENDED = 26  # the half message was already decided the other way (or rolled back by the checks)
     NOT_MASTER = 27  # this engine is a replica: it serves reads; writes go to its master
+    SLAVE_NOT_AVAILABLE = 28  # SYNC replication with fewer than min_in_sync_replicas in sync: nothing was stored
 
 
 class RequestError(Exception):

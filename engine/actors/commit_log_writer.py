@@ -59,7 +59,15 @@ from engine.services.sync_acks import OwnSync, PendingAck, SyncAcks
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import UniqKeys
-from engine.store.shared_offsets import CONFIRMED, FLUSHED, LAST_STORE_TIMESTAMP, MIN_OFFSET, WRITTEN
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    FLUSHED,
+    IN_SYNC_REPLICAS,
+    LAST_STORE_TIMESTAMP,
+    MIN_OFFSET,
+    REPLICATED,
+    WRITTEN,
+)
 
 log = logging.getLogger(__name__)
 _WAKE = encoder.encode(Wake())
@@ -87,11 +95,13 @@ class CommitLogWriterActor(Actor):
         self.min_offset = 0
         self.flushed_offset = 0
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.sync_replication = cfg.sync_replication  # sends wait for the in-sync replicas too
         self.own_sync = OwnSync(env.syncer, env.waker, env.name, self.segment_path, cfg.segment_size_bytes) \
             if self.sync_flush else None
         self.preallocations = DiskRefusals("writer: preallocating the next segment", errnos=None,
                                             event_kind="segment.create_failed")
         self.busy_refusals = 0
+        self.replica_refusals = 0
         self.disk_full_refusals = 0
         self.send_latency = Histogram.new()
         self.announce_due = False  # appended since the followers were last woken
@@ -101,6 +111,8 @@ class CommitLogWriterActor(Actor):
         ports = [Port(channels.WRITER, bind=True), Port(channels.CONFIRMED, bind=True)]
         if not self.sync_flush:  # the flusher flushes the log: a failed flush comes from it
             ports.append(Port(channels.FLUSHED, bind=False, subscribe=(endpoints.TOPIC_FLUSHED,)))
+        if self.sync_replication:
+            ports.append(Port(channels.REPLICATED, bind=False, subscribe=(endpoints.TOPIC_REPLICATED,)))
         return ports
 
     def segment_path(self, start: int) -> Path:
@@ -180,6 +192,7 @@ class CommitLogWriterActor(Actor):
                 raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica of {self.config.replica_of}: "
                                                          f"send to its master")
             request = decode_as(SendRequest, raw)
+            self.check_replicas(request)
             if self.deletions.unsaved:  # a deletion's queues start again at 0: it is saved before a later send
                 self.save_deletions(out)
             assert len(route.born_ip) in (0, IPV4_BYTES, IPV6_BYTES), route.born_ip
@@ -193,7 +206,7 @@ class CommitLogWriterActor(Actor):
         self.store_offsets()
         self.announce_due = True
         now_ms = self.clock.mono_ms()
-        if self.sync_flush and request.wait_store and end_offset > self.flushed_offset:
+        if request.wait_store and end_offset > self.acked_offset():
             deadline = now_ms + self.config.sync_flush_timeout_ms
             self.acks.wait(PendingAck(reply_to, request.id, end_offset, deadline, stored, route.received_ms))
             return
@@ -214,6 +227,22 @@ class CommitLogWriterActor(Actor):
             self.announce_due = True
         out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, refused))
 
+    def check_replicas(self, request: SendRequest) -> None:
+        """SYNC replication: refuse a send (nothing stored) while too few replicas are in sync."""
+        if not (self.sync_replication and request.wait_store):
+            return
+        in_sync, needed = self.slots.get(IN_SYNC_REPLICAS), self.config.min_in_sync_replicas
+        if in_sync < needed:
+            self.replica_refusals += 1
+            raise RequestError(ErrorCode.SLAVE_NOT_AVAILABLE,
+                               f"{in_sync} replicas are in sync; min_in_sync_replicas is {needed} (nothing was "
+                               f"stored; retry when they are back)")
+
+    def acked_offset(self) -> int:
+        """How far a waiting send may be answered PUT_OK: flushed (SYNC_FLUSH) and replicated (SYNC)."""
+        end = self.flushed_offset if self.sync_flush else self.log.written_offset
+        return min(end, self.slots.get(REPLICATED)) if self.sync_replication else end
+
     def delete_topic(self, _order: DeleteTopic, inbound: Inbound, out: Effects) -> None:
         """Hide the topic's records below the written offset; answered by ``save_deletions``.
 
@@ -229,8 +258,12 @@ class CommitLogWriterActor(Actor):
         for reply_to, reply, note in self.deletions.save(self.appends.forget_topic):
             out.reply(reply_to, reply, note)
 
-    def on_flushed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
+    def on_flushed(self, _wake: Wake, inbound: Inbound, out: Effects) -> None:
+        """The flusher flushed (ASYNC_FLUSH), or the in-sync replicas hold more (SYNC replication: the
+        dispatcher is woken too, as readers see only what they hold)."""
         self.release_acks(out, self.clock.mono_ms())
+        if inbound.channel is channels.REPLICATED:
+            self.publish_offsets(out)
 
     def on_thread_wake(self, out: Effects) -> None:
         """The flush thread synced the log (SYNC_FLUSH): the flushed offset for readers, the
@@ -261,7 +294,9 @@ class CommitLogWriterActor(Actor):
     def release_acks(self, out: Effects, now_ms: int) -> None:
         """Answer the sends the flusher's slot now covers (or whose deadline passed)."""
         self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
-        for ack, status in self.acks.release(self.flushed_offset, now_ms):
+        durable = self.flushed_offset if self.sync_flush else self.log.written_offset
+        replicated = self.slots.get(REPLICATED) if self.sync_replication else None
+        for ack, status in self.acks.release(durable, now_ms, replicated):
             if ack.received_ms:
                 self.send_latency.observe((now_ms - ack.received_ms) / 1000)
             out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,
@@ -319,7 +354,8 @@ class CommitLogWriterActor(Actor):
                 "rmqpy_queue_sent_bytes": per_queue(self.appends.sent_bytes),
                 "rmqpy_send_latency_seconds": self.send_latency,
                 "rmqpy_refusals": [["BUSY", "writer", self.busy_refusals],
-                                   ["DISK_FULL", "writer", self.disk_full_refusals]],
+                                   ["DISK_FULL", "writer", self.disk_full_refusals],
+                                   ["SLAVE_NOT_AVAILABLE", "writer", self.replica_refusals]],
                 "rmqpy_disk_full": [[int(self.retention.refuse_sends)]]}
 
     def shutdown(self, out: Effects) -> None:

@@ -284,7 +284,8 @@ class FrontActor(Actor):
             self.route_pop(origin, raw, envelope, out)
         elif op in ("query_by_key", "query_by_keys"):
             self.topics.check_topic(envelope)
-            visible_end = self.slots.visible_end(sync_flush=self.sync_flush)
+            visible_end = self.slots.visible_end(sync_flush=self.sync_flush,
+                                                 sync_replication=self.config.sync_replication)
             answer = self.lookup.answer if op == "query_by_key" else self.lookup.answer_many
             out.append(Reply(origin, answer(raw, visible_end=visible_end, deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "delete_topic":

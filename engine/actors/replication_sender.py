@@ -8,8 +8,12 @@ the replica reported written (``engine/services/log_shipping.py``). The writer's
 left, the config files that changed (topics, consumers' offsets: ``ConfigSnapshot``) every
 ``replication_config_interval_ms``, and forgets replicas silent for ``replica_silence_ms_max``.
 
+Under SYNC replication it keeps the in-sync set (``LogShipping.in_sync``) and publishes how
+many replicas are in it and what all of them hold (the ``replicated`` slot), waking the writer
+(``replicated``) when either changes: the writer answers the sends that wait for them.
+
 It holds nothing on disk: a restarted sender knows no replica until each reports again, at
-least every ``replication_report_interval_ms``.
+least every ``replication_report_interval_ms`` (meanwhile none is in sync).
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import logging
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import channels, endpoints
-from engine.ipc.messages import ConfigSnapshot, LogChunk, ReplicaRefused, ReplicaReport, Wake
+from engine.ipc.messages import ConfigSnapshot, LogChunk, ReplicaRefused, ReplicaReport, Wake, encoder
 from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.log_shipping import LogShipping, Replica
-from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET
+from engine.store.shared_offsets import CONFIRMED, IN_SYNC_REPLICAS, MIN_OFFSET, REPLICATED
 
 log = logging.getLogger(__name__)
+_WAKE = encoder.encode(Wake())
 
 
 class ReplicationSenderActor(Actor):
@@ -42,7 +47,11 @@ class ReplicationSenderActor(Actor):
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
                      max_message_bytes=self.config.client_frame_bytes_max),
-                Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,))]
+                Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)),
+                Port(channels.REPLICATED, bind=True)]
+
+    def recover(self, out: Effects) -> None:
+        self.slots.set(IN_SYNC_REPLICAS, 0)  # none until each reports again
 
     def handlers(self) -> dict[type, Handler]:
         return {ReplicaReport: self.on_report, Wake: self.on_confirmed}
@@ -64,6 +73,21 @@ class ReplicationSenderActor(Actor):
                      extra=event("replication.follow", end_offset=report.end_offset))
             self.send_config(replica, out)
         self.send_log(replica, out)
+        self.publish_in_sync(out)
+
+    def publish_in_sync(self, out: Effects) -> None:
+        """The in-sync set's count and what all of it holds, into the slots; the writer is woken
+        when either changed (SYNC replication answers sends and bounds readers by them)."""
+        in_sync = self.shipping.in_sync(self.clock.mono_ms())
+        held = min((replica.reported for replica in in_sync), default=0)
+        replicated = max(self.slots.get(REPLICATED), held)
+        if (len(in_sync), replicated) == (self.slots.get(IN_SYNC_REPLICAS), self.slots.get(REPLICATED)):
+            return
+        if len(in_sync) != self.slots.get(IN_SYNC_REPLICAS):
+            log.info("%d replicas in sync", len(in_sync), extra=event("replication.in_sync", count=len(in_sync)))
+        self.slots.set(IN_SYNC_REPLICAS, len(in_sync))
+        self.slots.set(REPLICATED, replicated)
+        out.publish(channels.REPLICATED, endpoints.TOPIC_REPLICATED, _WAKE)
 
     def on_confirmed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
         for replica in self.shipping.replicas.values():
@@ -71,7 +95,7 @@ class ReplicationSenderActor(Actor):
 
     def send_log(self, replica: Replica, out: Effects) -> None:
         confirmed = self.slots.get(CONFIRMED)
-        for offset, data in self.shipping.chunks(replica, confirmed):
+        for offset, data in self.shipping.chunks(replica, confirmed, self.clock.mono_ms()):
             self.bytes_sent += len(data)
             out.reply(replica.origin, data, LogChunk(offset, confirmed))
 
@@ -91,6 +115,7 @@ class ReplicationSenderActor(Actor):
             if config_due:
                 self.send_config(replica, out)
             self.send_log(replica, out)
+        self.publish_in_sync(out)  # a replica falls out of sync by time alone
 
     def detail(self) -> dict[str, int]:
         confirmed = self.slots.get(CONFIRMED)

@@ -29,7 +29,15 @@ from engine.layout import END_FILE_MIN_BLANK_BYTES, Record
 from engine.services.restart_points import reput_restart
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
-from engine.store.shared_offsets import CONFIRMED, DISPATCHED, FLUSHED, INDEX_APPLIED, MIN_OFFSET, owner_slot
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    DISPATCHED,
+    FLUSHED,
+    INDEX_APPLIED,
+    MIN_OFFSET,
+    REPLICATED,
+    owner_slot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +100,10 @@ class ReputDispatcherActor(Actor):
 
     @property
     def end_offset(self) -> int:
-        """How far readers may see: confirmed, and under SYNC_FLUSH also flushed."""
-        if self.sync_flush:
-            return min(self.confirmed_offset, self.flushed_offset)
-        return self.confirmed_offset
+        """How far readers may see: confirmed, under SYNC_FLUSH also flushed, under SYNC replication
+        also held by the in-sync replicas."""
+        end = min(self.confirmed_offset, self.flushed_offset) if self.sync_flush else self.confirmed_offset
+        return min(end, self.slots.get(REPLICATED)) if self.config.sync_replication else end
 
     def dispatch(self, out: Effects) -> None:
         """Publish up to ``dispatch_batches_per_turn_max`` batches; the loop comes back for the rest."""

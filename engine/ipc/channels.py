@@ -129,6 +129,9 @@ REPLICATION = Channel("replication", REQUEST, REPLICATION_ENDPOINT, "replication
                       (ReplicaReport,), (LogChunk, ConfigSnapshot, ReplicaRefused), framed=True,
                       meaning="between engines, over tcp: a replica's reports of its log's end; its master's log "
                               "bytes from there, and its config files")
+REPLICATED = Channel("replicated", PUBLISH, endpoints.REPLICATION_PUB, "replication-sender", ("writer",), (),
+                     (Wake,), topics=(endpoints.TOPIC_REPLICATED,),
+                     meaning="what the in-sync replicas hold, or how many are in sync, changed (SYNC replication)")
 HEARTBEATS = Channel("heartbeats", PUSH, endpoints.SUPERVISOR_HEARTBEATS, "supervisor", ("every actor",),
                      (Heartbeat,), (), meaning="lifecycle and figures, every heartbeat_interval_ms")
 CONTROL = Channel("control", REQUEST, endpoints.SUPERVISOR_CONTROL, "supervisor", ("CLI", "tests"),
@@ -154,7 +157,7 @@ def owner(instance: int) -> Channel:
 
 
 CHANNELS = (CLIENTS, FRONT_INTERNAL, WRITER, OWNER, TRANSACTIONS, CONFIRMED, FLUSHED, DISPATCH, REPLICATION,
-            HEARTBEATS, CONTROL, EVENTS)
+            REPLICATED, HEARTBEATS, CONTROL, EVENTS)
 
 _KINDS = {REQUEST: ("ROUTER", "DEALER"), PUBLISH: ("PUB", "SUB"), PUSH: ("PULL", "PUSH")}
 

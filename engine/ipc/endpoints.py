@@ -21,6 +21,7 @@ WRITER = "writer.sock"
 WRITER_PUB = "writer-pub.sock"
 FLUSHER_PUB = "flusher-pub.sock"
 REPUT_PUB = "reput-pub.sock"
+REPLICATION_PUB = "replication-pub.sock"
 FRONT_INTERNAL = "front-internal.sock"  # the client protocol for actors that are clients (timer, transactions)
 TRANSACTIONS = "transactions.sock"
 SUPERVISOR_CONTROL = "supervisor.sock"
@@ -32,6 +33,7 @@ CRASH_START_FILE = "crash-start"  # after an unclean stop, until every actor has
 
 TOPIC_CONFIRMED = b"confirmed"
 TOPIC_FLUSHED = b"flushed"
+TOPIC_REPLICATED = b"replicated"
 TOPIC_INDEX = b"ix"
 TOPIC_EVENT = b"event"
 

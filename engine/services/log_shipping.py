@@ -17,6 +17,12 @@ The master's config files that are not in the log (topics, consumers' offsets) g
 replica whole when they change (RocketMQ's ``SlaveSynchronize`` pulls the same files): a
 failover can give back the offsets committed in the last ``replication_config_interval_ms``.
 
+A replica is in sync while its log held all its master's within the last
+``replica_lag_max_ms`` (a chunk that reached the master's end when sent, reported written).
+Under SYNC replication the sender publishes what every in-sync replica holds (the
+``replicated`` slot, which only grows) and how many are in sync; the writer answers sends
+by it, and readers see no further.
+
 Used by the replication sender (``engine/actors/replication_sender.py``).
 """
 
@@ -45,7 +51,9 @@ class Replica:
     reported: int  # its log's end, as it last said
     next_offset: int  # where the next chunk starts
     heard_ms: int
-    in_flight: list[int] = field(default_factory=list)  # the ends of the chunks sent and not yet reported
+    # the chunks sent and not yet reported: (end, whether it reached the master's end, when sent)
+    in_flight: list[tuple[int, bool, int]] = field(default_factory=list)
+    caught_up_ms: int | None = None  # when its log last held all the master's (None: never yet)
     config_sent: dict[Path, tuple[int, int]] = field(default_factory=dict)  # file -> (mtime ns, size) sent
 
 
@@ -71,12 +79,17 @@ class LogShipping:
         start = end_offset if end_offset else min_offset
         if replica is None or restart:
             replica = self.replicas[origin.peer] = Replica(origin, end_offset, start, now_ms)
-        replica.in_flight = [end for end in replica.in_flight if end > end_offset]
+        for end, reached_master_end, sent_ms in replica.in_flight:
+            if end <= end_offset and reached_master_end:  # it then held all the master had when sent
+                replica.caught_up_ms = max(replica.caught_up_ms or 0, sent_ms)
+        if end_offset >= confirmed:
+            replica.caught_up_ms = now_ms
+        replica.in_flight = [chunk for chunk in replica.in_flight if chunk[0] > end_offset]
         replica.reported, replica.heard_ms = end_offset, now_ms
         replica.next_offset = max(replica.next_offset, start)
         return replica
 
-    def chunks(self, replica: Replica, confirmed: int) -> Iterator[tuple[int, bytes]]:
+    def chunks(self, replica: Replica, confirmed: int, now_ms: int = 0) -> Iterator[tuple[int, bytes]]:
         """The chunks to send ``replica`` now: (offset, bytes), within the in-flight limit."""
         while len(replica.in_flight) < self.config.replication_chunks_in_flight_max \
                 and replica.next_offset < confirmed:
@@ -85,7 +98,7 @@ class LogShipping:
                 return
             yield replica.next_offset, data
             replica.next_offset += len(data)
-            replica.in_flight.append(replica.next_offset)
+            replica.in_flight.append((replica.next_offset, replica.next_offset == confirmed, now_ms))
 
     def read_chunk(self, start: int, confirmed: int) -> bytes:
         """Whole records from ``start``, up to ``confirmed`` and the segment's end."""
@@ -137,6 +150,13 @@ class LogShipping:
                 continue
             replica.config_sent[relative] = seen
             yield relative.name, data
+
+    def in_sync(self, now_ms: int) -> list[Replica]:
+        """The in-sync set (Kafka's ISR, RocketMQ's SyncStateSet): the replicas whose log held all
+        the master's within the last ``replica_lag_max_ms``."""
+        lag_max = self.config.replica_lag_max_ms
+        return [replica for replica in self.replicas.values()
+                if replica.caught_up_ms is not None and now_ms - replica.caught_up_ms <= lag_max]
 
     def drop_silent(self, now_ms: int) -> list[Replica]:
         """Forget the replicas not heard from for ``replica_silence_ms_max``: they reconnect with a report."""

@@ -1,4 +1,5 @@
-"""The sends that wait for the flush (SYNC_FLUSH): answered once the log is flushed past them.
+"""The sends that wait for the flush (SYNC_FLUSH) or the replicas (SYNC replication): answered once
+the log is flushed past them and the in-sync replicas hold them.
 
 Under SYNC_FLUSH a send with ``wait_store`` is answered once the flusher reports the log
 flushed past its batch (group commit: one flush covers every waiting batch), or
@@ -54,13 +55,20 @@ class SyncAcks:
     def wait(self, ack: PendingAck) -> None:
         self.pending.append(ack)
 
-    def release(self, flushed_offset: int, now_ms: int) -> Iterator[tuple[PendingAck, PutStatus]]:
-        """The sends now answered, each with its status: PUT_OK when the log is flushed past it,
-        FLUSH_DISK_TIMEOUT when its deadline passed first."""
-        while self.pending and (self.pending[0].end_offset <= flushed_offset
-                                or self.pending[0].deadline_ms <= now_ms):
+    def release(self, flushed_offset: int, now_ms: int,
+                replicated_offset: int | None = None) -> Iterator[tuple[PendingAck, PutStatus]]:
+        """The sends now answered, each with its status: PUT_OK when the log is flushed past it (and,
+        with a ``replicated_offset``: SYNC replication, every in-sync replica holds it), else, once
+        its deadline passed, FLUSH_DISK_TIMEOUT (not flushed) or FLUSH_SLAVE_TIMEOUT (not replicated)."""
+        done = flushed_offset if replicated_offset is None else min(flushed_offset, replicated_offset)
+        while self.pending and (self.pending[0].end_offset <= done or self.pending[0].deadline_ms <= now_ms):
             ack = self.pending.popleft()
-            yield ack, PutStatus.PUT_OK if ack.end_offset <= flushed_offset else PutStatus.FLUSH_DISK_TIMEOUT
+            if ack.end_offset <= done:
+                yield ack, PutStatus.PUT_OK
+            elif ack.end_offset > flushed_offset:
+                yield ack, PutStatus.FLUSH_DISK_TIMEOUT
+            else:
+                yield ack, PutStatus.FLUSH_SLAVE_TIMEOUT
 
     def fail(self) -> list[PendingAck]:
         """A flush failed: every waiting send, to be refused."""

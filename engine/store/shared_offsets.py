@@ -17,6 +17,8 @@ store): it describes the running engine, not the data.
     slot 520 topic deletions   writer (bumped after each change of config/deletedTopics.json)
     slot 521 timers pending    timer (delayed messages stored and not delivered yet)
     slot 522 halves pending    transaction actor (half messages without a decision)
+    slot 523 replicated        replication sender (what every in-sync replica holds: SYNC replication)
+    slot 524 in-sync replicas  replication sender (how many replicas are in sync)
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX + 3
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 5
 TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
 TIMERS_PENDING = TOPIC_DELETIONS + 1
 HALVES_PENDING = TOPIC_DELETIONS + 2
+REPLICATED = TOPIC_DELETIONS + 3
+IN_SYNC_REPLICAS = TOPIC_DELETIONS + 4
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset",
-         TIMERS_PENDING: "timers_pending", HALVES_PENDING: "halves_pending"}
+         TIMERS_PENDING: "timers_pending", HALVES_PENDING: "halves_pending", REPLICATED: "replicated_offset",
+         IN_SYNC_REPLICAS: "in_sync_replicas"}
 
 
 def owner_slot(instance: int) -> int:
@@ -70,10 +75,16 @@ class SharedOffsets:
     def set(self, slot: int, value: int) -> None:
         SLOT.pack_into(self.mm, slot * SLOT.size, value)
 
-    def visible_end(self, *, sync_flush: bool) -> int:
-        """How far readers may see the log: confirmed, and under SYNC_FLUSH also flushed."""
-        confirmed = self.get(CONFIRMED)
-        return min(confirmed, self.get(FLUSHED)) if sync_flush else confirmed
+    def visible_end(self, *, sync_flush: bool, sync_replication: bool = False) -> int:
+        """How far readers may see the log: confirmed, under SYNC_FLUSH also flushed, and under SYNC
+        replication also held by every in-sync replica (RocketMQ's confirm offset: no reader sees
+        a record that a failover could take back)."""
+        end = self.get(CONFIRMED)
+        if sync_flush:
+            end = min(end, self.get(FLUSHED))
+        if sync_replication:
+            end = min(end, self.get(REPLICATED))
+        return end
 
     def snapshot(self, owner_count: int) -> dict[str, int]:
         values = {name: self.get(slot) for slot, name in NAMES.items()}

@@ -25,10 +25,11 @@ def test_the_pause_grows_by_the_multiplier_up_to_the_ceiling_and_jitter_keeps_at
     assert policy.backoff_ms(10_000, jitter=0.5) == 75, "a huge retry number neither overflows nor passes the ceiling"
 
 
-def test_only_busy_and_service_not_available_are_retried_and_only_up_to_the_count() -> None:
+def test_only_refusals_that_stored_nothing_are_retried_and_only_up_to_the_count() -> None:
     policy = RetryPolicy(retry_count_max=2)
     assert policy.should_retry(refusal(ErrorCode.BUSY), 1)
     assert policy.should_retry(refusal(ErrorCode.SERVICE_NOT_AVAILABLE), 2)
+    assert policy.should_retry(refusal(ErrorCode.SLAVE_NOT_AVAILABLE), 2)
     assert not policy.should_retry(refusal(ErrorCode.BUSY), 3), "past retry_count_max"
     for code in (ErrorCode.MESSAGE_ILLEGAL, ErrorCode.FLUSH_FAILED, ErrorCode.TIMEOUT, ErrorCode.INVALID_FIELD):
         assert not policy.should_retry(refusal(code), 1), code

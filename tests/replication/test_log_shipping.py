@@ -125,3 +125,42 @@ def test_an_empty_replica_catches_up_and_one_ahead_of_its_master_is_told_why(tmp
             reasons = list(reply.reasons) if reply.state == "DEGRADED" else []
         with replica.client() as rc:
             assert offsets(rc)["written_offset"] > 0  # nothing of its own is lost
+
+
+def wait_in_sync(client: StoreClient, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while offsets(client)["in_sync_replicas"] != count:
+        assert time.monotonic() < deadline, f"never {count} replicas in sync: {offsets(client)}"
+
+
+def test_sync_replication_answers_once_the_replica_holds_a_send_and_refuses_without_one(tmp_path: Path) -> None:
+    config = small_segments().replace(replication_mode="SYNC", replica_lag_max_ms=1_000, sync_flush_timeout_ms=1_000)
+    with replicated_pair(tmp_path, config) as (master, replica), master.client() as mc:
+        mc.create_topic("alpha", queue_count=4)
+        wait_in_sync(mc, 1)
+        for n in range(20):
+            [result] = mc.send("alpha", [{"body": b"m%d" % n}], queue_id=0)
+            assert result["status"] == "PUT_OK", result
+            with replica.client() as rc:  # held by the replica before the answer came
+                assert offsets(rc)["written_offset"] > result["commit_log_offset"]
+        replica.stop()
+        statuses = []
+        deadline = time.monotonic() + 20
+        while not statuses or statuses[-1] != "SLAVE_NOT_AVAILABLE":
+            assert time.monotonic() < deadline, statuses
+            try:
+                statuses.append(mc.send("alpha", [{"body": b"late"}], queue_id=1)[0]["status"])
+            except EngineError as exc:
+                statuses.append(exc.name)
+        assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}, statuses
+        timed_out = statuses.count("FLUSH_SLAVE_TIMEOUT")
+        assert mc.pull("alpha", 1, 0)["messages"] == []  # stored, never seen while no replica holds them
+        replica.start()
+        wait_in_sync(mc, 1)
+        assert mc.send("alpha", [{"body": b"back"}], queue_id=1)[0]["status"] == "PUT_OK"
+        bodies: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while b"back" not in bodies:  # dispatched after its answer, as any send
+            assert time.monotonic() < deadline, bodies
+            bodies = [m["body"] for m in mc.pull("alpha", 1, 0, max_messages=100)["messages"]]
+        assert bodies == [b"late"] * timed_out + [b"back"]
