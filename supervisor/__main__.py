@@ -37,7 +37,7 @@ import psutil
 
 from engine.config import ConfigError, StoreConfig
 from engine.ipc.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
-from engine.ipc.messages import StatusQuery, StopCommand
+from engine.ipc.messages import ActorStatus, StatusQuery, StopCommand
 from engine.version import package_version
 from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
 from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor, degraded_note
@@ -334,6 +334,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return EXIT_OK if clean else EXIT_UNCLEAN
 
 
+def _role(actors: list[ActorStatus], offsets: dict[str, int]) -> str:
+    """``replica``, ``master`` (with replicas: how many in sync) or ``standalone``, from the actors that run."""
+    names = {a.name for a in actors}
+    if "replication-receiver" in names:
+        return "replica"
+    if "replication-sender" in names:
+        return f"master (replicas in sync: {offsets.get('in_sync_replicas', 0)})"
+    return "standalone"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     try:
         store_dir, pid = _find(args)
@@ -346,19 +356,21 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"error: the supervisor (pid {pid}) of {store_dir} did not answer within 5 s", file=sys.stderr)
         return EXIT_NO_ANSWER
     offsets = reply.offsets
+    role = _role(reply.actors, offsets)
     if args.json:
-        print(json.dumps({"state": reply.state, "reasons": reply.reasons, "endpoint": reply.endpoint,
+        print(json.dumps({"state": reply.state, "role": role, "reasons": reply.reasons, "endpoint": reply.endpoint,
                           "store_dir": str(store_dir), "offsets": offsets,
                           "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,
                                       "condition": a.condition, **a.detail} for a in reply.actors]}, indent=2))
         return EXIT_OK
-    print(f"engine {reply.state} on {reply.endpoint} store={store_dir}")
+    print(f"engine {reply.state} on {reply.endpoint} store={store_dir} role={role}")
     for reason in reply.reasons:
         print(f"  degraded: {reason}")
-    print(f"{'actor':<10} {'pid':>8} {'state':<10} {'restarts':>8}  detail")
+    width = max(10, *(len(a.name) for a in reply.actors))
+    print(f"{'actor':<{width}} {'pid':>8} {'state':<10} {'restarts':>8}  detail")
     for a in reply.actors:
         detail = " ".join(f"{k}={v}" for k, v in a.detail.items())
-        print(f"{a.name:<10} {a.pid:>8} {a.lifecycle:<10} {a.restarts:>8}  {detail}")
+        print(f"{a.name:<{width}} {a.pid:>8} {a.lifecycle:<10} {a.restarts:>8}  {detail}")
     print("offsets: " + " ".join(f"{k}={v}" for k, v in offsets.items()))
     return EXIT_OK
 

@@ -105,6 +105,7 @@ def test_a_pop_on_a_full_disk_gets_disk_full_and_works_once_space_is_back(small_
         assert all(a.restarts == 0 for a in control(engine.store_dir, StatusQuery()).actors)
 
 
+@pytest.mark.slow  # 11 s: the default run stays within its 10 minutes
 def test_the_transaction_actor_survives_a_full_disk_and_commits_once_space_is_back(small_disk: Path) -> None:
     with engine_with_topics(small_disk / "store", timer_config(), {TOPIC: 2}) as engine, engine.client() as client:
         ballast = fill(small_disk)

@@ -221,6 +221,7 @@ class Decides(TransactionChecker):
             return sorted(self.checked)
 
 
+@pytest.mark.slow  # 11 s: the default run stays within its 10 minutes
 def test_transactions_commit_roll_back_and_are_decided_by_the_checker_when_left_open(
         grpc_engine: EngineProcess) -> None:
     topic = "py-tx"

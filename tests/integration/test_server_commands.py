@@ -186,7 +186,7 @@ def test_status_and_stop_find_the_engine_from_another_directory(tmp_path: Path, 
         assert took_s < 3, f"'no engine' took {took_s:.1f} s"
         found = server("status", "--endpoint", endpoint, cwd=elsewhere, run_root=run_root)
         assert found.returncode == 0, found.stderr
-        assert found.stdout.splitlines()[0] == f"engine RUNNING on {endpoint} store={store}"
+        assert found.stdout.splitlines()[0] == f"engine RUNNING on {endpoint} store={store} role=standalone"
         here = server("status", cwd=tmp_path, run_root=run_root)  # ./store
         assert here.returncode == 0 and f"store={store}" in here.stdout
     finally:

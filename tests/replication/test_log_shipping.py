@@ -5,8 +5,11 @@ actors killed under load lose and duplicate nothing; a replica that cannot follo
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -73,6 +76,10 @@ def test_a_replica_holds_the_masters_log_and_serves_reads_of_it(tmp_path: Path) 
                     write()
                 assert refused.value.code == ErrorCode.NOT_MASTER and master.config.replication_endpoint in \
                     refused.value.message, refused.value
+        for engine, role in ((master, "master (replicas in sync: 1)"), (replica, "replica")):
+            shown = subprocess.run([sys.executable, "-m", "supervisor", "status", "--store-dir", str(engine.store_dir),
+                                    "--json"], capture_output=True, text=True, check=True, timeout=30)
+            assert json.loads(shown.stdout)["role"] == role
         with replica.client() as rc:  # the master's offsets reach the replica with its config files
             deadline = time.monotonic() + 15
             while rc.fetch_offset("readers", "alpha", 1) != 7:
