@@ -39,6 +39,7 @@ from engine.config import ConfigError, StoreConfig
 from engine.ipc.control import ControlTimeout, NotRunning, control, find_engine, supervisor_state
 from engine.ipc.messages import ActorStatus, StatusQuery, StopCommand
 from engine.version import package_version
+from supervisor.cluster import add_cluster_parser, cmd_cluster
 from supervisor.start_checks import EngineError, StoreHeld, check_ports, check_store_free, last_line
 from supervisor.supervisor import ABORT_FILE, LOG_DIR, Supervisor, degraded_note
 
@@ -149,6 +150,7 @@ def build_parser(prog: str = "python -m supervisor") -> argparse.ArgumentParser:
     status = _command(commands, "status", "actors, pids, states and offsets")
     _add_where(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_cluster_parser(commands, _HELP)
     return parser
 
 
@@ -381,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
     args = parser.parse_args(argv)
     try:
-        return {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}[args.command](args)
+        commands = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "cluster": cmd_cluster}
+        return commands[args.command](args)
     except BrokenPipeError:  # the reader of our output left (status | head): not a failure of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

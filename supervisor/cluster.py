@@ -1,0 +1,111 @@
+"""``rmqpy-server cluster``: a master and its replicas on this machine, for a local try.
+
+``cluster start --dir D --replicas N`` writes one config per engine into ``D`` (a master on
+``--port``, its replication endpoint on the port after it, replica ``k`` on ``--port + 10 k``
+following it) and starts each engine in the background (``start --detach``), the master first;
+``cluster.json`` in ``D`` names them. ``cluster status`` prints each engine's role and how far its
+log is behind the master's; ``cluster stop`` stops the replicas, then the master.
+
+Roles are fixed here (docs/replication.md): a replica is promoted by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.config import StoreConfig
+from engine.ipc.control import control
+from engine.ipc.messages import StatusQuery
+from supervisor.launcher import write_config
+
+CLUSTER_FILE = "cluster.json"
+EXIT_OK, EXIT_FAILED = 0, 1
+
+
+def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
+    text = "a master and its replicas on this machine (start, status, stop)"
+    cluster = commands.add_parser("cluster", help=text, description=text, formatter_class=formatter,
+                                  epilog="examples:\n  %(prog)s start --dir cluster --replicas 2\n"
+                                         "  %(prog)s status --dir cluster\n  %(prog)s stop --dir cluster\n")
+    actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", help="write the configs and start every engine")
+    start.add_argument("--replicas", type=int, default=2, help="replicas of the master (default 2)")
+    start.add_argument("--port", type=int, default=10911, help="the master's client port (default 10911)")
+    start.add_argument("--replication-mode", choices=("ASYNC", "SYNC"), default="ASYNC",
+                       help="SYNC: a send is answered once the in-sync replicas hold it (default ASYNC)")
+    for action in (start, actions.add_parser("status", help="each engine's role and lag"),
+                   actions.add_parser("stop", help="stop the replicas, then the master")):
+        action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    return {"start": _start, "status": _status, "stop": _stop}[args.action](args)
+
+
+def _engines(directory: Path) -> list[dict[str, str]]:
+    try:
+        engines: list[dict[str, str]] = json.loads((directory / CLUSTER_FILE).read_text())["engines"]
+    except FileNotFoundError:
+        raise SystemExit(f"error: no cluster in {directory} (cluster start --dir {directory})") from None
+    return engines
+
+
+def _start(args: argparse.Namespace) -> int:
+    directory: Path = args.dir.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    replication = f"tcp://127.0.0.1:{args.port + 1}"
+    engines = []
+    for k in range(args.replicas + 1):
+        name = "master" if k == 0 else f"replica-{k}"
+        endpoint = f"tcp://127.0.0.1:{args.port + 10 * k}"
+        role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
+            else {"replica_of": replication}
+        config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
+        write_config(directory / f"{name}.toml", config)
+        engines.append({"name": name, "endpoint": endpoint, "store_dir": str(directory / name)})
+    (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, "engines": engines},
+                                                     indent=2) + "\n")
+    for engine in engines:
+        started = subprocess.run([sys.executable, "-m", "supervisor", "start", "--config",
+                                  str(directory / f"{engine['name']}.toml"), "--store-dir", engine["store_dir"],
+                                  "--detach"], capture_output=True, text=True, check=False)
+        if started.returncode != 0:
+            print(f"error: {engine['name']} did not start: {started.stderr.strip()}", file=sys.stderr)
+            _stop(args)
+            return started.returncode
+        print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
+    print(f"replication {replication} ({args.replication_mode}); writes go to the master, reads to any")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    master_end = None
+    for engine in _engines(args.dir.resolve()):
+        try:
+            reply = control(Path(engine["store_dir"]), StatusQuery(), timeout_ms=2_000)
+        except Exception as exc:
+            print(f"{engine['name']:<10} {engine['endpoint']:<24} not running ({exc})")
+            continue
+        end = reply.offsets.get("written_offset", 0)
+        if master_end is None:
+            master_end = end
+        names = {actor.name for actor in reply.actors}
+        role = "replica" if "replication-receiver" in names else "master"
+        in_sync = f" in_sync_replicas={reply.offsets.get('in_sync_replicas', 0)}" if role == "master" else \
+            f" behind_bytes={max(0, master_end - end)}"
+        print(f"{engine['name']:<10} {engine['endpoint']:<24} {reply.state:<9} {role:<8} log_end={end}{in_sync}")
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    code = EXIT_OK
+    for engine in reversed(_engines(args.dir.resolve())):
+        stopped = subprocess.run([sys.executable, "-m", "supervisor", "stop", "--store-dir", engine["store_dir"]],
+                                 capture_output=True, text=True, check=False)
+        print(f"{engine['name']:<10} {(stopped.stdout or stopped.stderr).strip()}")
+        code = code or (stopped.returncode if stopped.returncode not in (0, 3) else 0)
+    return code
