@@ -38,7 +38,16 @@ from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import Append, DeleteTopic, FlushFailed, ReplicaAppend, ReplicaAppended, Wake, encoder
+from engine.ipc.messages import (
+    Append,
+    DeleteTopic,
+    FlushFailed,
+    ReplicaAppend,
+    ReplicaAppended,
+    ReplicaDeletions,
+    Wake,
+    encoder,
+)
 from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
@@ -120,7 +129,7 @@ class CommitLogWriterActor(Actor):
 
     def handlers(self) -> dict[type, Handler]:
         return {Append: self.send, DeleteTopic: self.delete_topic, ReplicaAppend: self.replica_append,
-                Wake: self.on_flushed, FlushFailed: self.on_flush_failed}
+                ReplicaDeletions: self.replica_deletions, Wake: self.on_flushed, FlushFailed: self.on_flush_failed}
 
     def recover(self, out: Effects) -> None:
         unclean = (self.env.run_dir / CRASH_START_FILE).exists()
@@ -242,6 +251,17 @@ class CommitLogWriterActor(Actor):
         """How far a waiting send may be answered PUT_OK: flushed (SYNC_FLUSH) and replicated (SYNC)."""
         end = self.flushed_offset if self.sync_flush else self.log.written_offset
         return min(end, self.slots.get(REPLICATED)) if self.sync_replication else end
+
+    def replica_deletions(self, _order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
+        """A replica's deletion table, its master's, before the records past a new deletion."""
+        assert inbound.origin is not None
+        try:
+            self.deletions.adopt(inbound.payload, self.appends.forget_topic)
+        except (ValueError, OSError) as exc:  # the next snapshot comes before any record past it
+            log.error("cannot adopt the master's deletion table: %s", exc)
+            out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, f"deletion table: {exc}"))
+            return
+        out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset))
 
     def delete_topic(self, _order: DeleteTopic, inbound: Inbound, out: Effects) -> None:
         """Hide the topic's records below the written offset; answered by ``save_deletions``.

@@ -5,8 +5,10 @@ engine's log ends (``ReplicaReport``, with ``restart`` on each new connection); 
 ``LogChunk`` that comes back to the writer (``ReplicaAppend``: the writer stays the only
 appender, and appends a chunk only at the log's end), and reports the end the writer
 answers. The config files the master sends (``ConfigSnapshot``) replace this store's, which
-the front reloads. A replica's own reput dispatches what is appended, so its queues and
-index are its own, built from the same bytes.
+the front reloads; the deletion table goes to the writer (``ReplicaDeletions``), in order
+with the log bytes, since the records after a deletion start their queues again at 0. A
+replica's own reput dispatches what is appended, so its queues and index are its own, built
+from the same bytes.
 
 A report goes out at least every ``replication_report_interval_ms``; one with ``restart``
 when nothing came for that long while the log is behind its master's (a chunk lost on the
@@ -28,6 +30,7 @@ from engine.ipc.messages import (
     LogChunk,
     ReplicaAppend,
     ReplicaAppended,
+    ReplicaDeletions,
     ReplicaRefused,
     ReplicaReport,
     Routed,
@@ -36,6 +39,7 @@ from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.log_shipping import SHIPPED_CONFIG_FILES
 from engine.store.atomic_file import write_atomically
+from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.shared_offsets import WRITTEN
 
 log = logging.getLogger(__name__)
@@ -92,6 +96,8 @@ class ReplicationReceiverActor(Actor):
             else:
                 self.chunks_appended += 1
             self.report(out, restart=bool(note.refused))
+        elif isinstance(note, ConfigSnapshot) and note.name == DELETED_TOPICS_FILE.name:  # the writer's, in order
+            out.append(Tell(channels.WRITER, Routed(b"", PLAIN, ReplicaDeletions()), inbound.payload, lambda: None))
         elif isinstance(note, ConfigSnapshot):
             relative = _CONFIG_FILES.get(note.name)
             if relative is not None:

@@ -27,6 +27,7 @@ from engine.ipc.messages import ConfigSnapshot, LogChunk, ReplicaRefused, Replic
 from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.log_shipping import LogShipping, Replica
+from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.shared_offsets import CONFIRMED, IN_SYNC_REPLICAS, MIN_OFFSET, REPLICATED
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,10 @@ class ReplicationSenderActor(Actor):
             self.send_log(replica, out)
 
     def send_log(self, replica: Replica, out: Effects) -> None:
-        confirmed = self.slots.get(CONFIRMED)
+        confirmed = self.slots.get(CONFIRMED)  # first: the deletion table read after it covers its records
+        table = self.shipping.deletion_table_change(replica)
+        if table is not None:
+            out.reply(replica.origin, table, ConfigSnapshot(DELETED_TOPICS_FILE.name))
         for offset, data in self.shipping.chunks(replica, confirmed, self.clock.mono_ms()):
             self.bytes_sent += len(data)
             out.reply(replica.origin, data, LogChunk(offset, confirmed))

@@ -51,6 +51,7 @@ from engine.ipc.messages import (
     QueueStats,
     ReplicaAppend,
     ReplicaAppended,
+    ReplicaDeletions,
     ReplicaRefused,
     ReplicaReport,
     TopicDeletion,
@@ -109,9 +110,9 @@ FRONT_INTERNAL = Channel("front-internal", REQUEST, endpoints.FRONT_INTERNAL, "f
                          (ClientFrame,), (ClientFrame,),
                          meaning="the client protocol for the actors that read and write messages as clients do")
 WRITER = Channel("writer", REQUEST, endpoints.WRITER, "writer", ("front", "owner-<k>", "replication-receiver"),
-                 (Append, DeleteTopic, ReplicaAppend), (TopicDeletion, ReplicaAppended), framed=True,
+                 (Append, DeleteTopic, ReplicaAppend, ReplicaDeletions), (TopicDeletion, ReplicaAppended), framed=True,
                  meaning="sends and topic deletions; an owner's dead letters (``Append``); on a replica, the "
-                         "master's log bytes (``ReplicaAppend``)")
+                         "master's log bytes and deletion table (``ReplicaAppend``, ``ReplicaDeletions``)")
 TRANSACTIONS = Channel("transactions", REQUEST, endpoints.TRANSACTIONS, "transactions", ("front",),
                        (EndTransaction, TransactionChecks), (), framed=True,
                        meaning="producers' decisions and their checks")

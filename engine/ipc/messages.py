@@ -62,7 +62,13 @@ class ReplicaAppend(msgspec.Struct, array_like=True, tag="replica_append"):
     offset: int
 
 
-WriterRequest = Append | DeleteTopic | ReplicaAppend
+class ReplicaDeletions(msgspec.Struct, array_like=True, tag="replica_deletions"):
+    """replication receiver -> writer (a replica's): the master's ``config/deletedTopics.json``, in the
+    frame after this, replaces the replica's before the log bytes that follow it.
+    Reply: ``ReplicaAppended`` with the log's end (an empty frame)."""
+
+
+WriterRequest = Append | DeleteTopic | ReplicaAppend | ReplicaDeletions
 
 
 class ReplicaAppended(msgspec.Struct, array_like=True, tag="replica_appended"):

@@ -80,6 +80,16 @@ class DeletionRecords:
                  encode_reply(deletion.request_id, topic=deletion.topic, deletion_offset=deletion.deletion_offset),
                  TopicDeletion(deletion.topic, recorded=True)) for deletion in batch]
 
+    def adopt(self, data: bytes, forget_queues: Callable[[str], int]) -> None:
+        """A replica's part: its master's table replaces this one (``ConfigSnapshot``, sent before
+        any record past a new deletion), and a newly deleted topic's queues start again at 0."""
+        changed = self.table.adopt(data)
+        for topic in changed:
+            forget_queues(topic)
+        if changed:
+            log.info("the master deleted %s", ", ".join(sorted(changed)))
+        self.announce()
+
     def clamp_to(self, log_end: int) -> None:
         """Recovery: a log that ends before a deletion's offset takes that offset down with it,
         saved before the owners and the index builder read it."""

@@ -13,7 +13,8 @@ the writer alone.
 Bytes are read from the segment files with ``pread``, not through a mapping: retention may
 delete a segment while a chunk is read from it, and an open descriptor keeps its bytes.
 
-The master's config files that are not in the log (topics, consumers' offsets) go to each
+The master's deletion table goes to a replica before the first chunk past a new deletion
+(``deletion_table_change``). Its other config files (topics, consumers' offsets) go to each
 replica whole when they change (RocketMQ's ``SlaveSynchronize`` pulls the same files): a
 failover can give back the offsets committed in the last ``replication_config_interval_ms``.
 
@@ -38,6 +39,7 @@ from engine.ipc.wire import Origin
 from engine.layout import MAGIC_BLANK, TOTAL_SIZE_AND_MAGIC, offset_to_file_name
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consumer_offsets import OFFSETS_FILE
+from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.topics import TOPICS_FILE
 
 SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE)
@@ -54,7 +56,7 @@ class Replica:
     # the chunks sent and not yet reported: (end, whether it reached the master's end, when sent)
     in_flight: list[tuple[int, bool, int]] = field(default_factory=list)
     caught_up_ms: int | None = None  # when its log last held all the master's (None: never yet)
-    config_sent: dict[Path, tuple[int, int]] = field(default_factory=dict)  # file -> (mtime ns, size) sent
+    config_sent: dict[Path, tuple[int, int, int]] = field(default_factory=dict)  # file -> (inode, mtime ns, size)
 
 
 class LogShipping:
@@ -136,13 +138,22 @@ class LogShipping:
             self._fds[segment_start] = fd
         return fd
 
+    def deletion_table_change(self, replica: Replica) -> bytes | None:
+        """The deletion table, if it changed since ``replica`` was last sent it. Looked at after
+        the confirmed offset is read: the writer saves a deletion before it appends any record
+        past it, so a replica gets the table before those records."""
+        return next((data for _name, data in self._changed(replica, (DELETED_TOPICS_FILE,))), None)
+
     def config_changes(self, replica: Replica) -> Iterator[tuple[str, bytes]]:
         """The config files that changed since ``replica`` was last sent them: (name, bytes)."""
-        for relative in SHIPPED_CONFIG_FILES:
+        return self._changed(replica, SHIPPED_CONFIG_FILES)
+
+    def _changed(self, replica: Replica, files: tuple[Path, ...]) -> Iterator[tuple[str, bytes]]:
+        for relative in files:
             path = self.store_dir / relative
             try:
                 stat = path.stat()
-                seen = (stat.st_mtime_ns, stat.st_size)
+                seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
                 if replica.config_sent.get(relative) == seen:
                     continue
                 data = path.read_bytes()

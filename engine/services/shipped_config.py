@@ -12,21 +12,21 @@ from engine.services.log_shipping import SHIPPED_CONFIG_FILES
 
 
 class ShippedConfig:
-    """The (mtime ns, size) of each shipped file as last seen."""
+    """The (inode, mtime ns, size) of each shipped file as last seen."""
 
     def __init__(self, store_dir: Path) -> None:
         self.paths = [store_dir / relative for relative in SHIPPED_CONFIG_FILES]
         self.seen = self._look()
 
-    def _look(self) -> list[tuple[int, int] | None]:
-        seen: list[tuple[int, int] | None] = []
+    def _look(self) -> list[tuple[int, int, int] | None]:
+        seen: list[tuple[int, int, int] | None] = []
         for path in self.paths:
             try:
                 stat = path.stat()
             except FileNotFoundError:
                 seen.append(None)
                 continue
-            seen.append((stat.st_mtime_ns, stat.st_size))
+            seen.append((stat.st_ino, stat.st_mtime_ns, stat.st_size))
         return seen
 
     def changed(self) -> bool:

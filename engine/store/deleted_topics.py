@@ -115,6 +115,15 @@ class DeletedTopics:
             self._save()
         return len(gone)
 
+    def adopt(self, data: bytes) -> list[str]:
+        """A replica's part: its master's table (the file's bytes) replaces this one, saved; the
+        topics whose deletion is new or moved. ValueError if the bytes are not a table."""
+        fresh = _parse(data)
+        changed = [topic for topic, offset in fresh.items() if self.deletion_offsets.get(topic) != offset]
+        self.deletion_offsets = fresh
+        self._save()
+        return changed
+
     def _save(self) -> None:
         table = dict(sorted(self.deletion_offsets.items()))
         write_atomically(self.path, json.dumps({"deletedTopicTable": table}, indent=2).encode())

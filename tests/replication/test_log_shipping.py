@@ -63,10 +63,14 @@ def test_a_replica_holds_the_masters_log_and_serves_reads_of_it(tmp_path: Path) 
                 client.create_topic(topic, queue_count=queues)
             fill(client, random.Random(1), 300)  # about 5 segments of 1 MiB
             client.commit_offset("readers", "alpha", 1, 7)
+            client.delete_topic("beta")  # its queues start again at 0 on the replica too
+            client.create_topic("beta", queue_count=2)
+            client.send("beta", [{"body": b"after the deletion", "keys": ["again"]}], queue_id=1)
         assert_same_stores(master, replica, config)
         with master.client() as mc, replica.client() as rc:
             assert len(list((replica.store_dir / "commitlog").iterdir())) > 3
-            assert rc.query_by_key("beta", "k5-0") == mc.query_by_key("beta", "k5-0")
+            assert rc.query_by_key("alpha", "k5-0") == mc.query_by_key("alpha", "k5-0")
+            assert [m["body"] for m in rc.pull("beta", 1, 0)["messages"]] == [b"after the deletion"]
             assert {t["topic"] for t in rc.list_topics()} >= set(TOPICS)
             refusals = [lambda: rc.send("alpha", [{"body": b"x"}]), lambda: rc.create_topic("gamma"),
                         lambda: rc.commit_offset("readers", "alpha", 0, 1), lambda: rc.delete_topic("alpha"),
