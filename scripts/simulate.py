@@ -33,6 +33,8 @@ def main() -> int:
                         help="how often (per step) the supervisor dies and every actor stops on its own")
     parser.add_argument("--trace", action="store_true",
                         help="print each failing seed's plan and trace of faults (with --seed: even if it passes)")
+    parser.add_argument("--replica", choices=("ASYNC", "SYNC"),
+                        help="a replica follows the engine, replicating so (docs/replication.md)")
     parser.add_argument("--fixed-rates", action="store_true",
                         help="run the fixed plan every seed ran before plans were drawn from the seed")
     args = parser.parse_args()
@@ -41,7 +43,9 @@ def main() -> int:
     failed = 0
     totals: dict[str, int] = {}
     for seed in seeds:
-        deaths = {"supervisor_death_ratio": args.supervisor_deaths} if args.supervisor_deaths else {}
+        deaths: dict[str, object] = {"supervisor_death_ratio": args.supervisor_deaths} if args.supervisor_deaths else {}
+        if args.replica:
+            deaths.update(replica=True, replication_mode=args.replica)
         plan = Plan(steps=args.steps, **deaths) if args.fixed_rates else Plan.drawn(seed, steps=args.steps, **deaths)
         outcome = simulate(seed, plan)
         for name, value in outcome.figures.items():

@@ -228,7 +228,8 @@ class CommitLogWriterActor(Actor):
         """A replica's append of its master's log bytes (``LogAppends.append_replicated``), answered
         with the log's end; the followers are woken as for sends (``drained``)."""
         assert inbound.origin is not None
-        refused = self.appends.append_replicated(order.offset, inbound.payload)
+        refused = self.appends.append_replicated(order.offset, inbound.payload, deletions_crc=order.deletions_crc,
+                                                 own_deletions_crc=self.deletions.table.crc)
         if not refused:
             if not self.min_offset:  # an empty replica starts at its master's oldest segment
                 self.min_offset = self.log.segments.first_offset() or 0

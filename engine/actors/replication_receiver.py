@@ -11,8 +11,10 @@ replica's own reput dispatches what is appended, so its queues and index are its
 from the same bytes.
 
 A report goes out at least every ``replication_report_interval_ms``; one with ``restart``
-when nothing came for that long while the log is behind its master's (a chunk lost on the
-way, the writer restarted), or when the writer refused a chunk that was not for its end.
+(a new follow, numbered: what comes for an older one is dropped) when nothing came for that
+long while the log is behind its master's (a chunk lost on the way), when an order could not
+reach the writer (nothing after it may: the deletion table must come before the bytes past
+it), or when the writer refused a chunk (not for its end, or sent with another deletion table).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class ReplicationReceiverActor(Actor):
         self.last_chunk_ms = self.clock.mono_ms()
         self.last_report_ms = 0
         self.refused = ""  # why the master refuses to be followed ("" while it is followed)
+        self.follow = 0  # the number of the follow the last restart began
+        self.lost = False  # an order did not reach the writer: this follow is over
         self.chunks_appended = 0
         self.appends_refused = 0
 
@@ -77,17 +81,31 @@ class ReplicationReceiverActor(Actor):
 
     def report(self, out: Effects, *, restart: bool) -> None:
         self.last_report_ms = self.clock.mono_ms()
-        out.append(Tell(channels.REPLICATION, Routed(b"", PLAIN, ReplicaReport(self.slots.get(WRITTEN), restart)),
-                        b"", lambda: None))
+        if restart:  # a new follow: what is still on its way from the last one is dropped
+            self.follow += 1
+            self.lost = False
+        report = ReplicaReport(self.slots.get(WRITTEN), restart, self.follow)
+        out.append(Tell(channels.REPLICATION, Routed(b"", PLAIN, report), b"", lambda: None))
+
+    def to_writer(self, order: ReplicaAppend | ReplicaDeletions, payload: bytes, out: Effects) -> None:
+        """In order to the writer; one that does not get there (the writer is down) ends this follow:
+        nothing after it may go, and the next tick follows again from the log's end."""
+        if not self.lost:
+            out.append(Tell(channels.WRITER, Routed(b"", PLAIN, order), payload, self.writer_missed))
+
+    def writer_missed(self) -> None:
+        self.lost = True
+        self.last_report_ms = 0
 
     def on_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
         note = answer.note
+        if isinstance(note, LogChunk | ConfigSnapshot) and note.follow != self.follow:
+            return  # sent for an earlier follow
         if isinstance(note, LogChunk):
             self.last_chunk_ms = self.clock.mono_ms()
             self.master_end_offset = note.master_end_offset
             self.refused = ""
-            out.append(Tell(channels.WRITER, Routed(b"", PLAIN, ReplicaAppend(note.offset)), inbound.payload,
-                            lambda: None))  # the writer is down: the next report restarts from its end
+            self.to_writer(ReplicaAppend(note.offset, note.deletions_crc), inbound.payload, out)
         elif isinstance(note, ReplicaAppended):
             if note.refused:
                 self.appends_refused += 1
@@ -97,7 +115,7 @@ class ReplicationReceiverActor(Actor):
                 self.chunks_appended += 1
             self.report(out, restart=bool(note.refused))
         elif isinstance(note, ConfigSnapshot) and note.name == DELETED_TOPICS_FILE.name:  # the writer's, in order
-            out.append(Tell(channels.WRITER, Routed(b"", PLAIN, ReplicaDeletions()), inbound.payload, lambda: None))
+            self.to_writer(ReplicaDeletions(), inbound.payload, out)
         elif isinstance(note, ConfigSnapshot):
             relative = _CONFIG_FILES.get(note.name)
             if relative is not None:
@@ -115,7 +133,7 @@ class ReplicationReceiverActor(Actor):
         if now_ms - self.last_report_ms < interval:
             return
         stalled = now_ms - self.last_chunk_ms >= interval and self.slots.get(WRITTEN) < self.master_end_offset
-        self.report(out, restart=stalled or self.last_report_ms == 0)
+        self.report(out, restart=stalled or self.lost or self.last_report_ms == 0)
 
     def detail(self) -> dict[str, int]:
         return {"end_offset": self.slots.get(WRITTEN), "master_end_offset": self.master_end_offset,

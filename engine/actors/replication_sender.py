@@ -63,7 +63,7 @@ class ReplicationSenderActor(Actor):
         known = inbound.origin.peer in self.shipping.replicas
         replica = self.shipping.report(inbound.origin, report.end_offset, restart=report.restart,
                                        confirmed=self.slots.get(CONFIRMED), min_offset=self.slots.get(MIN_OFFSET),
-                                       now_ms=now_ms)
+                                       now_ms=now_ms, follow=report.follow)
         if isinstance(replica, str):
             self.refusals += 1
             log.error("a replica cannot follow: %s", replica, extra=event("replication.refused", reason=replica))
@@ -98,14 +98,14 @@ class ReplicationSenderActor(Actor):
         confirmed = self.slots.get(CONFIRMED)  # first: the deletion table read after it covers its records
         table = self.shipping.deletion_table_change(replica)
         if table is not None:
-            out.reply(replica.origin, table, ConfigSnapshot(DELETED_TOPICS_FILE.name))
+            out.reply(replica.origin, table, ConfigSnapshot(DELETED_TOPICS_FILE.name, replica.follow))
         for offset, data in self.shipping.chunks(replica, confirmed, self.clock.mono_ms()):
             self.bytes_sent += len(data)
-            out.reply(replica.origin, data, LogChunk(offset, confirmed))
+            out.reply(replica.origin, data, LogChunk(offset, confirmed, replica.follow, replica.deletions_crc))
 
     def send_config(self, replica: Replica, out: Effects) -> None:
         for name, data in self.shipping.config_changes(replica):
-            out.reply(replica.origin, data, ConfigSnapshot(name))
+            out.reply(replica.origin, data, ConfigSnapshot(name, replica.follow))
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()

@@ -56,10 +56,12 @@ class DeleteTopic(msgspec.Struct, array_like=True, tag="delete_topic"):
 
 class ReplicaAppend(msgspec.Struct, array_like=True, tag="replica_append"):
     """replication receiver -> writer (a replica's): append the log bytes of the frame after this at
-    ``offset``, which must be where the log ends (whole records: ``LogChunk``).
+    ``offset``, which must be where the log ends (whole records: ``LogChunk``), and only while the
+    replica's deletion table is the one the master had sent them with (``deletions_crc``).
     Reply: ``ReplicaAppended`` with the log's end after it (an empty frame)."""
 
     offset: int
+    deletions_crc: int = 0
 
 
 class ReplicaDeletions(msgspec.Struct, array_like=True, tag="replica_deletions"):
@@ -173,11 +175,14 @@ TransactionRequest = EndTransaction | TransactionChecks
 class ReplicaReport(msgspec.Struct, array_like=True, tag="replica_report"):
     """replication receiver (a replica's) -> replication sender (its master's), over tcp: my log
     ends at ``end_offset`` (all of it written). ``restart``: send from there, forgetting what is in
-    flight (a new connection, or bytes the replica's writer refused); else the report is progress.
-    Replies: ``LogChunk``s from the replica's end (``ReplicaRefused`` when the master cannot)."""
+    flight (a new connection, or bytes the replica's writer refused), the config files first, as
+    follow number ``follow``, which every answer carries (the receiver drops those of an older
+    one); else the report is progress. Replies: ``LogChunk``s from the replica's end
+    (``ReplicaRefused`` when the master cannot)."""
 
     end_offset: int
     restart: bool = False
+    follow: int = 0
 
 
 ReplicationRequest = ReplicaReport
@@ -187,10 +192,13 @@ Order = WriterRequest | OwnerRequest | TransactionRequest | ReplicationRequest
 class LogChunk(msgspec.Struct, array_like=True, tag="log_chunk"):
     """replication sender -> receiver, beside the log bytes from ``offset``: whole records (a
     segment's blank tail whole), never across a segment's end. ``master_end_offset``: how far the
-    master's log is confirmed, for the replica's lag."""
+    master's log is confirmed, for the replica's lag; ``follow``: the report it answers;
+    ``deletions_crc``: of the deletion table the master sent before it (``DeletedTopics.crc``)."""
 
     offset: int
     master_end_offset: int
+    follow: int = 0
+    deletions_crc: int = 0
 
 
 class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
@@ -198,6 +206,7 @@ class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
     topics, the consumers' offsets, the deleted topics) as it is on disk now."""
 
     name: str
+    follow: int = 0
 
 
 class ReplicaRefused(msgspec.Struct, array_like=True, tag="replica_refused"):

@@ -137,7 +137,7 @@ class LogAppends:
         self.last_store_timestamp_ms = store_ts
         return Stored(appended.offsets, queue_id, first, store_ts), appended.end_offset
 
-    def append_replicated(self, offset: int, data: bytes) -> str:
+    def append_replicated(self, offset: int, data: bytes, *, deletions_crc: int, own_deletions_crc: int) -> str:
         """A replica's append of its master's log bytes at ``offset`` (``LogChunk``): "" when
         appended, else why not. Appended only at the log's end (at a segment's start while the
         log is empty: a master's oldest segment), and only whole records, whose queue offsets
@@ -145,6 +145,8 @@ class LogAppends:
         log = self.log
         size_bytes = self.config.segment_size_bytes
         empty = log.written_offset == 0 and not log.segments.known
+        if deletions_crc != own_deletions_crc:
+            return "the chunk was sent with another deletion table than this replica's"
         if offset != log.written_offset and not (empty and offset % size_bytes == 0):
             return f"the chunk is for {offset}, the log ends at {log.written_offset}"
         if offset % size_bytes + len(data) > size_bytes:

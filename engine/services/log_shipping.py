@@ -39,7 +39,7 @@ from engine.ipc.wire import Origin
 from engine.layout import MAGIC_BLANK, TOTAL_SIZE_AND_MAGIC, offset_to_file_name
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consumer_offsets import OFFSETS_FILE
-from engine.store.deleted_topics import DELETED_TOPICS_FILE
+from engine.store.deleted_topics import DELETED_TOPICS_FILE, parse_table, table_crc
 from engine.store.topics import TOPICS_FILE
 
 SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE)
@@ -56,6 +56,8 @@ class Replica:
     # the chunks sent and not yet reported: (end, whether it reached the master's end, when sent)
     in_flight: list[tuple[int, bool, int]] = field(default_factory=list)
     caught_up_ms: int | None = None  # when its log last held all the master's (None: never yet)
+    follow: int = 0  # the report that began this follow: every answer carries it
+    deletions_crc: int = field(default_factory=lambda: table_crc({}))  # of the deletion table sent it last
     config_sent: dict[Path, tuple[int, int, int]] = field(default_factory=dict)  # file -> (inode, mtime ns, size)
 
 
@@ -69,7 +71,7 @@ class LogShipping:
         self._fds: dict[int, int] = {}  # segment start -> read descriptor
 
     def report(self, origin: Origin, end_offset: int, *, restart: bool, confirmed: int, min_offset: int,
-               now_ms: int) -> Replica | str:
+               now_ms: int, follow: int = 0) -> Replica | str:
         """A replica's report; the refusal's reason when this master cannot send it its log."""
         if end_offset > confirmed:
             return (f"the replica's log ends at {end_offset}, past this master's ({confirmed}): it holds records "
@@ -80,7 +82,7 @@ class LogShipping:
         replica = self.replicas.get(origin.peer)
         start = end_offset if end_offset else min_offset
         if replica is None or restart:
-            replica = self.replicas[origin.peer] = Replica(origin, end_offset, start, now_ms)
+            replica = self.replicas[origin.peer] = Replica(origin, end_offset, start, now_ms, follow=follow)
         for end, reached_master_end, sent_ms in replica.in_flight:
             if end <= end_offset and reached_master_end:  # it then held all the master had when sent
                 replica.caught_up_ms = max(replica.caught_up_ms or 0, sent_ms)
@@ -142,7 +144,13 @@ class LogShipping:
         """The deletion table, if it changed since ``replica`` was last sent it. Looked at after
         the confirmed offset is read: the writer saves a deletion before it appends any record
         past it, so a replica gets the table before those records."""
-        return next((data for _name, data in self._changed(replica, (DELETED_TOPICS_FILE,))), None)
+        data = next((data for _name, data in self._changed(replica, (DELETED_TOPICS_FILE,))), None)
+        if data is not None:
+            try:
+                replica.deletions_crc = table_crc(parse_table(data))
+            except ValueError:  # written whole by the writer: a half-read file is none of ours
+                return None
+        return data
 
     def config_changes(self, replica: Replica) -> Iterator[tuple[str, bytes]]:
         """The config files that changed since ``replica`` was last sent them: (name, bytes)."""

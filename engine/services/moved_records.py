@@ -33,7 +33,7 @@ from engine.store.system_topics import PROPERTY_ORIGIN_OFFSET, SYSTEM_TOPICS, or
 _MARK = PROPERTY_ORIGIN_OFFSET.encode() + b"\x01"  # a property is name 0x01 value 0x02
 # Refusals after which nothing was stored: the move is tried again. Any other refusal is
 # final for that message (its topic or queue is gone).
-_RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL}
+_RETRY = {ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.DISK_FULL, ErrorCode.SLAVE_NOT_AVAILABLE}
 
 
 class MoveOutcome(enum.Enum):

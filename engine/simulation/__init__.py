@@ -22,9 +22,17 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from engine.simulation.checks import delayed_arrivals, violations
+from engine.simulation.pair import (
+    disks_listening,
+    master_config_for,
+    pass_time_pair,
+    replica_beside,
+    replica_violations,
+    settle_pair,
+)
 from engine.simulation.workload import Workload
 from engine.simulation.world import World, sim_config
 from engine.store.shared_offsets import CONFIRMED, FLUSHED
@@ -64,6 +72,10 @@ class Plan:
     pop_topic_ratio: float = 0.0  # of sends: to the pop groups' topic (the others go to any topic)
     mix: tuple[float, ...] = FIXED_MIX  # the weight of each kind of ``WORK``
     flush_mode: str | None = None  # None: the seed picks one (a planted bug of one mode sets it)
+    # A replica follows the engine (``pair.py``): kills fall on both, power cuts on the replica only.
+    # Off unless asked for (``simulate.py --replica``), so that every seed keeps the run it had.
+    replica: bool = False
+    replication_mode: Literal["ASYNC", "SYNC"] = "ASYNC"
 
     @classmethod
     def drawn(cls, seed: int, **settled: Any) -> Plan:
@@ -101,7 +113,8 @@ class Plan:
                 f"(power off after {self.power_off_after_stop_ratio}), cut after an ack {self.cut_after_ack_ratio}, "
                 f"pages written back {self.page_written_back_ratio:.2f}, publications lost "
                 f"{self.publication_loss_ratio}, restart after {self.restart_after_steps} steps, sends to the "
-                f"pop topic {self.pop_topic_ratio}; mix: {mix}")
+                f"pop topic {self.pop_topic_ratio}; mix: {mix}"
+                + (f"; a replica ({self.replication_mode})" if self.replica else ""))
 
 
 @dataclass
@@ -128,18 +141,24 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     quiet = logging.getLogger("engine")
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
-        world = World(workdir, rng, sim_config(flush_mode), publication_loss_ratio=plan.publication_loss_ratio,
+        config = sim_config(flush_mode)
+        if plan.replica:
+            config = master_config_for(config, plan.replication_mode)
+        world = World(workdir, rng, config, publication_loss_ratio=plan.publication_loss_ratio,
                       page_written_back_ratio=plan.page_written_back_ratio)
+        replica = replica_beside(world, workdir, rng, page_written_back_ratio=plan.page_written_back_ratio) \
+            if plan.replica else None
         workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
                             attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio)
-        with world.disk, _leftover_descriptors_closed():
-            found = _run(world, workload, rng, plan)
+        with disks_listening(world, replica), _leftover_descriptors_closed():
+            found = _run(world, workload, rng, plan, replica)
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
                    "restarts": counts.restarts, "power_cuts": counts.power_cuts,
                    "clean_stops": counts.clean_stops, "supervisor_deaths": counts.supervisor_deaths,
                    "sync_jobs": counts.sync_jobs,
-                   "pages_lost": world.disk.pages_lost, "pages_torn": world.disk.pages_torn,
+                   "pages_lost": sum(w.disk.pages_lost for w in (world, replica) if w),
+                   "pages_torn": sum(w.disk.pages_torn for w in (world, replica) if w),
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
                    "pulled": workload.pulled, "popped": workload.popped, "pop_acked": workload.pop_acked,
                    "topic_deletions": workload.deletions}
@@ -178,11 +197,13 @@ def _leftover_descriptors_closed() -> Iterator[None]:
                 real_close(fd)
 
 
-def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> list[str]:
+def _run(world: World, workload: Workload, rng: random.Random, plan: Plan, replica: World | None = None) -> list[str]:
     world.on_kill = workload.kill
     world.start_all()
     workload.create_topics()
-    if not world.settle():
+    if replica is not None:
+        replica.start_all()
+    if not (settle_pair(world, replica) if replica else world.settle()):
         return ["the engine did not settle after its start"]
     found: list[str] = []
     cut_at, acks_seen = None, 0  # a power cut planned after an ack, and the acks answered so far
@@ -191,44 +212,55 @@ def _run(world: World, workload: Workload, rng: random.Random, plan: Plan) -> li
         roll = rng.random()
         if step == cut_at or plan.clean_stop_ratio <= roll < plan.clean_stop_ratio + plan.power_cut_ratio:
             cut_at = None
-            found += _power_cut(world, workload)
+            found += _power_cut(world, workload, replica)
         elif roll < plan.clean_stop_ratio:
-            found += _clean_stop(world, workload, rng, plan)
+            found += _clean_stop(world, workload, rng, plan, replica)
         elif roll < plan.clean_stop_ratio + plan.power_cut_ratio + plan.kill_ratio and world.actors:
-            name = rng.choice(sorted(world.actors))
-            world.trace(f"kill {name}")
-            world.kill(name)
+            worlds = [world] if replica is None else [world, replica]
+            name = rng.choice(sorted(name for each in worlds for name in each.actors))
+            owner = replica if replica is not None and name in replica.actors else world
+            owner.trace(f"kill {name}")
+            owner.kill(name)
         elif plan.power_cut_ratio + plan.kill_ratio <= roll \
                 < plan.power_cut_ratio + plan.kill_ratio + plan.supervisor_death_ratio:
             world.trace("the supervisor dies")
             world.supervisor_death()
-            found += _settled_check(world, workload, "after the supervisor died")
+            found += _settled_check(world, workload, "after the supervisor died", replica)
         else:
-            _ordinary_step(world, workload, rng, plan)
+            _ordinary_step(world, workload, rng, plan, replica)
         if found:
             return found
         if workload.pop_acked > acks_seen and plan.cut_after_ack_ratio and cut_at is None \
                 and rng.random() < plan.cut_after_ack_ratio:
             cut_at = step + rng.randint(1, 3)
         acks_seen = workload.pop_acked
-    world.pass_time(8_000)  # every delayed message due, every move lost with a front timed out
-    found += _settled_check(world, workload, "at the end")
+    if replica is None:
+        world.pass_time(8_000)  # every delayed message due, every move lost with a front timed out
+    else:
+        pass_time_pair(world, replica, 8_000)
+    found += _settled_check(world, workload, "at the end", replica)
     found += [f"at the end: {v}" for v in delayed_arrivals(world.store_dir, world.config, workload)]
     return found
 
 
-def _power_cut(world: World, workload: Workload) -> list[str]:
+def _power_cut(world: World, workload: Workload, replica: World | None = None) -> list[str]:
+    if replica is not None:  # the replica's power: the master keeps every byte it shipped
+        replica.trace("power cut (the replica)")
+        replica.power_cut()
+        return _settled_check(world, workload, "after a power cut of the replica", replica)
     world.trace("power cut")
     workload.power_cut(world.slots.get(FLUSHED))
     world.power_cut()
     return _settled_check(world, workload, "after a power cut")
 
 
-def _clean_stop(world: World, workload: Workload, rng: random.Random, plan: Plan) -> list[str]:
+def _clean_stop(world: World, workload: Workload, rng: random.Random, plan: Plan,
+                replica: World | None = None) -> list[str]:
     """The supervisor's stop (every actor in reverse start order), and sometimes the power off
     before the next start. A clean stop flushes: whatever was answered before it survives, in
-    either flush mode. One that is not clean (an actor was down) promises what a cut does."""
-    power_off = rng.random() < plan.power_off_after_stop_ratio
+    either flush mode. One that is not clean (an actor was down) promises what a cut does.
+    A master with a replica keeps its power: it must not lose bytes it shipped."""
+    power_off = rng.random() < plan.power_off_after_stop_ratio and replica is None
     flushed_before = world.slots.get(FLUSHED)
     clean = world.stop_all()
     world.trace(f"{'clean' if clean else 'unclean'} stop{', power off' if power_off else ''}")
@@ -237,14 +269,18 @@ def _clean_stop(world: World, workload: Workload, rng: random.Random, plan: Plan
     elif power_off:
         workload.power_cut(max(flushed_before, world.slots.get(FLUSHED)))
     world.start_after_stop(clean=clean, power_off=power_off)
-    return _settled_check(world, workload, f"after {'a clean' if clean else 'an unclean'} stop")
+    return _settled_check(world, workload, f"after {'a clean' if clean else 'an unclean'} stop", replica)
 
 
-def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: Plan) -> None:
-    for name, since in list(world.down.items()):
-        if world.counts.steps - since >= plan.restart_after_steps:
-            world.trace(f"restart {name}")
-            world.start(name)
+def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: Plan,
+                   replica: World | None = None) -> None:
+    for each in [world] if replica is None else [world, replica]:
+        for name, since in list(each.down.items()):
+            if each.counts.steps - since >= plan.restart_after_steps:
+                each.trace(f"restart {name}")
+                each.start(name)
+    if replica is not None and rng.random() < 0.5:
+        world = replica  # the replica's turn for a tick, a flush, a backlog slice or a delivery
     roll = rng.random() * sum(plan.mix)
     work = WORK[-1]
     for kind, weight in zip(WORK, plan.mix, strict=True):
@@ -276,10 +312,12 @@ def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: P
         world.tick_one()
 
 
-def _settled_check(world: World, workload: Workload, when: str) -> list[str]:
-    if not world.settle():
+def _settled_check(world: World, workload: Workload, when: str, replica: World | None = None) -> list[str]:
+    if not (settle_pair(world, replica) if replica else world.settle()):
         return [f"the engine did not settle {when}"]
     found = violations(world.store_dir, world.config, workload, world.slots.get(CONFIRMED))
+    if replica is not None:
+        found += replica_violations(world, replica, workload)
     return [f"{when}: {v}" for v in found]
 
 

@@ -30,7 +30,9 @@ from engine.store.system_topics import PROPERTY_TIMER_OUT_MS, SYSTEM_TOPICS, ori
 _TIME_MAX_MS = 1 << 62
 
 
-def violations(store_dir: Path, config: StoreConfig, workload: Workload, log_end: int) -> list[str]:
+def violations(store_dir: Path, config: StoreConfig, workload: Workload, log_end: int, *,
+               client: bool = True) -> list[str]:
+    """What the store breaks, and (``client``) what the client saw break."""
     found = [f"check: {f.area} {f.where}: {f.problem}" for f in check_store(store_dir, config)]
     reader = CommitLogReader.for_config(store_dir, config)
     queues = {key: ConsumeQueue(store_dir, *key, file_units=config.consume_queue_file_units, writable=False)
@@ -46,7 +48,7 @@ def violations(store_dir: Path, config: StoreConfig, workload: Workload, log_end
             cq.close()
         index.close()
         reader.segments.close()
-    return found + workload.violations
+    return found + (workload.violations if client else [])
 
 
 def _agreement(reader: CommitLogReader, queues: dict[tuple[str, int], ConsumeQueue], index: IndexService,

@@ -8,6 +8,10 @@ FIFO queue, as one ZeroMQ connection is; the world picks which queue delivers
 next, so deliveries from different senders interleave in every order. Publications
 may be dropped (a full high-water mark), and whatever was queued for an actor that
 crashes is lost with it.
+
+Two engines (a master and its replica) share one network: the replica's actors go by
+``replica/<name>``, and an internal endpoint (a file of an engine's run directory) joins only
+the actors of one engine; a ``tcp://`` endpoint (replication's) joins them across engines.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ class Address:
 QueueKey = tuple[str, str, str]  # receiver, port, sender
 
 
+def same_engine(actor: str, other: str, endpoint: str) -> bool:
+    """May ``actor`` and ``other`` meet at ``endpoint``: one engine's, or a tcp one between engines."""
+    return "://" in endpoint or actor.rpartition("/")[0] == other.rpartition("/")[0]
+
+
 class Network:
     def __init__(self, rng: random.Random, *, publication_loss_ratio: float) -> None:
         self.rng = rng
@@ -45,7 +54,8 @@ class Network:
 
     def attach(self, actor: str, ports: list[Port]) -> None:
         for port in ports:
-            assert port.channel.opened_by(actor, bind=port.bind), f"{actor} may not open {port.channel.name}"
+            assert port.channel.opened_by(actor.rpartition("/")[2], bind=port.bind), \
+                f"{actor} may not open {port.channel.name}"
         self.ports[actor] = {port.name: port for port in ports}
         self.up.add(actor)
 
@@ -55,10 +65,12 @@ class Network:
         for key in [key for key in self.queues if key[0] == actor]:
             del self.queues[key]
 
-    def bound(self, endpoint: str) -> Address | None:
+    def bound(self, endpoint: str, near: str = "") -> Address | None:
+        """Who binds ``endpoint`` where ``near`` (an actor) connects: in its engine, unless over tcp."""
         for actor, ports in self.ports.items():
             for port in ports.values():
-                if port.bind and port.endpoint == endpoint and actor in self.up:
+                if port.bind and port.endpoint == endpoint and actor in self.up and same_engine(actor, near,
+                                                                                                 endpoint):
                     return Address(actor, port.name)
         return None
 
@@ -78,7 +90,7 @@ class Network:
         port = self.ports[sender][channel.name]
         assert port.channel is channel, (sender, channel.name)
         if port.kind == DEALER:
-            peer = self.bound(port.endpoint)
+            peer = self.bound(port.endpoint, sender)
             if peer is None:
                 return False  # IMMEDIATE: nothing is queued for an actor that is not there
             self.push(peer.actor, peer.port, sender, [sender.encode(), *frames])
@@ -94,8 +106,8 @@ class Network:
             assert port.kind == PUB
             for actor, ports in self.ports.items():
                 for sub in ports.values():
-                    if sub.kind == SUB and sub.endpoint == port.endpoint and any(
-                            frames[0].startswith(topic) for topic in sub.subscribe):
+                    if sub.kind == SUB and sub.endpoint == port.endpoint and same_engine(actor, sender, sub.endpoint) \
+                            and any(frames[0].startswith(topic) for topic in sub.subscribe):
                         if self.rng.random() < self.publication_loss_ratio:
                             self.publications_lost += 1
                             continue

@@ -136,27 +136,32 @@ class Counts:
 
 
 class World:
+    """One engine. A replica is a second world beside its master's (``prefix="replica/"``), on
+    the same network, clock and step counts: its actors' names carry the prefix."""
+
     def __init__(self, root: Path, rng: random.Random, config: StoreConfig, *, publication_loss_ratio: float,
-                 page_written_back_ratio: float = 1 / 3) -> None:
+                 page_written_back_ratio: float = 1 / 3, beside: World | None = None, prefix: str = "") -> None:
         self.rng = rng
         self.config = config
         self.page_written_back_ratio = page_written_back_ratio
-        self.store_dir = root / "store"
-        self.run_dir = root / "run"
+        self.prefix = prefix
+        self.store_dir = root / f"{prefix.strip('/') or 'store'}"
+        self.run_dir = root / f"{prefix.strip('/')}-run" if prefix else root / "run"
         self.store_dir.mkdir(parents=True)
         self.run_dir.mkdir(parents=True)
-        self.clock = SimClock(1_790_000_000_000)
+        self.clock: SimClock = beside.clock if beside else SimClock(1_790_000_000_000)
         self.disk = SimDisk(self.store_dir)
-        self.network = Network(rng, publication_loss_ratio=publication_loss_ratio)
+        self.network: Network = beside.network if beside else Network(rng,
+                                                                       publication_loss_ratio=publication_loss_ratio)
         self.slots = SharedOffsets(self.run_dir)
-        self.specs = {spec.name: spec for spec in actor_specs(config)}
+        self.specs = {prefix + spec.name: spec for spec in actor_specs(config)}
         self.actors: dict[str, Actor] = {}
         self.next_tick: dict[str, int] = {}
         self.down: dict[str, int] = {}  # killed actor -> step it died at
         self.process_ids = itertools.count(100)  # each start a new "pid", the same in every replay
         self.jobs: list[SyncJob] = []
         self.wakes: set[str] = set()  # actors whose own thread woke them (``Actor.on_thread_wake``)
-        self.counts = Counts()
+        self.counts: Counts = beside.counts if beside else Counts()
         self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
 
     # -- actors --------------------------------------------------------------------------------
@@ -166,8 +171,8 @@ class World:
         module = importlib.import_module(spec.module)
         actor_cls = next(v for v in vars(module).values()
                          if isinstance(v, type) and issubclass(v, Actor) and v is not Actor)
-        env = Env(name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
-                  syncer=lambda actor, on_durable, on_failure=None: SimSyncer(self, actor, on_durable),
+        env = Env(spec.name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
+                  syncer=lambda actor, on_durable, on_failure=None: SimSyncer(self, self.prefix + actor, on_durable),
                   waker=SimWaker(self, name), background=False, process_id=next(self.process_ids))
         actor = actor_cls(env)
         out = Effects()
@@ -209,7 +214,7 @@ class World:
                     continue
                 if other != name and port.endpoint in bound:
                     actor.connection(port.channel, up)
-                elif other == name and up and self.network.bound(port.endpoint) is not None:
+                elif other == name and up and self.network.bound(port.endpoint, name) is not None:
                     actor.connection(port.channel, True)
 
     def power_cut(self) -> None:
@@ -351,7 +356,7 @@ class World:
     # -- steps ---------------------------------------------------------------------------------
 
     def deliver(self, may_die: bool) -> bool:
-        busy = self.network.busy()
+        busy = [key for key in self.network.busy() if key[0] in self.actors]
         if not busy:
             return False
         key = busy[self.rng.randrange(len(busy))]

@@ -17,8 +17,8 @@ Each task sends its rows in batches (one ``send`` request per batch, to one
 queue, ``batchSize`` messages and about ``batchBytes`` at most) and returns
 only when every message was acknowledged ``PUT_OK``. A batch that times out,
 or that the engine refuses for a passing reason (BUSY, SERVICE_NOT_AVAILABLE,
-FLUSH_FAILED), is sent again (``sendRetries`` times); messages answered
-FLUSH_DISK_TIMEOUT are sent again too. A failed task is retried by Spark
+SLAVE_NOT_AVAILABLE, FLUSH_FAILED), is sent again (``sendRetries`` times); messages answered
+FLUSH_DISK_TIMEOUT or FLUSH_SLAVE_TIMEOUT are sent again too. A failed task is retried by Spark
 from its first row. So every row is stored at least once, and a retry can
 store a row twice: deduplicate downstream (by a key of your own) if needed.
 """
@@ -56,7 +56,7 @@ _ACCEPTED: dict[str, tuple[type[DataType], ...]] = {
     "properties": (MapType,),
     "queue_id": (IntegerType, LongType, ShortType),
 }
-_RETRIED_ERRORS = frozenset({"BUSY", "SERVICE_NOT_AVAILABLE", "FLUSH_FAILED", "TIMEOUT"})
+_RETRIED_ERRORS = frozenset({"BUSY", "SERVICE_NOT_AVAILABLE", "SLAVE_NOT_AVAILABLE", "FLUSH_FAILED", "TIMEOUT"})
 _MESSAGE_OVERHEAD_BYTES = 128  # record header, topic and property separators (an estimate, on the safe side)
 SEND_BATCH_BYTES_MAX = 4 << 20  # the engine's default send_batch_bytes_max
 

@@ -28,6 +28,7 @@ offsets changes; the writer bumps that slot after each write.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -115,6 +116,11 @@ class DeletedTopics:
             self._save()
         return len(gone)
 
+    @property
+    def crc(self) -> int:
+        """A replica's check that it holds the table its master sent the log bytes with."""
+        return table_crc(self.deletion_offsets)
+
     def adopt(self, data: bytes) -> list[str]:
         """A replica's part: its master's table (the file's bytes) replaces this one, saved; the
         topics whose deletion is new or moved. ValueError if the bytes are not a table."""
@@ -127,6 +133,15 @@ class DeletedTopics:
     def _save(self) -> None:
         table = dict(sorted(self.deletion_offsets.items()))
         write_atomically(self.path, json.dumps({"deletedTopicTable": table}, indent=2).encode())
+
+
+def table_crc(deletion_offsets: dict[str, int]) -> int:
+    """CRC-32 of the table's entries in name order (not of the file: the same table, however written)."""
+    return zlib.crc32(json.dumps(sorted(deletion_offsets.items())).encode())
+
+
+def parse_table(data: bytes) -> dict[str, int]:
+    return _parse(data)
 
 
 def _parse(data: bytes) -> dict[str, int]:

@@ -18,7 +18,7 @@ import pytest
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
-from engine.ipc.control import control
+from engine.ipc.control import EventStream, control
 from engine.ipc.messages import StatusQuery
 from engine.offline.check import check_store
 from harness.faults import kill_actor
@@ -103,7 +103,13 @@ def test_killing_replication_and_the_replicas_writer_under_load_loses_and_repeat
             thread.wait_acked(len(producer.acked) + 200, timeout_s=30)
             engine, role = [(master, "replication-sender"), (replica, "replication-receiver"),
                             (replica, "writer")][round_ % 3]
-            kill_actor(engine.store_dir, role, rng=rng)
+            events = EventStream(engine.store_dir)
+            try:
+                kill_actor(engine.store_dir, role, rng=rng)
+                events.wait_for("actor.exited", name=role)
+                events.wait_for("recovery.done", name=role)  # back before the next round kills it again
+            finally:
+                events.close()
         thread.stop()
         client.close()
         with master.client() as mc:

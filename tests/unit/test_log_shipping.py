@@ -18,12 +18,14 @@ from engine.layout import HostAddress, RecordFields, encode_properties
 from engine.services.log_appends import LogAppends
 from engine.services.log_shipping import LogShipping
 from engine.store.commit_log import CommitLogWriter
+from engine.store.deleted_topics import table_crc
 from engine.store.records import UniqKeys
 from harness.replication import log_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
 HOST = HostAddress.parse("127.0.0.1", 10911)
+NO_DELETIONS = table_crc({})
 CONFIG = StoreConfig.test_min().replace(segment_size_bytes=256 * KiB, message_body_bytes_max=96 * KiB,
                                         send_batch_bytes_max=200 * KiB, replication_chunk_bytes_max=64 * KiB,
                                         replication_chunks_in_flight_max=3)
@@ -47,6 +49,11 @@ def write_master(store_dir: Path, rng: random.Random, batches: int) -> tuple[int
         writer.close()
 
 
+def append(appends: LogAppends, offset: int, data: bytes) -> str:
+    """A replica's append with no topic deleted on either side."""
+    return appends.append_replicated(offset, data, deletions_crc=NO_DELETIONS, own_deletions_crc=NO_DELETIONS)
+
+
 def replica_appends(store_dir: Path) -> LogAppends:
     writer = CommitLogWriter(store_dir, CONFIG.segment_size_bytes, store_host=HOST, with_record_crc=True)
     return LogAppends(writer, store_dir, CONFIG, store_host=HOST, uniq_keys=UniqKeys(HOST, 1))
@@ -67,7 +74,7 @@ def test_a_log_shipped_chunk_by_chunk_arrives_byte_for_byte(tmp_path: Path) -> N
         for offset, data in chunks:
             segment_start = offset - offset % CONFIG.segment_size_bytes
             assert offset + len(data) <= min(end, segment_start + CONFIG.segment_size_bytes)
-            assert appends.append_replicated(offset, data) == ""
+            assert append(appends, offset, data) == ""
             sizes.append(len(data))
         shipping.report(origin, appends.log.written_offset, restart=False, confirmed=end, min_offset=0, now_ms=1)
     assert log_bytes(tmp_path / "replica", 0, end, CONFIG.segment_size_bytes) == \
@@ -88,11 +95,14 @@ def test_a_chunk_never_passes_the_confirmed_end_and_one_not_for_the_end_changes_
     whole = shipping.read_chunk(0, end)
     assert whole.startswith(data)
     appends = replica_appends(tmp_path / "replica")
-    assert appends.append_replicated(0, data) == ""
-    reason = appends.append_replicated(len(data) + 1, whole[len(data):])
+    assert append(appends, 0, data) == ""
+    reason = append(appends, len(data) + 1, whole[len(data):])
     assert "log ends at" in reason and appends.log.written_offset == len(data)
-    reason = appends.append_replicated(len(data), b"\x00" * 100)  # not a record
+    reason = append(appends, len(data), b"\x00" * 100)  # not a record
     assert "damaged" in reason and appends.log.written_offset == len(data)
+    reason = appends.append_replicated(len(data), whole[len(data):], deletions_crc=NO_DELETIONS + 1,
+                                       own_deletions_crc=NO_DELETIONS)  # sent after a deletion it has not
+    assert "deletion table" in reason and appends.log.written_offset == len(data)
     appends.log.close()
     shipping.close()
 
