@@ -77,7 +77,7 @@ class ErrorCode(enum.IntEnum):
 class RequestError(Exception):
     """A request the engine refuses: carries the stable code and a message."""
 
-    def __init__(self, code: ErrorCode, message: str, **details: int) -> None:
+    def __init__(self, code: ErrorCode, message: str, **details: int | str) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message

@@ -47,6 +47,7 @@ from engine.actors.effects import Effects, Reply, Tell
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels
 from engine.ipc.channels import Channel, ClientFrame
+from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import (
     INTERNAL,
     Ack,
@@ -248,7 +249,14 @@ class FrontActor(Actor):
 
     @staticmethod
     def error_reply(origin: Origin, raw: bytes, exc: RequestError) -> Reply:
-        return Reply(origin, encode_error(safe_request_id(raw), exc.code, exc.message))
+        return Reply(origin, encode_error(safe_request_id(raw), exc.code, exc.message, **exc.details))
+
+    def master_endpoint(self) -> str:
+        """On a replica: the endpoint its master's clients reach, as its master last said ("" until then)."""
+        try:
+            return (self.env.run_dir / MASTER_ENDPOINT_FILE).read_text()
+        except FileNotFoundError:
+            return ""
 
     def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         """The routing table: which actor serves each op (or the front itself)."""
@@ -256,8 +264,10 @@ class FrontActor(Actor):
         op = envelope.op
         self.figures.routed(op)
         if op in _WRITES and self.config.is_replica:
-            raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica of {self.config.replica_of}: it "
-                                                     f"serves reads; send {op} to its master")
+            master = self.master_endpoint()
+            where = f"its master at {master}" if master else f"its master (replication {self.config.replica_of})"
+            raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica: it serves reads; send {op} to "
+                                                     f"{where}", master_endpoint=master)
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
             self.hold(origin, raw, peer_ip)
             return

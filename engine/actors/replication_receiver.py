@@ -25,11 +25,13 @@ from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Tell
 from engine.ipc import channels
 from engine.ipc.channels import Channel
+from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import (
     PLAIN,
     Answered,
     ConfigSnapshot,
     LogChunk,
+    MasterEndpoint,
     ReplicaAppend,
     ReplicaAppended,
     ReplicaDeletions,
@@ -99,8 +101,13 @@ class ReplicationReceiverActor(Actor):
 
     def on_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
         note = answer.note
-        if isinstance(note, LogChunk | ConfigSnapshot) and note.follow != self.follow:
+        if isinstance(note, LogChunk | ConfigSnapshot | MasterEndpoint) and note.follow != self.follow:
             return  # sent for an earlier follow
+        if isinstance(note, MasterEndpoint):
+            path = self.env.run_dir / MASTER_ENDPOINT_FILE
+            if not path.exists() or path.read_text() != note.endpoint:
+                write_atomically(path, note.endpoint.encode())  # the front's NOT_MASTER names it
+            return
         if isinstance(note, LogChunk):
             self.last_chunk_ms = self.clock.mono_ms()
             self.master_end_offset = note.master_end_offset

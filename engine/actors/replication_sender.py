@@ -23,7 +23,15 @@ import logging
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.ipc import channels, endpoints
-from engine.ipc.messages import ConfigSnapshot, LogChunk, ReplicaRefused, ReplicaReport, Wake, encoder
+from engine.ipc.messages import (
+    ConfigSnapshot,
+    LogChunk,
+    MasterEndpoint,
+    ReplicaRefused,
+    ReplicaReport,
+    Wake,
+    encoder,
+)
 from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.log_shipping import LogShipping, Replica
@@ -44,6 +52,8 @@ class ReplicationSenderActor(Actor):
         self.last_config_ms = 0
         self.bytes_sent = 0
         self.refusals = 0
+        host = env.config.store_host
+        self.advertised = f"tcp://{f'[{host}]' if ':' in host else host}:{env.config.store_port}"
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
@@ -72,6 +82,7 @@ class ReplicationSenderActor(Actor):
         if not known or report.restart:
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
+            out.reply(replica.origin, b"", MasterEndpoint(self.advertised, replica.follow))
             self.send_config(replica, out)
         self.send_log(replica, out)
         self.publish_in_sync(out)

@@ -29,6 +29,7 @@ SUPERVISOR_EVENTS = "events.sock"
 SUPERVISOR_HEARTBEATS = "heartbeats.sock"
 
 ENGINE_STATE_FILE = "supervisor.json"
+MASTER_ENDPOINT_FILE = "master-endpoint"  # on a replica: where its master's clients connect (the receiver's)
 CRASH_START_FILE = "crash-start"  # after an unclean stop, until every actor has recovered once
 
 TOPIC_CONFIRMED = b"confirmed"

@@ -209,6 +209,15 @@ class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
     follow: int = 0
 
 
+class MasterEndpoint(msgspec.Struct, array_like=True, tag="master_endpoint"):
+    """replication sender -> receiver, beside an empty frame, at each new follow: the endpoint the
+    master's clients reach (``store_host`` and ``store_port``, as RocketMQ advertises brokerIP1),
+    which the replica's ``NOT_MASTER`` refusals name."""
+
+    endpoint: str
+    follow: int = 0
+
+
 class ReplicaRefused(msgspec.Struct, array_like=True, tag="replica_refused"):
     """replication sender -> receiver, beside an empty frame: the master cannot follow the replica's
     report (its log ends past the master's, or starts below the master's oldest segment)."""
@@ -234,7 +243,7 @@ class Routed(msgspec.Struct, array_like=True, tag="routed"):
     order: Order
 
 
-Note = TopicDeletion | PopElsewhere | ReplicaAppended | LogChunk | ConfigSnapshot | ReplicaRefused
+Note = TopicDeletion | PopElsewhere | ReplicaAppended | LogChunk | ConfigSnapshot | MasterEndpoint | ReplicaRefused
 
 
 class Answered(msgspec.Struct, array_like=True, tag="answered"):
