@@ -16,6 +16,8 @@ from typing import Any
 import msgspec
 
 from engine import codec
+from engine.client import EngineError
+from engine.errors import ErrorCode
 from rmqpy.message import OutgoingMessage, outgoing_to_wire
 
 UNIQ_KEY = "UNIQ_KEY"
@@ -113,3 +115,10 @@ def batch_fields(messages: Iterable[OutgoingMessage | bytes], uniq_keys: UniqKey
             return fields, list[str | None](keys)
     wire, wire_keys = prepare_batch(batch, uniq_keys)
     return {"messages": wire}, wire_keys
+
+
+def master_named(error: EngineError, endpoint: str) -> str | None:
+    """The master's endpoint a ``NOT_MASTER`` refusal names, if it is another than ``endpoint``
+    (the producer then sends there: a replica refuses every write, and stored nothing)."""
+    master = error.details.get("master_endpoint") if error.code == ErrorCode.NOT_MASTER else None
+    return master if isinstance(master, str) and master and master != endpoint else None

@@ -32,10 +32,10 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, StoreClient
+from engine.client import DEFAULT_ENDPOINT, EngineError, StoreClient
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
-from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
 from rmqpy.aio.producer import AsyncProducer
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
@@ -143,7 +143,17 @@ class Producer:
             with self._client_lock:
                 if self._closed:
                     raise ClientClosed("the producer is closed")
-                results = self._client.request("send", topic=topic, **fields)["results"]
+                try:
+                    results = self._client.request("send", topic=topic, **fields)["results"]
+                except EngineError as exc:  # a replica: it names its master, where this producer goes now
+                    master = master_named(exc, self.endpoint)
+                    if master is None:
+                        raise
+                    self._client.close()
+                    self.endpoint = master
+                    self._client = StoreClient(master, timeout_ms=self.timeout_ms, context=self._context,
+                                               curve=self._curve)
+                    results = self._client.request("send", topic=topic, **fields)["results"]
             return send_results_from_wire(topic, results, uniq_keys)
 
         return call_with_retry(self.retry, attempt, on_retry=self.on_retry)

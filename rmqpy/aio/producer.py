@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT
+from engine.client import DEFAULT_ENDPOINT, EngineError
 from engine.ipc.curve import CurveKeys
-from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
 from rmqpy.aio.client import AsyncClient
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry_async
@@ -33,6 +33,8 @@ class AsyncProducer:
         it stays open when the producer closes. Otherwise the producer opens its own.
         The other arguments are ``Producer``'s."""
         self._own_client = client is None
+        self._open = lambda endpoint: AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
+                                                  context=context, curve=curve)
         self.client = client or AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
                                             context=context, curve=curve)
         self.retry = retry or RetryPolicy()
@@ -77,7 +79,15 @@ class AsyncProducer:
         fields = {**options.fields(), **batch}
 
         async def attempt() -> list[SendResult]:
-            results = (await self.client.request("send", topic=topic, **fields))["results"]
+            try:
+                results = (await self.client.request("send", topic=topic, **fields))["results"]
+            except EngineError as exc:  # a replica names its master: an own client goes there
+                master = master_named(exc, self.client.endpoint)
+                if master is None or not self._own_client:
+                    raise
+                await self.client.close()
+                self.client = self._open(master)
+                results = (await self.client.request("send", topic=topic, **fields))["results"]
             return send_results_from_wire(topic, results, uniq_keys)
 
         return await call_with_retry_async(self.retry, attempt, on_retry=self.on_retry)

@@ -5,6 +5,7 @@ actors killed under load lose and duplicate nothing; a replica that cannot follo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import rmqpy
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
@@ -24,6 +26,7 @@ from engine.offline.check import check_store
 from harness.faults import kill_actor
 from harness.replication import log_bytes, offsets, replicated_pair, wait_replicated
 from harness.workload import Producer, ProducerThread, read_everything, verify
+from rmqpy.aio import AsyncProducer
 from supervisor.launcher import EngineProcess, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,6 +88,19 @@ def test_a_replica_holds_the_masters_log_and_serves_reads_of_it(tmp_path: Path) 
             shown = subprocess.run([sys.executable, "-m", "supervisor", "status", "--store-dir", str(engine.store_dir),
                                     "--json"], capture_output=True, text=True, check=True, timeout=30)
             assert json.loads(shown.stdout)["role"] == role
+        with rmqpy.Producer(replica.endpoint) as producer:  # pointed at the replica: it sends to the master named
+            assert producer.send("alpha", b"to the master", queue_id=3).ok
+            assert producer.endpoint == master.endpoint
+
+        async def send_async() -> str:
+            async with AsyncProducer(replica.endpoint) as producer:
+                await producer.send("alpha", b"to the master too", queue_id=3)
+                return producer.client.endpoint
+
+        assert asyncio.run(send_async()) == master.endpoint
+        with master.client() as mc:
+            assert [m["body"] for m in mc.pull("alpha", 3, 0, max_messages=1000)["messages"]][-2:] == \
+                [b"to the master", b"to the master too"]
         with replica.client() as rc:  # the master's offsets reach the replica with its config files
             deadline = time.monotonic() + 15
             while rc.fetch_offset("readers", "alpha", 1) != 7:
