@@ -169,12 +169,19 @@ class EngineProcess:
         """SIGKILL every actor, then the supervisor: all stop at once, as in a power cut.
 
         Actors go first: killed after the supervisor, they would get its death
-        signal and stop cleanly, flushing what a power cut would not have.
+        signal and stop cleanly, flushing what a power cut would not have. The
+        supervisor is stopped (SIGSTOP) before its actors are listed: one it
+        started after the list (restarting an actor) would outlive the kill.
         """
         if self.process is None:
             return
+        supervisor = psutil.Process(self.process.pid)
+        try:
+            supervisor.suspend()
+        except psutil.NoSuchProcess:
+            pass
         tree = self._tree()
-        for proc in [*tree, psutil.Process(self.process.pid)]:
+        for proc in [*tree, supervisor]:
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
