@@ -94,7 +94,11 @@ def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient
         raise SystemExit(EXIT_USAGE) from None
     if not answers:
         raise EngineUnreachable(endpoint)
-    return kind(endpoint, timeout_ms=timeout_ms, curve=curve)
+
+    def following(master: str) -> None:
+        print(f"note: {endpoint} is a replica; sending to its master, {master}", file=sys.stderr)
+
+    return kind(endpoint, timeout_ms=timeout_ms, curve=curve, on_master=following)
 
 
 def _printable(value: Any) -> Any:

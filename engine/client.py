@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.utils.monitor
 
+from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from engine.ipc.endpoints import allow_ipv6
 from engine.ipc.protocol import PROTOCOL_VERSION
@@ -132,10 +133,15 @@ def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 on_master: Callable[[str], None] | None = None) -> None:
         """``curve``: the engine's public key and this client's key pair, for an engine with
-        ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout."""
+        ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout.
+        ``on_master``: follow a replica's ``NOT_MASTER`` to the master it names (the request goes
+        again there, and so do the next ones); called with the master's endpoint when it does.
+        Without it, ``NOT_MASTER`` is raised as any refusal."""
         self.endpoint = endpoint
+        self.on_master = on_master
         self.timeout_ms = timeout_ms
         self.curve = curve
         self.frame_bytes_max = FRAME_BYTES_MAX
@@ -173,7 +179,8 @@ class StoreClient:
             raise RequestTimeout(f"no reply from {self.endpoint} within {timeout} ms")
         return _decoder.decode(self._socket.recv())
 
-    def request(self, op: str, *, timeout_ms: int | None = None, **fields: Any) -> dict[str, Any]:
+    def request(self, op: str, *, timeout_ms: int | None = None, _followed: bool = False,
+                **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise EngineError if the engine refused it."""
         request_id = next(self._ids)
         self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
@@ -191,6 +198,14 @@ class StoreClient:
         if not reply.get("ok"):
             error = reply.get("error") or {}
             details = {k: v for k, v in reply.items() if k not in ("v", "id", "ok", "error")}
+            master = details.get("master_endpoint")
+            if self.on_master is not None and not _followed and error.get("code") == ErrorCode.NOT_MASTER \
+                    and isinstance(master, str) and master and master != self.endpoint:  # nothing was done there
+                self._socket.close()
+                self.endpoint = master
+                self._socket = self._connect()
+                self.on_master(master)
+                return self.request(op, timeout_ms=timeout_ms, _followed=True, **fields)
             raise EngineError(error.get("code", 0), error.get("name", "UNKNOWN"), error.get("message", ""), details)
         return reply
 

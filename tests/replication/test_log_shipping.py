@@ -98,9 +98,17 @@ def test_a_replica_holds_the_masters_log_and_serves_reads_of_it(tmp_path: Path) 
                 return producer.client.endpoint
 
         assert asyncio.run(send_async()) == master.endpoint
+        produced = subprocess.run([sys.executable, "-m", "engine", "produce", "--endpoint", replica.endpoint, "--topic",
+                                   "alpha", "--count", "2", "--queue-id", "3"], capture_output=True, text=True,
+                                  check=False, timeout=60)
+        assert produced.returncode == 0, produced.stderr
+        assert f"is a replica; sending to its master, {master.endpoint}" in produced.stderr
         with master.client() as mc:
-            assert [m["body"] for m in mc.pull("alpha", 3, 0, max_messages=1000)["messages"]][-2:] == \
-                [b"to the master", b"to the master too"]
+            bodies: list[bytes] = []
+            deadline = time.monotonic() + 15
+            while bodies[-4:-2] != [b"to the master", b"to the master too"]:  # the CLI's two, dispatched after
+                assert time.monotonic() < deadline, bodies[-4:]
+                bodies = [m["body"] for m in mc.pull("alpha", 3, 0, max_messages=1000)["messages"]]
         with replica.client() as rc:  # the master's offsets reach the replica with its config files
             deadline = time.monotonic() + 15
             while rc.fetch_offset("readers", "alpha", 1) != 7:
