@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.ipc.control import control
+from engine.ipc.control import ControlTimeout, NotRunning, control
 from engine.ipc.messages import StatusQuery
 from supervisor.launcher import write_config
 
@@ -87,7 +87,7 @@ def _status(args: argparse.Namespace) -> int:
     for engine in _engines(args.dir.resolve()):
         try:
             reply = control(Path(engine["store_dir"]), StatusQuery(), timeout_ms=2_000)
-        except Exception as exc:
+        except (NotRunning, ControlTimeout) as exc:
             print(f"{engine['name']:<10} {engine['endpoint']:<24} not running ({exc})")
             continue
         end = reply.offsets.get("written_offset", 0)

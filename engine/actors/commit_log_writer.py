@@ -248,10 +248,18 @@ class CommitLogWriterActor(Actor):
                                f"{in_sync} replicas are in sync; min_in_sync_replicas is {needed} (nothing was "
                                f"stored; retry when they are back)")
 
+    def durable_offset(self) -> int:
+        """How far the log is as durable as the flush mode promises: flushed (SYNC_FLUSH) or written."""
+        return self.flushed_offset if self.sync_flush else self.log.written_offset
+
+    def replicated_offset(self) -> int | None:
+        """What every in-sync replica holds (SYNC replication); None when sends do not wait for them."""
+        return self.slots.get(REPLICATED) if self.sync_replication else None
+
     def acked_offset(self) -> int:
-        """How far a waiting send may be answered PUT_OK: flushed (SYNC_FLUSH) and replicated (SYNC)."""
-        end = self.flushed_offset if self.sync_flush else self.log.written_offset
-        return min(end, self.slots.get(REPLICATED)) if self.sync_replication else end
+        """How far a waiting send may be answered PUT_OK: durable, and replicated under SYNC replication."""
+        replicated = self.replicated_offset()
+        return self.durable_offset() if replicated is None else min(self.durable_offset(), replicated)
 
     def replica_deletions(self, _order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
         """A replica's deletion table, its master's, before the records past a new deletion."""
@@ -315,9 +323,7 @@ class CommitLogWriterActor(Actor):
     def release_acks(self, out: Effects, now_ms: int) -> None:
         """Answer the sends the flusher's slot now covers (or whose deadline passed)."""
         self.flushed_offset = max(self.flushed_offset, self.slots.get(FLUSHED))
-        durable = self.flushed_offset if self.sync_flush else self.log.written_offset
-        replicated = self.slots.get(REPLICATED) if self.sync_replication else None
-        for ack, status in self.acks.release(durable, now_ms, replicated):
+        for ack, status in self.acks.release(self.durable_offset(), now_ms, self.replicated_offset()):
             if ack.received_ms:
                 self.send_latency.observe((now_ms - ack.received_ms) / 1000)
             out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,

@@ -21,17 +21,10 @@ from engine.ipc.protocol import SendMessage
 from engine.layout import HostAddress
 from engine.services.log_appends import ENGINE_ONLY_PROPERTIES
 from engine.store.records import UniqKeys, batch_items
-from tests.unit.test_codec_writer import NOW, rand_message, rand_text
+from tests.unit import test_codec_writer
+from tests.unit.test_codec_writer import NOW, c, rand_message, rand_text
 
-try:
-    from engine import _codec as c
-except ImportError:  # no C compiler when the package was installed
-    c = None
-
-pytestmark = [
-    pytest.mark.timeout(60),
-    pytest.mark.skipif(c is None, reason="engine._codec is not built (pip install -e . compiles it)"),
-]
+pytestmark = test_codec_writer.pytestmark  # a timeout, and skipped without the compiled codec
 
 CONFIG = StoreConfig()
 PREFIX = "7F0000010001"  # a writer's uniq key prefix: ip and pid
