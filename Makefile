@@ -12,11 +12,12 @@ TEST_STAMP := $(VENV)/.installed-test
 # install below (gcc and zlib's headers compile engine/_codec.c, the hot loops; without them the
 # engine runs on the Python codec, slower). TEST_PACKAGES: libzmq and msgpuck for the C client, node
 # and npm for the Node clients, strace for the fsync-failure tests, Chromium and ChromeDriver for the
-# dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount. Without root, what is missing
+# dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount, etcd-server for the failover tests
+# (a broker set elected on etcd). Without root, what is missing
 # is named and the tests that need it skip.
 BUILD_PACKAGES := gcc libc6-dev zlib1g-dev
 TEST_PACKAGES := $(BUILD_PACKAGES) make pkg-config libzmq3-dev libmsgpuck-dev nodejs npm strace chromium \
-	chromium-driver bindfs fuse3
+	chromium-driver bindfs fuse3 etcd-server
 define install_missing
 	@if [ -n "$(strip $(1))" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -33,7 +34,7 @@ have_file = $(shell [ -f $(1) ] || echo $(notdir $(1)))
 build-tools:
 	$(call install_missing,$(call have,cc) $(call have_file,/usr/include/zlib.h),$(BUILD_PACKAGES))
 system-tools:
-	$(call install_missing,$(foreach c,cc strace chromium chromedriver node npm pkg-config bindfs fusermount3,$(call have,$(c))) \
+	$(call install_missing,$(foreach c,cc strace chromium chromedriver node npm pkg-config bindfs fusermount3 etcd,$(call have,$(c))) \
 	  $(call have_file,/usr/include/zlib.h) $(call have_file,/usr/include/msgpuck.h) \
 	  $(call have_file,/usr/include/zmq.h),$(TEST_PACKAGES))
 

@@ -155,6 +155,20 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     min_in_sync_replicas: int = 1
     replica_lag_max_ms: int = 15_000  # RocketMQ's haMaxTimeSlaveNotCatchup: out of sync past this behind
 
+    # Election on etcd (docs/replication.md "Failover"): with etcd_endpoints, the engines of one
+    # broker set (cluster_name, broker_name; broker_id tells them apart) choose their master there,
+    # as RocketMQ 5's controller mode does. Each has a replication_endpoint (where it listens while
+    # master); the one elected serves writes, the others follow it. The master holds a lease of
+    # master_lease_ms and stops accepting writes master_fence_margin_ms before it could run out.
+    etcd_endpoints: str = ""  # http://host:port[,http://host:port...] ("" : roles from replica_of, no election)
+    cluster_name: str = "DefaultCluster"  # RocketMQ's brokerClusterName
+    broker_name: str = "broker-a"  # RocketMQ's brokerName: the broker set
+    broker_id: int = 0  # this engine within its broker set (0..62)
+    master_lease_ms: int = 2_000  # etcd lease of the master (whole seconds: etcd's unit)
+    master_fence_margin_ms: int = 500  # writes stop this long before the lease could expire unrenewed
+    election_wait_ms: int = 300  # candidates wait this long for each other's offers before the best one claims
+    etcd_request_timeout_ms: int = 500  # one etcd request, before the next endpoint is tried
+
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"
     flush_interval_ms: int = 500
@@ -219,7 +233,16 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     @property
     def sync_replication(self) -> bool:
         """A master whose sends wait for its in-sync replicas."""
-        return self.replication_mode == "SYNC" and bool(self.replication_endpoint)
+        return self.replication_mode == "SYNC" and bool(self.replication_endpoint) and not self.is_replica
+
+    @property
+    def elected(self) -> bool:
+        """Its role is chosen on etcd (``etcd_endpoints``), not by ``replica_of``."""
+        return bool(self.etcd_endpoints)
+
+    @property
+    def etcd_endpoint_list(self) -> list[str]:
+        return [url.strip() for url in self.etcd_endpoints.split(",") if url.strip()]
 
     def validate(self) -> StoreConfig:
         """Check relationships between fields; raise ConfigError naming the field."""
@@ -239,8 +262,19 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (_is_ip(self.store_host),
              f"store_host must be an IPv4 or IPv6 address (it is written into records; got {self.store_host!r})"),
             (is_endpoint(self.endpoint), f"endpoint must be tcp://host:port or ipc://path (got {self.endpoint!r})"),
-            (not (self.replication_endpoint and self.replica_of),
-             "an engine is a master (replication_endpoint) or a replica (replica_of), not both"),
+            (not (self.replication_endpoint and self.replica_of) or bool(self.etcd_endpoints),
+             "an engine is a master (replication_endpoint) or a replica (replica_of), not both, unless elected "
+             "on etcd (etcd_endpoints)"),
+            (not self.etcd_endpoints or self.replication_endpoint.startswith("tcp://"),
+             "an engine elected on etcd (etcd_endpoints) needs the replication_endpoint it serves while master"),
+            (all(url.startswith(("http://", "https://")) for url in self.etcd_endpoint_list),
+             f"etcd_endpoints must be http://host:port, separated by commas (got {self.etcd_endpoints!r})"),
+            (0 <= self.broker_id <= 62, f"broker_id must be between 0 and 62 (got {self.broker_id})"),
+            (self.master_lease_ms % 1_000 == 0 and self.master_lease_ms >= 2_000,
+             f"master_lease_ms must be whole seconds, at least 2000 (got {self.master_lease_ms})"),
+            (self.master_fence_margin_ms < self.master_lease_ms // 2,
+             f"master_fence_margin_ms ({self.master_fence_margin_ms}) must be under half of master_lease_ms "
+             f"({self.master_lease_ms})"),
             (not self.replication_endpoint or self.replication_endpoint.startswith("tcp://"),
              f"replication_endpoint must be tcp://host:port (got {self.replication_endpoint!r})"),
             (not self.replica_of or self.replica_of.startswith("tcp://"),
@@ -390,7 +424,8 @@ DEV_PROFILE: dict[str, object] = {
 
 # The smallest value of each numeric setting (0: "must not be negative", 1: "must be positive").
 _MINIMUMS: dict[str, int] = {
-    "store_port": 1,
+    "store_port": 1, "election_wait_ms": 0, "etcd_request_timeout_ms": 1, "master_fence_margin_ms": 1,
+    "broker_id": 0, "master_lease_ms": 2_000,
     "segment_size_bytes": 4 * KiB, "consume_queue_file_units": 1, "index_hash_slot_count": 1,
     "index_item_count_max": 2,
     "message_body_bytes_max": 1, "properties_bytes_max": 1, "send_batch_bytes_max": 1,

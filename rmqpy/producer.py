@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, EngineError, StoreClient
+from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout, StoreClient
+from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
 from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
@@ -50,14 +51,18 @@ class Producer:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
-        """``timeout_ms``: the deadline of each attempt; keep it above the engine's
+        """``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
+        "Failover"): sends go to the master; a send that timed out, or that an engine refused naming
+        no master (an election is under way), moves the producer to the next engine of the list.
+        ``timeout_ms``: the deadline of each attempt; keep it above the engine's
         ``sync_flush_timeout_ms`` (5 s) under ``SYNC_FLUSH``.
         ``retry``: when to retry (default ``RetryPolicy()``: up to 5 retries, 20 ms to 2 s apart);
         ``RetryPolicy.never()`` raises every refusal. ``on_retry(error, retry, pause_ms)`` is told
         of each retry, from the thread that sends (the background thread for async sends).
         ``wait_store``: under ``SYNC_FLUSH``, answer once on disk (True) or once written (False).
         ``in_flight_max``: async sends in flight at once; more wait for a free slot."""
-        self.endpoint = endpoint
+        self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
+        self.endpoint = self.endpoints[0]
         self.timeout_ms = timeout_ms
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
@@ -66,7 +71,7 @@ class Producer:
         self._context = context
         self._curve = curve
         self._uniq_keys = UniqKeys()
-        self._client = StoreClient(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
+        self._client = StoreClient(self.endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         self._client_lock = threading.Lock()
         self._async_lock = threading.Lock()  # guards the fields below
         self._loop_thread: LoopThread | None = None
@@ -148,15 +153,30 @@ class Producer:
                 except EngineError as exc:  # a replica: it names its master, where this producer goes now
                     master = master_named(exc, self.endpoint)
                     if master is None:
+                        if exc.code == ErrorCode.NOT_MASTER:  # nobody named (an election): the next engine
+                            self._move_to(self._next_endpoint())
                         raise
-                    self._client.close()
-                    self.endpoint = master
-                    self._client = StoreClient(master, timeout_ms=self.timeout_ms, context=self._context,
-                                               curve=self._curve)
+                    self._move_to(master)
                     results = self._client.request("send", topic=topic, **fields)["results"]
+                except (RequestTimeout, EngineUnreachable):  # maybe a master gone: the next request elsewhere
+                    self._move_to(self._next_endpoint())
+                    raise
             return send_results_from_wire(topic, results, uniq_keys)
 
         return call_with_retry(self.retry, attempt, on_retry=self.on_retry)
+
+    def _next_endpoint(self) -> str:
+        """The engine of the broker set after the current one (the current one if it is alone)."""
+        if self.endpoint not in self.endpoints:
+            return self.endpoints[0]
+        return self.endpoints[(self.endpoints.index(self.endpoint) + 1) % len(self.endpoints)]
+
+    def _move_to(self, endpoint: str) -> None:
+        if endpoint == self.endpoint:
+            return
+        self._client.close()
+        self.endpoint = endpoint
+        self._client = StoreClient(endpoint, timeout_ms=self.timeout_ms, context=self._context, curve=self._curve)
 
     # -- async sends -------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """When to retry a refused request, and how long to wait first.
 
 The engine answers ``BUSY`` when its writer is overloaded, ``SERVICE_NOT_AVAILABLE``
-while the process that serves a request restarts (docs/protocol.md 7.3, 8.4), and
-``SLAVE_NOT_AVAILABLE`` while too few replicas are in sync (docs/replication.md). These
+while the process that serves a request restarts (docs/protocol.md 7.3, 8.4),
+``SLAVE_NOT_AVAILABLE`` while too few replicas are in sync, and ``NOT_MASTER`` from an engine
+that is not (or no longer) its broker set's master (docs/replication.md). These
 refusals mean that nothing was done, so sending the same request again is safe, after a
 pause that grows with each refusal so that a crowd of clients does not keep the engine
 overloaded. Every other refusal is final: retrying an invalid message or a missing topic
@@ -33,7 +34,7 @@ __all__ = ["RETRIABLE_CODES", "OnRetry", "RetryPolicy", "call_with_retry", "call
 T = TypeVar("T")
 
 RETRIABLE_CODES: frozenset[int] = frozenset({ErrorCode.BUSY, ErrorCode.SERVICE_NOT_AVAILABLE,
-                                              ErrorCode.SLAVE_NOT_AVAILABLE})
+                                              ErrorCode.SLAVE_NOT_AVAILABLE, ErrorCode.NOT_MASTER})
 """The refusals after which the engine has done nothing and may do it if asked again later."""
 
 OnRetry = Callable[[EngineError, int, float], None]

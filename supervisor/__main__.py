@@ -339,10 +339,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def _role(actors: list[ActorStatus], offsets: dict[str, int]) -> str:
     """``replica``, ``master`` (with replicas: how many in sync) or ``standalone``, from the actors that run."""
     names = {a.name for a in actors}
+    epoch = f", epoch {offsets['epoch']}" if offsets.get("epoch") else ""  # elected on etcd
     if "replication-receiver" in names:
-        return "replica"
+        return f"replica{f' ({epoch[2:]})' if epoch else ''}"
     if "replication-sender" in names:
-        return f"master (replicas in sync: {offsets.get('in_sync_replicas', 0)})"
+        return f"master (replicas in sync: {offsets.get('in_sync_replicas', 0)}{epoch})"
     return "standalone"
 
 

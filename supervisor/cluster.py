@@ -6,7 +6,9 @@ following it) and starts each engine in the background (``start --detach``), the
 ``cluster.json`` in ``D`` names them. ``cluster status`` prints each engine's role and how far its
 log is behind the master's; ``cluster stop`` stops the replicas, then the master.
 
-Roles are fixed here (docs/replication.md): a replica is promoted by hand.
+Roles are fixed (a replica is promoted by hand), unless ``--etcd``: then etcd is started too
+(one member, in ``D/etcd``), every engine listens for replicas, and etcd elects the master among
+them, again when it is lost (docs/replication.md, "Failover"); ``cluster stop`` stops etcd last.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.ipc.control import ControlTimeout, NotRunning, control
 from engine.ipc.messages import StatusQuery
+from supervisor.etcd_server import EtcdCluster, EtcdNotInstalled, EtcdPortInUse, stop_pids
 from supervisor.launcher import write_config
 
 CLUSTER_FILE = "cluster.json"
@@ -37,6 +40,9 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
     start.add_argument("--port", type=int, default=10911, help="the master's client port (default 10911)")
     start.add_argument("--replication-mode", choices=("ASYNC", "SYNC"), default="ASYNC",
                        help="SYNC: a send is answered once the in-sync replicas hold it (default ASYNC)")
+    start.add_argument("--etcd", action="store_true",
+                       help="start etcd too (Debian's etcd-server) and let the engines elect their master there")
+    start.add_argument("--etcd-port", type=int, default=2379, help="etcd's client port (peer: the next; default 2379)")
     for action in (start, actions.add_parser("status", help="each engine's role and lag"),
                    actions.add_parser("stop", help="stop the replicas, then the master")):
         action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
@@ -58,16 +64,32 @@ def _start(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     replication = f"tcp://127.0.0.1:{args.port + 1}"
+    etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if args.etcd else None
     engines = []
     for k in range(args.replicas + 1):
-        name = "master" if k == 0 else f"replica-{k}"
         endpoint = f"tcp://127.0.0.1:{args.port + 10 * k}"
-        role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
-            else {"replica_of": replication}
+        if etcd is not None:  # every engine may be elected: each listens for replicas, etcd says who serves
+            name = f"broker-{k}"
+            role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{args.port + 10 * k + 1}",
+                                       "replication_mode": args.replication_mode, "etcd_endpoints": etcd.endpoints,
+                                       "broker_id": k}
+        else:
+            name = "master" if k == 0 else f"replica-{k}"
+            role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
+                else {"replica_of": replication}
         config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
         write_config(directory / f"{name}.toml", config)
         engines.append({"name": name, "endpoint": endpoint, "store_dir": str(directory / name)})
-    (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, "engines": engines},
+    if etcd is not None:
+        try:
+            etcd.start()
+        except (EtcdNotInstalled, EtcdPortInUse, TimeoutError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            etcd.stop()
+            return EXIT_FAILED
+        print(f"etcd       {etcd.endpoints:<24} pid={etcd.pids()[0]}", flush=True)
+    (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, "engines": engines,
+                                                      "etcd_pids": etcd.pids() if etcd else []},
                                                      indent=2) + "\n")
     for engine in engines:
         started = subprocess.run([sys.executable, "-m", "supervisor", "start", "--config",
@@ -78,7 +100,11 @@ def _start(args: argparse.Namespace) -> int:
             _stop(args)
             return started.returncode
         print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
-    print(f"replication {replication} ({args.replication_mode}); writes go to the master, reads to any")
+    if etcd is not None:
+        address = ",".join(engine["endpoint"] for engine in engines)
+        print(f"elected on etcd ({args.replication_mode}); rmqpy's producers take the set's address: {address}")
+    else:
+        print(f"replication {replication} ({args.replication_mode}); writes go to the master, reads to any")
     return EXIT_OK
 
 
@@ -97,7 +123,9 @@ def _status(args: argparse.Namespace) -> int:
         role = "replica" if "replication-receiver" in names else "master"
         in_sync = f" in_sync_replicas={reply.offsets.get('in_sync_replicas', 0)}" if role == "master" else \
             f" behind_bytes={max(0, master_end - end)}"
-        print(f"{engine['name']:<10} {engine['endpoint']:<24} {reply.state:<9} {role:<8} log_end={end}{in_sync}")
+        epoch = f" epoch={reply.offsets['epoch']}" if reply.offsets.get("epoch") else ""
+        print(f"{engine['name']:<10} {engine['endpoint']:<24} {reply.state:<9} {role:<8} log_end={end}{epoch}"
+              f"{in_sync}")
     return EXIT_OK
 
 
@@ -108,4 +136,8 @@ def _stop(args: argparse.Namespace) -> int:
                                  capture_output=True, text=True, check=False)
         print(f"{engine['name']:<10} {(stopped.stdout or stopped.stderr).strip()}")
         code = code or (stopped.returncode if stopped.returncode not in (0, 3) else 0)
+    pids = json.loads((args.dir.resolve() / CLUSTER_FILE).read_text()).get("etcd_pids", [])
+    if pids:
+        stop_pids(pids)
+        print(f"etcd       stopped (pid {', '.join(map(str, pids))})")
     return code

@@ -38,8 +38,9 @@ from pathlib import Path
 import psutil
 import zmq
 
-from engine.actors.specs import ActorSpec, actor_specs
+from engine.actors.specs import MEMBERSHIP, ActorSpec, actor_specs
 from engine.config import StoreConfig, encode_config
+from engine.coordination.broker_set import Role
 from engine.ipc import endpoints
 from engine.ipc.lifecycle import Lifecycle, supervised_step
 from engine.ipc.messages import (
@@ -48,6 +49,7 @@ from engine.ipc.messages import (
     ControlRequest,
     Event,
     KillCommand,
+    RoleChanged,
     StatusQuery,
     StopCommand,
     control_request_decoder,
@@ -55,8 +57,17 @@ from engine.ipc.messages import (
     heartbeat_decoder,
 )
 from engine.logs import LOG_DIR, configure_logging, event
+from engine.offline.truncate import truncate_log
+from engine.store.epoch_file import add_epoch, load_epochs, save_epochs, trim_epochs, truncation_point
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
-from engine.store.shared_offsets import CONFIRMED, DISPATCHED, SharedOffsets
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    DISPATCHED,
+    IN_SYNC_IDS,
+    IN_SYNC_REPLICAS,
+    REPLICATED,
+    SharedOffsets,
+)
 from supervisor.start_checks import (
     LOCK_FILE,
     EngineError,
@@ -123,6 +134,8 @@ class Supervisor:
         self.log_stderr = log_stderr  # log lines go to logs/supervisor.log, and to stderr too unless detached
         self.parent_pid = parent_pid  # --die-with-parent: stop when our parent is no longer this process
         self.actors = {spec.name: ActorProcess(spec) for spec in actor_specs(config)}
+        self.role: Role | None = None  # elected on etcd: the role the actors run in (``_enter_role``)
+        self.role_config = config
         self.stopping = False
         self.crash_start = False
         self.zctx = zmq.Context()
@@ -180,16 +193,10 @@ class Supervisor:
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
         state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir)}
         (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
-        # Every process is spawned now, behind its start gate: its interpreter and imports (about
-        # 0.1 s of CPU each) overlap with the earlier waves' recovery. Its recovery waits for its wave.
-        for actor in self.actors.values():
-            self._spawn(actor, gated=True)
-        for wave in sorted({actor.spec.wave for actor in self.actors.values()}):
-            starting = [actor for actor in self.actors.values() if actor.spec.wave == wave]
-            for actor in starting:
-                self._release(actor)
-            for actor in starting:
-                self._await_running(actor)
+        if self.config.elected:  # the broker membership actor first: it decides the role the others take
+            self._start_waves([self.actors[MEMBERSHIP]])
+            self._enter_role()
+        self._start_waves([actor for actor in self.actors.values() if actor.process is None])
         # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
         (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
         took_ms = monotonic_ms() - started_ms
@@ -199,6 +206,74 @@ class Supervisor:
                 extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms,
                             state="DEGRADED" if reasons else "RUNNING"))
         self.publish("engine.ready")
+
+    def _start_waves(self, actors: list[ActorProcess]) -> None:
+        # Every process is spawned now, behind its start gate: its interpreter and imports (about
+        # 0.1 s of CPU each) overlap with the earlier waves' recovery. Its recovery waits for its wave.
+        for actor in actors:
+            self._spawn(actor, gated=True)
+        for wave in sorted({actor.spec.wave for actor in actors}):
+            starting = [actor for actor in actors if actor.spec.wave == wave]
+            for actor in starting:
+                self._release(actor)
+            for actor in starting:
+                self._await_running(actor)
+
+    # -- the role, elected on etcd ------------------------------------------
+
+    def _enter_role(self) -> None:
+        """Take the role the broker membership actor wrote (``role.json``): a replica's log is cut
+        where it forks from its new master's (``epochs``), a master notes its epoch's start; the
+        actor table becomes the role's, its settings in the run directory."""
+        role = Role.load(self.run_dir)
+        assert role is not None, "the broker membership actor runs only once it has written the role"
+        if role.is_master:
+            add_epoch(self.store_dir, role.epoch, dict(role.history).get(role.epoch, 0))
+            config = self.config.replace(replica_of="")
+        else:
+            point = truncation_point(load_epochs(self.store_dir), role.history)
+            if point is not None and truncate_log(self.store_dir, point):
+                save_epochs(self.store_dir, trim_epochs(load_epochs(self.store_dir), point))
+                # Every actor recovers as after an unclean stop: queue units and index items past the cut go.
+                (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
+                log.warning("the log forked from the master's of epoch %d at %d: cut there", role.epoch, point,
+                            extra=event("role.log_cut", epoch=role.epoch, offset=point))
+            config = self.config.replace(replica_of=role.master_replication_endpoint)
+        self.role, self.role_config = role, config
+        self.config_path.write_bytes(encode_config(config))
+        membership = self.actors[MEMBERSHIP]
+        self.actors = {MEMBERSHIP: membership, **{spec.name: ActorProcess(spec) for spec in actor_specs(config)
+                                                  if spec.name != MEMBERSHIP}}
+        log.info("role: %s of epoch %d (master: broker %d)", role.role, role.epoch, role.master_id,
+                 extra=event("role.entered", role=role.role, epoch=role.epoch))
+
+    def _change_role(self) -> None:
+        """The broker membership actor changed the role: every other actor is stopped, and started
+        again in the new one, recovering as after an unclean stop (the log may have been cut)."""
+        role = Role.load(self.run_dir)
+        if role is None or role == self.role:
+            return
+        if role.is_master and self.role is not None and self.role.is_master:  # elected again: no actor changes
+            add_epoch(self.store_dir, role.epoch, dict(role.history).get(role.epoch, 0))
+            self.role = role
+            return
+        started_ms = monotonic_ms()
+        others = [actor for actor in self.actors.values() if actor.spec.name != MEMBERSHIP]
+        for wave in sorted({actor.spec.wave for actor in others}, reverse=True):
+            stopping = [actor for actor in reversed(others) if actor.spec.wave == wave]
+            for actor in stopping:
+                self._signal_stop(actor)
+            for actor in stopping:
+                self._stop_actor(actor, signalled=True)
+        for slot in (REPLICATED, IN_SYNC_REPLICAS, IN_SYNC_IDS):
+            self.offsets.set(slot, 0)
+        self._enter_role()
+        (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
+        self._start_waves([actor for actor in self.actors.values() if actor.process is None])
+        (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
+        log.warning("now %s of epoch %d (actors started again in %d ms)", role.role, role.epoch,
+                    monotonic_ms() - started_ms, extra=event("role.changed", role=role.role, epoch=role.epoch))
+        self.publish("role.changed")
 
     def _check_file_systems(self) -> None:
         """Refuse a store (or run directory) whose files the actors could not share through mmap: a
@@ -376,6 +451,9 @@ class Supervisor:
             case StopCommand():
                 self.request_stop()
                 return ControlReply(ok=True, message="stopping")
+            case RoleChanged():
+                self._change_role()
+                return ControlReply(ok=True, message="role changed")
             case KillCommand(name=name):
                 actor = self.actors.get(name)
                 if actor is None or actor.process is None:

@@ -73,6 +73,7 @@ from engine.store.shared_offsets import (
     FLUSHED,
     IN_SYNC_REPLICAS,
     LAST_STORE_TIMESTAMP,
+    LEASE_DEADLINE,
     MIN_OFFSET,
     REPLICATED,
     WRITTEN,
@@ -200,6 +201,10 @@ class CommitLogWriterActor(Actor):
             if self.config.is_replica:  # the front refuses them first; an owner's dead letter would come here
                 raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica of {self.config.replica_of}: "
                                                          f"send to its master")
+            if self.config.elected and self.clock.mono_ms() > self.slots.get(LEASE_DEADLINE):
+                raise RequestError(ErrorCode.NOT_MASTER, "this engine's lease as master is not renewed (it may "
+                                                         "no longer be master): nothing was stored; send to the "
+                                                         "master etcd names")
             request = decode_as(SendRequest, raw)
             self.check_replicas(request)
             if self.deletions.unsaved:  # a deletion's queues start again at 0: it is saved before a later send

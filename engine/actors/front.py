@@ -93,7 +93,7 @@ from engine.services.shipped_config import ShippedConfig
 from engine.services.topic_deletions import PendingDeletion, TopicDeletions
 from engine.services.topic_rules import TopicRules
 from engine.store.records import owner_of
-from engine.store.shared_offsets import MIN_OFFSET, TOPIC_DELETIONS
+from engine.store.shared_offsets import LEASE_DEADLINE, MIN_OFFSET, TOPIC_DELETIONS
 
 log = logging.getLogger(__name__)
 
@@ -268,6 +268,11 @@ class FrontActor(Actor):
             where = f"its master at {master}" if master else f"its master (replication {self.config.replica_of})"
             raise RequestError(ErrorCode.NOT_MASTER, f"this engine is a replica: it serves reads; send {op} to "
                                                      f"{where}", master_endpoint=master)
+        if op in _WRITES and self.config.elected and self.clock.mono_ms() > self.slots.get(LEASE_DEADLINE):
+            master = self.master_endpoint()
+            raise RequestError(ErrorCode.NOT_MASTER, f"this engine's lease as master is not renewed: it takes no "
+                                                     f"{op}; send it to {master or 'the master etcd elects'}",
+                               master_endpoint=master)
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
             self.hold(origin, raw, peer_ip)
             return

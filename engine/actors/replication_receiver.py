@@ -44,7 +44,8 @@ from engine.logs import event
 from engine.services.log_shipping import SHIPPED_CONFIG_FILES
 from engine.store.atomic_file import write_atomically
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
-from engine.store.shared_offsets import WRITTEN
+from engine.store.epoch_file import add_epoch, load_epochs
+from engine.store.shared_offsets import EPOCH, WRITTEN
 
 log = logging.getLogger(__name__)
 _CONFIG_FILES = {path.name: path for path in SHIPPED_CONFIG_FILES}
@@ -65,6 +66,8 @@ class ReplicationReceiverActor(Actor):
         self.lost = False  # an order did not reach the writer: this follow is over
         self.chunks_appended = 0
         self.appends_refused = 0
+        epochs = load_epochs(env.store_dir)
+        self.last_epoch = epochs[-1][0] if epochs else 0
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=False, address=self.config.replica_of, monitor=True,
@@ -86,7 +89,8 @@ class ReplicationReceiverActor(Actor):
         if restart:  # a new follow: what is still on its way from the last one is dropped
             self.follow += 1
             self.lost = False
-        report = ReplicaReport(self.slots.get(WRITTEN), restart, self.follow)
+        report = ReplicaReport(self.slots.get(WRITTEN), restart, self.follow, self.slots.get(EPOCH),
+                               self.config.broker_id if self.config.elected else -1)
         out.append(Tell(channels.REPLICATION, Routed(b"", PLAIN, report), b"", lambda: None))
 
     def to_writer(self, order: ReplicaAppend | ReplicaDeletions, payload: bytes, out: Effects) -> None:
@@ -107,6 +111,8 @@ class ReplicationReceiverActor(Actor):
             path = self.env.run_dir / MASTER_ENDPOINT_FILE
             if not path.exists() or path.read_text() != note.endpoint:
                 write_atomically(path, note.endpoint.encode())  # the front's NOT_MASTER names it
+            return
+        if isinstance(note, LogChunk) and not self.of_this_epoch(note):
             return
         if isinstance(note, LogChunk):
             self.last_chunk_ms = self.clock.mono_ms()
@@ -133,6 +139,21 @@ class ReplicationReceiverActor(Actor):
                 log.error("the master refuses to be followed: %s", note.reason,
                           extra=event("replication.refused", reason=note.reason))
             self.refused = note.reason
+
+    def of_this_epoch(self, chunk: LogChunk) -> bool:
+        """Elected on etcd: a chunk from a master of an older epoch than this engine follows is dropped
+        (fencing: that master lost its lease); the first chunk of a newer one is noted in the epoch
+        file before its bytes reach the log."""
+        if not self.config.elected:
+            return True
+        epoch = self.slots.get(EPOCH)
+        if chunk.epoch < epoch:
+            self.refused = f"a chunk from a master of epoch {chunk.epoch} while this engine follows epoch {epoch}"
+            return False
+        if chunk.epoch > self.last_epoch:
+            add_epoch(self.env.store_dir, chunk.epoch, chunk.offset)
+            self.last_epoch = chunk.epoch
+        return True
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()

@@ -22,6 +22,7 @@ import logging
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
+from engine.coordination.broker_set import mask, members_of
 from engine.ipc import channels, endpoints
 from engine.ipc.messages import (
     ConfigSnapshot,
@@ -36,7 +37,15 @@ from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.log_shipping import LogShipping, Replica
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
-from engine.store.shared_offsets import CONFIRMED, IN_SYNC_REPLICAS, MIN_OFFSET, REPLICATED
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    EPOCH,
+    IN_SYNC_IDS,
+    IN_SYNC_PUBLISHED,
+    IN_SYNC_REPLICAS,
+    MIN_OFFSET,
+    REPLICATED,
+)
 
 log = logging.getLogger(__name__)
 _WAKE = encoder.encode(Wake())
@@ -74,11 +83,16 @@ class ReplicationSenderActor(Actor):
         replica = self.shipping.report(inbound.origin, report.end_offset, restart=report.restart,
                                        confirmed=self.slots.get(CONFIRMED), min_offset=self.slots.get(MIN_OFFSET),
                                        now_ms=now_ms, follow=report.follow)
+        epoch = self.slots.get(EPOCH)
+        if isinstance(replica, Replica) and report.epoch > epoch:
+            replica = (f"this engine was master of epoch {epoch}; the replica follows epoch {report.epoch}: "
+                       f"its master is another")
         if isinstance(replica, str):
             self.refusals += 1
             log.error("a replica cannot follow: %s", replica, extra=event("replication.refused", reason=replica))
             out.reply(inbound.origin, b"", ReplicaRefused(replica))
             return
+        replica.broker_id = report.broker_id
         if not known or report.restart:
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
@@ -92,6 +106,12 @@ class ReplicationSenderActor(Actor):
         when either changed (SYNC replication answers sends and bounds readers by them)."""
         in_sync = self.shipping.in_sync(self.clock.mono_ms())
         held = min((replica.reported for replica in in_sync), default=0)
+        if self.config.elected:  # the set etcd holds, too: a replica leaves it there first (broker_membership)
+            self.slots.set(IN_SYNC_IDS, mask([replica.broker_id for replica in in_sync if replica.broker_id >= 0]))
+            connected = {replica.broker_id: replica.reported for replica in self.shipping.replicas.values()}
+            for broker_id in members_of(self.slots.get(IN_SYNC_PUBLISHED)):
+                if broker_id != self.config.broker_id:
+                    held = min(held, connected.get(broker_id, 0))
         replicated = max(self.slots.get(REPLICATED), held)
         if (len(in_sync), replicated) == (self.slots.get(IN_SYNC_REPLICAS), self.slots.get(REPLICATED)):
             return
@@ -112,7 +132,8 @@ class ReplicationSenderActor(Actor):
             out.reply(replica.origin, table, ConfigSnapshot(DELETED_TOPICS_FILE.name, replica.follow))
         for offset, data in self.shipping.chunks(replica, confirmed, self.clock.mono_ms()):
             self.bytes_sent += len(data)
-            out.reply(replica.origin, data, LogChunk(offset, confirmed, replica.follow, replica.deletions_crc))
+            out.reply(replica.origin, data, LogChunk(offset, confirmed, replica.follow, replica.deletions_crc,
+                                                     self.slots.get(EPOCH)))
 
     def send_config(self, replica: Replica, out: Effects) -> None:
         for name, data in self.shipping.config_changes(replica):

@@ -3,6 +3,8 @@
 Start order follows what each actor's recovery reads, in waves; the actors of one wave
 start together, and the next wave starts once all of them run:
 
+0. elected on etcd (``etcd_endpoints``): the broker membership actor, which decides the role
+   (master or replica) the others start in;
 1. the writer recovers the log tail (and publishes the confirmed offset);
 2. the flusher flushes it and brings the checkpoint within the log;
 3. the queue owners and the index builder rebuild what the log holds beyond their files
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 
 from engine.config import StoreConfig
 
+MEMBERSHIP = "membership"  # elected on etcd: it decides the role the others start in (wave 0)
+
 
 @dataclass(frozen=True)
 class ActorSpec:
@@ -46,11 +50,12 @@ def actor_specs(config: StoreConfig) -> list[ActorSpec]:
     master_only = [] if config.is_replica else [ActorSpec("timer", "engine.actors.timer", wave=3),
                                                 ActorSpec("transactions", "engine.actors.transactions", wave=3)]
     replication = []
-    if config.replication_endpoint:
-        replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=6)]
-    elif config.is_replica:
+    if config.is_replica:
         replication = [ActorSpec("replication-receiver", "engine.actors.replication_receiver", wave=6)]
+    elif config.replication_endpoint:
+        replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=6)]
     return [
+        *([ActorSpec(MEMBERSHIP, "engine.actors.broker_membership", wave=0)] if config.elected else []),
         ActorSpec("writer", "engine.actors.commit_log_writer", wave=1),
         ActorSpec("flusher", "engine.actors.flusher", wave=2),
         *owners,

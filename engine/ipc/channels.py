@@ -136,8 +136,9 @@ REPLICATED = Channel("replicated", PUBLISH, endpoints.REPLICATION_PUB, "replicat
                      meaning="what the in-sync replicas hold, or how many are in sync, changed (SYNC replication)")
 HEARTBEATS = Channel("heartbeats", PUSH, endpoints.SUPERVISOR_HEARTBEATS, "supervisor", ("every actor",),
                      (Heartbeat,), (), meaning="lifecycle and figures, every heartbeat_interval_ms")
-CONTROL = Channel("control", REQUEST, endpoints.SUPERVISOR_CONTROL, "supervisor", ("CLI", "tests"),
-                  ControlRequest.__args__, (ControlReply,), meaning="status, stop, kill")
+CONTROL = Channel("control", REQUEST, endpoints.SUPERVISOR_CONTROL, "supervisor", ("CLI", "tests", "membership"),
+                  ControlRequest.__args__, (ControlReply,),
+                  meaning="status, stop, kill; a new role elected on etcd (from the broker membership actor)")
 EVENTS = Channel("events", PUBLISH, endpoints.SUPERVISOR_EVENTS, "supervisor", ("CLI", "tests"), (), (Event,),
                  topics=(endpoints.TOPIC_EVENT,), meaning="lifecycle news")
 

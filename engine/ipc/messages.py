@@ -183,6 +183,8 @@ class ReplicaReport(msgspec.Struct, array_like=True, tag="replica_report"):
     end_offset: int
     restart: bool = False
     follow: int = 0
+    epoch: int = 0  # elected on etcd: the epoch the replica follows (a master of an older one refuses it)
+    broker_id: int = -1  # elected on etcd: the replica's, for the in-sync set in etcd
 
 
 ReplicationRequest = ReplicaReport
@@ -199,6 +201,7 @@ class LogChunk(msgspec.Struct, array_like=True, tag="log_chunk"):
     master_end_offset: int
     follow: int = 0
     deletions_crc: int = 0
+    epoch: int = 0  # elected on etcd: the master's (a replica of a newer one drops it)
 
 
 class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
@@ -325,7 +328,15 @@ class KillCommand(msgspec.Struct, tag="kill"):
     name: str
 
 
-ControlRequest = StatusQuery | StopCommand | KillCommand
+class RoleChanged(msgspec.Struct, tag="role_changed"):
+    """broker membership -> supervisor: the engine's role in its broker set changed (``role.json`` in
+    the run directory says to what): start the other actors again in it. Reply: ``ControlReply``."""
+
+    role: str
+    epoch: int
+
+
+ControlRequest = StatusQuery | StopCommand | KillCommand | RoleChanged
 
 
 class ActorStatus(msgspec.Struct):

@@ -59,6 +59,7 @@ class Replica:
     follow: int = 0  # the report that began this follow: every answer carries it
     deletions_crc: int = field(default_factory=lambda: table_crc({}))  # of the deletion table sent it last
     config_sent: dict[Path, tuple[int, int, int]] = field(default_factory=dict)  # file -> (inode, mtime ns, size)
+    broker_id: int = -1  # elected on etcd: which member of the broker set it is
 
 
 class LogShipping:

@@ -19,6 +19,10 @@ store): it describes the running engine, not the data.
     slot 522 halves pending    transaction actor (half messages without a decision)
     slot 523 replicated        replication sender (what every in-sync replica holds: SYNC replication)
     slot 524 in-sync replicas  replication sender (how many replicas are in sync)
+    slot 525 lease deadline    broker membership (CLOCK_MONOTONIC ms until which an elected master may append)
+    slot 526 in-sync ids       replication sender (bit k: the replica with broker_id k is in sync here)
+    slot 527 in-sync in etcd   broker membership (bit k: broker_id k is in the set etcd holds)
+    slot 528 epoch             broker membership (the broker set's epoch this engine serves in)
 """
 
 from __future__ import annotations
@@ -31,17 +35,22 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX + 5
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 9
 TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
 TIMERS_PENDING = TOPIC_DELETIONS + 1
 HALVES_PENDING = TOPIC_DELETIONS + 2
 REPLICATED = TOPIC_DELETIONS + 3
 IN_SYNC_REPLICAS = TOPIC_DELETIONS + 4
+LEASE_DEADLINE = TOPIC_DELETIONS + 5
+IN_SYNC_IDS = TOPIC_DELETIONS + 6
+IN_SYNC_PUBLISHED = TOPIC_DELETIONS + 7
+EPOCH = TOPIC_DELETIONS + 8
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset",
          TIMERS_PENDING: "timers_pending", HALVES_PENDING: "halves_pending", REPLICATED: "replicated_offset",
-         IN_SYNC_REPLICAS: "in_sync_replicas"}
+         IN_SYNC_REPLICAS: "in_sync_replicas",
+         EPOCH: "epoch"}
 
 
 def owner_slot(instance: int) -> int:

@@ -1,0 +1,319 @@
+"""The broker membership actor: this engine's place in its broker set, kept in etcd.
+
+With ``etcd_endpoints``, it starts first (wave 0) and decides the role the other actors start in
+(``role.json`` in the run directory; the supervisor reads it): a replica of the master etcd
+names, or the master itself when it wins an election (``engine/coordination/broker_set.py``).
+Then, every tick:
+
+* it renews its lease (every quarter of ``master_lease_ms``). A master moves the lease deadline
+  slot to the renewal's send time + ``master_lease_ms`` - ``master_fence_margin_ms``: the writer
+  and the front refuse writes past it, so a master that cannot renew (etcd out of reach, the
+  process stopped) stops writing before etcd can let the lease expire and elect another;
+* a master checks that the ``master`` key is still the one it created and publishes its in-sync
+  set (the sender's in-sync replicas and itself) by a transaction that holds only while it is
+  master. The set etcd holds is put in a slot: the sender waits for every replica in it, as well
+  as its own in-sync ones, before it answers a SYNC send, so a replica leaves the set in etcd
+  before a send is answered without it;
+* a replica watches ``master``: another master (a new epoch) or none (an election, which it
+  joins while in the in-sync set) changes its role.
+
+A change of role is written to ``role.json`` and told to the supervisor (``RoleChanged``), which
+stops the other actors, cuts the log where it forks from the new master's (``epochs``), and starts
+them again in the new role. The epoch is in a slot: replication refuses a master or replica of an
+older one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from engine.actors.base import Actor, Env, main
+from engine.actors.effects import Effects
+from engine.coordination.broker_set import BrokerSetKeys, Role, choose, history, mask, members_of
+from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
+from engine.ipc import endpoints
+from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
+from engine.ipc.messages import RoleChanged, encoder
+from engine.logs import event
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.atomic_file import write_atomically
+from engine.store.shared_offsets import EPOCH, IN_SYNC_IDS, IN_SYNC_PUBLISHED, LEASE_DEADLINE, WRITTEN
+
+log = logging.getLogger(__name__)
+LEASE_FILE = "lease"  # in the run directory: the member's etcd lease, kept over a restart of this actor
+_DECIDE_POLL_S = 0.05
+
+
+class BrokerMembershipActor(Actor):
+    """Talks to etcd only; tells the supervisor ``RoleChanged``."""
+
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        cfg = env.config
+        self.etcd = Etcd(cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms)
+        self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
+        host = cfg.store_host
+        self.advertised = f"tcp://{f'[{host}]' if ':' in host else host}:{cfg.store_port}"
+        self.role = Role.load(env.run_dir)
+        self.lease = 0
+        self.renewed_ms = 0  # when the last renewal that etcd answered was sent
+        self.master_revision = 0  # the create_revision of the master key, while this engine holds it
+        self.offered_epoch = 0
+        self.offered_ms = 0
+        self.member_put_ms = 0
+        self.published: list[int] | None = None
+        self.waiting = ""  # why no master is elected, while none is
+        self.etcd_down = ""
+        self.elections_won = 0
+
+    # -- start -------------------------------------------------------------
+
+    def recover(self, out: Effects) -> None:
+        self.control: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.connect(endpoints.ipc(self.env.run_dir, endpoints.SUPERVISOR_CONTROL))
+        deadline = time.monotonic() + (self.config.actor_start_timeout_ms - 2_000) / 1000
+        end_offset = self.log_end_offline() if self.role is None else 0
+        while True:
+            try:
+                self.lease = self.lease or self.reuse_lease() or self.grant()
+                if self.role is not None:  # this actor restarted: the engine runs in its role
+                    self.resume()
+                    return
+                role = self.decide(end_offset)
+                if role is not None:
+                    self.hold(role)
+                    return
+            except EtcdUnavailable as exc:
+                self.waiting = str(exc)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no role within {self.config.actor_start_timeout_ms - 2_000} ms: "
+                                   f"{self.waiting or 'etcd did not answer'}")
+            time.sleep(_DECIDE_POLL_S)
+
+    def reuse_lease(self) -> int:
+        try:
+            lease = int((self.env.run_dir / LEASE_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+        sent_ms = self.clock.mono_ms()
+        if not self.etcd.keep_alive(lease):
+            return 0
+        self.renewed_ms = sent_ms
+        return lease
+
+    def grant(self) -> int:
+        self.renewed_ms = self.clock.mono_ms()
+        lease = self.etcd.grant(self.config.master_lease_ms)
+        write_atomically(self.env.run_dir / LEASE_FILE, str(lease).encode())
+        self.member_put_ms = 0
+        return lease
+
+    def resume(self) -> None:
+        assert self.role is not None
+        if self.role.is_master:
+            master = self.etcd.get(self.keys.master)
+            if master is not None and master.lease == self.lease and master.value["epoch"] == self.role.epoch:
+                self.master_revision = master.create_revision
+                self.fence_until(self.renewed_ms + self.config.master_lease_ms - self.config.master_fence_margin_ms)
+            # else: lost while this actor was down; the first tick steps down
+        self.slots.set(EPOCH, self.role.epoch)
+
+    def log_end_offline(self) -> int:
+        """The log's end before the writer runs (the engine's start): the writer's own recovery plan."""
+        return plan_commit_log_recovery(self.env.store_dir, self.config, unclean=True).end_offset
+
+    # -- the role ------------------------------------------------------------
+
+    def decide(self, end_offset: int) -> Role | None:
+        """The role etcd gives this engine now: a replica of the master there, or master by an
+        election this engine won; None while no master is elected."""
+        master = self.etcd.get(self.keys.master)
+        if master is not None and master.value["broker_id"] == self.config.broker_id:
+            if master.lease == self.lease and self.role is not None and self.role.is_master \
+                    and master.create_revision == self.master_revision:
+                return self.role
+            # This engine's master key from an earlier run (or lease): it is not master now.
+            self.etcd.transaction([created_at(self.keys.master, master.create_revision)],
+                                  [delete(self.keys.master)])
+            return None
+        if master is not None:
+            return self.replica_of(master)
+        return self.elect(end_offset)
+
+    def replica_of(self, master: Entry) -> Role:
+        value = master.value
+        return Role("replica", value["epoch"], value["broker_id"], value["endpoint"], value["replication_endpoint"],
+                    history(self.etcd.get_prefix(self.keys.epochs)))
+
+    def elect(self, end_offset: int) -> Role | None:
+        """One step of an election: offer this log's end, and after ``election_wait_ms`` claim if it
+        is the best offer of the in-sync set's members."""
+        epochs = history(self.etcd.get_prefix(self.keys.epochs))
+        epoch = (epochs[-1][0] if epochs else 0) + 1
+        in_sync = self.etcd.get(self.keys.in_sync)
+        members = in_sync.value["members"] if in_sync is not None else None
+        me = self.config.broker_id
+        if members is not None and me not in members:
+            self.waiting = f"no master; one of the in-sync set {members} must be elected (this is broker {me})"
+            return None
+        now_ms = self.clock.mono_ms()
+        if self.offered_epoch != epoch or now_ms - self.offered_ms > 2 * self.config.master_lease_ms:
+            self.etcd.put(self.keys.offer(epoch, me), {"end_offset": end_offset}, lease=self.lease)
+            self.offered_epoch, self.offered_ms = epoch, now_ms
+            self.waiting = f"no master; offered this log (end {end_offset}) for epoch {epoch}"
+            return None
+        if now_ms - self.offered_ms < self.config.election_wait_ms:
+            return None
+        offers = {int(entry.key.rsplit("/", 1)[-1]): int(entry.value["end_offset"])
+                  for entry in self.etcd.get_prefix(self.keys.offers(epoch))}
+        offers = {broker_id: end for broker_id, end in offers.items() if members is None or broker_id in members}
+        offers[me] = end_offset
+        if choose(offers) != me:
+            self.waiting = f"no master; broker {choose(offers)} has the longest log for epoch {epoch}"
+            return None
+        return self.claim(epoch, end_offset, in_sync, epochs)
+
+    def claim(self, epoch: int, end_offset: int, in_sync: Entry | None, epochs: list[tuple[int, int]]) -> Role | None:
+        """Become master of ``epoch`` by etcd's transaction, if nobody else did meanwhile."""
+        me = self.config.broker_id
+        sent_ms = self.clock.mono_ms()
+        if not self.etcd.keep_alive(self.lease):  # renewed just before: the fence starts from it
+            self.lease = self.grant()
+            return None
+        master = {"broker_id": me, "epoch": epoch, "endpoint": self.advertised,
+                  "replication_endpoint": self.config.replication_endpoint}
+        compare, success = self.keys.claim(epoch=epoch, in_sync=in_sync, master=master, start_offset=end_offset,
+                                           lease=self.lease)
+        if not self.etcd.transaction(compare, success):
+            return None
+        self.renewed_ms = sent_ms
+        self.master_revision = self.etcd.get(self.keys.master).create_revision  # type: ignore[union-attr]
+        self.elections_won += 1
+        log.warning("elected master of %s for epoch %d (log end %d)", self.config.broker_name, epoch, end_offset,
+                    extra=event("election.won", epoch=epoch, end_offset=end_offset))
+        return Role("master", epoch, me, self.advertised, self.config.replication_endpoint,
+                    [*epochs, (epoch, end_offset)])
+
+    def hold(self, role: Role) -> None:
+        """Hold ``role``: the file the supervisor reads, the slots the other actors read."""
+        self.role = role
+        self.waiting = ""
+        self.published = None
+        role.save(self.env.run_dir)
+        self.slots.set(EPOCH, role.epoch)
+        if role.is_master:
+            self.fence_until(self.renewed_ms + self.config.master_lease_ms - self.config.master_fence_margin_ms)
+            self.slots.set(IN_SYNC_PUBLISHED, mask([role.master_id]))
+        else:
+            self.fence_until(0)
+            self.master_revision = 0
+            write_atomically(self.env.run_dir / MASTER_ENDPOINT_FILE, role.master_endpoint.encode())
+        log.info("role: %s of epoch %d (master: broker %d at %s)", role.role, role.epoch, role.master_id,
+                 role.master_endpoint, extra=event("membership.role", role=role.role, epoch=role.epoch))
+
+    def change(self, role: Role) -> None:
+        self.hold(role)
+        self.control.send(encoder.encode(RoleChanged(role.role, role.epoch)))
+
+    def fence_until(self, deadline_ms: int) -> None:
+        self.slots.set(LEASE_DEADLINE, deadline_ms)
+
+    # -- every tick ----------------------------------------------------------
+
+    def tick(self, out: Effects) -> None:
+        try:
+            self.renew()
+            self.register()
+            if self.role is not None and self.role.is_master:
+                self.hold_master()
+            else:
+                self.follow()
+            self.etcd_down = ""
+        except EtcdUnavailable as exc:
+            if not self.etcd_down:
+                log.error("etcd out of reach: %s", exc, extra=event("membership.etcd_down"))
+            self.etcd_down = str(exc)
+
+    def renew(self) -> None:
+        now_ms = self.clock.mono_ms()
+        if now_ms - self.renewed_ms < self.config.master_lease_ms // 4:
+            return
+        if self.etcd.keep_alive(self.lease):
+            self.renewed_ms = now_ms
+            if self.role is not None and self.role.is_master and self.master_revision:
+                self.fence_until(now_ms + self.config.master_lease_ms - self.config.master_fence_margin_ms)
+            return
+        log.warning("the lease expired", extra=event("membership.lease_expired"))
+        self.fence_until(0)
+        self.lease = self.grant()  # the master key went with the old one: the next step sees it
+
+    def register(self) -> None:
+        now_ms = self.clock.mono_ms()
+        if now_ms - self.member_put_ms < 1_000:
+            return
+        self.member_put_ms = now_ms
+        self.etcd.put(self.keys.member(self.config.broker_id),
+                      {"broker_id": self.config.broker_id, "endpoint": self.advertised,
+                       "replication_endpoint": self.config.replication_endpoint,
+                       "end_offset": self.slots.get(WRITTEN)}, lease=self.lease)
+
+    def hold_master(self) -> None:
+        assert self.role is not None
+        master = self.etcd.get(self.keys.master)
+        if master is None or master.create_revision != self.master_revision:
+            self.fence_until(0)
+            log.warning("no longer master of epoch %d", self.role.epoch,
+                        extra=event("membership.stepped_down", epoch=self.role.epoch))
+            self.master_revision = 0
+            if master is not None and master.value["broker_id"] != self.config.broker_id:
+                self.change(self.replica_of(master))
+            else:  # no master yet: fenced, this engine joins the election on the next ticks
+                self.hold(Role("replica", self.role.epoch, -1, "", "", self.role.history))
+            return
+        members = sorted({self.config.broker_id, *members_of(self.slots.get(IN_SYNC_IDS))})
+        if members != self.published:
+            compare, success = self.keys.publish_in_sync(master_revision=self.master_revision,
+                                                         epoch=self.role.epoch, members=members)
+            if self.etcd.transaction(compare, success):
+                self.published = members
+                self.slots.set(IN_SYNC_PUBLISHED, mask(members))
+                log.info("in-sync set %s published", members, extra=event("membership.in_sync", members=members))
+
+    def follow(self) -> None:
+        assert self.role is not None
+        master = self.etcd.get(self.keys.master)
+        if master is None:
+            role = self.elect(self.slots.get(WRITTEN))
+            if role is not None:
+                self.change(role)
+            return
+        value = master.value
+        if (value["broker_id"], value["epoch"]) != (self.role.master_id, self.role.epoch):
+            if value["broker_id"] == self.config.broker_id:  # a key of this engine's earlier life
+                self.decide(self.slots.get(WRITTEN))
+                return
+            self.change(self.replica_of(master))
+
+    # -- reports -------------------------------------------------------------
+
+    def detail(self) -> dict[str, int]:
+        deadline = self.slots.get(LEASE_DEADLINE)
+        return {"epoch": self.slots.get(EPOCH), "master": int(bool(self.role and self.role.is_master)),
+                "lease_left_ms": max(0, deadline - self.clock.mono_ms()) if deadline else 0,
+                "in_sync_published": self.slots.get(IN_SYNC_PUBLISHED), "elections_won": self.elections_won}
+
+    def condition(self) -> str:
+        if self.etcd_down:
+            return f"etcd out of reach: {self.etcd_down}"
+        return self.waiting if self.role is not None and self.role.master_id < 0 else ""
+
+    def shutdown(self, out: Effects) -> None:
+        self.control.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(BrokerMembershipActor))

@@ -1,0 +1,129 @@
+"""etcd, reached through its JSON gateway (``etcd3gw``), over every endpoint of the etcd cluster.
+
+etcd keeps the broker set's election state (``broker_set.py``): it is the distributed engine that
+agrees, so nothing here agrees on anything itself. A request goes to the endpoint that answered
+last; one that cannot be reached (a member down) is left for the next, in turn, and
+``EtcdUnavailable`` is raised only when none answers. Keys and values are bytes on the wire
+(base64 in the gateway's JSON); here they are ``str`` keys and JSON values.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import etcd3gw
+from etcd3gw import exceptions as etcd_errors
+
+
+class EtcdUnavailable(RuntimeError):
+    """No endpoint of the etcd cluster answered."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    value: Any  # the JSON value
+    create_revision: int
+    mod_revision: int
+    lease: int
+
+
+def _b64(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.b64encode(raw).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    raw = bytearray(prefix.encode())
+    raw[-1] += 1
+    return _b64(bytes(raw))
+
+
+def put(key: str, value: Any, *, lease: int = 0) -> dict[str, Any]:
+    """A put, for a transaction's success or failure list."""
+    request: dict[str, Any] = {"key": _b64(key), "value": _b64(json.dumps(value, separators=(",", ":")))}
+    if lease:
+        request["lease"] = str(lease)
+    return {"request_put": request}
+
+
+def delete(key: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
+def absent(key: str) -> dict[str, Any]:
+    """A comparison: the key does not exist."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}
+
+
+def created_at(key: str, revision: int) -> dict[str, Any]:
+    """A comparison: the key exists and was created at ``revision`` (the same one, not a new one)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": str(revision)}
+
+
+def modified_at(key: str, revision: int) -> dict[str, Any]:
+    """A comparison: the key was last changed at ``revision`` (0: it does not exist)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(revision)}
+
+
+class Etcd:
+    def __init__(self, endpoints: list[str], *, timeout_ms: int) -> None:
+        assert endpoints
+        self.clients = []
+        for url in endpoints:
+            scheme, _, rest = url.partition("://")
+            host, _, port = rest.rstrip("/").rpartition(":")
+            self.clients.append(etcd3gw.Etcd3Client(host=host.strip("[]"), port=int(port), protocol=scheme,
+                                                    timeout=timeout_ms / 1000, api_path="/v3/"))
+        self.current = 0
+
+    def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for turn in range(len(self.clients)):
+            client = self.clients[(self.current + turn) % len(self.clients)]
+            try:
+                reply: dict[str, Any] = client.post(client.get_url(path), json=body)
+            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+                    etcd_errors.InternalServerError):
+                continue
+            self.current = (self.current + turn) % len(self.clients)
+            return reply
+        raise EtcdUnavailable(f"no etcd endpoint answered ({len(self.clients)} tried)")
+
+    def get(self, key: str) -> Entry | None:
+        kvs = self._call("/kv/range", {"key": _b64(key)}).get("kvs", [])
+        return _entry(kvs[0]) if kvs else None
+
+    def get_prefix(self, prefix: str) -> list[Entry]:
+        reply = self._call("/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
+        return [_entry(kv) for kv in reply.get("kvs", [])]
+
+    def put(self, key: str, value: Any, *, lease: int = 0) -> None:
+        self._call("/kv/put", put(key, value, lease=lease)["request_put"])
+
+    def transaction(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+                    failure: list[dict[str, Any]] | None = None) -> bool:
+        """Every comparison holds: the ``success`` requests are applied, at once; True. Else
+        ``failure``'s, and False."""
+        reply = self._call("/kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+        return bool(reply.get("succeeded", False))
+
+    def grant(self, ttl_ms: int) -> int:
+        reply = self._call("/lease/grant", {"TTL": str(ttl_ms // 1000), "ID": "0"})
+        return int(reply["ID"])
+
+    def keep_alive(self, lease: int) -> bool:
+        """Renew the lease; False if it has expired (etcd then answers a TTL of 0 or less)."""
+        reply = self._call("/lease/keepalive", {"ID": str(lease)})
+        return int(reply.get("result", {}).get("TTL", 0)) > 0
+
+    def revoke(self, lease: int) -> None:
+        self._call("/lease/revoke", {"ID": str(lease)})
+
+
+def _entry(kv: dict[str, Any]) -> Entry:
+    raw = base64.b64decode(kv.get("value", ""))
+    return Entry(base64.b64decode(kv["key"]).decode(), json.loads(raw) if raw else None,
+                 int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)), int(kv.get("lease", 0)))

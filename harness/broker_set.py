@@ -1,0 +1,115 @@
+"""A broker set elected on etcd, on loopback: an etcd of one or three members and N engines
+(``broker_id`` 0..N-1), each with its own store and replication endpoint. For the failover tests.
+
+``BrokerSet.master()`` is the engine whose run directory says it is master of the newest epoch;
+``wait_master`` waits, with a deadline, for one (another than a given one) to serve.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import rmqpy
+from engine.client import ClientError, StoreClient
+from engine.config import StoreConfig
+from engine.coordination.broker_set import Role
+from engine.ipc.endpoints import ensure_run_dir
+from supervisor.etcd_server import EtcdCluster
+from supervisor.launcher import EngineProcess, free_port
+
+
+@dataclass
+class BrokerSet:
+    etcd: EtcdCluster
+    engines: list[EngineProcess]
+
+    @property
+    def endpoints(self) -> str:
+        """The broker set's address for rmqpy: every engine's endpoint."""
+        return ",".join(engine.endpoint for engine in self.engines)
+
+    def role(self, engine: EngineProcess) -> Role | None:
+        return Role.load(ensure_run_dir(engine.store_dir))
+
+    def master(self) -> EngineProcess | None:
+        best: tuple[int, EngineProcess] | None = None
+        for engine in self.engines:
+            role = self.role(engine) if engine.process is not None else None
+            if role is not None and role.is_master and (best is None or role.epoch > best[0]):
+                best = (role.epoch, engine)
+        return best[1] if best else None
+
+    def wait_master(self, *, other_than: EngineProcess | None = None, timeout_s: float = 30.0) -> EngineProcess:
+        """The master, once it answers a status (not ``other_than``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            master = self.master()
+            if master is not None and master is not other_than:
+                try:
+                    with StoreClient(master.endpoint, timeout_ms=1_000) as client:
+                        client.status()
+                    return master
+                except ClientError:
+                    pass
+            time.sleep(0.05)  # polls files and a status: the roles change in other processes
+        raise TimeoutError(f"no master within {timeout_s} s")
+
+    def stop_process_group(self, engine: EngineProcess, sig: signal.Signals) -> list[int]:
+        """Send ``sig`` to the engine's supervisor and every actor of it (SIGSTOP: a pause that looks
+        like a partition; SIGCONT resumes it); the pids signalled."""
+        supervisor = psutil.Process(engine.pid)
+        pids = [supervisor.pid, *(child.pid for child in supervisor.children(recursive=True))]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return pids
+
+
+@contextmanager
+def broker_set(root: Path, config: StoreConfig, *, engines: int = 3, etcd_members: int = 1) -> Iterator[BrokerSet]:
+    """Start etcd, then the engines in broker_id order (the first is elected master), and stop all."""
+    etcd = EtcdCluster(root / "etcd", [(free_port(), free_port()) for _ in range(etcd_members)])
+    etcd.start()
+    started: list[EngineProcess] = []
+    try:
+        for broker_id in range(engines):
+            engine = EngineProcess(root / f"broker-{broker_id}", config=config.replace(
+                etcd_endpoints=etcd.endpoints, broker_id=broker_id,
+                replication_endpoint=f"tcp://127.0.0.1:{free_port()}"))
+            engine.start()
+            started.append(engine)
+        yield BrokerSet(etcd, started)
+    finally:
+        for engine in reversed(started):
+            engine.stop()
+        etcd.stop()
+
+
+class ProducerOnSet:
+    """``rmqpy.Producer`` on a broker set's address, shaped as ``harness.workload.Producer``'s client:
+    ``send(topic, batch, queue_id=)`` answers the wire's result maps; a refusal (after rmqpy's own
+    retries) or a timeout is raised as the StoreClient would."""
+
+    def __init__(self, endpoints: str, *, timeout_ms: int) -> None:
+        self.producer = rmqpy.Producer(endpoints, timeout_ms=timeout_ms)
+
+    def send(self, topic: str, batch: list[dict[str, Any]], *, queue_id: int) -> list[dict[str, Any]]:
+        messages = [rmqpy.OutgoingMessage(body=m["body"], keys=tuple(m.get("keys", ())), tags=m.get("tags"))
+                    for m in batch]
+        results = self.producer.send_batch(topic, messages, queue_id=queue_id)
+        return [{"status": r.status, "queue_offset": r.queue_offset, "commit_log_offset": r.commit_log_offset}
+                for r in results]
+
+    def close(self) -> None:
+        self.producer.close()

@@ -1,0 +1,78 @@
+"""Epochs and the cut of a forked log (engine/store/epoch_file.py, engine/offline/truncate.py), and the
+choice of a candidate (engine/coordination/broker_set.py): the rules, then a real store cut and
+recovered by the engine's own recovery plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import StoreConfig
+from engine.coordination.broker_set import Role, choose, mask, members_of
+from engine.offline.truncate import truncate_log
+from engine.services.recovery import plan_commit_log_recovery
+from engine.store.epoch_file import add_epoch, load_epochs, trim_epochs, truncation_point
+from supervisor.launcher import EngineProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(("local", "history", "point"), [
+    ([], [(1, 0)], None),  # an empty store: nothing to cut
+    ([(1, 0)], [(1, 0)], None),  # the current epoch: open
+    ([(1, 0)], [(1, 0), (2, 500)], 500),  # the old master of epoch 1: cut where epoch 2 began
+    ([(1, 0), (2, 400)], [(1, 0), (2, 500)], None),  # followed epoch 2 from 400, behind: all the set's
+    ([(1, 0), (2, 500)], [(1, 0), (2, 500), (3, 900)], 900),  # followed 2, the set moved on at 900
+    ([(1, 0), (2, 500), (3, 900)], [(1, 0), (2, 500), (3, 900)], None),
+    ([(1, 0), (2, 700)], [(1, 0), (2, 500), (3, 900)], 500),  # 1 wrote past its end here: cut at 500
+    ([(1, 0), (4, 700)], [(1, 0), (2, 500)], 500),  # an epoch the set never had: cut at 1's end first
+])
+def test_truncation_point(local: list[tuple[int, int]], history: list[tuple[int, int]], point: int | None) -> None:
+    assert truncation_point(local, history) == point
+
+
+def test_an_epoch_the_set_never_had_is_cut_at_its_start() -> None:
+    assert truncation_point([(3, 800)], [(1, 0), (2, 500)]) == 800
+
+
+def test_choose_takes_the_longest_log_then_the_lowest_id() -> None:
+    assert choose({0: 100, 1: 300, 2: 300}) == 1
+    assert choose({2: 5}) == 2
+    assert members_of(mask([0, 3, 62])) == [0, 3, 62]
+
+
+def test_epoch_file_round_trip(tmp_path: Path) -> None:
+    add_epoch(tmp_path, 1, 0)
+    add_epoch(tmp_path, 3, 4096)
+    add_epoch(tmp_path, 2, 9999)  # older than the last: ignored
+    assert load_epochs(tmp_path) == [(1, 0), (3, 4096)]
+    assert trim_epochs(load_epochs(tmp_path), 4096) == [(1, 0)]
+    role = Role("replica", 3, 1, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", [(1, 0), (3, 4096)])
+    role.save(tmp_path)
+    assert Role.load(tmp_path) == role
+
+
+def test_a_cut_store_recovers_to_the_cut(tmp_path: Path) -> None:
+    config = StoreConfig.test_min().replace(segment_size_bytes=1 << 20, message_body_bytes_max=64 * 1024,
+                                            send_batch_bytes_max=256 * 1024)
+    store = tmp_path / "store"
+    with EngineProcess(store, config=config) as engine, engine.client() as client:
+        results = []
+        for n in range(60):  # about 2.4 MiB: three segments
+            results += client.send("t", [{"body": bytes([n]) * 40_000}], queue_id=0)
+    cut = results[30]["commit_log_offset"]
+    assert truncate_log(store, cut) > 0
+    assert truncate_log(store, cut) == 0  # nothing past it any more
+    plan = plan_commit_log_recovery(store, engine.config, unclean=True)
+    assert plan.end_offset == cut
+    assert plan.next_queue_offsets[("t", 0)] == 30
+    with EngineProcess(store, config=config) as engine, engine.client() as client:
+        [stored] = client.send("t", [{"body": b"after the cut"}], queue_id=0)
+        assert (stored["queue_offset"], stored["commit_log_offset"]) == (30, cut)
+        bodies = []
+        while len(bodies) < 31:
+            page = client.pull("t", 0, len(bodies), max_messages=32, max_wait_ms=1_000)
+            bodies += [m["body"] for m in page["messages"]]
+        assert page["max_offset"] == 31  # the units past the cut are gone, not served
+        assert [body[0] for body in bodies[:30]] == list(range(30)) and bodies[30] == b"after the cut"
