@@ -201,6 +201,13 @@ const OPERATIONS = {
   async list_topics(client) {
     return { topics: await client.listTopics() };
   },
+  async route(client) {
+    return await client.route();
+  },
+  // No request: where the client's calls go now (it moves to the master a NOT_MASTER names).
+  async endpoint(client) {
+    return { endpoint: client.endpoint };
+  },
 };
 
 async function run(client, command) {

@@ -190,28 +190,60 @@ export interface PopStats {
   [field: string]: unknown;
 }
 
+/** Where an engine stands in its broker set: the `route` reply (docs/protocol.md 4.14). */
+export interface Route {
+  cluster_name: string;
+  broker_name: string;
+  /** This engine within its broker set. */
+  broker_id: number;
+  /** The engine's own advertised endpoint. */
+  endpoint: string;
+  /** Its role is chosen on etcd. */
+  elected: boolean;
+  role: "master" | "replica" | string;
+  /** The broker set's epoch (0 when not elected). */
+  epoch: Int;
+  /** The master's broker_id; -1: unknown, or not elected. */
+  master_id: number;
+  /** Where writes go; "" while unknown. */
+  master_endpoint: string;
+  [field: string]: unknown;
+}
+
 export declare class StoreError extends Error {
-  constructor(code: number, codeName: string, message: string, op?: string);
+  constructor(code: number, codeName: string, message: string, op?: string, details?: Record<string, unknown>);
   /** docs/protocol.md 7.3, or a ClientErrorCode (negative). */
   readonly code: number;
   /** e.g. "TOPIC_NOT_FOUND" or "TIMEOUT". */
   readonly codeName: string;
   readonly op: string | undefined;
+  /** A refusal's fields beside `error`, e.g. `master_endpoint` of NOT_MASTER (27); {} if none. */
+  readonly details: Record<string, unknown>;
 }
 
 export declare class StoreTimeoutError extends StoreError {
   constructor(message: string, op?: string);
 }
 
+/**
+ * Following the master: a replica (or a master whose lease ran out) refuses every write with
+ * NOT_MASTER (27), naming the master's endpoint. The client then moves to that endpoint for
+ * good and sends the same request there once more (the refusing engine stored nothing, so
+ * nothing is stored twice). A NOT_MASTER naming no master is thrown as it is.
+ */
 export declare class StoreClient {
   constructor(endpoint?: string, options?: StoreClientOptions);
+  /** Where requests go now: the endpoint given, or the master a NOT_MASTER refusal named since. */
   readonly endpoint: string;
   readonly timeoutMs: number;
   readonly maxInFlight: number;
   readonly frameBytesMax: number;
   readonly closed: boolean;
 
-  /** One raw request; `fields` use the protocol's names. Resolves to the whole reply map. */
+  /**
+   * One raw request; `fields` use the protocol's names. Resolves to the whole reply map. A
+   * NOT_MASTER naming another engine is followed: the request is sent there once more.
+   */
   request(op: string, fields?: Record<string, unknown>, options?: CallOptions): Promise<Record<string, unknown>>;
 
   send(topic: string, message: Message | Body, options?: SendOptions): Promise<SendResult>;
@@ -257,6 +289,8 @@ export declare class StoreClient {
   rollback(msgId: string, options?: EndTransactionOptions): Promise<TransactionDecision>;
   /** Half messages of the group undecided past the engine's transaction_timeout_ms; answer each with endTransaction. */
   transactionChecks(producerGroup: string, options?: TransactionChecksOptions): Promise<TransactionCheck[]>;
+  /** Where this engine stands in its broker set and where the master is; any engine answers. */
+  route(options?: CallOptions): Promise<Route>;
   ping(options?: CallOptions): Promise<boolean>;
   close(): void;
 }

@@ -15,6 +15,11 @@
 // it passes. After a timeout the socket is retired: new calls go out on a fresh socket, and the
 // old one is closed (linger 0, dropping any frame never sent) once its last call has settled.
 //
+// Following the master: a replica (or a master whose lease ran out) refuses every write with
+// NOT_MASTER (27) and names the master's endpoint beside the error. The client then moves to
+// that endpoint for good (`endpoint` changes; later calls go there) and sends the same request
+// there once more: the refusing engine did nothing with it, so nothing is stored twice.
+//
 // Integers: replies are decoded with 64-bit integers as BigInt and then narrowed, so every
 // integer within Number.MAX_SAFE_INTEGER (all offsets, ids and timestamps in practice) is a
 // plain number, and a larger one stays a BigInt instead of silently losing precision.
@@ -37,6 +42,7 @@ export const DEFAULT_MAX_IN_FLIGHT = 256;
 export const FRAME_BYTES_MAX = 4 * 1024 * 1024 + 64 * 1024;
 export const MESSAGE_BODY_BYTES_MAX = 4 * 1024 * 1024;
 const MESSAGE_ILLEGAL = 8;
+const NOT_MASTER = 27;
 
 /** Codes of failures raised by the client itself; the engine's own codes are all positive. */
 export const ClientErrorCode = Object.freeze({
@@ -54,7 +60,7 @@ const SAFE_MAX = BigInt(Number.MAX_SAFE_INTEGER);
 
 /** A refused request (engine error, `code` > 0) or a client-side failure (`code` < 0). */
 export class StoreError extends Error {
-  constructor(code, codeName, message, op) {
+  constructor(code, codeName, message, op, details = {}) {
     super(message);
     this.name = "StoreError";
     /** Stable numeric code: docs/protocol.md 7.3, or a ClientErrorCode. */
@@ -63,6 +69,8 @@ export class StoreError extends Error {
     this.codeName = codeName;
     /** The operation that failed, e.g. "pull". */
     this.op = op;
+    /** The refusal's fields beside `error`, e.g. `master_endpoint` of NOT_MASTER; {} if none. */
+    this.details = details;
   }
 
   toString() {
@@ -270,11 +278,29 @@ function envelopeless(reply) {
   return fields;
 }
 
+/** The StoreError of an `ok: false` reply, its fields beside `error` as `details`. */
+function refusal(reply, op) {
+  const { v, id, ok, error, ...details } = reply;
+  const { code = 0, name = "UNKNOWN", message = "" } = error ?? {};
+  return new StoreError(code, name, message, op, details);
+}
+
+/**
+ * The master a NOT_MASTER refusal names, when it is another engine than `endpoint`, the one
+ * that refused; undefined otherwise (an answer, another refusal, or no master known yet).
+ */
+function masterNamed(reply, endpoint) {
+  if (reply.ok === true || reply.error?.code !== NOT_MASTER) return undefined;
+  const master = reply.master_endpoint;
+  return typeof master === "string" && master !== "" && master !== endpoint ? master : undefined;
+}
+
 // -- connections ------------------------------------------------------------------
 
 /** One DEALER socket, its send queue and the number of calls waiting for a reply on it. */
 class Connection {
   constructor(endpoint, socketOptions) {
+    this.endpoint = endpoint;
     this.socket = new Dealer(socketOptions);
     this.socket.connect(endpoint);
     this.pending = 0;
@@ -344,6 +370,9 @@ export class StoreClient {
    * Send one request and wait for its reply. Returns the whole reply map (`v`, `id`, `ok` and
    * the operation's fields); throws a StoreError when the engine refuses it or no reply comes.
    * `fields` use the wire names of docs/protocol.md (snake_case).
+   *
+   * A refusal NOT_MASTER naming another engine as the master moves the client there (see
+   * `endpoint`) and sends the request there once more, with a deadline of its own.
    */
   async request(op, fields = {}, { timeoutMs } = {}) {
     if (this._closed) {
@@ -355,8 +384,29 @@ export class StoreClient {
     }
     const timeout = timeoutMs ?? this.timeoutMs;
     checkTimeout("timeoutMs", timeout);
+    const wireFields = widenIntegers(fields);
+    const first = await this._exchange(op, wireFields, timeout);
+    let reply = first.reply;
+    const master = masterNamed(reply, first.endpoint);
+    if (master !== undefined) {
+      // The refusing engine did nothing with the request, so sending it again stores nothing twice.
+      this._moveTo(master);
+      reply = (await this._exchange(op, wireFields, timeout)).reply;
+    }
+    if (reply.ok !== true) throw refusal(reply, op);
+    return reply;
+  }
+
+  /**
+   * One request on the current socket. Resolves to the reply, `ok` or not, and the endpoint
+   * that gave it; rejects only when no reply comes (or the client is closed).
+   */
+  async _exchange(op, wireFields, timeout) {
+    if (this._closed) {
+      throw new StoreError(ClientErrorCode.CLOSED, "CLOSED", "the client is closed", op);
+    }
     const id = this._takeId();
-    const frame = encoder.encode({ v: PROTOCOL_VERSION, op, id, ...widenIntegers(fields) });
+    const frame = encoder.encode({ v: PROTOCOL_VERSION, op, id, ...wireFields });
     if (frame.length > this.frameBytesMax) {
       throw new StoreError(MESSAGE_ILLEGAL, "MESSAGE_ILLEGAL",
         `the '${op}' request is ${frame.length} bytes; the engine drops requests over ${this.frameBytesMax} ` +
@@ -650,6 +700,16 @@ export class StoreClient {
     return envelopeless(await this.request("status", {}, { timeoutMs }));
   }
 
+  /**
+   * Where this engine stands in its broker set (docs/protocol.md 4.14): `cluster_name`,
+   * `broker_name`, `broker_id`, `endpoint` (its own), `elected`, `role` ("master" or
+   * "replica"), `epoch`, `master_id` and `master_endpoint` ("" while unknown). Every engine
+   * answers, replicas too; the client does not move.
+   */
+  async route({ timeoutMs } = {}) {
+    return envelopeless(await this.request("route", {}, { timeoutMs }));
+  }
+
   /** Resolves to true when the engine's front answers. */
   async ping({ timeoutMs } = {}) {
     return (await this.request("ping", {}, { timeoutMs })).pong === true;
@@ -670,6 +730,13 @@ export class StoreClient {
   }
 
   // -- internals ------------------------------------------------------------------
+
+  /** From now on calls go to `endpoint`; the current socket closes once its calls have settled. */
+  _moveTo(endpoint) {
+    if (this.endpoint === endpoint) return; // another call followed the same refusal first
+    this.endpoint = endpoint;
+    if (this._connection !== null) this._retire(this._connection);
+  }
 
   _takeId() {
     // Ids are unique among outstanding calls and never 0 (the engine's id for unreadable requests).
@@ -753,13 +820,9 @@ export class StoreClient {
       }
       return; // a late reply to a call that already timed out
     }
+    const endpoint = call.connection.endpoint;
     if (!this._settle(call)) return;
-    if (reply.ok === true) {
-      call.resolve(reply);
-    } else {
-      const error = reply.error ?? {};
-      call.reject(new StoreError(error.code ?? 0, error.name ?? "UNKNOWN", error.message ?? "", call.op));
-    }
+    call.resolve({ reply, endpoint }); // request() turns a refusal into a StoreError, or follows it
   }
 
   _timedOut(call, timeoutMs) {

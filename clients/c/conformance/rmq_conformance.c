@@ -7,6 +7,10 @@
  * writes a JSON array of results on stdout. Exit status 0 when every command ran
  * (whatever the engine answered); 2 when the arguments or a command are malformed,
  * in which case nothing is written to stdout and the reason goes to stderr.
+ *
+ * Beyond the table of clients/conformance.md: `route` (result: the route reply's fields,
+ * protocol 4.14) and `endpoint` (no request; result: `endpoint`, where the client's requests
+ * go now, which moves to the master when a replica refuses a write with NOT_MASTER).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -332,6 +336,36 @@ static void run_ping(FILE *out, rmq_client *client, const json_value *cmd) {
     else fputs("{\"ok\":true}", out);
 }
 
+static void run_route(FILE *out, rmq_client *client, const json_value *cmd) {
+    (void)cmd;
+    rmq_route route;
+    rmq_error err;
+    if (rmq_route_get(client, &route, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"cluster_name\":", out);
+    write_str(out, route.cluster_name);
+    fputs(",\"broker_name\":", out);
+    write_str(out, route.broker_name);
+    fprintf(out, ",\"broker_id\":%" PRId64 ",\"endpoint\":", route.broker_id);
+    write_str(out, route.endpoint);
+    fprintf(out, ",\"elected\":%s,\"role\":", route.elected ? "true" : "false");
+    write_str(out, route.role);
+    fprintf(out, ",\"epoch\":%" PRId64 ",\"master_id\":%" PRId64 ",\"master_endpoint\":", route.epoch,
+            route.master_id);
+    write_str(out, route.master_endpoint);
+    fputc('}', out);
+}
+
+/* Not a request: where the client's requests go now (it moves to the master a NOT_MASTER names). */
+static void run_endpoint(FILE *out, rmq_client *client, const json_value *cmd) {
+    (void)cmd;
+    fputs("{\"ok\":true,\"endpoint\":", out);
+    write_str(out, rmq_endpoint(client));
+    fputc('}', out);
+}
+
 static void run_pop(FILE *out, rmq_client *client, const json_value *cmd) {
     const char *group = string_field(cmd, "group", 1);
     const char *topic = string_field(cmd, "topic", 1);
@@ -477,6 +511,8 @@ static const struct {
     {"pop_stats", run_pop_stats},
     {"end_transaction", run_end_transaction},
     {"transaction_checks", run_transaction_checks},
+    {"route", run_route},
+    {"endpoint", run_endpoint},
 };
 
 static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {

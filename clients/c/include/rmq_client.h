@@ -31,6 +31,16 @@
  * that message is freed. rmq_send_result holds no pointers (nothing to free);
  * its contents are unspecified after a failed call.
  *
+ * Following the master. An engine that is a replica, or a master whose lease ran out,
+ * refuses every write (send, rmq_create_topic, rmq_commit_offset, pop, ack, change
+ * invisible, transactions) with 27 NOT_MASTER, and names the master's endpoint. The client
+ * then connects to that endpoint, sends the same request there once more (the refusing
+ * engine did nothing with it, so nothing is stored twice) and stays there for every later
+ * call; rmq_endpoint tells where it is. A NOT_MASTER that names no master (an election under
+ * way, or a replica that has not heard from its master yet) is returned as it is. Reads are
+ * served by replicas too and never move the client. rmq_route_get asks an engine where the
+ * master is without writing anything.
+ *
  * Threads. A client is not thread-safe: use one client per thread, or a lock.
  * Different clients are independent.
  */
@@ -57,6 +67,10 @@ extern "C" {
 #define RMQ_REQUEST_BYTES_MAX 4259840u
 #define RMQ_MESSAGE_BODY_BYTES_MAX 4194304u /* the engine's default message_body_bytes_max */
 #define RMQ_MESSAGE_ILLEGAL 8               /* engine ErrorCode MESSAGE_ILLEGAL */
+#define RMQ_NOT_MASTER 27                   /* engine ErrorCode NOT_MASTER: a replica refused a write */
+
+/* The longest endpoint the client reads ("tcp://[IPv6 address]:port" is at most 59 bytes). */
+#define RMQ_ENDPOINT_MAX 255
 
 typedef struct rmq_error {
     int code;          /* engine ErrorCode (> 0) or RMQ_ERR_* (< 0); 0 = no error */
@@ -188,6 +202,11 @@ rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_ke
 /* Closes the socket without waiting for unsent requests. NULL is allowed. */
 void rmq_close(rmq_client *client);
 
+/* The endpoint the client's requests go to now: the one given to rmq_connect, or the master
+ * it moved to after a NOT_MASTER (see "Following the master" above). Valid until the next
+ * call on the client or rmq_close; NULL for a NULL client. */
+const char *rmq_endpoint(const rmq_client *client);
+
 /* Sends one message. `options` may be NULL. On success *result holds its outcome. */
 int rmq_send(rmq_client *client, const char *topic, const rmq_send_options *options,
              const rmq_outgoing_message *message, rmq_send_result *result, rmq_error *err);
@@ -313,6 +332,24 @@ void rmq_check_result_free(rmq_check_result *result);
 
 /* Checks that the engine answers. */
 int rmq_ping(rmq_client *client, rmq_error *err);
+
+/* ---- route: where an engine stands in its broker set (protocol 4.14) ---- */
+
+typedef struct rmq_route {
+    char cluster_name[128];                     /* possibly truncated */
+    char broker_name[128];                      /* possibly truncated */
+    int64_t broker_id;                          /* this engine within its broker set */
+    char endpoint[RMQ_ENDPOINT_MAX + 1];        /* the engine's own advertised endpoint */
+    int elected;                                /* nonzero: its role is chosen on etcd */
+    char role[16];                              /* "master" or "replica" */
+    int64_t epoch;                              /* the broker set's epoch (0 when not elected) */
+    int64_t master_id;                          /* the master's broker_id; -1: unknown or not elected */
+    char master_endpoint[RMQ_ENDPOINT_MAX + 1]; /* where writes go; "" while unknown */
+} rmq_route;
+
+/* Asks the engine for its route: its role and the master's endpoint. Any engine of a broker
+ * set answers, replicas too; the client does not move. *route is zeroed after a failure. */
+int rmq_route_get(rmq_client *client, rmq_route *route, rmq_error *err);
 
 void rmq_message_free(rmq_message *message);
 void rmq_message_list_free(rmq_message_list *list);

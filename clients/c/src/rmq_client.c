@@ -6,7 +6,8 @@
  * frame, then read frames until the one whose `id` matches (others are late
  * replies and are dropped) or until the deadline. After a timeout the socket is
  * closed (linger 0) and a new one is connected, so a reply that arrives late can
- * never be read by a later call.
+ * never be read by a later call. A refusal NOT_MASTER that names the master moves
+ * the client to the master, where the same request goes once more (see call()).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -270,19 +271,40 @@ static int engine_error(const char *error, rmq_error *err) {
     return code;
 }
 
+/* Copies an endpoint field whole: a cut endpoint would name another engine, or none. */
+static int read_endpoint(const char *value, char out[RMQ_ENDPOINT_MAX + 1]) {
+    const char *s = NULL;
+    uint32_t len = 0;
+    if (rmq_read_str(value, &s, &len) != 0 || len > RMQ_ENDPOINT_MAX || memchr(s, '\0', len) != NULL) return -1;
+    memcpy(out, s, len);
+    out[len] = '\0';
+    return 0;
+}
+
+/* Where a refusal says the master is: its `master_endpoint`, beside `error` (protocol 7.3,
+ * NOT_MASTER), copied into master[]; "" when the reply names none, or none that fits. */
+static void read_master_endpoint(const char *reply, char master[RMQ_ENDPOINT_MAX + 1]) {
+    static const char *const names[] = {"master_endpoint"};
+    const char *v[1];
+    const char *p = reply;
+    if (rmq_map_lookup(&p, names, 1, v) != 0 || read_endpoint(v[0], master) != 0) master[0] = '\0';
+}
+
 /*
- * Sends the request and waits for its reply. On success (`ok: true`) returns 0,
+ * Sends the request once and waits for its reply. On success (`ok: true`) returns 0,
  * leaves the reply in *frame (the caller closes it) and points values[i] at the
  * reply's field names[i] (NULL if absent). Otherwise returns the error code with
- * *err filled and *frame closed.
+ * *err filled and *frame closed; a refusal's master_endpoint goes to master[] (else "").
+ * The request stays in *req, so that it can be sent again.
  */
-static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout_ms, const char *const *names,
-                size_t count, const char **values, zmq_msg_t *frame, rmq_error *err) {
+static int exchange(rmq_client *c, const rmq_buf *req, int64_t request_id, int64_t timeout_ms,
+                    const char *const *names, size_t count, const char **values, zmq_msg_t *frame,
+                    char master[RMQ_ENDPOINT_MAX + 1], rmq_error *err) {
     assert(count + REPLY_ENVELOPE_FIELDS <= REPLY_FIELDS_MAX);
+    master[0] = '\0';
     int64_t deadline = now_ms() + timeout_ms;
     int rc = c->socket == NULL ? open_socket(c, err) : 0;
     if (rc == 0) rc = send_frame(c, req, deadline, err);
-    rmq_buf_free(req);
     zmq_msg_init(frame);
     while (rc == 0) {
         int got = receive_frame(c, frame, deadline, err);
@@ -301,8 +323,10 @@ static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout
         if (!answers(all_values, request_id)) continue; /* a late reply to an earlier call */
         int ok = 0;
         if (rmq_read_bool(all_values[REPLY_OK], &ok) != 0) rc = bad_reply(err, "ok");
-        else if (!ok) rc = engine_error(all_values[REPLY_ERROR], err);
-        else {
+        else if (!ok) {
+            rc = engine_error(all_values[REPLY_ERROR], err);
+            read_master_endpoint(data, master);
+        } else {
             for (size_t i = 0; i < count; i++) values[i] = all_values[REPLY_ENVELOPE_FIELDS + i];
             return 0;
         }
@@ -317,6 +341,48 @@ static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout
                   (long long)timeout_ms);
     }
     return rc;
+}
+
+/* Points the client at `endpoint` for this and every later call: a new socket connected there.
+ * Returns 0, or nonzero (the client left where it was) when ZeroMQ cannot connect to it. */
+static int move_to(rmq_client *c, const char *endpoint) {
+    char *moved = strdup(endpoint);
+    if (moved == NULL) return RMQ_ERR_NO_MEMORY;
+    char *previous = c->endpoint;
+    rmq_error ignored;
+    drop_socket(c);
+    c->endpoint = moved;
+    if (open_socket(c, &ignored) == 0) {
+        free(previous);
+        return 0;
+    }
+    c->endpoint = previous;
+    free(moved);
+    (void)open_socket(c, &ignored); /* on failure the next call retries */
+    return RMQ_ERR_TRANSPORT;
+}
+
+/*
+ * Sends the request and waits for its reply (as exchange, then frees *req). A replica, or a
+ * master that lost its lease, refuses every write with NOT_MASTER naming the master: the
+ * client moves there for good and sends the request again, once. The refusing engine did
+ * nothing with the request, so the second send cannot store anything twice. The resend has a
+ * deadline of its own, and goes on a new socket, so reusing the request id is safe.
+ */
+static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout_ms, const char *const *names,
+                size_t count, const char **values, zmq_msg_t *frame, rmq_error *err) {
+    char master[RMQ_ENDPOINT_MAX + 1];
+    int rc = exchange(c, req, request_id, timeout_ms, names, count, values, frame, master, err);
+    if (rc == RMQ_NOT_MASTER && master[0] != '\0' && strcmp(master, c->endpoint) != 0 && move_to(c, master) == 0) {
+        clear_error(err);
+        rc = exchange(c, req, request_id, timeout_ms, names, count, values, frame, master, err);
+    }
+    rmq_buf_free(req);
+    return rc;
+}
+
+const char *rmq_endpoint(const rmq_client *client) {
+    return client != NULL ? client->endpoint : NULL;
 }
 
 /* ---- operations -------------------------------------------------------------------- */
@@ -616,6 +682,51 @@ int rmq_ping(rmq_client *c, rmq_error *err) {
     int rc = call(c, &req, id, c->timeout_ms, NULL, 0, NULL, &frame, err);
     if (rc == 0) zmq_msg_close(&frame);
     return rc;
+}
+
+/* ---- route: where this engine stands in its broker set (protocol 4.14) ------------- */
+
+enum {
+    ROUTE_CLUSTER, ROUTE_BROKER_NAME, ROUTE_BROKER_ID, ROUTE_ENDPOINT, ROUTE_ELECTED, ROUTE_ROLE, ROUTE_EPOCH,
+    ROUTE_MASTER_ID, ROUTE_MASTER_ENDPOINT, ROUTE_FIELDS
+};
+
+/* Reads the route reply's fields v[] into *route; NULL, or the name of the field that is wrong. */
+static const char *read_route(const char *const *v, rmq_route *route) {
+    if (rmq_read_str_into(v[ROUTE_CLUSTER], route->cluster_name, sizeof route->cluster_name) != 0) {
+        return "cluster_name";
+    }
+    if (rmq_read_str_into(v[ROUTE_BROKER_NAME], route->broker_name, sizeof route->broker_name) != 0) {
+        return "broker_name";
+    }
+    if (rmq_read_int64(v[ROUTE_BROKER_ID], &route->broker_id) != 0) return "broker_id";
+    if (read_endpoint(v[ROUTE_ENDPOINT], route->endpoint) != 0) return "endpoint";
+    if (rmq_read_bool(v[ROUTE_ELECTED], &route->elected) != 0) return "elected";
+    if (rmq_read_str_into(v[ROUTE_ROLE], route->role, sizeof route->role) != 0) return "role";
+    if (rmq_read_int64(v[ROUTE_EPOCH], &route->epoch) != 0) return "epoch";
+    if (rmq_read_int64(v[ROUTE_MASTER_ID], &route->master_id) != 0) return "master_id";
+    if (read_endpoint(v[ROUTE_MASTER_ENDPOINT], route->master_endpoint) != 0) return "master_endpoint";
+    return NULL;
+}
+
+int rmq_route_get(rmq_client *c, rmq_route *route, rmq_error *err) {
+    clear_error(err);
+    if (route != NULL) memset(route, 0, sizeof *route);
+    if (c == NULL || route == NULL) return invalid_argument(err, "client or route is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "route", 0, &id);
+    static const char *const names[ROUTE_FIELDS] = {"cluster_name", "broker_name", "broker_id", "endpoint",
+                                                    "elected", "role", "epoch", "master_id", "master_endpoint"};
+    const char *v[ROUTE_FIELDS];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, ROUTE_FIELDS, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = read_route(v, route);
+    zmq_msg_close(&frame);
+    if (why == NULL) return 0;
+    memset(route, 0, sizeof *route);
+    return bad_reply(err, why);
 }
 
 /* ---- pop consumers ------------------------------------------------------------------ */
