@@ -40,6 +40,7 @@ from engine.client import (
     RequestTimeout,
     StoreClient,
     engine_answers,
+    master_of_set,
 )
 from engine.ipc.curve import CurveKeys, keygen
 from engine.ipc.endpoints import NotRunning, read_engine_state
@@ -86,6 +87,9 @@ def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient
             raise SystemExit(EXIT_USAGE)
         curve = CurveKeys.from_files(args.server_key, args.client_key)
     endpoint = _endpoint(args)
+    if "," in endpoint:  # a broker set's engines: the one its route names master
+        members = [part.strip() for part in endpoint.split(",") if part.strip()]
+        endpoint = master_of_set(members) or members[0]
     try:
         answers = engine_answers(endpoint)  # at once, rather than at the end of the deadline
     except zmq.ZMQError as exc:  # not an endpoint ZeroMQ can connect to: "foo", "tcp://host" without a port
@@ -581,7 +585,8 @@ def _offline_store(store_dir: Path) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("engine connection")
-    where.add_argument("--endpoint", metavar="URL", help=f"the engine's client endpoint (default {DEFAULT_ENDPOINT})")
+    where.add_argument("--endpoint", metavar="URL", help=f"the engine's client endpoint (default {DEFAULT_ENDPOINT}); "
+                       "a broker set's engines separated by commas: its master")
     where.add_argument("--store-dir", type=Path, metavar="DIR",
                        help="reach the engine running on this store directory (its endpoint is read from it)")
     where.add_argument("--timeout-ms", type=_positive, default=10_000, metavar="MS",

@@ -98,6 +98,23 @@ def encode_request(op: str, request_id: int, fields: Mapping[str, Any], *,
     return frame
 
 
+def master_of_set(endpoints: list[str], *, timeout_ms: int = 2_000) -> str | None:
+    """The master's endpoint as the first engine of a broker set that answers ``route`` names it
+    (None: none answers, or none knows a master: an election under way)."""
+    for endpoint in endpoints:
+        if not engine_answers(endpoint):
+            continue
+        try:
+            with StoreClient(endpoint, timeout_ms=timeout_ms) as client:
+                route = client.route()
+        except ClientError:
+            continue
+        master = route.get("master_endpoint")
+        if isinstance(master, str) and master:
+            return master
+    return None
+
+
 def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context: zmq.Context | None = None) -> bool:
     """True if a connection to ``endpoint`` is made within ``timeout_ms``. A DEALER queues requests
     for an engine that is not there, so a client would learn that nothing runs only when its
@@ -406,6 +423,10 @@ class StoreClient:
 
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))
+
+    def route(self) -> dict[str, Any]:
+        """This engine's place in its broker set: role, epoch, and the master's endpoint (protocol 4.14)."""
+        return self.request("route")
 
     def status(self) -> dict[str, Any]:
         return self.request("status")

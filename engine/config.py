@@ -236,6 +236,12 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return self.replication_mode == "SYNC" and bool(self.replication_endpoint) and not self.is_replica
 
     @property
+    def reads_wait_for_replicas(self) -> bool:
+        """Readers see only what every in-sync replica holds: a SYNC master's, and its replicas' (they
+        learn it from the master: ``ConfirmOffset``)."""
+        return self.replication_mode == "SYNC" and (self.is_replica or bool(self.replication_endpoint))
+
+    @property
     def elected(self) -> bool:
         """Its role is chosen on etcd (``etcd_endpoints``), not by ``replica_of``."""
         return bool(self.etcd_endpoints)

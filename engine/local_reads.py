@@ -75,7 +75,7 @@ class LocalReads:
     # -- what may be read ------------------------------------------------------------------------
 
     def visible_end(self) -> int:
-        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.sync_replication)
+        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.reads_wait_for_replicas)
 
     def _follow(self) -> None:
         """Deleted topics and retention, as the owners follow them: a deleted queue's files are

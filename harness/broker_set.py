@@ -86,7 +86,7 @@ def broker_set(root: Path, config: StoreConfig, *, engines: int = 3, etcd_member
         for broker_id in range(engines):
             engine = EngineProcess(root / f"broker-{broker_id}", config=config.replace(
                 etcd_endpoints=etcd.endpoints, broker_id=broker_id,
-                replication_endpoint=f"tcp://127.0.0.1:{free_port()}"))
+                replication_endpoint=f"tcp://127.0.0.1:{free_port()}", grpc_endpoint=f"127.0.0.1:{free_port()}"))
             engine.start()
             started.append(engine)
         yield BrokerSet(etcd, started)

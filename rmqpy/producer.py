@@ -228,7 +228,9 @@ class Producer:
         """The background thread and its producer, started on first use (under ``_async_lock``)."""
         if self._loop_thread is None or self._async_producer is None:
             context = zmq.asyncio.Context.shadow(self._context) if self._context is not None else None
-            self._async_producer = AsyncProducer(self.endpoint, timeout_ms=self.timeout_ms, retry=self.retry,
+            at = self.endpoints.index(self.endpoint) if self.endpoint in self.endpoints else 0
+            order = self.endpoints[at:] + self.endpoints[:at]  # the async sends start where this one is
+            self._async_producer = AsyncProducer(",".join(order), timeout_ms=self.timeout_ms, retry=self.retry,
                                                  on_retry=self.on_retry, wait_store=self.wait_store,
                                                  in_flight_max=self._in_flight_max, context=context,
                                                  curve=self._curve)

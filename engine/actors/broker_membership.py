@@ -147,7 +147,7 @@ class BrokerMembershipActor(Actor):
     def replica_of(self, master: Entry) -> Role:
         value = master.value
         return Role("replica", value["epoch"], value["broker_id"], value["endpoint"], value["replication_endpoint"],
-                    history(self.etcd.get_prefix(self.keys.epochs)))
+                    history(self.etcd.get_prefix(self.keys.epochs)), value.get("grpc_endpoint", ""))
 
     def elect(self, end_offset: int) -> Role | None:
         """One step of an election: offer this log's end, and after ``election_wait_ms`` claim if it
@@ -185,7 +185,8 @@ class BrokerMembershipActor(Actor):
             self.lease = self.grant()
             return None
         master = {"broker_id": me, "epoch": epoch, "endpoint": self.advertised,
-                  "replication_endpoint": self.config.replication_endpoint}
+                  "replication_endpoint": self.config.replication_endpoint,
+                  "grpc_endpoint": self.config.grpc_endpoint if self.config.grpc_enabled else ""}
         compare, success = self.keys.claim(epoch=epoch, in_sync=in_sync, master=master, start_offset=end_offset,
                                            lease=self.lease)
         if not self.etcd.transaction(compare, success):

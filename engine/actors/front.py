@@ -44,6 +44,7 @@ from functools import partial
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Reply, Tell
+from engine.coordination.broker_set import Role
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels
 from engine.ipc.channels import Channel, ClientFrame
@@ -258,6 +259,21 @@ class FrontActor(Actor):
         except FileNotFoundError:
             return ""
 
+    def broker_route(self) -> dict[str, object]:
+        """The ``route`` reply: this engine's place in its broker set and where the master is."""
+        cfg = self.config
+        own = f"tcp://{f'[{cfg.store_host}]' if ':' in cfg.store_host else cfg.store_host}:{cfg.store_port}"
+        answer: dict[str, object] = {"cluster_name": cfg.cluster_name, "broker_name": cfg.broker_name,
+                                     "broker_id": cfg.broker_id, "endpoint": own, "elected": cfg.elected}
+        role = Role.load(self.env.run_dir) if cfg.elected else None
+        if role is not None:
+            master = own if role.is_master else role.master_endpoint
+            return {**answer, "role": role.role, "epoch": role.epoch, "master_id": role.master_id,
+                    "master_endpoint": master}
+        master = self.master_endpoint() if cfg.is_replica else own
+        return {**answer, "role": "replica" if cfg.is_replica else "master", "epoch": 0, "master_id": -1,
+                "master_endpoint": master}
+
     def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         """The routing table: which actor serves each op (or the front itself)."""
         envelope = decode_envelope(raw)
@@ -300,7 +316,7 @@ class FrontActor(Actor):
         elif op in ("query_by_key", "query_by_keys"):
             self.topics.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush,
-                                                 sync_replication=self.config.sync_replication)
+                                                 sync_replication=self.config.reads_wait_for_replicas)
             answer = self.lookup.answer if op == "query_by_key" else self.lookup.answer_many
             out.append(Reply(origin, answer(raw, visible_end=visible_end, deletions=self.slots.get(TOPIC_DELETIONS))))
         elif op == "delete_topic":
@@ -369,6 +385,8 @@ class FrontActor(Actor):
             return self.topics.listing(envelope.id)
         if op == "ping":
             return encode_reply(envelope.id, pong=True)
+        if op == "route":
+            return encode_reply(envelope.id, **self.broker_route())
         if isinstance(request, CommitOffsetRequest | FetchOffsetRequest):
             self.topics.check_queue(envelope)
             if isinstance(request, CommitOffsetRequest):

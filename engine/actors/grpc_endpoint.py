@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -27,6 +28,7 @@ from rocketmq.grpc_protocol import AddressScheme, definition_pb2
 
 from engine.actors.base import process_setup, send_heartbeat
 from engine.config import StoreConfig, decode_config
+from engine.coordination.broker_set import Role
 from engine.gateway.handlers import generic_handler
 from engine.gateway.link import EngineLink
 from engine.gateway.service import MessagingService
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _STOP_GRACE_S = 1.0
 BROKER_NAME = "engine"
+_ROLE_CACHE_S = 0.5
 
 
 class GrpcEndpoint:
@@ -51,6 +54,8 @@ class GrpcEndpoint:
         self.service: MessagingService | None = None
         self.link: EngineLink | None = None
         self.stopping = asyncio.Event()
+        self.role: Role | None = None
+        self.role_read_at = -_ROLE_CACHE_S
 
     def beat(self, heartbeat: zmq.Socket[bytes]) -> None:
         send_heartbeat(heartbeat, self.name, self.lifecycle, self.detail())
@@ -104,7 +109,7 @@ class GrpcEndpoint:
             scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
             addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
         assert self.link is not None
-        self.service = MessagingService(self.link, cfg, broker)
+        self.service = MessagingService(self.link, cfg, broker, self.master_broker)
         server = grpc.aio.server(maximum_concurrent_rpcs=cfg.grpc_streams_max, options=[
             ("grpc.max_receive_message_length", cfg.grpc_message_bytes_max),
             ("grpc.max_send_message_length", cfg.grpc_message_bytes_max),
@@ -118,6 +123,24 @@ class GrpcEndpoint:
         else:
             server.add_insecure_port(cfg.grpc_endpoint)
         return server
+
+
+    def master_broker(self) -> definition_pb2.Broker | None:
+        """Elected on etcd and a replica: the master's gRPC endpoint, from the role the broker membership
+        actor wrote (read again at most every ``_ROLE_CACHE_S``)."""
+        if not self.config.elected:
+            return None
+        now = time.monotonic()
+        if now - self.role_read_at > _ROLE_CACHE_S:
+            self.role, self.role_read_at = Role.load(self.run_dir), now
+        role = self.role
+        if role is None or role.is_master or not role.master_grpc_endpoint:
+            return None
+        host, _, port = role.master_grpc_endpoint.rpartition(":")
+        return definition_pb2.Broker(name=self.config.broker_name, id=role.master_id,
+                                     endpoints=definition_pb2.Endpoints(
+                                         scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
+                                         addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,7 @@ class IndexBuilderActor(Actor):
 
     @property
     def visible_end(self) -> int:
-        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.sync_replication)
+        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.reads_wait_for_replicas)
 
     def recover(self, out: Effects) -> None:
         try:

@@ -30,6 +30,7 @@ from engine.ipc.messages import (
     PLAIN,
     Answered,
     ConfigSnapshot,
+    ConfirmOffset,
     LogChunk,
     MasterEndpoint,
     ReplicaAppend,
@@ -45,7 +46,7 @@ from engine.services.log_shipping import SHIPPED_CONFIG_FILES
 from engine.store.atomic_file import write_atomically
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.epoch_file import add_epoch, load_epochs
-from engine.store.shared_offsets import EPOCH, WRITTEN
+from engine.store.shared_offsets import EPOCH, REPLICATED, WRITTEN
 
 log = logging.getLogger(__name__)
 _CONFIG_FILES = {path.name: path for path in SHIPPED_CONFIG_FILES}
@@ -105,8 +106,11 @@ class ReplicationReceiverActor(Actor):
 
     def on_answer(self, answer: Answered, inbound: Inbound, out: Effects) -> None:
         note = answer.note
-        if isinstance(note, LogChunk | ConfigSnapshot | MasterEndpoint) and note.follow != self.follow:
+        if isinstance(note, LogChunk | ConfigSnapshot | MasterEndpoint | ConfirmOffset) and note.follow != self.follow:
             return  # sent for an earlier follow
+        if isinstance(note, ConfirmOffset):  # under SYNC replication this engine's readers stop there
+            self.slots.set(REPLICATED, note.offset)
+            return
         if isinstance(note, MasterEndpoint):
             path = self.env.run_dir / MASTER_ENDPOINT_FILE
             if not path.exists() or path.read_text() != note.endpoint:

@@ -26,6 +26,7 @@ from engine.coordination.broker_set import mask, members_of
 from engine.ipc import channels, endpoints
 from engine.ipc.messages import (
     ConfigSnapshot,
+    ConfirmOffset,
     LogChunk,
     MasterEndpoint,
     ReplicaRefused,
@@ -97,6 +98,7 @@ class ReplicationSenderActor(Actor):
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
             out.reply(replica.origin, b"", MasterEndpoint(self.advertised, replica.follow))
+            out.reply(replica.origin, b"", ConfirmOffset(self.slots.get(REPLICATED), replica.follow))
             self.send_config(replica, out)
         self.send_log(replica, out)
         self.publish_in_sync(out)
@@ -120,6 +122,9 @@ class ReplicationSenderActor(Actor):
         self.slots.set(IN_SYNC_REPLICAS, len(in_sync))
         self.slots.set(REPLICATED, replicated)
         out.publish(channels.REPLICATED, endpoints.TOPIC_REPLICATED, _WAKE)
+        if self.config.reads_wait_for_replicas:  # the replicas' readers stop there too
+            for replica in self.shipping.replicas.values():
+                out.reply(replica.origin, b"", ConfirmOffset(replicated, replica.follow))
 
     def on_confirmed(self, _wake: Wake, _inbound: Inbound, out: Effects) -> None:
         for replica in self.shipping.replicas.values():

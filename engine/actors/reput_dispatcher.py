@@ -103,7 +103,7 @@ class ReputDispatcherActor(Actor):
         """How far readers may see: confirmed, under SYNC_FLUSH also flushed, under SYNC replication
         also held by the in-sync replicas."""
         end = min(self.confirmed_offset, self.flushed_offset) if self.sync_flush else self.confirmed_offset
-        return min(end, self.slots.get(REPLICATED)) if self.config.sync_replication else end
+        return min(end, self.slots.get(REPLICATED)) if self.config.reads_wait_for_replicas else end
 
     def dispatch(self, out: Effects) -> None:
         """Publish up to ``dispatch_batches_per_turn_max`` batches; the loop comes back for the rest."""

@@ -3,7 +3,8 @@
 Keys, under ``/rmqpy/<cluster_name>/<broker_name>/`` (values are JSON)::
 
     members/<broker_id>          {broker_id, endpoint, replication_endpoint, end_offset}   member's lease
-    master                       {broker_id, epoch, endpoint, replication_endpoint}         master's lease
+    master                       {broker_id, epoch, endpoint, replication_endpoint,
+                                  grpc_endpoint}                                           master's lease
     epochs/<epoch, 10 digits>    {start_offset, broker_id}: where that epoch's log began (the history)
     in_sync                      {epoch, members: [broker_id...]}: the set a master may be elected from
     offers/<epoch>/<broker_id>   {end_offset}: a candidate for that epoch                   member's lease
@@ -41,6 +42,7 @@ class Role:
     master_endpoint: str = ""  # where the master's clients reach it
     master_replication_endpoint: str = ""
     history: list[tuple[int, int]] = field(default_factory=list)  # (epoch, start offset) of the set
+    master_grpc_endpoint: str = ""  # host:port of the master's gRPC endpoint ("" : none)
 
     @property
     def is_master(self) -> bool:

@@ -70,10 +70,14 @@ _ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, Mess
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, link: EngineLink, config: StoreConfig, broker: definition_pb2.Broker) -> None:
+    def __init__(self, link: EngineLink, config: StoreConfig, broker: definition_pb2.Broker,
+                 master_broker: Callable[[], definition_pb2.Broker | None] = lambda: None) -> None:
+        """``master_broker``: elected on etcd, the broker set's master when it is another engine (the
+        routes name it: clients send there); None while this engine is master or not elected."""
         self.link = link
         self.config = config
         self.broker = broker
+        self.master_broker = master_broker
         self.queue_counts: dict[str, tuple[int, float]] = {}  # topic -> (queue count, when learnt)
         self.calls = 0
 
@@ -115,7 +119,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def queue(self, topic: str, queue_id: int) -> definition_pb2.MessageQueue:
         return definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=queue_id,
-                                           permission=Permission.READ_WRITE, broker=self.broker,
+                                           permission=Permission.READ_WRITE,
+                                           broker=self.master_broker() or self.broker,
                                            accept_message_types=_ACCEPTED_TYPES)
 
     # -- routes and sessions -------------------------------------------------------------------

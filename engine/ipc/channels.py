@@ -32,6 +32,7 @@ from engine.ipc.messages import (
     Append,
     ChangeInvisible,
     ConfigSnapshot,
+    ConfirmOffset,
     ControlReply,
     ControlRequest,
     DeleteTopic,
@@ -128,7 +129,8 @@ DISPATCH = Channel("dispatch", PUBLISH, endpoints.REPUT_PUB, "reput", ("owner-<k
                    topics=(b"cq.<k>.", endpoints.TOPIC_INDEX),
                    meaning="records of the log, per owner and for the index")
 REPLICATION = Channel("replication", REQUEST, REPLICATION_ENDPOINT, "replication-sender", ("replication-receiver",),
-                      (ReplicaReport,), (LogChunk, ConfigSnapshot, MasterEndpoint, ReplicaRefused), framed=True,
+                      (ReplicaReport,), (LogChunk, ConfigSnapshot, MasterEndpoint, ConfirmOffset, ReplicaRefused),
+                      framed=True,
                       meaning="between engines, over tcp: a replica's reports of its log's end; its master's log "
                               "bytes from there, and its config files")
 REPLICATED = Channel("replicated", PUBLISH, endpoints.REPLICATION_PUB, "replication-sender", ("writer",), (),

@@ -212,6 +212,16 @@ class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):
     follow: int = 0
 
 
+class ConfirmOffset(msgspec.Struct, array_like=True, tag="confirm_offset"):
+    """replication sender -> receiver, beside an empty frame, at each new follow and whenever it
+    moves: how far every in-sync replica holds the master's log (RocketMQ's confirm offset). Under
+    SYNC replication a replica's readers stop there too, so that no reader anywhere sees a record a
+    failover could take back."""
+
+    offset: int
+    follow: int = 0
+
+
 class MasterEndpoint(msgspec.Struct, array_like=True, tag="master_endpoint"):
     """replication sender -> receiver, beside an empty frame, at each new follow: the endpoint the
     master's clients reach (``store_host`` and ``store_port``, as RocketMQ advertises brokerIP1),
@@ -246,7 +256,8 @@ class Routed(msgspec.Struct, array_like=True, tag="routed"):
     order: Order
 
 
-Note = TopicDeletion | PopElsewhere | ReplicaAppended | LogChunk | ConfigSnapshot | MasterEndpoint | ReplicaRefused
+Note = (TopicDeletion | PopElsewhere | ReplicaAppended | LogChunk | ConfigSnapshot | MasterEndpoint | ConfirmOffset
+        | ReplicaRefused)
 
 
 class Answered(msgspec.Struct, array_like=True, tag="answered"):

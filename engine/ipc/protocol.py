@@ -23,7 +23,7 @@ from engine.errors import ErrorCode, RequestError
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "query_by_keys", "get_by_id", "create_topic", "list_topics", "ping", "status",
        "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic",
-       "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks")
+       "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks", "route")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -241,6 +241,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "pop_stats": PopStatsRequest,
     "end_transaction": EndTransactionRequest,
     "transaction_checks": TransactionChecksRequest,
+    "route": PlainRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -91,7 +91,7 @@ class QueueReads:
 
     @property
     def visible_end(self) -> int:
-        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.sync_replication)
+        return self.slots.visible_end(sync_flush=self.sync_flush, sync_replication=self.config.reads_wait_for_replicas)
 
     def subscription(self, expression: str) -> Subscription:
         cached = self.subscriptions.get(expression)

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, EngineError
+from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout
+from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
 from rmqpy.aio.client import AsyncClient
@@ -30,13 +31,14 @@ class AsyncProducer:
                  wait_store: bool = True, in_flight_max: int = 256, context: zmq.asyncio.Context | None = None,
                  curve: CurveKeys | None = None) -> None:
         """``client``: share an ``AsyncClient`` (and its socket) with other producers and consumers;
-        it stays open when the producer closes. Otherwise the producer opens its own.
+        it stays open when the producer closes. Otherwise the producer opens its own, and follows
+        the master of a broker set as ``Producer`` does (``endpoint`` may name all its engines).
         The other arguments are ``Producer``'s."""
         self._own_client = client is None
         self._open = lambda endpoint: AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
                                                   context=context, curve=curve)
-        self.client = client or AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
-                                            context=context, curve=curve)
+        self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
+        self.client = client or self._open(self.endpoints[0])
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
         self.wait_store = wait_store
@@ -83,11 +85,28 @@ class AsyncProducer:
                 results = (await self.client.request("send", topic=topic, **fields))["results"]
             except EngineError as exc:  # a replica names its master: an own client goes there
                 master = master_named(exc, self.client.endpoint)
+                if master is None and exc.code == ErrorCode.NOT_MASTER:  # nobody named: an election
+                    await self._move_to(self._next_endpoint())
                 if master is None or not self._own_client:
                     raise
-                await self.client.close()
-                self.client = self._open(master)
+                await self._move_to(master)
                 results = (await self.client.request("send", topic=topic, **fields))["results"]
+            except (RequestTimeout, EngineUnreachable):  # maybe a master gone: the next request elsewhere
+                await self._move_to(self._next_endpoint())
+                raise
             return send_results_from_wire(topic, results, uniq_keys)
 
         return await call_with_retry_async(self.retry, attempt, on_retry=self.on_retry)
+
+    def _next_endpoint(self) -> str:
+        current = self.client.endpoint
+        if current not in self.endpoints:
+            return self.endpoints[0]
+        return self.endpoints[(self.endpoints.index(current) + 1) % len(self.endpoints)]
+
+    async def _move_to(self, endpoint: str) -> None:
+        """An own client only: a shared one stays where its owner put it."""
+        if endpoint == self.client.endpoint or not self._own_client:
+            return
+        await self.client.close()
+        self.client = self._open(endpoint)

@@ -14,10 +14,15 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import grpc
 import pytest
+from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
@@ -114,6 +119,17 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             producer.client.close()  # type: ignore[attr-defined]
         role = brokers.role(old)
         assert role is not None and not role.is_master
+        with old.client() as client, new.client() as new_client:  # any engine names the master
+            route = client.route()
+            assert (route["role"], route["master_endpoint"], route["epoch"]) == ("replica", new.endpoint, role.epoch)
+            assert new_client.route()["role"] == "master"
+        produced = subprocess.run([sys.executable, "-m", "engine", "produce", "--endpoint", brokers.endpoints,
+                                   "--topic", "cli", "--count", "5"], capture_output=True, text=True, timeout=60,
+                                  check=False)
+        assert produced.returncode == 0, produced.stderr
+        with new.client() as client:  # the CLI asked the set who is master and sent there
+            queues = {t["topic"]: t["queue_count"] for t in client.list_topics()}["cli"]
+            assert sum(client.queue_stats("cli", q)["max_offset"] for q in range(queues)) == 5
         assert [epoch for epoch, _ in load_epochs(new.store_dir)][-1] == brokers.role(new).epoch  # type: ignore[union-attr]
         for engine in brokers.engines:
             if engine is not new:
@@ -222,3 +238,24 @@ def test_membership_actor_killed_keeps_the_role_and_loses_nothing(tmp_path: Path
         with master.client() as client:
             verdict = verify([producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
+
+
+def test_grpc_routes_name_the_master_of_the_set(tmp_path: Path) -> None:
+    config = StoreConfig.test_min().replace(grpc_enabled=True, replication_report_interval_ms=200)
+    with broker_set(tmp_path, config, engines=2) as brokers:
+        master = brokers.wait_master()
+        replica = next(engine for engine in brokers.engines if engine is not master)
+        with master.client() as client:
+            client.create_topic("routed", queue_count=2)
+        with replica.client() as client:  # the topic table reaches the replica every config interval
+            deadline = time.monotonic() + 30
+            while "routed" not in {t["topic"] for t in client.list_topics()}:
+                assert time.monotonic() < deadline, "the topic never reached the replica"
+                time.sleep(0.05)  # polls the replica's table, written by its receiver
+        request = service_pb2.QueryRouteRequest(topic=definition_pb2.Resource(name="routed"))
+        for engine in (master, replica):  # asked anywhere, the queues are the master's
+            with grpc.insecure_channel(engine.config.grpc_endpoint) as channel:
+                reply = MessagingServiceStub(channel).QueryRoute(request, timeout=10)
+            assert reply.status.code == Code.OK
+            addresses = {f"{a.host}:{a.port}" for q in reply.message_queues for a in q.broker.endpoints.addresses}
+            assert addresses == {master.config.grpc_endpoint}
