@@ -49,15 +49,15 @@ class BrokerSet:
         return best[1] if best else None
 
     def wait_master(self, *, other_than: EngineProcess | None = None, timeout_s: float = 30.0) -> EngineProcess:
-        """The master, once it answers a status (not ``other_than``)."""
+        """The master, once its actors serve as master's (not ``other_than``)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             master = self.master()
             if master is not None and master is not other_than:
                 try:
                     with StoreClient(master.endpoint, timeout_ms=1_000) as client:
-                        client.status()
-                    return master
+                        if client.route()["role"] == "master":  # its actors run as master's now
+                            return master
                 except ClientError:
                     pass
             time.sleep(0.05)  # polls files and a status: the roles change in other processes

@@ -268,7 +268,9 @@ class FrontActor(Actor):
         role = Role.load(self.env.run_dir) if cfg.elected else None
         if role is not None:
             master = own if role.is_master else role.master_endpoint
-            return {**answer, "role": role.role, "epoch": role.epoch, "master_id": role.master_id,
+            # Elected but its actors not yet started again as master: it still serves as a replica.
+            serving = "replica" if cfg.is_replica else role.role
+            return {**answer, "role": serving, "epoch": role.epoch, "master_id": role.master_id,
                     "master_endpoint": master}
         master = self.master_endpoint() if cfg.is_replica else own
         return {**answer, "role": "replica" if cfg.is_replica else "master", "epoch": 0, "master_id": -1,
