@@ -3,6 +3,7 @@
     python scripts/chaos.py                      # a fresh random seed, printed first
     python scripts/chaos.py --seed 42 --cycles 40
     python scripts/chaos.py --seed 42 --store-dir /tmp/chaos-store --keep
+    python scripts/chaos.py --elected --cycles 8   # a broker set elected on etcd (harness/election_chaos.py)
 
 Exit code 0 when every acknowledged message was read back exactly once, in
 its queue and order, with an intact body, and ``check`` found nothing.
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.chaos import run_chaos
+from harness.election_chaos import run_election_chaos
 
 
 def main() -> int:
@@ -29,9 +31,13 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=20, help="kill cycles, half per flush mode")
     parser.add_argument("--store-dir", type=Path, help="where to put the store (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the store directory afterwards")
+    parser.add_argument("--elected", action="store_true",
+                        help="a broker set elected on etcd instead: kill actors, masters, etcd members, pause masters")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     print(f"seed={seed}", flush=True)
+    if args.elected:
+        return elected(args, seed)
     base = args.store_dir or Path(tempfile.mkdtemp(prefix="chaos-")) / "store"
     try:
         report = run_chaos(base, seed=seed, cycles=args.cycles, log=True)
@@ -43,6 +49,21 @@ def main() -> int:
     for finding in report.findings:
         print(f"check: {finding}")
     print("PASS" if report.ok else f"FAIL (replay with --seed {seed})")
+    return 0 if report.ok else 1
+
+
+def elected(args: argparse.Namespace, seed: int) -> int:
+    root = args.store_dir or Path(tempfile.mkdtemp(prefix="chaos-elected-"))
+    try:
+        report = run_election_chaos(root, seed=seed, cycles=args.cycles)
+    finally:
+        if not args.keep and args.store_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print("schedule: " + " ".join(report.schedule))
+    print(report.summary())
+    for finding in report.findings:
+        print(f"check: {finding}")
+    print("PASS" if report.ok else f"FAIL (replay with --elected --seed {seed})")
     return 0 if report.ok else 1
 
 

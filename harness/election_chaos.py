@@ -1,0 +1,158 @@
+"""A seeded chaos run of a broker set elected on etcd: faults of every kind while rmqpy produces.
+
+``run_election_chaos`` starts three etcd members and three engines (SYNC replication) and runs
+a producer on the set's address. Each cycle waits for a seeded number of acknowledgements, then
+does one seeded fault:
+
+* ``actor``: SIGKILL a random actor of a random engine, the broker membership actor included;
+* ``master``: SIGKILL the master's supervisor and actors (a crash), then start it again;
+* ``pause``: SIGSTOP the master's processes past its lease (a partition), then SIGCONT;
+* ``etcd``: SIGKILL one etcd member, then start it again.
+
+After each it waits until a master serves and every engine is back. At the end every
+acknowledged message must be read back exactly once, in order (``workload.verify``), every
+engine's log must be the master's byte for byte, and ``check_store`` must pass on each store.
+No two engines may ever have claimed one epoch (the epochs in etcd are one per claim).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config import StoreConfig
+from engine.coordination.broker_set import BrokerSetKeys, history
+from engine.coordination.etcd import Etcd
+from engine.offline.check import Finding, check_store
+from harness.broker_set import BrokerSet, ProducerOnSet, broker_set
+from harness.faults import actor_pids, kill_actor
+from harness.replication import log_bytes, offsets
+from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify
+from supervisor.launcher import EngineProcess
+
+TOPICS = {"elected-a": 4, "elected-b": 2}
+FAULTS = ("actor", "actor", "master", "pause", "etcd")
+ACTORS = ("membership", "writer", "reput", "front", "replication-sender", "replication-receiver", "owner-0")
+
+
+@dataclass
+class ElectionChaosReport:
+    seed: int
+    schedule: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
+    findings: list[Finding] = field(default_factory=list)
+    logs_equal: bool = False
+    epochs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok() and not self.findings and self.logs_equal
+
+    def summary(self) -> str:
+        verdict = self.verdict.summary() if self.verdict else "not verified"
+        return (f"{verdict} findings={len(self.findings)} logs_equal={self.logs_equal} "
+                f"epochs={[epoch for epoch, _ in self.epochs]}")
+
+
+def election_config() -> StoreConfig:
+    return StoreConfig.test_min().replace(replication_mode="SYNC", replica_lag_max_ms=2_000,
+                                          replication_report_interval_ms=200, replication_config_interval_ms=200,
+                                          sync_flush_timeout_ms=2_000)
+
+
+def _all_serving(brokers: BrokerSet, timeout_s: float = 60.0) -> EngineProcess:
+    """The master, once every engine answers and the master has both replicas in sync."""
+    master = brokers.wait_master(timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    with master.client(timeout_ms=2_000) as client:
+        while offsets(client).get("in_sync_replicas", 0) < len(brokers.engines) - 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the replicas did not come back in sync")
+            time.sleep(0.05)  # polls the master's status
+    return master
+
+
+def _fault(brokers: BrokerSet, rng: random.Random, report: ElectionChaosReport) -> None:
+    master = brokers.wait_master()
+    kind = rng.choice(FAULTS)
+    if kind == "actor":
+        engine = rng.choice(brokers.engines)
+        running = actor_pids(engine.store_dir)
+        name, _pid = kill_actor(engine.store_dir, rng.choice([a for a in ACTORS if a in running]), rng=rng)
+        report.schedule.append(f"actor:{engine.store_dir.name}/{name}")
+    elif kind == "master":
+        master.kill()
+        brokers.wait_master(other_than=master)
+        master.start()
+        report.schedule.append(f"master:{master.store_dir.name}")
+    elif kind == "pause":
+        stopped = brokers.stop_process_group(master, signal.SIGSTOP)
+        try:
+            brokers.wait_master(other_than=master)
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        report.schedule.append(f"pause:{master.store_dir.name}")
+    else:
+        k = rng.randrange(len(brokers.etcd.members))
+        brokers.etcd.kill_member(k)
+        brokers.etcd.start_member(brokers.etcd.members[k])
+        report.schedule.append(f"etcd:{k}")
+
+
+def run_election_chaos(root: Path, *, seed: int, cycles: int = 8) -> ElectionChaosReport:
+    rng = random.Random(seed)
+    report = ElectionChaosReport(seed)
+    config = election_config()
+    with broker_set(root, config, engines=3, etcd_members=3) as brokers:
+        with brokers.wait_master().client() as client:
+            for topic, queues in TOPICS.items():
+                client.create_topic(topic, queue_count=queues)
+        _all_serving(brokers)
+        producer = Producer("chaos", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
+                            random.Random(seed))
+        thread = ProducerThread(producer).start()
+        try:
+            for _ in range(cycles):
+                thread.wait_acked(thread.acked + rng.randint(50, 300), timeout_s=120)
+                _fault(brokers, rng, report)
+                _all_serving(brokers)
+            thread.wait_acked(thread.acked + 100, timeout_s=120)
+        finally:
+            thread.stop()
+            producer.client.close()
+        master = _all_serving(brokers)
+        with master.client(timeout_ms=30_000) as client:
+            end = offsets(client)["written_offset"]
+            report.verdict = verify([producer], read_everything(client, TOPICS))
+        report.logs_equal = _logs_equal(brokers, master, end, config)
+        etcd = Etcd(brokers.etcd.endpoints.split(","), timeout_ms=2_000)
+        report.epochs = history(etcd.get_prefix(BrokerSetKeys(config.cluster_name, config.broker_name).epochs))
+    for engine in brokers.engines:
+        report.findings += check_store(engine.store_dir, engine.config)
+    return report
+
+
+def _logs_equal(brokers: BrokerSet, master: EngineProcess, end: int, config: StoreConfig) -> bool:
+    deadline = time.monotonic() + 60
+    expected = log_bytes(master.store_dir, 0, end, config.segment_size_bytes)
+    for engine in brokers.engines:
+        if engine is master:
+            continue
+        while True:
+            with engine.client(timeout_ms=2_000) as client:
+                if offsets(client)["written_offset"] >= end:
+                    break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)  # polls the replica's status
+        if log_bytes(engine.store_dir, 0, end, config.segment_size_bytes) != expected:
+            return False
+    return True
