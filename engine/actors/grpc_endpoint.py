@@ -137,7 +137,8 @@ class GrpcEndpoint:
         if role is None or role.is_master or not role.master_grpc_endpoint:
             return None
         host, _, port = role.master_grpc_endpoint.rpartition(":")
-        return definition_pb2.Broker(name=self.config.broker_name, id=role.master_id,
+        # id 0 is what RocketMQ names a master by (MixAll.MASTER_ID): clients send only to id 0's queues.
+        return definition_pb2.Broker(name=self.config.broker_name, id=0,
                                      endpoints=definition_pb2.Endpoints(
                                          scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
                                          addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
