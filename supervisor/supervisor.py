@@ -63,9 +63,10 @@ from engine.store.shared_mapping_check import SharedMappingError, check_shared_m
 from engine.store.shared_offsets import (
     CONFIRMED,
     DISPATCHED,
-    IN_SYNC_IDS,
-    IN_SYNC_REPLICAS,
-    REPLICATED,
+    EPOCH,
+    IN_SYNC_PUBLISHED,
+    LEASE_DEADLINE,
+    SLOT_COUNT,
     SharedOffsets,
 )
 from supervisor.start_checks import (
@@ -279,8 +280,11 @@ class Supervisor:
             if actor.process is not None:
                 self.publish("actor.exited", actor, exit_code=actor.process.wait())
                 actor.process = None
-        for slot in (REPLICATED, IN_SYNC_REPLICAS, IN_SYNC_IDS):
-            self.offsets.set(slot, 0)
+        # Every slot as a start finds it (the run directory's files are new then), but the membership
+        # actor's: a stale one (a dispatched or durable offset past a cut) would mislead the new actors.
+        for slot in range(SLOT_COUNT):
+            if slot not in (EPOCH, LEASE_DEADLINE, IN_SYNC_PUBLISHED):
+                self.offsets.set(slot, 0)
         self.actors = {MEMBERSHIP: self.actors[MEMBERSHIP], **coming}
         self._prepare_store(role)
         (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
