@@ -21,7 +21,7 @@ import psutil
 import rmqpy
 from engine.client import ClientError, StoreClient
 from engine.config import StoreConfig
-from engine.coordination.broker_set import Role
+from engine.coordination.role import Role
 from engine.ipc.endpoints import ensure_run_dir
 from supervisor.etcd_server import EtcdCluster
 from supervisor.launcher import EngineProcess, free_port

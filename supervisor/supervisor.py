@@ -40,7 +40,7 @@ import zmq
 
 from engine.actors.specs import MEMBERSHIP, ActorSpec, actor_specs
 from engine.config import StoreConfig, encode_config
-from engine.coordination.broker_set import Role
+from engine.coordination.role import Role
 from engine.ipc import endpoints
 from engine.ipc.lifecycle import Lifecycle, supervised_step
 from engine.ipc.messages import (

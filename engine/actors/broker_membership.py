@@ -32,8 +32,9 @@ import zmq
 
 from engine.actors.base import Actor, Env, main
 from engine.actors.effects import Effects
-from engine.coordination.broker_set import BrokerSetKeys, Role, choose, history, mask, members_of
+from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
+from engine.coordination.role import Role, mask, members_of
 from engine.ipc import endpoints
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import RoleChanged, encoder

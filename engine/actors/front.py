@@ -44,7 +44,7 @@ from functools import partial
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Reply, Tell
-from engine.coordination.broker_set import Role
+from engine.coordination.role import Role
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels
 from engine.ipc.channels import Channel, ClientFrame

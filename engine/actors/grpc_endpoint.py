@@ -28,7 +28,7 @@ from rocketmq.grpc_protocol import AddressScheme, definition_pb2
 
 from engine.actors.base import process_setup, send_heartbeat
 from engine.config import StoreConfig, decode_config
-from engine.coordination.broker_set import Role
+from engine.coordination.role import Role
 from engine.gateway.handlers import generic_handler
 from engine.gateway.link import EngineLink
 from engine.gateway.service import MessagingService

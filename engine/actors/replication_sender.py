@@ -22,7 +22,7 @@ import logging
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
-from engine.coordination.broker_set import mask, members_of
+from engine.coordination.role import mask, members_of
 from engine.ipc import channels, endpoints
 from engine.ipc.messages import (
     ConfigSnapshot,

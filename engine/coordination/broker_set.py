@@ -18,49 +18,15 @@ offers its log's end for the next epoch; after ``election_wait_ms`` the member w
 master acknowledged, so any of them may be elected; the most caught-up loses the fewest
 unacknowledged ones.
 
-The role the engine takes (``Role``) is written to the run directory (``role.json``) by the
-broker membership actor; the supervisor starts the other actors in it.
+The role the engine takes (``engine/coordination/role.py``) is written to the run directory by
+the broker membership actor; the supervisor starts the other actors in it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from engine.coordination.etcd import Entry, absent, created_at, modified_at, put
-
-ROLE_FILE = "role.json"
-
-
-@dataclass(frozen=True)
-class Role:
-    role: str  # "master" or "replica"
-    epoch: int
-    master_id: int
-    master_endpoint: str = ""  # where the master's clients reach it
-    master_replication_endpoint: str = ""
-    history: list[tuple[int, int]] = field(default_factory=list)  # (epoch, start offset) of the set
-    master_grpc_endpoint: str = ""  # host:port of the master's gRPC endpoint ("" : none)
-
-    @property
-    def is_master(self) -> bool:
-        return self.role == "master"
-
-    def save(self, run_dir: Path) -> None:
-        tmp = run_dir / (ROLE_FILE + ".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        tmp.replace(run_dir / ROLE_FILE)
-
-    @classmethod
-    def load(cls, run_dir: Path) -> Role | None:
-        try:
-            data = json.loads((run_dir / ROLE_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        data["history"] = [tuple(pair) for pair in data.get("history", [])]
-        return cls(**data)
 
 
 def choose(offers: dict[int, int]) -> int:
@@ -110,15 +76,3 @@ class BrokerSetKeys:
 def history(entries: list[Entry]) -> list[tuple[int, int]]:
     """The set's epochs and where each began, oldest first, from the ``epochs/`` keys."""
     return sorted((int(entry.key.rsplit("/", 1)[-1]), int(entry.value["start_offset"])) for entry in entries)
-
-
-def mask(members: list[int]) -> int:
-    """broker ids as the bits of a shared slot."""
-    bits = 0
-    for broker_id in members:
-        bits |= 1 << broker_id
-    return bits
-
-
-def members_of(bits: int) -> list[int]:
-    return [broker_id for broker_id in range(63) if bits >> broker_id & 1]

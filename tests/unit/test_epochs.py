@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine.config import StoreConfig
-from engine.coordination.broker_set import Role, choose, mask, members_of
+from engine.coordination.broker_set import choose
+from engine.coordination.role import Role, mask, members_of
 from engine.offline.truncate import truncate_log
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.epoch_file import add_epoch, load_epochs, trim_epochs, truncation_point
