@@ -236,6 +236,12 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return self.replication_mode == "SYNC" and bool(self.replication_endpoint) and not self.is_replica
 
     @property
+    def advertised_endpoint(self) -> str:
+        """Where this engine's clients reach it, as it tells others (RocketMQ's brokerIP1 and port)."""
+        host = f"[{self.store_host}]" if ":" in self.store_host else self.store_host
+        return f"tcp://{host}:{self.store_port}"
+
+    @property
     def reads_wait_for_replicas(self) -> bool:
         """Readers see only what every in-sync replica holds: a SYNC master's, and its replicas' (they
         learn it from the master: ``ConfirmOffset``)."""

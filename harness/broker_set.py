@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from engine.client import ClientError, StoreClient
 from engine.config import StoreConfig
 from engine.coordination.role import Role
 from engine.ipc.endpoints import ensure_run_dir
+from harness.replication import offsets
+from harness.workload import Producer, ProducerThread
 from supervisor.etcd_server import EtcdCluster
 from supervisor.launcher import EngineProcess, free_port
 
@@ -63,17 +66,47 @@ class BrokerSet:
             time.sleep(0.05)  # polls files and a status: the roles change in other processes
         raise TimeoutError(f"no master within {timeout_s} s")
 
-    def stop_process_group(self, engine: EngineProcess, sig: signal.Signals) -> list[int]:
-        """Send ``sig`` to the engine's supervisor and every actor of it (SIGSTOP: a pause that looks
-        like a partition; SIGCONT resumes it); the pids signalled."""
+    @contextmanager
+    def paused(self, engine: EngineProcess) -> Iterator[None]:
+        """The engine's supervisor and every actor of it stopped (SIGSTOP: a pause that looks like a
+        partition), and resumed (SIGCONT) at the end of the block."""
         supervisor = psutil.Process(engine.pid)
         pids = [supervisor.pid, *(child.pid for child in supervisor.children(recursive=True))]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        return pids
+        _signal(pids, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            _signal(pids, signal.SIGCONT)
+
+    @contextmanager
+    def producing(self, topics: dict[str, int], seed: int) -> Iterator[ProducerThread]:
+        """A workload producer (``harness.workload``) on the set's address, in a thread, stopped at the end."""
+        producer = Producer("p", ProducerOnSet(self.endpoints, timeout_ms=3_000), topics,  # type: ignore[arg-type]
+                            random.Random(seed))
+        thread = ProducerThread(producer).start()
+        try:
+            yield thread
+        finally:
+            thread.stop()
+            producer.client.close()
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_in_sync(master: EngineProcess, replicas: int, *, timeout_s: float = 60.0) -> None:
+    """Until the master has ``replicas`` replicas in sync."""
+    deadline = time.monotonic() + timeout_s
+    with master.client(timeout_ms=2_000) as client:
+        while offsets(client).get("in_sync_replicas", 0) < replicas:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fewer than {replicas} replicas in sync: {offsets(client)}")
+            time.sleep(0.05)  # polls the master's status: the replicas catch up in other processes
 
 
 @contextmanager

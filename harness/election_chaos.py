@@ -17,9 +17,7 @@ No two engines may ever have claimed one epoch (the epochs in etcd are one per c
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +26,10 @@ from engine.config import StoreConfig
 from engine.coordination.broker_set import BrokerSetKeys, history
 from engine.coordination.etcd import Etcd
 from engine.offline.check import Finding, check_store
-from harness.broker_set import BrokerSet, ProducerOnSet, broker_set
+from harness.broker_set import BrokerSet, broker_set, wait_in_sync
 from harness.faults import actor_pids, kill_actor
 from harness.replication import log_bytes, offsets
-from harness.workload import Producer, ProducerThread, Verdict, read_everything, verify
+from harness.workload import Verdict, read_everything, verify
 from supervisor.launcher import EngineProcess
 
 TOPICS = {"elected-a": 4, "elected-b": 2}
@@ -67,12 +65,7 @@ def election_config() -> StoreConfig:
 def _all_serving(brokers: BrokerSet, timeout_s: float = 60.0) -> EngineProcess:
     """The master, once every engine answers and the master has both replicas in sync."""
     master = brokers.wait_master(timeout_s=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    with master.client(timeout_ms=2_000) as client:
-        while offsets(client).get("in_sync_replicas", 0) < len(brokers.engines) - 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the replicas did not come back in sync")
-            time.sleep(0.05)  # polls the master's status
+    wait_in_sync(master, len(brokers.engines) - 1, timeout_s=timeout_s)
     return master
 
 
@@ -90,15 +83,8 @@ def _fault(brokers: BrokerSet, rng: random.Random, report: ElectionChaosReport) 
         master.start()
         report.schedule.append(f"master:{master.store_dir.name}")
     elif kind == "pause":
-        stopped = brokers.stop_process_group(master, signal.SIGSTOP)
-        try:
+        with brokers.paused(master):
             brokers.wait_master(other_than=master)
-        finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
         report.schedule.append(f"pause:{master.store_dir.name}")
     else:
         k = rng.randrange(len(brokers.etcd.members))
@@ -116,22 +102,16 @@ def run_election_chaos(root: Path, *, seed: int, cycles: int = 8) -> ElectionCha
             for topic, queues in TOPICS.items():
                 client.create_topic(topic, queue_count=queues)
         _all_serving(brokers)
-        producer = Producer("chaos", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
-                            random.Random(seed))
-        thread = ProducerThread(producer).start()
-        try:
+        with brokers.producing(TOPICS, seed) as thread:
             for _ in range(cycles):
                 thread.wait_acked(thread.acked + rng.randint(50, 300), timeout_s=120)
                 _fault(brokers, rng, report)
                 _all_serving(brokers)
             thread.wait_acked(thread.acked + 100, timeout_s=120)
-        finally:
-            thread.stop()
-            producer.client.close()
         master = _all_serving(brokers)
         with master.client(timeout_ms=30_000) as client:
             end = offsets(client)["written_offset"]
-            report.verdict = verify([producer], read_everything(client, TOPICS))
+            report.verdict = verify([thread.producer], read_everything(client, TOPICS))
         report.logs_equal = _logs_equal(brokers, master, end, config)
         etcd = Etcd(brokers.etcd.endpoints.split(","), timeout_ms=2_000)
         report.epochs = history(etcd.get_prefix(BrokerSetKeys(config.cluster_name, config.broker_name).epochs))

@@ -32,10 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import rmqpy
 from engine.client import ClientError
 from engine.config import StoreConfig
-from harness.broker_set import BrokerSet, broker_set
-from harness.replication import offsets
+from harness.broker_set import BrokerSet, broker_set, wait_in_sync
 from harness.workload import read_everything
-from supervisor.launcher import EngineProcess
 
 TOPIC, QUEUES, BATCH = "bench", 4, 10
 
@@ -72,15 +70,6 @@ class Load:
         """When a send begun after ``moment`` was first acknowledged by another engine than ``not_by``."""
         acks = [acked for began, acked, by in list(self.acks_by) if began > moment and by != not_by]
         return min(acks) if acks else None
-
-
-def wait_in_sync(master: EngineProcess, replicas: int) -> None:
-    deadline = time.monotonic() + 120
-    with master.client(timeout_ms=2_000) as client:
-        while offsets(client).get("in_sync_replicas", 0) < replicas:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the replicas did not come in sync")
-            time.sleep(0.05)
 
 
 def round_of(brokers: BrokerSet, load: Load) -> tuple[float, float, int, float]:

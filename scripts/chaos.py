@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.chaos import run_chaos
-from harness.election_chaos import run_election_chaos
+from harness.chaos import ChaosReport, run_chaos
+from harness.election_chaos import ElectionChaosReport, run_election_chaos
 
 
 def main() -> int:
@@ -36,34 +36,23 @@ def main() -> int:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     print(f"seed={seed}", flush=True)
-    if args.elected:
-        return elected(args, seed)
-    base = args.store_dir or Path(tempfile.mkdtemp(prefix="chaos-")) / "store"
+    # An elected set's engines keep their stores in a directory of their own; the engine's goes in store/.
+    scratch = args.store_dir or Path(tempfile.mkdtemp(prefix="chaos-elected-" if args.elected else "chaos-"))
+    report: ChaosReport | ElectionChaosReport
     try:
-        report = run_chaos(base, seed=seed, cycles=args.cycles, log=True)
+        if args.elected:
+            report = run_election_chaos(scratch, seed=seed, cycles=args.cycles)
+        else:
+            report = run_chaos(scratch if args.store_dir else scratch / "store", seed=seed, cycles=args.cycles,
+                               log=True)
     finally:
         if not args.keep and args.store_dir is None:
-            shutil.rmtree(base.parent, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
     print("schedule: " + " ".join(report.schedule))
     print(report.summary())
     for finding in report.findings:
         print(f"check: {finding}")
-    print("PASS" if report.ok else f"FAIL (replay with --seed {seed})")
-    return 0 if report.ok else 1
-
-
-def elected(args: argparse.Namespace, seed: int) -> int:
-    root = args.store_dir or Path(tempfile.mkdtemp(prefix="chaos-elected-"))
-    try:
-        report = run_election_chaos(root, seed=seed, cycles=args.cycles)
-    finally:
-        if not args.keep and args.store_dir is None:
-            shutil.rmtree(root, ignore_errors=True)
-    print("schedule: " + " ".join(report.schedule))
-    print(report.summary())
-    for finding in report.findings:
-        print(f"check: {finding}")
-    print("PASS" if report.ok else f"FAIL (replay with --elected --seed {seed})")
+    print("PASS" if report.ok else f"FAIL (replay with{' --elected' if args.elected else ''} --seed {seed})")
     return 0 if report.ok else 1
 
 

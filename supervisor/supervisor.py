@@ -57,7 +57,7 @@ from engine.ipc.messages import (
     heartbeat_decoder,
 )
 from engine.logs import LOG_DIR, configure_logging, event
-from engine.offline.truncate import truncate_log
+from engine.offline.truncate import ABORT_MARKER, truncate_log
 from engine.store.epoch_file import add_epoch, load_epochs, save_epochs, trim_epochs, truncation_point
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
 from engine.store.shared_offsets import (
@@ -82,7 +82,7 @@ from supervisor.start_checks import (
 log = logging.getLogger("supervisor")
 
 _STACK_DUMP_GRACE_MS = 300
-ABORT_FILE = "abort"
+ABORT_FILE = ABORT_MARKER
 FAULTS_FILE = "supervisor.faults"  # in logs/: the stacks of a supervisor ended by a fatal signal
 
 
@@ -263,8 +263,8 @@ class Supervisor:
         if role is None or role == self.role:
             return
         if role.is_master and self.role is not None and self.role.is_master:  # elected again: no actor changes
-            add_epoch(self.store_dir, role.epoch, dict(role.history).get(role.epoch, 0))
             self.role = role
+            self._prepare_store(role)
             return
         started_ms = monotonic_ms()
         others = [actor for actor in self.actors.values() if actor.spec.name != MEMBERSHIP]

@@ -56,8 +56,6 @@ class BrokerMembershipActor(Actor):
         cfg = env.config
         self.etcd = Etcd(cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms)
         self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
-        host = cfg.store_host
-        self.advertised = f"tcp://{f'[{host}]' if ':' in host else host}:{cfg.store_port}"
         self.role = Role.load(env.run_dir)
         self.lease = 0
         self.renewed_ms = 0  # when the last renewal that etcd answered was sent
@@ -134,9 +132,6 @@ class BrokerMembershipActor(Actor):
         election this engine won; None while no master is elected."""
         master = self.etcd.get(self.keys.master)
         if master is not None and master.value["broker_id"] == self.config.broker_id:
-            if master.lease == self.lease and self.role is not None and self.role.is_master \
-                    and master.create_revision == self.master_revision:
-                return self.role
             # This engine's master key from an earlier run (or lease): it is not master now.
             self.etcd.transaction([created_at(self.keys.master, master.create_revision)],
                                   [delete(self.keys.master)])
@@ -185,7 +180,7 @@ class BrokerMembershipActor(Actor):
         if not self.etcd.keep_alive(self.lease):  # renewed just before: the fence starts from it
             self.lease = self.grant()
             return None
-        master = {"broker_id": me, "epoch": epoch, "endpoint": self.advertised,
+        master = {"broker_id": me, "epoch": epoch, "endpoint": self.config.advertised_endpoint,
                   "replication_endpoint": self.config.replication_endpoint,
                   "grpc_endpoint": self.config.grpc_endpoint if self.config.grpc_enabled else ""}
         compare, success = self.keys.claim(epoch=epoch, in_sync=in_sync, master=master, start_offset=end_offset,
@@ -197,7 +192,7 @@ class BrokerMembershipActor(Actor):
         self.elections_won += 1
         log.warning("elected master of %s for epoch %d (log end %d)", self.config.broker_name, epoch, end_offset,
                     extra=event("election.won", epoch=epoch, end_offset=end_offset))
-        return Role("master", epoch, me, self.advertised, self.config.replication_endpoint,
+        return Role("master", epoch, me, self.config.advertised_endpoint, self.config.replication_endpoint,
                     [*epochs, (epoch, end_offset)])
 
     def hold(self, role: Role) -> None:
@@ -259,7 +254,7 @@ class BrokerMembershipActor(Actor):
             return
         self.member_put_ms = now_ms
         self.etcd.put(self.keys.member(self.config.broker_id),
-                      {"broker_id": self.config.broker_id, "endpoint": self.advertised,
+                      {"broker_id": self.config.broker_id, "endpoint": self.config.advertised_endpoint,
                        "replication_endpoint": self.config.replication_endpoint,
                        "end_offset": self.slots.get(WRITTEN)}, lease=self.lease)
 

@@ -262,7 +262,7 @@ class FrontActor(Actor):
     def broker_route(self) -> dict[str, object]:
         """The ``route`` reply: this engine's place in its broker set and where the master is."""
         cfg = self.config
-        own = f"tcp://{f'[{cfg.store_host}]' if ':' in cfg.store_host else cfg.store_host}:{cfg.store_port}"
+        own = cfg.advertised_endpoint
         answer: dict[str, object] = {"cluster_name": cfg.cluster_name, "broker_name": cfg.broker_name,
                                      "broker_id": cfg.broker_id, "endpoint": own, "elected": cfg.elected}
         role = Role.load(self.env.run_dir) if cfg.elected else None

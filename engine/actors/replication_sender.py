@@ -62,8 +62,6 @@ class ReplicationSenderActor(Actor):
         self.last_config_ms = 0
         self.bytes_sent = 0
         self.refusals = 0
-        host = env.config.store_host
-        self.advertised = f"tcp://{f'[{host}]' if ':' in host else host}:{env.config.store_port}"
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
@@ -97,7 +95,7 @@ class ReplicationSenderActor(Actor):
         if not known or report.restart:
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
-            out.reply(replica.origin, b"", MasterEndpoint(self.advertised, replica.follow))
+            out.reply(replica.origin, b"", MasterEndpoint(self.config.advertised_endpoint, replica.follow))
             out.reply(replica.origin, b"", ConfirmOffset(self.slots.get(REPLICATED), replica.follow))
             self.send_config(replica, out)
         self.send_log(replica, out)

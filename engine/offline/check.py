@@ -58,6 +58,7 @@ from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
+from engine.store.epoch_file import EPOCH_FILE, epoch_problems
 from engine.store.index_file import INDEX_DIR
 
 FINDING_BYTES = 1024  # what one kept finding is taken to cost, for check_memory_bytes_max
@@ -71,7 +72,7 @@ def _quiet(_stage: str, _done: int, _total: int) -> None:
 
 @dataclass(frozen=True)
 class Finding:
-    area: str  # commitlog, consumequeue, index, checkpoint, pop, timer
+    area: str  # commitlog, consumequeue, index, checkpoint, pop, timer, epochs
     where: str
     problem: str
 
@@ -122,6 +123,8 @@ def check_store(store_dir: Path, config: StoreConfig | None = None, *, progress:
             findings.add(Finding("pop", where, problem))
         for where, problem in check_timer_state(store_dir, config, reader, log_end):
             findings.add(Finding("timer", where, problem))
+        for problem in epoch_problems(store_dir, log_end):
+            findings.add(Finding("epochs", EPOCH_FILE, problem))
         return findings.closed()
     finally:
         for cq in queues.values():

@@ -76,3 +76,19 @@ def truncation_point(local: Epochs, history: Epochs) -> int | None:
 def trim_epochs(epochs: Epochs, end_offset: int) -> Epochs:
     """The epochs that still begin below ``end_offset`` once the log is cut there."""
     return [(epoch, start) for epoch, start in epochs if start < end_offset]
+
+
+def epoch_problems(store_dir: Path, log_end: int) -> list[str]:
+    """What ``engine check`` reports of the epoch file: lines it cannot read, epochs not increasing,
+    starts going back or past the log's end."""
+    try:
+        epochs = load_epochs(store_dir)
+    except ValueError as exc:
+        return [f"unreadable: {exc}"]
+    problems = []
+    for (epoch, start), (next_epoch, next_start) in pairwise(epochs):
+        if next_epoch <= epoch or next_start < start:
+            problems.append(f"epoch {next_epoch} at {next_start} follows epoch {epoch} at {start}")
+    problems += [f"epoch {epoch} begins at {start}, past the log's end {log_end}"
+                 for epoch, start in epochs if start > log_end]
+    return problems

@@ -11,10 +11,8 @@ refuses writes, then follows. An etcd member killed: the set keeps working.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,10 +29,10 @@ from engine.errors import ErrorCode
 from engine.ipc.control import EventStream
 from engine.offline.check import check_store
 from engine.store.epoch_file import load_epochs
-from harness.broker_set import BrokerSet, ProducerOnSet, broker_set
+from harness.broker_set import BrokerSet, broker_set, wait_in_sync
 from harness.faults import kill_actor
 from harness.replication import log_bytes, offsets
-from harness.workload import Producer, ProducerThread, read_everything, verify
+from harness.workload import ProducerThread, read_everything, verify
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import EngineProcess
 from tests.helpers import require
@@ -61,14 +59,6 @@ def create_topics(brokers: BrokerSet) -> None:
     with master.client() as client:
         for topic, queues in TOPICS.items():
             client.create_topic(topic, queue_count=queues)
-
-
-def wait_in_sync(master: EngineProcess, replicas: int, *, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with master.client(timeout_ms=2_000) as client:
-        while offsets(client).get("in_sync_replicas", 0) < replicas:
-            assert time.monotonic() < deadline, f"fewer than {replicas} replicas in sync: {offsets(client)}"
-            time.sleep(0.05)  # polls the master's status: the replicas catch up in other processes
 
 
 def wait_same_log(master: EngineProcess, engine: EngineProcess, config: StoreConfig, *, timeout_s: float = 60.0) -> int:
@@ -110,10 +100,7 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
         create_topics(brokers)
         old = brokers.wait_master()
         wait_in_sync(old, 2)
-        producer = Producer("p", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
-                            random.Random(1))
-        thread = ProducerThread(producer).start()
-        try:
+        with brokers.producing(TOPICS, seed=1) as thread:
             thread.wait_acked(500)
             acked_before = thread.acked
             old.kill()
@@ -124,9 +111,6 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             old.start()  # its log is cut where it forks from the new epoch's, then it follows
             wait_in_sync(new, 2)
             thread.wait_acked(thread.acked + 200)
-        finally:
-            thread.stop()
-            producer.client.close()  # type: ignore[attr-defined]
         role = brokers.role(old)
         assert role is not None and not role.is_master
         with old.client() as client, new.client() as new_client:  # any engine names the master
@@ -145,7 +129,7 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             if engine is not new:
                 wait_same_log(new, engine, config)
         with new.client() as client:
-            verdict = verify([producer], read_everything(client, TOPICS))
+            verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
         assert verdict.acked >= 900
 
@@ -156,21 +140,11 @@ def test_paused_master_is_fenced_and_follows_the_new_one(tmp_path: Path) -> None
         create_topics(brokers)
         old = brokers.wait_master()
         wait_in_sync(old, 2)
-        producer = Producer("p", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
-                            random.Random(2))
-        thread = ProducerThread(producer).start()
-        try:
+        with brokers.producing(TOPICS, seed=2) as thread:
             thread.wait_acked(300)
-            stopped = brokers.stop_process_group(old, signal.SIGSTOP)
-            try:
+            with brokers.paused(old):
                 new = brokers.wait_master(other_than=old)  # elected once the paused master's lease ran out
                 thread.wait_acked(thread.acked + 200)
-            finally:
-                for pid in stopped:
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
             # Resumed, the old master refuses writes at once (its lease deadline passed while paused).
             with StoreClient(old.endpoint, timeout_ms=5_000) as client:
                 with pytest.raises(EngineError) as refused:
@@ -178,16 +152,13 @@ def test_paused_master_is_fenced_and_follows_the_new_one(tmp_path: Path) -> None
                 assert refused.value.code in (ErrorCode.NOT_MASTER, ErrorCode.SERVICE_NOT_AVAILABLE)
             wait_in_sync(new, 2)
             thread.wait_acked(thread.acked + 200)
-        finally:
-            thread.stop()
-            producer.client.close()  # type: ignore[attr-defined]
         role = brokers.role(old)
         assert role is not None and not role.is_master and role.master_id == new.config.broker_id
         for engine in brokers.engines:
             if engine is not new:
                 wait_same_log(new, engine, config)
         with new.client() as client:
-            verdict = verify([producer], read_everything(client, TOPICS))
+            verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
     assert check_store(old.store_dir, old.config) == []
 
@@ -198,10 +169,7 @@ def test_an_etcd_member_killed_the_set_keeps_working_and_fails_over(tmp_path: Pa
         create_topics(brokers)
         old = brokers.wait_master()
         wait_in_sync(old, 2)
-        producer = Producer("p", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
-                            random.Random(3))
-        thread = ProducerThread(producer).start()
-        try:
+        with brokers.producing(TOPICS, seed=3) as thread:
             thread.wait_acked(200)
             brokers.etcd.kill_member(random.Random(3).randrange(3))
             thread.wait_acked(thread.acked + 300)
@@ -211,11 +179,8 @@ def test_an_etcd_member_killed_the_set_keeps_working_and_fails_over(tmp_path: Pa
             thread.wait_acked(thread.acked + 200)
             old.start()
             wait_in_sync(new, 2)
-        finally:
-            thread.stop()
-            producer.client.close()  # type: ignore[attr-defined]
         with new.client() as client:
-            verdict = verify([producer], read_everything(client, TOPICS))
+            verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
 
 
@@ -226,10 +191,7 @@ def test_membership_actor_killed_keeps_the_role_and_loses_nothing(tmp_path: Path
         master = brokers.wait_master()
         replica = next(engine for engine in brokers.engines if engine is not master)
         wait_in_sync(master, 1)
-        producer = Producer("p", ProducerOnSet(brokers.endpoints, timeout_ms=3_000), TOPICS,  # type: ignore[arg-type]
-                            random.Random(4))
-        thread = ProducerThread(producer).start()
-        try:
+        with brokers.producing(TOPICS, seed=4) as thread:
             for engine in (master, replica, master):
                 thread.wait_acked(thread.acked + 100)
                 events = EventStream(engine.store_dir)
@@ -239,14 +201,11 @@ def test_membership_actor_killed_keeps_the_role_and_loses_nothing(tmp_path: Path
                 finally:
                     events.close()
             thread.wait_acked(thread.acked + 100)
-        finally:
-            thread.stop()
-            producer.client.close()  # type: ignore[attr-defined]
         assert brokers.master() is master  # restarted within its lease, it renewed the same one
         assert brokers.role(master).epoch == 1  # type: ignore[union-attr]
         wait_same_log(master, replica, config)
         with master.client() as client:
-            verdict = verify([producer], read_everything(client, TOPICS))
+            verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
 
 

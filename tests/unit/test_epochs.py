@@ -11,9 +11,10 @@ import pytest
 from engine.config import StoreConfig
 from engine.coordination.broker_set import choose
 from engine.coordination.role import Role, mask, members_of
+from engine.offline.check import check_store
 from engine.offline.truncate import truncate_log
 from engine.services.recovery import plan_commit_log_recovery
-from engine.store.epoch_file import add_epoch, load_epochs, trim_epochs, truncation_point
+from engine.store.epoch_file import EPOCH_FILE, add_epoch, load_epochs, trim_epochs, truncation_point
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,3 +78,8 @@ def test_a_cut_store_recovers_to_the_cut(tmp_path: Path) -> None:
             bodies += [m["body"] for m in page["messages"]]
         assert page["max_offset"] == 31  # the units past the cut are gone, not served
         assert [body[0] for body in bodies[:30]] == list(range(30)) and bodies[30] == b"after the cut"
+    assert check_store(store, engine.config) == []
+    (store / EPOCH_FILE).write_text("3 0\n2 100\n4 999999999\n")  # an epoch going back, one past the log
+    problems = [finding.problem for finding in check_store(store, engine.config) if finding.area == "epochs"]
+    assert problems[0] == "epoch 2 at 100 follows epoch 3 at 0"
+    assert problems[1].startswith("epoch 4 begins at 999999999, past the log's end") and len(problems) == 2
