@@ -12,6 +12,13 @@ indexed again from the log. After an unclean stop (a power cut may have lost
 or torn items, or left items pointing at records the log lost) the newest
 files are deleted instead and indexed again (``IndexService.drop_unsynced``).
 A record indexed twice is harmless, as queries return each offset once.
+
+Files dropped below the checkpoint's dispatched offset (the newest goes even when it lies wholly
+below it) make that offset untrue for the index until it is indexed again, and the checkpoint
+never goes down. ``index/reindex`` says so meanwhile (``kept_end dispatched``): a restart of this
+actor alone starts from ``kept_end``, not from the checkpoint, until the index is durable past
+``dispatched`` again. Under SYNC replication that can take long (readers, and so the catch-up,
+wait for the replicas), and an index builder killed in between lost its items for good.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ from engine.ipc.messages import DispatchBatch
 from engine.ipc.wire import Inbound
 from engine.services.log_slices import read_slice
 from engine.services.restart_points import index_restart, index_restart_unclean
+from engine.store.atomic_file import write_atomically
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader
 from engine.store.index_file import IndexService
 from engine.store.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
+REINDEX_FILE = "reindex"  # in the index directory: "kept_end dispatched" while the index is below the checkpoint
 
 
 class IndexBuilderActor(Actor):
@@ -53,6 +62,8 @@ class IndexBuilderActor(Actor):
         self.syncer = env.syncer(env.name, lambda offset: env.slots.set(INDEX_DURABLE, offset))
         self.last_flush_ms = self.clock.mono_ms()
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
+        self.reindex_path = self.index.directory / REINDEX_FILE
+        self.reindex_until = 0  # while ``index/reindex`` stands: the dispatched offset it waits for
 
     def ports(self) -> list[Port]:
         return [Port(channels.DISPATCH, bind=False, subscribe=(endpoints.TOPIC_INDEX,),
@@ -68,14 +79,26 @@ class IndexBuilderActor(Actor):
         except CheckpointError:
             checkpoint = None
         dispatched = checkpoint.dispatched_offset if checkpoint else 0
+        reindex = self.load_reindex()
         unclean = (self.env.run_dir / CRASH_START_FILE).exists()
         if unclean:  # a power cut may have lost, torn or outdated the newest files' items
+            if self.index.file_count and dispatched:
+                self.save_reindex(0, dispatched)  # until the drop says how far it kept
             kept_end = self.index.drop_unsynced(dispatched)
+            if reindex:  # an earlier drop not indexed again yet
+                kept_end, dispatched = min(kept_end, reindex[0]), max(dispatched, reindex[1])
             log.warning("unclean stop: index files past %d deleted; indexing again from there", kept_end)
+            if kept_end < dispatched:
+                self.save_reindex(kept_end, dispatched)
+            else:
+                self.reindex_path.unlink(missing_ok=True)
             self.applied_offset = index_restart_unclean(kept_end, log_min=self.reader.min_offset(),
                                                         confirmed=self.slots.get(CONFIRMED))
         else:
-            self.applied_offset = index_restart(self.index.end_phy_offset, dispatched=dispatched,
+            if reindex:
+                self.reindex_until = reindex[1]
+            self.applied_offset = index_restart(self.index.end_phy_offset,
+                                                dispatched=reindex[0] if reindex else dispatched,
                                                 log_min=self.reader.min_offset(), confirmed=self.slots.get(CONFIRMED))
         self.catch_up(self.visible_end)
         # After a kill the catch-up is short: all of it before running. After an unclean stop it
@@ -87,6 +110,17 @@ class IndexBuilderActor(Actor):
             self.syncer.mark(self.index.directory / self.index.names[-1])  # a predecessor's last writes
         self.flush_index(wait=True)
         log.info("index recovered: %d files, applied up to %d", self.index.file_count, self.applied_offset)
+
+    def load_reindex(self) -> tuple[int, ...]:
+        try:
+            kept_end, until = (int(n) for n in self.reindex_path.read_text().split())
+        except (FileNotFoundError, ValueError):
+            return ()
+        return kept_end, until
+
+    def save_reindex(self, kept_end: int, until: int) -> None:
+        write_atomically(self.reindex_path, f"{kept_end} {until}".encode())
+        self.reindex_until = until
 
     def catch_up(self, end: int) -> None:
         """Index [applied_offset, end) straight from the log, ``catch_up_bytes_per_turn_max`` a call."""
@@ -156,6 +190,9 @@ class IndexBuilderActor(Actor):
         if self.stalled:
             self.catch_up(self.visible_end)
         self.slots.set(INDEX_APPLIED, self.applied_offset)
+        if self.reindex_until and self.slots.get(INDEX_DURABLE) >= self.reindex_until:
+            self.reindex_path.unlink(missing_ok=True)  # the checkpoint holds for the index again
+            self.reindex_until = 0
 
     def backlog(self) -> bool:
         return self.behind

@@ -116,7 +116,7 @@ class ReplicationReceiverActor(Actor):
             if not path.exists() or path.read_text() != note.endpoint:
                 write_atomically(path, note.endpoint.encode())  # the front's NOT_MASTER names it
             return
-        if isinstance(note, LogChunk) and not self.of_this_epoch(note):
+        if isinstance(note, LogChunk) and not self.of_this_epoch(note, inbound.payload):
             return
         if isinstance(note, LogChunk):
             self.last_chunk_ms = self.clock.mono_ms()
@@ -144,18 +144,19 @@ class ReplicationReceiverActor(Actor):
                           extra=event("replication.refused", reason=note.reason))
             self.refused = note.reason
 
-    def of_this_epoch(self, chunk: LogChunk) -> bool:
+    def of_this_epoch(self, chunk: LogChunk, payload: bytes | memoryview) -> bool:
         """Elected on etcd: a chunk from a master of an older epoch than this engine follows is dropped
-        (fencing: that master lost its lease); the first chunk of a newer one is noted in the epoch
-        file before its bytes reach the log."""
+        (fencing: that master lost its lease); the first bytes of a newer one are noted in the epoch
+        file, at the offset the epoch began in the set's log, before they reach the log."""
         if not self.config.elected:
             return True
         epoch = self.slots.get(EPOCH)
         if chunk.epoch < epoch:
             self.refused = f"a chunk from a master of epoch {chunk.epoch} while this engine follows epoch {epoch}"
             return False
-        if chunk.epoch > self.last_epoch:
-            add_epoch(self.env.store_dir, chunk.epoch, chunk.offset)
+        if chunk.epoch > self.last_epoch and chunk.offset + len(payload) > chunk.epoch_start:
+            # The first bytes of the new epoch (a replica catching up takes older ones from it first).
+            add_epoch(self.env.store_dir, chunk.epoch, chunk.epoch_start)
             self.last_epoch = chunk.epoch
         return True
 

@@ -22,7 +22,7 @@ import logging
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
-from engine.coordination.role import mask, members_of
+from engine.coordination.role import Role, mask, members_of
 from engine.ipc import channels, endpoints
 from engine.ipc.messages import (
     ConfigSnapshot,
@@ -62,6 +62,7 @@ class ReplicationSenderActor(Actor):
         self.last_config_ms = 0
         self.bytes_sent = 0
         self.refusals = 0
+        self.epoch_known = (0, 0)  # an epoch and where it began (``epoch_start``)
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
@@ -78,7 +79,8 @@ class ReplicationSenderActor(Actor):
     def on_report(self, report: ReplicaReport, inbound: Inbound, out: Effects) -> None:
         assert inbound.origin is not None
         now_ms = self.clock.mono_ms()
-        known = inbound.origin.peer in self.shipping.replicas
+        previous = self.shipping.replicas.get(inbound.origin.peer)
+        fresh = previous is None or report.restart or previous.follow != report.follow  # a new follow
         replica = self.shipping.report(inbound.origin, report.end_offset, restart=report.restart,
                                        confirmed=self.slots.get(CONFIRMED), min_offset=self.slots.get(MIN_OFFSET),
                                        now_ms=now_ms, follow=report.follow)
@@ -92,7 +94,7 @@ class ReplicationSenderActor(Actor):
             out.reply(inbound.origin, b"", ReplicaRefused(replica))
             return
         replica.broker_id = report.broker_id
-        if not known or report.restart:
+        if fresh:
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
             out.reply(replica.origin, b"", MasterEndpoint(self.config.advertised_endpoint, replica.follow))
@@ -135,8 +137,22 @@ class ReplicationSenderActor(Actor):
             out.reply(replica.origin, table, ConfigSnapshot(DELETED_TOPICS_FILE.name, replica.follow))
         for offset, data in self.shipping.chunks(replica, confirmed, self.clock.mono_ms()):
             self.bytes_sent += len(data)
+            epoch = self.slots.get(EPOCH)
             out.reply(replica.origin, data, LogChunk(offset, confirmed, replica.follow, replica.deletions_crc,
-                                                     self.slots.get(EPOCH)))
+                                                     epoch, self.epoch_start(epoch, offset)))
+
+    def epoch_start(self, epoch: int, offset: int) -> int:
+        """Where ``epoch`` began in the set's log, from the role the membership actor wrote before it
+        set the epoch's slot (a master elected again keeps its actors: the epoch changes under them)."""
+        if not self.config.elected:
+            return 0
+        if epoch != self.epoch_known[0]:
+            role = Role.load(self.env.run_dir)
+            start = dict(role.history).get(epoch) if role is not None else None
+            if start is None:
+                return offset  # not elected (a static pair), or the role not written yet: this chunk's
+            self.epoch_known = (epoch, start)
+        return self.epoch_known[1]
 
     def send_config(self, replica: Replica, out: Effects) -> None:
         for name, data in self.shipping.config_changes(replica):

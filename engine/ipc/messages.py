@@ -202,6 +202,7 @@ class LogChunk(msgspec.Struct, array_like=True, tag="log_chunk"):
     follow: int = 0
     deletions_crc: int = 0
     epoch: int = 0  # elected on etcd: the master's (a replica of a newer one drops it)
+    epoch_start: int = 0  # where that epoch began in the set's log (RocketMQ's epochStartOffset)
 
 
 class ConfigSnapshot(msgspec.Struct, array_like=True, tag="config_snapshot"):

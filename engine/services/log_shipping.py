@@ -6,7 +6,10 @@ own end. Here a chunk is whole records (a segment's blank tail whole, never acro
 segment's end), at most ``replication_chunk_bytes_max`` unless one record is larger, and at
 most ``replication_chunks_in_flight_max`` chunks are unreported at a time. A replica that
 stops hearing chunks while behind reports again with ``restart``: the master sends from its
-end again (a lost chunk, a replica restarted, its writer refusing bytes not for its end). Only confirmed
+end again (a lost chunk, a replica restarted, its writer refusing bytes not for its end). A
+replica can also not know it is behind (the chunks that said how far the master is were lost
+with a broken connection): when it reports the same end for ``RESEND_AFTER_REPORTS`` report
+intervals after a chunk went unreported, the master sends from that end again. Only confirmed
 bytes are sent: a replica never holds a record its master could still lose in a crash of
 the writer alone.
 
@@ -43,6 +46,7 @@ from engine.store.deleted_topics import DELETED_TOPICS_FILE, parse_table, table_
 from engine.store.topics import TOPICS_FILE
 
 SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE)
+RESEND_AFTER_REPORTS = 5
 
 
 @dataclass
@@ -82,8 +86,11 @@ class LogShipping:
                     f"give it an empty store to follow this master")
         replica = self.replicas.get(origin.peer)
         start = end_offset if end_offset else min_offset
-        if replica is None or restart:
+        if replica is None or restart or follow != replica.follow:  # a follow whose first report was lost too
             replica = self.replicas[origin.peer] = Replica(origin, end_offset, start, now_ms, follow=follow)
+        elif replica.in_flight and end_offset == replica.reported and \
+                now_ms - replica.in_flight[0][2] >= RESEND_AFTER_REPORTS * self.config.replication_report_interval_ms:
+            replica.in_flight, replica.next_offset = [], start  # those chunks were lost: from its end again
         for end, reached_master_end, sent_ms in replica.in_flight:
             if end <= end_offset and reached_master_end:  # it then held all the master had when sent
                 replica.caught_up_ms = max(replica.caught_up_ms or 0, sent_ms)
