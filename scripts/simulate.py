@@ -4,6 +4,7 @@
     python scripts/simulate.py --seed 614 --trace      # replay one seed, with its plan and trace
     python scripts/simulate.py --seed 139 --fixed-rates   # under the fixed plan of earlier runs
     python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004 --fixed-rates  # supervisor deaths
+    python scripts/simulate.py --broker-set --seeds 1000    # three engines elected on a model of etcd
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.simulation import Plan, simulate
+from engine.simulation.broker_set import SetPlan, simulate_set
 
 
 def main() -> int:
@@ -37,7 +39,12 @@ def main() -> int:
                         help="a replica follows the engine, replicating so (docs/replication.md)")
     parser.add_argument("--fixed-rates", action="store_true",
                         help="run the fixed plan every seed ran before plans were drawn from the seed")
+    parser.add_argument("--broker-set", action="store_true",
+                        help="a broker set of three engines electing their master on a model of etcd, with kills "
+                             "of actors and engines, pauses and partitions (engine/simulation/broker_set.py)")
     args = parser.parse_args()
+    if args.broker_set:
+        return broker_sets(args)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     started = time.monotonic()
     failed = 0
@@ -61,6 +68,31 @@ def main() -> int:
             print("  trace:\n" + "\n".join(f"    {line}" for line in outcome.trace))
     elapsed = time.monotonic() - started
     print(f"{len(seeds)} seeds, {failed} failed, {elapsed:.1f} s; "
+          + ", ".join(f"{name} {value}" for name, value in totals.items()))
+    return 1 if failed else 0
+
+
+def broker_sets(args: argparse.Namespace) -> int:
+    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
+    started = time.monotonic()
+    failed = 0
+    totals: dict[str, int] = {}
+    for seed in seeds:
+        plan = SetPlan.drawn(seed)
+        outcome = simulate_set(seed, plan)
+        for name, value in outcome.figures.items():
+            totals[name] = totals.get(name, 0) + value
+        if outcome.ok and not (args.trace and args.seed is not None):
+            continue
+        failed += not outcome.ok
+        print(f"seed {seed} {'passed' if outcome.ok else 'FAILED'}:")
+        for violation in outcome.violations[:10]:
+            print(f"    {violation}")
+        if args.trace:
+            print(f"  plan: {plan}")
+            print("  trace:\n" + "\n".join(f"    {line}" for line in outcome.trace))
+    elapsed = time.monotonic() - started
+    print(f"{len(seeds)} broker-set seeds, {failed} failed, {elapsed:.1f} s; "
           + ", ".join(f"{name} {value}" for name, value in totals.items()))
     return 1 if failed else 0
 

@@ -57,8 +57,8 @@ from engine.ipc.messages import (
     heartbeat_decoder,
 )
 from engine.logs import LOG_DIR, configure_logging, event
-from engine.offline.truncate import ABORT_MARKER, truncate_log
-from engine.store.epoch_file import add_epoch, load_epochs, save_epochs, trim_epochs, truncation_point
+from engine.offline import truncate
+from engine.offline.truncate import ABORT_MARKER
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
 from engine.store.shared_offsets import (
     CONFIRMED,
@@ -242,14 +242,9 @@ class Supervisor:
         return {spec.name: ActorProcess(spec) for spec in actor_specs(config) if spec.name != MEMBERSHIP}
 
     def _prepare_store(self, role: Role) -> None:
-        """With no actor but the membership one touching the store: a master notes its epoch's start,
-        a replica's log is cut where it forks from its new master's (``epochs``)."""
-        if role.is_master:
-            add_epoch(self.store_dir, role.epoch, dict(role.history).get(role.epoch, 0))
-            return
-        point = truncation_point(load_epochs(self.store_dir), role.history)
-        if point is not None and truncate_log(self.store_dir, point):
-            save_epochs(self.store_dir, trim_epochs(load_epochs(self.store_dir), point))
+        """With no actor but the membership one touching the store (``prepare_for_role``)."""
+        point = truncate.prepare_for_role(self.store_dir, role)
+        if point is not None:
             # Every actor recovers as after an unclean stop: queue units and index items past the cut go.
             (self.run_dir / endpoints.CRASH_START_FILE).write_text(str(os.getpid()))
             log.warning("the log forked from the master's of epoch %d at %d: cut there", role.epoch, point,

@@ -168,6 +168,16 @@ class Waker:
 
 
 @dataclass(frozen=True)
+class Coordination:
+    """What the simulation gives the broker membership actor in place of etcd's gateway and the
+    supervisor's control socket: a client of its model of etcd, and its own supervisor's ear. An
+    actor given it does not wait for its role in ``recover``; the simulation ticks it until it has one."""
+
+    etcd: Callable[[StoreConfig], Any]
+    tell_supervisor: Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
 class Env:
     """What an actor is given: who it is, its store and settings, and the runtime's services."""
 
@@ -182,6 +192,7 @@ class Env:
     waker: Waker = field(default_factory=Waker)
     background: bool = True  # may the store objects prepare files in background threads
     process_id: int = field(default_factory=os.getpid)  # in message ids (the simulation gives its own)
+    coordination: Coordination | None = None  # the simulation's etcd and supervisor (``Coordination``)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ class BrokerMembershipActor(Actor):
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         cfg = env.config
-        self.etcd = Etcd(cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms)
+        coordination = env.coordination
+        self.etcd: Etcd = coordination.etcd(cfg) if coordination else Etcd(cfg.etcd_endpoint_list,
+                                                                             timeout_ms=cfg.etcd_request_timeout_ms)
         self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
         self.role = Role.load(env.run_dir)
         self.lease = 0
@@ -67,31 +69,45 @@ class BrokerMembershipActor(Actor):
         self.waiting = ""  # why no master is elected, while none is
         self.etcd_down = ""
         self.elections_won = 0
+        self.started = False  # a role taken (or resumed), as ``recover`` waits for
+        self.start_end_offset = 0
 
     # -- start -------------------------------------------------------------
 
     def recover(self, out: Effects) -> None:
-        self.control: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        self.control.setsockopt(zmq.LINGER, 0)
-        self.control.connect(endpoints.ipc(self.env.run_dir, endpoints.SUPERVISOR_CONTROL))
+        if self.env.coordination is None:
+            self.control: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+            self.control.setsockopt(zmq.LINGER, 0)
+            self.control.connect(endpoints.ipc(self.env.run_dir, endpoints.SUPERVISOR_CONTROL))
         deadline = time.monotonic() + (self.config.actor_start_timeout_ms - 2_000) / 1000
-        end_offset = self.log_end_offline() if self.role is None else 0
-        while True:
-            try:
-                self.lease = self.lease or self.reuse_lease() or self.grant()
-                if self.role is not None:  # this actor restarted: the engine runs in its role
-                    self.resume()
-                    return
-                role = self.decide(end_offset)
-                if role is not None:
-                    self.hold(role)
-                    return
-            except EtcdUnavailable as exc:
-                self.waiting = str(exc)
+        self.start_end_offset = self.log_end_offline() if self.role is None else 0
+        while not self.take_role():
+            if self.env.coordination is not None:
+                return  # the simulation ticks it until it has its role
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no role within {self.config.actor_start_timeout_ms - 2_000} ms: "
                                    f"{self.waiting or 'etcd did not answer'}")
             time.sleep(_DECIDE_POLL_S)
+
+    def take_role(self) -> bool:
+        """One try at the start: this engine's role resumed after a restart of this actor, or the
+        one etcd gives it now. True once it has one."""
+        try:
+            if self.lease:  # kept alive while the start waits (an election may take longer than the lease)
+                self.renew()
+            else:
+                self.lease = self.reuse_lease() or self.grant()
+            if self.role is not None:  # this actor restarted: the engine runs in its role
+                self.resume()
+                self.started = True
+            else:
+                role = self.decide(self.start_end_offset)
+                if role is not None:
+                    self.hold(role)
+                    self.started = True
+        except EtcdUnavailable as exc:
+            self.waiting = str(exc)
+        return self.started
 
     def reuse_lease(self) -> int:
         try:
@@ -214,7 +230,11 @@ class BrokerMembershipActor(Actor):
 
     def change(self, role: Role) -> None:
         self.hold(role)
-        self.control.send(encoder.encode(RoleChanged(role.role, role.epoch)))
+        message = encoder.encode(RoleChanged(role.role, role.epoch))
+        if self.env.coordination is not None:
+            self.env.coordination.tell_supervisor(message)
+        else:
+            self.control.send(message)
 
     def fence_until(self, deadline_ms: int) -> None:
         self.slots.set(LEASE_DEADLINE, deadline_ms)
@@ -222,6 +242,9 @@ class BrokerMembershipActor(Actor):
     # -- every tick ----------------------------------------------------------
 
     def tick(self, out: Effects) -> None:
+        if not self.started:
+            self.take_role()
+            return
         try:
             self.renew()
             self.register()
@@ -309,7 +332,8 @@ class BrokerMembershipActor(Actor):
         return self.waiting if self.role is not None and self.role.master_id < 0 else ""
 
     def shutdown(self, out: Effects) -> None:
-        self.control.close()
+        if self.env.coordination is None:
+            self.control.close()
 
 
 if __name__ == "__main__":

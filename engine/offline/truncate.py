@@ -16,13 +16,29 @@ import logging
 import os
 from pathlib import Path
 
+from engine.coordination.role import Role
 from engine.store.checkpoint import CheckpointError, load_checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR
+from engine.store.epoch_file import add_epoch, load_epochs, save_epochs, trim_epochs, truncation_point
 from engine.store.mapped_file import fsync_dir
 
 log = logging.getLogger(__name__)
 _ZEROS = bytes(1 << 20)
 ABORT_MARKER = "abort"  # the supervisor's: present at a start, the actors recover as after an unclean stop
+
+
+def prepare_for_role(store_dir: Path, role: Role) -> int | None:
+    """Before the actors of ``role`` start (none but the membership actor running): a master notes
+    where its epoch starts; a replica's log is cut where it forks from its new master's. The offset
+    it was cut at (its actors must then recover as after an unclean stop), or None."""
+    if role.is_master:
+        add_epoch(store_dir, role.epoch, dict(role.history).get(role.epoch, 0))
+        return None
+    point = truncation_point(load_epochs(store_dir), role.history)
+    if point is None or not truncate_log(store_dir, point):
+        return None
+    save_epochs(store_dir, trim_epochs(load_epochs(store_dir), point))
+    return point
 
 
 def truncate_log(store_dir: Path, offset: int) -> int:

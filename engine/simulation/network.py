@@ -12,6 +12,8 @@ crashes is lost with it.
 Two engines (a master and its replica) share one network: the replica's actors go by
 ``replica/<name>``, and an internal endpoint (a file of an engine's run directory) joins only
 the actors of one engine; a ``tcp://`` endpoint (replication's) joins them across engines.
+A partition between two parties (engines by their prefix, and ``CLIENT``) drops what one sends
+the other until it heals, as a connection that breaks and comes back loses what was in flight.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class Address:
 QueueKey = tuple[str, str, str]  # receiver, port, sender
 
 
+def party(actor: str) -> str:
+    """The engine an actor belongs to (its prefix, "" for an engine without one), or the client."""
+    return CLIENT if actor == CLIENT else actor.rpartition("/")[0]
+
+
 def same_engine(actor: str, other: str, endpoint: str) -> bool:
     """May ``actor`` and ``other`` meet at ``endpoint``: one engine's, or a tcp one between engines."""
     return "://" in endpoint or actor.rpartition("/")[0] == other.rpartition("/")[0]
@@ -49,8 +56,13 @@ class Network:
         self.ports: dict[str, dict[str, Port]] = {}  # actor -> port name -> port
         self.up: set[str] = set()
         self.queues: dict[QueueKey, deque[list[bytes]]] = {}
-        self.to_client: Callable[[list[bytes]], None] = lambda frames: None
+        self.to_client: Callable[[list[bytes], str], None] = lambda frames, sender: None
         self.publications_lost = 0
+        self.partitions: set[frozenset[str]] = set()  # pairs of parties that cannot reach each other
+        self.partitioned_drops = 0
+
+    def partitioned(self, one: str, other: str) -> bool:
+        return frozenset((party(one), party(other))) in self.partitions
 
     def attach(self, actor: str, ports: list[Port]) -> None:
         for port in ports:
@@ -75,7 +87,9 @@ class Network:
         return None
 
     def push(self, receiver: str, port: str, sender: str, frames: list[bytes]) -> None:
-        if receiver in self.up:
+        if self.partitioned(receiver, sender):
+            self.partitioned_drops += 1
+        elif receiver in self.up:
             self.queues.setdefault((receiver, port, sender), deque()).append(frames)
 
     def carry(self, sender: str, effect: Reply | Tell | Publish) -> bool:
@@ -97,11 +111,15 @@ class Network:
         elif port.kind == ROUTER:
             identity, rest = frames[0].decode(), frames[1:]
             if channel is channels.CLIENTS:
-                self.to_client(rest if rest[0] != b"" else rest[1:])
+                if self.partitioned(sender, CLIENT):
+                    self.partitioned_drops += 1
+                else:
+                    self.to_client(rest if rest[0] != b"" else rest[1:], sender)
             elif identity in self.up:
-                dealer = next(p for p in self.ports[identity].values()
-                              if p.kind == DEALER and p.endpoint == port.endpoint)
-                self.push(identity, dealer.name, sender, rest)
+                dealer = next((p for p in self.ports[identity].values()
+                               if p.kind == DEALER and p.endpoint == port.endpoint), None)
+                if dealer is not None:  # else it connects elsewhere now (a replica following a new
+                    self.push(identity, dealer.name, sender, rest)  # master): a ROUTER drops it
         else:
             assert port.kind == PUB
             for actor, ports in self.ports.items():
@@ -115,7 +133,7 @@ class Network:
         return True
 
     def from_client(self, front: str, client_id: bytes, frame: bytes) -> bool:
-        if front not in self.up:
+        if front not in self.up or self.partitioned(front, CLIENT):
             return False
         self.push(front, "clients", CLIENT, [client_id, frame])
         return True

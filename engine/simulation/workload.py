@@ -197,7 +197,7 @@ class Workload:
                 self.acked_positions[(group, position)] = body
                 self.pop_acked += 1
 
-    def on_reply(self, frames: list[bytes]) -> None:
+    def on_reply(self, frames: list[bytes], sender: str = "") -> None:
         reply = msgspec.msgpack.decode(frames[-1])
         what = self.waiting.pop(reply.get("id"), None)
         if what is not None and what[0] == "delete" and not reply.get("ok"):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.actors.base import Actor, Clock, Env, Waker
+from engine.actors.base import Actor, Clock, Coordination, Env, Waker
 from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
@@ -163,6 +163,7 @@ class World:
         self.wakes: set[str] = set()  # actors whose own thread woke them (``Actor.on_thread_wake``)
         self.counts: Counts = beside.counts if beside else Counts()
         self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
+        self.coordination: Coordination | None = None  # an engine elected on the model of etcd (``broker_set.py``)
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -173,7 +174,8 @@ class World:
                          if isinstance(v, type) and issubclass(v, Actor) and v is not Actor)
         env = Env(spec.name, spec.instance, self.store_dir, self.run_dir, self.config, self.slots, self.clock,
                   syncer=lambda actor, on_durable, on_failure=None: SimSyncer(self, self.prefix + actor, on_durable),
-                  waker=SimWaker(self, name), background=False, process_id=next(self.process_ids))
+                  waker=SimWaker(self, name), background=False, process_id=next(self.process_ids),
+                  coordination=self.coordination)
         actor = actor_cls(env)
         out = Effects()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)

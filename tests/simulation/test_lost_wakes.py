@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 def test_a_sync_send_is_answered_though_every_publication_is_lost(tmp_path: Path) -> None:
     world = World(tmp_path, random.Random(1), sim_config("SYNC_FLUSH"), publication_loss_ratio=1.0)
     replies: list[dict] = []
-    world.network.to_client = lambda frames: replies.append(msgspec.msgpack.decode(frames[-1]))
+    world.network.to_client = lambda frames, sender: replies.append(msgspec.msgpack.decode(frames[-1]))
     with world.disk:
         world.start_all()
         world.pass_time(200)

@@ -1,0 +1,481 @@
+"""A broker set in the simulation: three engines that elect their master on a model of etcd.
+
+Each engine is a ``Member`` (a ``World`` whose actors go by ``b<broker_id>/<name>``) on one
+network and one clock, with the real broker membership actor talking to ``EtcdModel``
+(``etcd_model.py``). The member plays its supervisor's part as ``supervisor/supervisor.py``
+does: it starts the membership actor alone, then the actors of the role it writes, and on a
+``RoleChanged`` kills them, prepares the store (``prepare_for_role``: a replica's log is cut where
+it forks from its new master's) and starts the new role's, recovering as after a crash.
+
+Faults, drawn from the seed: an actor killed (the supervisor starts it again); a whole engine
+killed (its supervisor too: it starts again later on a fresh run directory); an engine paused
+(SIGSTOP: it gets no step while time goes on, so its lease may expire under it); a partition
+between two parties of ``b0``, ``b1``, ``b2``, ``etcd`` and the client, healed later. The page
+cache keeps what a killed process wrote: there is no power cut here (``pair.py`` cuts a
+replica's power). The client sends under SYNC replication to whichever engine etcd names
+master, and pulls.
+
+Invariants, once every fault is healed and the set has settled:
+
+* at most one engine answered ``PUT_OK`` in each epoch, and every record of the elected master's
+  log that lies in an epoch's range was stored by that epoch's master (its STOREHOST port);
+* every replica's log is the master's byte for byte up to the master's confirmed offset, and
+  its queues and index agree with it;
+* nothing answered ``PUT_OK`` (SYNC replication) is lost or moved, and nothing pulled changed
+  (readers stop at the confirm offset: what they see survives a failover); ``checks.violations``;
+* each engine's epoch file agrees with the set's history in etcd.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine.actors.base import Coordination
+from engine.actors.broker_membership import LEASE_FILE
+from engine.actors.specs import MEMBERSHIP, actor_specs
+from engine.config import StoreConfig
+from engine.coordination.broker_set import BrokerSetKeys
+from engine.coordination.role import ROLE_FILE, Role
+from engine.ipc.endpoints import CRASH_START_FILE, MASTER_ENDPOINT_FILE
+from engine.offline import truncate
+from engine.simulation.checks import violations
+from engine.simulation.etcd_model import EtcdModel, ModelClient
+from engine.simulation.network import CLIENT, party
+from engine.simulation.pair import replica_violations
+from engine.simulation.workload import Workload
+from engine.simulation.world import World, sim_config
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.epoch_file import load_epochs
+from engine.store.shared_offsets import CONFIRMED, EPOCH, IN_SYNC_PUBLISHED, LEASE_DEADLINE, SLOT_COUNT, WRITTEN
+
+SET_SIZE = 3
+ETCD = "etcd"
+CLUSTER, BROKER = "sim", "set-a"
+SETTLE_STEPS_MAX = 60_000
+
+
+def member_config(base: StoreConfig, broker_id: int) -> StoreConfig:
+    port = 10911 + 100 * broker_id
+    return base.replace(
+        etcd_endpoints="http://sim-etcd:2379", cluster_name=CLUSTER, broker_name=BROKER, broker_id=broker_id,
+        endpoint=f"tcp://127.0.0.1:{port}", store_port=port, replication_endpoint=f"tcp://sim-b{broker_id}:10912",
+        replication_mode="SYNC", replication_report_interval_ms=100, replication_config_interval_ms=200,
+        replica_lag_max_ms=1_500, sync_flush_timeout_ms=4_000).validate()
+
+
+class Member(World):
+    """One engine of the set and its supervisor's part."""
+
+    def __init__(self, root: Path, rng: random.Random, config: StoreConfig, etcd: EtcdModel, *,
+                 beside: World | None) -> None:
+        broker_id = config.broker_id
+        super().__init__(root, rng, config, publication_loss_ratio=0.0, beside=beside, prefix=f"b{broker_id}/")
+        self.broker_id = broker_id
+        self.base_config = config
+        self.party = f"b{broker_id}"
+        self.role: Role | None = None
+        self.told: list[bytes] = []  # RoleChanged messages the membership actor sent its supervisor
+        self.coordination = Coordination(lambda cfg: ModelClient(etcd, self.party), self.told.append)
+        self.engine_down_since: int | None = None  # the step the whole engine was killed at
+        self.paused_until = 0  # clock ms: SIGSTOPped until then
+        self.membership = self.prefix + MEMBERSHIP
+        self.specs = {self.membership: self.specs[self.membership]}
+        self.cuts = 0
+
+    @property
+    def running(self) -> bool:
+        return self.engine_down_since is None and self.clock.mono_ms() >= self.paused_until
+
+    def start_engine(self, *, crash_start: bool) -> None:
+        """The supervisor's start: a fresh run directory, the membership actor alone."""
+        self.engine_down_since = None
+        self.down.clear()
+        self.slots.clear()
+        for name in (ROLE_FILE, LEASE_FILE, MASTER_ENDPOINT_FILE):
+            (self.run_dir / name).unlink(missing_ok=True)
+        self.role, self.config = None, self.base_config
+        self.specs = {self.membership: self.specs[self.membership]}
+        self.told.clear()
+        if crash_start:
+            (self.run_dir / CRASH_START_FILE).touch()
+        self.start(self.membership)
+
+    def kill_engine(self) -> None:
+        """SIGKILL to the supervisor's process group: every actor, the supervisor too."""
+        for name in list(self.actors):
+            self.kill(name)
+        self.down.clear()
+        self.engine_down_since = self.counts.steps
+
+    def follow_role(self) -> None:
+        """The supervisor's part after a step: take the role the membership actor decided."""
+        if self.engine_down_since is not None:
+            return
+        membership = self.actors.get(self.membership)
+        if self.role is None:
+            if membership is not None and getattr(membership, "started", False):
+                role = Role.load(self.run_dir)
+                assert role is not None
+                self.trace(f"{self.party} enters its role: {role.role} of epoch {role.epoch}")
+                self.enter(role, killing=[])
+            return
+        if not self.told:
+            return
+        self.told.clear()
+        role = Role.load(self.run_dir)
+        if role is None or role == self.role:
+            return
+        if role.is_master and self.role.is_master:  # elected again: no actor changes
+            self.role = role
+            truncate.prepare_for_role(self.store_dir, role)
+            return
+        self.trace(f"{self.party} changes role: {role.role} of epoch {role.epoch}")
+        self.enter(role, killing=[name for name in self.actors if name != self.membership])
+
+    def enter(self, role: Role, *, killing: list[str]) -> None:
+        for name in killing:
+            self.kill(name)
+        self.down = {name: step for name, step in self.down.items() if name == self.membership}
+        if killing:  # every slot as a start finds it, but the membership actor's
+            for slot in range(SLOT_COUNT):
+                if slot not in (EPOCH, LEASE_DEADLINE, IN_SYNC_PUBLISHED):
+                    self.slots.set(slot, 0)
+            (self.run_dir / CRASH_START_FILE).touch()
+        self.role = role
+        self.config = self.base_config.replace(replica_of="" if role.is_master else role.master_replication_endpoint)
+        self.specs = {self.membership: self.specs[self.membership],
+                      **{self.prefix + spec.name: spec for spec in actor_specs(self.config) if spec.name != MEMBERSHIP}}
+        if truncate.prepare_for_role(self.store_dir, role) is not None:
+            self.cuts += 1
+            self.trace(f"{self.party}: its log cut where it forks from epoch {role.epoch}'s")
+            (self.run_dir / CRASH_START_FILE).touch()
+        for name in self.specs:
+            if name != self.membership:
+                self.start(name)
+        (self.run_dir / CRASH_START_FILE).unlink(missing_ok=True)
+
+
+@dataclass
+class SetPlan:
+    steps: int = 1_000
+    kill_ratio: float = 0.01  # an actor of a running engine
+    engine_kill_ratio: float = 0.004
+    pause_ratio: float = 0.003
+    partition_ratio: float = 0.004
+    heal_ratio: float = 0.01
+    restart_after_steps: int = 10
+    engine_restart_after_steps: int = 40
+    send_ratio: float = 0.12
+    pull_ratio: float = 0.04
+    idle_ratio: float = 0.03  # no process runs for a while (100-400 ms): time for leases to run out
+
+    @classmethod
+    def drawn(cls, seed: int, **settled: Any) -> SetPlan:
+        draw = random.Random(f"set plan {seed}")
+        return replace(cls(
+            kill_ratio=draw.choice((0.0, 0.005, 0.01, 0.03)),
+            engine_kill_ratio=draw.choice((0.0, 0.003, 0.006, 0.012)),
+            pause_ratio=draw.choice((0.0, 0.002, 0.005)),
+            partition_ratio=draw.choice((0.0, 0.003, 0.008)),
+            heal_ratio=draw.choice((0.005, 0.02)),
+            restart_after_steps=draw.choice((1, 10, 30)),
+            engine_restart_after_steps=draw.choice((20, 60, 150)),
+        ), **settled)
+
+
+@dataclass
+class SetOutcome:
+    seed: int
+    violations: list[str]
+    figures: dict[str, int] = field(default_factory=dict)
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class BrokerSetRun:
+    def __init__(self, root: Path, rng: random.Random, plan: SetPlan) -> None:
+        self.rng = rng
+        self.plan = plan
+        base = sim_config(rng.choice(["ASYNC_FLUSH", "SYNC_FLUSH"]))
+        self.etcd = EtcdModel()
+        self.members: list[Member] = []
+        for broker_id in range(SET_SIZE):
+            self.members.append(Member(root, rng, member_config(base, broker_id), self.etcd,
+                                       beside=self.members[0] if self.members else None))
+        self.etcd.clock = self.members[0].clock
+        etcd = self.etcd
+        self.network = self.members[0].network
+        etcd.partitioned = lambda who: self.network.partitioned(who + "/x", ETCD + "/x")
+        self.keys = BrokerSetKeys(CLUSTER, BROKER)
+        self.workload = Workload(rng, self.network, sync_flush=True,
+                                 attempts_max=base.max_delivery_attempts, front="b0/front")
+        self.network.to_client = self.on_reply
+        self.answered: dict[int, set[int]] = {}  # epoch -> the brokers that answered PUT_OK in it
+        self.topics_for_epoch = 0
+        for member in self.members:
+            member.on_kill = self.workload.kill
+        self.pauses = self.partitions = self.engine_kills = 0
+
+    # -- the client ------------------------------------------------------------------
+
+    def on_reply(self, frames: list[bytes], sender: str) -> None:
+        reply = msgspec.msgpack.decode(frames[-1])
+        if reply.get("ok") and any(result.get("status") == "PUT_OK" for result in reply.get("results", ())):
+            member = self.members[int(party(sender)[1:])]
+            self.answered.setdefault(member.slots.get(EPOCH), set()).add(member.broker_id)
+        self.workload.on_reply(frames, sender)
+
+    def master_front(self) -> str | None:
+        """Where the client sends: the master etcd names (its route), once it serves."""
+        master = self.etcd.get(self.keys.master)
+        if master is None:
+            return None
+        if master["epoch"] != self.topics_for_epoch:  # a new master: the topics again (a no-op where they are)
+            self.topics_for_epoch = master["epoch"]
+            self.workload.front = f"b{master['broker_id']}/front"
+            self.workload.create_topics()
+        return f"b{master['broker_id']}/front"
+
+    # -- steps -------------------------------------------------------------------------
+
+    def running(self) -> list[Member]:
+        return [member for member in self.members if member.running]
+
+    def work_one(self, *, client: bool) -> None:
+        """One step of work without faults: a delivery, a backlog slice, a flush, the client's, or a tick."""
+        roll = self.rng.random()
+        if client and roll > 1 - self.plan.idle_ratio:
+            self.members[0].clock.advance(self.rng.randrange(100, 400))
+            return
+        if client and roll < self.plan.send_ratio + self.plan.pull_ratio:
+            front = self.master_front()
+            if front is not None:
+                self.workload.front = front
+                self.workload.send() if roll < self.plan.send_ratio else self.workload.pull()
+            return
+        running = self.running()
+        self.rng.shuffle(running)
+        for member in running:
+            if member.deliver(may_die=False) or member.backlog_one() or member.job_one():
+                member.follow_role()
+                return
+        self.tick_one()
+
+    def tick_one(self) -> None:
+        """The next tick due of any running engine (time goes on to it); a paused engine's come later."""
+        candidates = [(member.next_tick[name], member) for member in self.running() for name in member.actors]
+        resume = [member.paused_until for member in self.members
+                  if member.engine_down_since is None and member.paused_until > member.clock.mono_ms()]
+        if not candidates or (resume and min(resume) < min(due for due, _ in candidates)):
+            clock = self.members[0].clock
+            clock.advance(max(1, min(resume or [clock.mono_ms() + 100]) - clock.mono_ms()))
+            return
+        _, member = min(candidates, key=lambda pair: (pair[0], self.rng.random()))
+        member.tick_one()
+        member.follow_role()
+
+    def fault(self) -> bool:
+        plan, rng = self.plan, self.rng
+        roll = rng.random()
+        for ratio, action in ((plan.kill_ratio, self.kill_actor), (plan.engine_kill_ratio, self.kill_engine),
+                              (plan.pause_ratio, self.pause), (plan.partition_ratio, self.partition),
+                              (plan.heal_ratio, self.heal_one)):
+            if roll < ratio:
+                action()
+                return True
+            roll -= ratio
+        return False
+
+    def kill_actor(self) -> None:
+        names = [(member, name) for member in self.running() for name in member.actors]
+        if names:
+            member, name = names[self.rng.randrange(len(names))]
+            member.trace(f"kill {name}")
+            member.kill(name)
+
+    def kill_engine(self) -> None:
+        running = [member for member in self.members if member.engine_down_since is None]
+        if len(running) > 1:
+            member = self.rng.choice(running)
+            member.trace(f"kill engine {member.party}")
+            member.kill_engine()
+            self.engine_kills += 1
+
+    def pause(self) -> None:
+        running = self.running()
+        if running:
+            member = self.rng.choice(running)
+            ms = self.rng.choice((500, 2_500, 6_000))
+            member.paused_until = member.clock.mono_ms() + ms
+            member.trace(f"pause {member.party} for {ms} ms")
+            self.pauses += 1
+
+    def partition(self) -> None:
+        parties = [member.party for member in self.members] + [ETCD, CLIENT]
+        one, other = self.rng.sample(parties, 2)
+        self.network.partitions.add(frozenset((one, other)))
+        self.members[0].trace(f"partition {one} | {other}")
+        self.partitions += 1
+
+    def heal_one(self) -> None:
+        if self.network.partitions:
+            pair = self.rng.choice(sorted(self.network.partitions, key=sorted))
+            self.network.partitions.discard(pair)
+            self.members[0].trace(f"heal {' | '.join(sorted(pair))}")
+
+    def restarts(self) -> None:
+        step = self.members[0].counts.steps
+        for member in self.members:
+            if member.engine_down_since is not None:
+                if step - member.engine_down_since >= self.plan.engine_restart_after_steps:
+                    member.trace(f"start engine {member.party}")
+                    member.start_engine(crash_start=True)
+                continue
+            if not member.running:
+                continue
+            for name, since in list(member.down.items()):
+                if step - since >= self.plan.restart_after_steps and name in member.specs:
+                    member.trace(f"restart {name}")
+                    member.start(name)
+            member.follow_role()
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        for member in self.members:
+            member.start_engine(crash_start=False)
+        for step in range(self.plan.steps):
+            for member in self.members:
+                member.counts.steps = step
+            self.restarts()
+            if not self.fault():
+                self.work_one(client=True)
+            if self.workload.violations:
+                return list(self.workload.violations)
+        return self.settled_checks()
+
+    def settle(self) -> Member | None:
+        """Every fault healed; run until one master serves, every other engine follows it in its
+        epoch with its log where the master's is, and every engine is quiet."""
+        self.network.partitions.clear()
+        for member in self.members:
+            member.paused_until = 0
+            if member.engine_down_since is not None:
+                member.start_engine(crash_start=True)
+        for turn in range(SETTLE_STEPS_MAX):
+            for member in self.members:
+                for name in list(member.down):
+                    if name in member.specs:
+                        member.start(name)
+                member.follow_role()
+            self.work_one(client=False)
+            if turn % 50 == 0 and (master := self.settled_master()) is not None:
+                return master
+        return None
+
+    def settled_master(self) -> Member | None:
+        masters = [m for m in self.members if m.role is not None and m.role.is_master]
+        if len(masters) != 1:
+            return None
+        master = masters[0]
+        assert master.role is not None
+        named = self.etcd.get(self.keys.master)
+        if named is None or named["broker_id"] != master.broker_id or named["epoch"] != master.role.epoch:
+            return None
+        end = master.slots.get(CONFIRMED)
+        for member in self.members:
+            if member.role is None or member.role.epoch != master.role.epoch or member.down or not member.running:
+                return None
+            if member is not master and member.slots.get(WRITTEN) != end:
+                return None
+        if self.network.busy() or not all(member.quiet() for member in self.members):
+            return None
+        return master
+
+    def describe(self) -> str:
+        """Each engine's role and offsets, and the master etcd names: why a set does not settle."""
+        parts = [f"etcd names {self.etcd.get(self.keys.master)}, in sync {self.etcd.get(self.keys.in_sync)}"]
+        for m in self.members:
+            role = f"{m.role.role} of epoch {m.role.epoch}" if m.role else "no role"
+            parts.append(f"{m.party}: {role}, written {m.slots.get(WRITTEN)}, confirmed {m.slots.get(CONFIRMED)}, "
+                         f"quiet {m.quiet()}, down {sorted(m.down)}, epoch slot {m.slots.get(EPOCH)}")
+        return "; ".join(parts)
+
+    def settled_checks(self) -> list[str]:
+        master = self.settle()
+        if master is None:
+            return [f"the broker set did not settle: {self.describe()}"]
+        found = [f"{master.party} (master): {v}" for v in violations(
+            master.store_dir, master.config, self.workload, master.slots.get(CONFIRMED))]
+        for member in self.members:
+            if member is not master:
+                found += [f"{member.party}: {v}" for v in replica_violations(master, member, self.workload)]
+        found += [f"epoch {epoch}: PUT_OK from brokers {sorted(ids)}" for epoch, ids in sorted(self.answered.items())
+                  if len(ids) > 1]
+        history = {int(key.rsplit("/", 1)[-1]): (value["start_offset"], value["broker_id"])
+                   for key, value in self.etcd.get_prefix(self.keys.epochs).items()}
+        found += self.writers_by_epoch(master, history)
+        for member in self.members:
+            for epoch, start in load_epochs(member.store_dir):
+                if epoch not in history or history[epoch][0] != start:
+                    found.append(f"{member.party}: its epoch file has epoch {epoch} at {start}; etcd: "
+                                 f"{history.get(epoch)}")
+        return found
+
+    def writers_by_epoch(self, master: Member, history: dict[int, tuple[int, int]]) -> list[str]:
+        """Every record in an epoch's range of the log was stored by that epoch's master."""
+        ports = {member.broker_id: member.config.store_port for member in self.members}
+        starts = sorted((start, epoch) for epoch, (start, _) in history.items())
+        reader = CommitLogReader.for_config(master.store_dir, master.config)
+        try:
+            for item in reader.scan(reader.min_offset(), master.slots.get(CONFIRMED)):
+                if isinstance(item, Damage):
+                    continue
+                epochs = [epoch for start, epoch in starts if start <= item.commit_log_offset]
+                if not epochs:
+                    continue
+                expected = ports[history[epochs[-1]][1]]
+                if item.store_host.port != expected:
+                    return [f"log: the record at {item.commit_log_offset} (epoch {epochs[-1]}) was stored by "
+                            f"port {item.store_host.port}, not by that epoch's master ({expected})"]
+        finally:
+            reader.segments.close()
+        return []
+
+
+def simulate_set(seed: int, plan: SetPlan | None = None, *, root: Path | None = None) -> SetOutcome:
+    plan = plan or SetPlan.drawn(seed)
+    rng = random.Random(seed)
+    workdir = Path(tempfile.mkdtemp(prefix=f"sim-set-{seed}-", dir=root or _tmpfs()))
+    quiet = logging.getLogger("engine")
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        run = BrokerSetRun(workdir, rng, plan)
+        found = run.run()
+        counts = run.members[0].counts
+        figures = {"steps": counts.steps, "sim_ms": run.members[0].clock.mono_ms() - 1_000_000,
+                   "kills": counts.kills, "restarts": counts.restarts,
+                   "engine_kills": run.engine_kills, "pauses": run.pauses, "partitions": run.partitions,
+                   "cuts": sum(member.cuts for member in run.members), "acked": run.workload.acked,
+                   "pulled": run.workload.pulled, "epochs": len(run.answered),
+                   "partitioned_drops": run.network.partitioned_drops, "etcd_requests": run.etcd.requests}
+        return SetOutcome(seed, found, figures, counts.trace)
+    finally:
+        quiet.level = level
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _tmpfs() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
