@@ -4,7 +4,7 @@
     python scripts/simulate.py --seed 614 --trace      # replay one seed, with its plan and trace
     python scripts/simulate.py --seed 139 --fixed-rates   # under the fixed plan of earlier runs
     python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004 --fixed-rates  # supervisor deaths
-    python scripts/simulate.py --broker-set --seeds 1000    # three engines elected on a model of etcd
+    python scripts/simulate.py --broker-set SYNC --seeds 1000   # three engines elected on a model of etcd
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
@@ -39,8 +39,8 @@ def main() -> int:
                         help="a replica follows the engine, replicating so (docs/replication.md)")
     parser.add_argument("--fixed-rates", action="store_true",
                         help="run the fixed plan every seed ran before plans were drawn from the seed")
-    parser.add_argument("--broker-set", action="store_true",
-                        help="a broker set of three engines electing their master on a model of etcd, with kills "
+    parser.add_argument("--broker-set", choices=("ASYNC", "SYNC"),
+                        help="replicating so, a broker set of three engines electing their master on a model of etcd, with kills "
                              "of actors and engines, pauses and partitions (engine/simulation/broker_set.py)")
     args = parser.parse_args()
     if args.broker_set:
@@ -78,7 +78,7 @@ def broker_sets(args: argparse.Namespace) -> int:
     failed = 0
     totals: dict[str, int] = {}
     for seed in seeds:
-        plan = SetPlan.drawn(seed)
+        plan = SetPlan.drawn(seed, replication_mode=args.broker_set)
         outcome = simulate_set(seed, plan)
         for name, value in outcome.figures.items():
             totals[name] = totals.get(name, 0) + value

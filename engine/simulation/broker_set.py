@@ -34,7 +34,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -50,7 +50,7 @@ from engine.simulation.checks import violations
 from engine.simulation.etcd_model import EtcdModel, ModelClient
 from engine.simulation.network import CLIENT, party
 from engine.simulation.pair import replica_violations
-from engine.simulation.workload import Workload
+from engine.simulation.workload import TOPICS, Position, Stored, Workload
 from engine.simulation.world import World, sim_config
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.epoch_file import load_epochs
@@ -62,12 +62,12 @@ CLUSTER, BROKER = "sim", "set-a"
 SETTLE_STEPS_MAX = 60_000
 
 
-def member_config(base: StoreConfig, broker_id: int) -> StoreConfig:
+def member_config(base: StoreConfig, broker_id: int, mode: Literal["ASYNC", "SYNC"] = "SYNC") -> StoreConfig:
     port = 10911 + 100 * broker_id
     return base.replace(
         etcd_endpoints="http://sim-etcd:2379", cluster_name=CLUSTER, broker_name=BROKER, broker_id=broker_id,
         endpoint=f"tcp://127.0.0.1:{port}", store_port=port, replication_endpoint=f"tcp://sim-b{broker_id}:10912",
-        replication_mode="SYNC", replication_report_interval_ms=100, replication_config_interval_ms=200,
+        replication_mode=mode, replication_report_interval_ms=100, replication_config_interval_ms=200,
         replica_lag_max_ms=1_500, sync_flush_timeout_ms=4_000).validate()
 
 
@@ -175,6 +175,7 @@ class SetPlan:
     engine_restart_after_steps: int = 40
     send_ratio: float = 0.12
     pull_ratio: float = 0.04
+    replication_mode: Literal["ASYNC", "SYNC"] = "SYNC"
     idle_ratio: float = 0.03  # no process runs for a while (100-400 ms): time for leases to run out
 
     @classmethod
@@ -211,14 +212,18 @@ class BrokerSetRun:
         self.etcd = EtcdModel()
         self.members: list[Member] = []
         for broker_id in range(SET_SIZE):
-            self.members.append(Member(root, rng, member_config(base, broker_id), self.etcd,
+            self.members.append(Member(root, rng, member_config(base, broker_id, plan.replication_mode), self.etcd,
                                        beside=self.members[0] if self.members else None))
         self.etcd.clock = self.members[0].clock
         etcd = self.etcd
         self.network = self.members[0].network
         etcd.partitioned = lambda who: self.network.partitioned(who + "/x", ETCD + "/x")
         self.keys = BrokerSetKeys(CLUSTER, BROKER)
-        self.workload = Workload(rng, self.network, sync_flush=True,
+        # SYNC: every PUT_OK is a promise (the workload checks it). ASYNC: only what the next epoch's
+        # master held when elected (``promised_under_async``): the client forgets the rest at a new epoch.
+        self.sync = plan.replication_mode == "SYNC"
+        self.acks: list[tuple[int, int, Position, bytes]] = []  # (epoch, offset, position, body) of each PUT_OK
+        self.workload = Workload(rng, self.network, sync_flush=self.sync,
                                  attempts_max=base.max_delivery_attempts, front="b0/front")
         self.network.to_client = self.on_reply
         self.answered: dict[int, set[int]] = {}  # epoch -> the brokers that answered PUT_OK in it
@@ -231,10 +236,27 @@ class BrokerSetRun:
 
     def on_reply(self, frames: list[bytes], sender: str) -> None:
         reply = msgspec.msgpack.decode(frames[-1])
-        if reply.get("ok") and any(result.get("status") == "PUT_OK" for result in reply.get("results", ())):
+        asked = self.workload.waiting.get(reply.get("id"))
+        if reply.get("ok") and asked is not None and asked[0] == "send":
             member = self.members[int(party(sender)[1:])]
-            self.answered.setdefault(member.slots.get(EPOCH), set()).add(member.broker_id)
+            epoch = member.slots.get(EPOCH)
+            for (body, _key), result in zip(asked[2], reply["results"], strict=True):
+                if result["status"] == "PUT_OK":
+                    self.answered.setdefault(epoch, set()).add(member.broker_id)
+                    position = (asked[1], result["queue_id"], result["queue_offset"])
+                    self.acks.append((epoch, result["commit_log_offset"], position, body))
         self.workload.on_reply(frames, sender)
+        if not self.sync:  # judged at the end, by epoch (``promised_under_async``)
+            self.workload.unsettled.clear()
+
+    def promised_under_async(self, history: dict[int, tuple[int, int]]) -> None:
+        """ASYNC: a PUT_OK of epoch e survives if it lies below where epoch e + 1 began (the next
+        master held it then); the last epoch's all do (no master kill follows the settling)."""
+        starts = sorted(history)
+        for epoch, offset, position, body in self.acks:
+            later = [history[e][0] for e in starts if e > epoch]
+            if not later or offset < later[0]:
+                self.workload.durable[position] = Stored(body, "", offset)
 
     def master_front(self) -> str | None:
         """Where the client sends: the master etcd names (its route), once it serves."""
@@ -243,6 +265,9 @@ class BrokerSetRun:
             return None
         if master["epoch"] != self.topics_for_epoch:  # a new master: the topics again (a no-op where they are)
             self.topics_for_epoch = master["epoch"]
+            if not self.sync:  # what was read may be gone with the old master's tail: older reads are void
+                for topic in TOPICS:
+                    self.workload.void_reads(topic)
             self.workload.front = f"b{master['broker_id']}/front"
             self.workload.create_topics()
         return f"b{master['broker_id']}/front"
@@ -416,6 +441,10 @@ class BrokerSetRun:
         master = self.settle()
         if master is None:
             return [f"the broker set did not settle: {self.describe()}"]
+        history = {int(key.rsplit("/", 1)[-1]): (value["start_offset"], value["broker_id"])
+                   for key, value in self.etcd.get_prefix(self.keys.epochs).items()}
+        if not self.sync:
+            self.promised_under_async(history)
         found = [f"{master.party} (master): {v}" for v in violations(
             master.store_dir, master.config, self.workload, master.slots.get(CONFIRMED))]
         for member in self.members:
@@ -423,8 +452,6 @@ class BrokerSetRun:
                 found += [f"{member.party}: {v}" for v in replica_violations(master, member, self.workload)]
         found += [f"epoch {epoch}: PUT_OK from brokers {sorted(ids)}" for epoch, ids in sorted(self.answered.items())
                   if len(ids) > 1]
-        history = {int(key.rsplit("/", 1)[-1]): (value["start_offset"], value["broker_id"])
-                   for key, value in self.etcd.get_prefix(self.keys.epochs).items()}
         found += self.writers_by_epoch(master, history)
         for member in self.members:
             for epoch, start in load_epochs(member.store_dir):
