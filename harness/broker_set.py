@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,12 +21,12 @@ from typing import Any
 import psutil
 
 import rmqpy
-from engine.client import ClientError, StoreClient
+from engine.client import ClientError, EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.coordination.role import Role
 from engine.ipc.endpoints import ensure_run_dir
 from harness.replication import offsets
-from harness.workload import Producer, ProducerThread
+from harness.workload import Producer, ProducerThread, QueueRead
 from supervisor.etcd_server import EtcdCluster
 from supervisor.launcher import EngineProcess, free_port
 
@@ -79,9 +80,9 @@ class BrokerSet:
             _signal(pids, signal.SIGCONT)
 
     @contextmanager
-    def producing(self, topics: dict[str, int], seed: int) -> Iterator[ProducerThread]:
+    def producing(self, topics: dict[str, int], seed: int, *, name: str = "p") -> Iterator[ProducerThread]:
         """A workload producer (``harness.workload``) on the set's address, in a thread, stopped at the end."""
-        producer = Producer("p", ProducerOnSet(self.endpoints, timeout_ms=3_000), topics,  # type: ignore[arg-type]
+        producer = Producer(name, ProducerOnSet(self.endpoints, timeout_ms=3_000), topics,  # type: ignore[arg-type]
                             random.Random(seed))
         thread = ProducerThread(producer).start()
         try:
@@ -89,6 +90,65 @@ class BrokerSet:
         finally:
             thread.stop()
             producer.client.close()
+
+    @contextmanager
+    def consuming(self, topics: dict[str, int]) -> Iterator[ConsumerOnSet]:
+        """A consumer pulling every queue from whichever engine is master, in a thread, stopped at the end."""
+        consumer = ConsumerOnSet(self, topics)
+        consumer.thread.start()
+        try:
+            yield consumer
+        finally:
+            consumer.stop.set()
+            consumer.thread.join(30)
+
+
+class ConsumerOnSet:
+    """Pulls each queue onward from the engine whose role is master, as a consumer of the set does,
+    and keeps what it read at each position: under SYNC replication a reader sees only what every
+    in-sync replica holds, so no failover may take back or change what it read (``changed``)."""
+
+    def __init__(self, brokers: BrokerSet, topics: dict[str, int]) -> None:
+        self.brokers = brokers
+        self.queues = [(topic, queue_id) for topic, count in topics.items() for queue_id in range(count)]
+        self.read: dict[tuple[str, int, int], bytes] = {}  # (topic, queue id, queue offset) -> body
+        self.next_offset = dict.fromkeys(self.queues, 0)
+        self.masters: set[int] = set()  # the broker ids it read from
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="consumer-on-set", daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            master = self.brokers.master()
+            if master is None:
+                self.stop.wait(0.05)  # an election under way
+                continue
+            try:
+                with StoreClient(master.endpoint, timeout_ms=2_000) as client:
+                    while not self.stop.is_set() and self.brokers.master() is master:
+                        if not self.pull_each(client):
+                            self.stop.wait(0.02)  # nothing new: the producer's next batch
+                        self.masters.add(master.config.broker_id)
+            except (ClientError, EngineError):
+                self.stop.wait(0.05)  # the master died or steps down: the next one
+
+    def pull_each(self, client: StoreClient) -> int:
+        got = 0
+        for topic, queue_id in self.queues:
+            reply = client.pull(topic, queue_id, self.next_offset[(topic, queue_id)], max_messages=64)
+            for message in reply["messages"]:
+                self.read[(topic, queue_id, message["queue_offset"])] = bytes(message["body"])
+                got += 1
+            if reply["messages"]:
+                self.next_offset[(topic, queue_id)] = reply["next_offset"]
+        return got
+
+    def changed(self, stored: dict[tuple[str, int], QueueRead]) -> list[str]:
+        """Positions read during the run that the store no longer holds as they were read."""
+        now = {(topic, queue_id, m["queue_offset"]): bytes(m["body"])
+               for (topic, queue_id), queue in stored.items() for m in queue.messages}
+        return [f"{topic}/{queue_id}@{offset}" for (topic, queue_id, offset), body in sorted(self.read.items())
+                if now.get((topic, queue_id, offset)) != body]
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:

@@ -2,8 +2,10 @@
 etcd started here, rmqpy producing to the set's address throughout.
 
 SIGKILL of the master's whole process group: a replica of the in-sync set is elected and serves
-within the bound the docs state; nothing acknowledged is lost or stored twice; the old master,
-started again, cuts what it held past the new epoch's start, follows and rejoins the set. SIGSTOP
+within the bound the docs state; nothing acknowledged is lost or stored twice, and nothing a
+consumer read during the failover changes; the old master, started again, cuts what it held past
+the new epoch's start, follows and rejoins the set. Replicas killed: SYNC sends go on while one is
+in sync, then are refused, and the replicas catch up when started again. SIGSTOP
 of the master past its lease (a partition): a new master is elected; the old one, resumed,
 refuses writes, then follows. An etcd member killed: the set keeps working.
 """
@@ -100,7 +102,7 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
         create_topics(brokers)
         old = brokers.wait_master()
         wait_in_sync(old, 2)
-        with brokers.producing(TOPICS, seed=1) as thread:
+        with brokers.consuming(TOPICS) as consumer, brokers.producing(TOPICS, seed=1) as thread:
             thread.wait_acked(500)
             acked_before = thread.acked
             old.kill()
@@ -111,6 +113,12 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             old.start()  # its log is cut where it forks from the new epoch's, then it follows
             wait_in_sync(new, 2)
             thread.wait_acked(thread.acked + 200)
+            read_before = len(consumer.read)
+            deadline = time.monotonic() + 30
+            while len(consumer.read) < read_before + 100:  # the consumer goes on reading at the new master
+                assert time.monotonic() < deadline, f"the consumer read only {len(consumer.read)} messages"
+                time.sleep(0.05)  # polls the consumer thread's progress
+        assert consumer.masters >= {old.config.broker_id, new.config.broker_id}
         role = brokers.role(old)
         assert role is not None and not role.is_master
         with old.client() as client, new.client() as new_client:  # any engine names the master
@@ -129,9 +137,11 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             if engine is not new:
                 wait_same_log(new, engine, config)
         with new.client() as client:
-            verdict = verify([thread.producer], read_everything(client, TOPICS))
+            stored = read_everything(client, TOPICS)
+        verdict = verify([thread.producer], stored)
         assert verdict.ok(), verdict.summary()
         assert verdict.acked >= 900
+        assert consumer.changed(stored) == [], "a message read during the failover is not there any more"
 
 
 def test_paused_master_is_fenced_and_follows_the_new_one(tmp_path: Path) -> None:
@@ -161,6 +171,45 @@ def test_paused_master_is_fenced_and_follows_the_new_one(tmp_path: Path) -> None
             verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
     assert check_store(old.store_dir, old.config) == []
+
+
+def test_replicas_killed_sync_sends_go_on_while_one_is_in_sync_then_are_refused(tmp_path: Path) -> None:
+    """min_in_sync_replicas = 1: one replica killed, the other keeps SYNC sends answered (the master
+    takes the dead one out of the set in etcd first); both killed, sends are refused with
+    FLUSH_SLAVE_TIMEOUT, then SLAVE_NOT_AVAILABLE; restarted, they catch up and rejoin."""
+    config = sync_config()
+    with broker_set(tmp_path, config, engines=3) as brokers:
+        create_topics(brokers)
+        master = brokers.wait_master()
+        wait_in_sync(master, 2)
+        first, second = [engine for engine in brokers.engines if engine is not master]
+        with brokers.producing(TOPICS, seed=5) as thread:
+            thread.wait_acked(200)
+            first.kill()
+            thread.wait_acked(thread.acked + 300)  # the other replica is enough
+        second.kill()
+        assert brokers.master() is master
+        statuses: list[str] = []
+        with master.client(timeout_ms=10_000) as client:
+            client.create_topic("probe", queue_count=1)
+            deadline = time.monotonic() + 30
+            while not statuses or statuses[-1] != "SLAVE_NOT_AVAILABLE":
+                assert time.monotonic() < deadline, f"never refused SLAVE_NOT_AVAILABLE: {statuses}"
+                try:
+                    statuses.append(client.send("probe", [{"body": b"with no replica"}], queue_id=0)[0]["status"])
+                except EngineError as exc:
+                    statuses.append(exc.name)
+        assert set(statuses) <= {"FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"}, statuses
+        first.start()
+        second.start()
+        wait_in_sync(master, 2)
+        with brokers.producing(TOPICS, seed=6, name="q") as after:
+            after.wait_acked(300)
+        for engine in (first, second):
+            wait_same_log(master, engine, config)
+        with master.client() as client:
+            verdict = verify([thread.producer, after.producer], read_everything(client, TOPICS))
+        assert verdict.ok(), verdict.summary()
 
 
 def test_an_etcd_member_killed_the_set_keeps_working_and_fails_over(tmp_path: Path) -> None:
