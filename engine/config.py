@@ -168,6 +168,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     master_fence_margin_ms: int = 500  # writes stop this long before the lease could expire unrenewed
     election_wait_ms: int = 300  # candidates wait this long for each other's offers before the best one claims
     etcd_request_timeout_ms: int = 500  # one etcd request, before the next endpoint is tried
+    # A replica keeps a master's actor processes spawned and waiting (about 30 MB each): a promotion
+    # does not wait for eleven interpreters to start (1.2 s on two cores).
+    standby_master_actors: bool = True
 
     # Flushing and checkpoint (RocketMQ: 500 ms / 4 pages / 10 s; CQ 1 s).
     flush_mode: FlushMode = "ASYNC_FLUSH"

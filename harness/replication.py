@@ -1,13 +1,15 @@
 """A master and its replica on loopback, for tests and the simulation of a failure by hand.
 
 ``replicated_pair`` starts both engines (the replica pointed at the master's replication
-endpoint) and stops both; ``wait_replicated`` waits, with a deadline, until the replica's log
-ends where the master's does and its own dispatch has caught up; ``log_bytes`` reads a
-store's log from its files, to compare two stores byte for byte.
+endpoint) and stops both (``replicated_set``: a master and several replicas);
+``wait_replicated`` waits, with a deadline, until the replica's log ends where the master's
+does and its own dispatch has caught up; ``log_bytes`` reads a store's log from its files, to
+compare two stores byte for byte.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,18 +25,24 @@ from supervisor.launcher import EngineProcess, free_port
 @contextmanager
 def replicated_pair(root: Path, config: StoreConfig) -> Iterator[tuple[EngineProcess, EngineProcess]]:
     """A master (``root/master``) and its replica (``root/replica``), started in that order."""
+    with replicated_set(root, config, replicas=1) as (master, [replica]):
+        yield master, replica
+
+
+@contextmanager
+def replicated_set(root: Path, config: StoreConfig, *,
+                   replicas: int) -> Iterator[tuple[EngineProcess, list[EngineProcess]]]:
+    """A master (``root/master``) and ``replicas`` replicas of it (``root/replica``, ``root/replica-2``...),
+    started in that order and stopped in the other."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    master = EngineProcess(root / "master", config=config.replace(replication_endpoint=endpoint))
-    replica = EngineProcess(root / "replica", config=config.replace(replica_of=endpoint))
-    master.start()
-    try:
-        replica.start()
-        try:
-            yield master, replica
-        finally:
-            replica.stop()
-    finally:
-        master.stop()
+    engines = [EngineProcess(root / "master", config=config.replace(replication_endpoint=endpoint))]
+    engines += [EngineProcess(root / ("replica" if n == 1 else f"replica-{n}"),
+                              config=config.replace(replica_of=endpoint)) for n in range(1, replicas + 1)]
+    with contextlib.ExitStack() as stack:
+        for engine in engines:
+            engine.start()
+            stack.callback(engine.stop)
+        yield engines[0], engines[1:]
 
 
 def offsets(client: StoreClient) -> dict[str, int]:

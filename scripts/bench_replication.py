@@ -1,15 +1,15 @@
-"""Replication's cost and lag: a master alone, with an ASYNC replica, with a SYNC one, on loopback.
+"""Replication's cost and lag: a master alone, with ASYNC replicas, with SYNC ones, on loopback.
 
-    python scripts/bench_replication.py              # 100,000 messages of 256 B a run
-    python scripts/bench_replication.py --reps 3
+    python scripts/bench_replication.py              # 100,000 messages of 256 B a run, 2 replicas
+    python scripts/bench_replication.py --reps 3 --replicas 1
 
-For each setup (no replica; a replica with replication_mode ASYNC; SYNC), in a fresh pair of
-engines on this machine (both on the same cores: the figures are an upper bound of the
-cost on two machines):
+For each setup (no replica, under ASYNC_FLUSH and SYNC_FLUSH; replicas with replication_mode
+ASYNC; SYNC), in fresh engines on this machine (all on the same cores: the figures are an upper
+bound of the cost on separate machines):
 
 * produce batches of 1,000 one at a time and 4 in flight, msg/s;
 * one send at a time, p50 and p99 (wait_store, as a durable producer sends);
-* with a replica, how far it is behind while the producer runs (bytes, sampled every 10 ms),
+* with replicas, how far the first is behind while the producer runs (bytes, sampled every 10 ms),
   the ASYNC loss window a crash of the master would open at that instant;
 * an empty replica catching up a master's 100,000 messages: MB/s.
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import body_of, percentile, pipelined, record, request_frame
 
 from engine.config import StoreConfig
-from harness.replication import offsets, replicated_pair, wait_replicated
+from harness.replication import offsets, replicated_set, wait_replicated
 from supervisor.launcher import EngineProcess, free_port
 
 BATCH, BODY, QUEUES = 1000, 256, 4
@@ -47,10 +47,10 @@ def batches(total: int) -> list[list[dict[str, object]]]:
             for first in range(0, total, BATCH)]
 
 
-def wait_in_sync(master: EngineProcess) -> None:
+def wait_in_sync(master: EngineProcess, replicas: int) -> None:
     deadline = time.monotonic() + 30
     with master.client() as client:
-        while offsets(client)["in_sync_replicas"] < 1:
+        while offsets(client)["in_sync_replicas"] < replicas:
             if time.monotonic() > deadline:
                 raise TimeoutError("the replica never came in sync")
 
@@ -112,17 +112,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--total", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=2)
     args = parser.parse_args()
     base = StoreConfig.test_min().replace(segment_size_bytes=64 << 20, metrics_endpoint="")
     for rep in range(args.reps):
         with tempfile.TemporaryDirectory(prefix="bench-replication-") as tmp:
             root = Path(tmp)
-            with EngineProcess(root / f"alone-{rep}", config=base) as alone:
-                produce(alone, None, "no replica", args.total)
+            for flush_mode in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+                with EngineProcess(root / f"alone-{flush_mode}-{rep}", config=base.replace(flush_mode=flush_mode)) \
+                        as alone:
+                    produce(alone, None, f"no replica, {flush_mode}", args.total)
             for mode in ("ASYNC", "SYNC"):
-                with replicated_pair(root / f"{mode}-{rep}", base.replace(replication_mode=mode)) as pair:
-                    wait_in_sync(pair[0])
-                    produce(pair[0], pair[1], f"{mode} replica", args.total)
+                with replicated_set(root / f"{mode}-{rep}", base.replace(replication_mode=mode),
+                                    replicas=args.replicas) as (master, replicas):
+                    wait_in_sync(master, args.replicas)
+                    produce(master, replicas[0], f"{mode}, {args.replicas} replicas", args.total)
             catch_up(root, base, args.total)
     for name, (values, unit) in FIGURES.items():
         record(name, values, unit)

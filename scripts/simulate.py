@@ -40,8 +40,9 @@ def main() -> int:
     parser.add_argument("--fixed-rates", action="store_true",
                         help="run the fixed plan every seed ran before plans were drawn from the seed")
     parser.add_argument("--broker-set", choices=("ASYNC", "SYNC"),
-                        help="replicating so, a broker set of three engines electing their master on a model of etcd, with kills "
-                             "of actors and engines, pauses and partitions (engine/simulation/broker_set.py)")
+                        help="replicating so, a broker set of three engines electing their master on a model of "
+                             "etcd, with kills of actors and engines, pauses and partitions "
+                             "(engine/simulation/broker_set.py)")
     args = parser.parse_args()
     if args.broker_set:
         return broker_sets(args)

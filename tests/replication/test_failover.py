@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,9 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
         assert consumer.masters >= {old.config.broker_id, new.config.broker_id}
         role = brokers.role(old)
         assert role is not None and not role.is_master
+        promoted = (new.store_dir / "logs" / "supervisor.log").read_text()
+        assert re.search(r"now master of epoch \d+ \(actors started again in \d+ ms, (\d+) of \1 waiting ready",
+                         promoted), "the replica's master actors were not waiting at their gates"
         with old.client() as client, new.client() as new_client:  # any engine names the master
             route = client.route()
             assert (route["role"], route["master_endpoint"], route["epoch"]) == ("replica", new.endpoint, role.epoch)
