@@ -57,6 +57,12 @@ class RequestTimeout(ClientError, TimeoutError):
     """No reply before the deadline: the engine may be down, busy, or may have dropped the frame."""
 
 
+class ConnectionLost(RequestTimeout):
+    """The connection broke while the reply was awaited (the engine's front died, or the network
+    between): as after a timeout the request may or may not have been carried out, but the client
+    knows at once (``StoreClient(watch_connection=True)``)."""
+
+
 class EngineError(ClientError):
     """The engine refused the request; ``code`` and ``name`` are from ``engine.errors.ErrorCode``."""
 
@@ -116,22 +122,22 @@ def master_of_set(endpoints: list[str], *, timeout_ms: int = 2_000) -> str | Non
 
 
 def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context: zmq.Context | None = None) -> bool:
-    """True if a connection to ``endpoint`` is made within ``timeout_ms``. A DEALER queues requests
-    for an engine that is not there, so a client would learn that nothing runs only when its
-    deadline passes; this asks the socket instead (a connection, not an answer: a busy engine
+    """True if a connection to ``endpoint`` is made within ``timeout_ms``; False as soon as one is
+    refused (nothing listens there: a host's answer, or the socket file missing). A DEALER queues
+    requests for an engine that is not there, so a client would learn that nothing runs only when
+    its deadline passes; this asks the socket instead (a connection, not an answer: a busy engine
     that accepts connections passes, and its requests keep their whole deadline)."""
     context = context or zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED)
+    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
     try:
         allow_ipv6(sock, endpoint).connect(endpoint)
         deadline = time.monotonic() + timeout_ms / 1000
         while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
             if not monitor.poll(remaining_ms):
                 return False
-            if zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED:
-                return True
+            return zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
         return False
     finally:
         sock.disable_monitor()
@@ -151,12 +157,15 @@ def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
-                 on_master: Callable[[str], None] | None = None) -> None:
+                 on_master: Callable[[str], None] | None = None, watch_connection: bool = False) -> None:
         """``curve``: the engine's public key and this client's key pair, for an engine with
         ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout.
         ``on_master``: follow a replica's ``NOT_MASTER`` to the master it names (the request goes
         again there, and so do the next ones); called with the master's endpoint when it does.
-        Without it, ``NOT_MASTER`` is raised as any refusal."""
+        Without it, ``NOT_MASTER`` is raised as any refusal.
+        ``watch_connection``: a request whose connection breaks before its reply raises
+        ``ConnectionLost`` at once instead of waiting out its deadline (a broker set's client
+        moves on to the next engine; one more socket per client, and a poll of two)."""
         self.endpoint = endpoint
         self.on_master = on_master
         self.timeout_ms = timeout_ms
@@ -165,6 +174,8 @@ class StoreClient:
         """The largest request sent (the engine's ``client_frame_bytes_max``; raise it with the engine's)."""
         self._context = context or zmq.Context.instance()
         self._ids = itertools.count(1)
+        self.watch_connection = watch_connection
+        self._monitor: zmq.Socket | None = None
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
@@ -172,8 +183,44 @@ class StoreClient:
         sock.setsockopt(zmq.LINGER, 0)
         if self.curve is not None:
             self.curve.apply(sock)
+        if self.watch_connection:
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
         return sock
+
+    def _reconnect(self) -> None:
+        """A fresh socket: a late reply on the old one cannot be taken for the next request's."""
+        self._close_socket()
+        self._socket = self._connect()
+
+    def _close_socket(self) -> None:
+        if self._monitor is not None:
+            self._socket.disable_monitor()
+            self._monitor.close()
+            self._monitor = None
+        self._socket.close()
+
+    def _disconnected(self) -> bool:
+        """Whether the monitor told of a broken connection since it was last asked."""
+        broken = False
+        while self._monitor is not None and self._monitor.poll(0):
+            broken |= zmq.utils.monitor.recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED
+        return broken
+
+    def _await_reply(self, op: str, remaining_ms: int) -> bool:
+        """Wait for a reply frame up to ``remaining_ms``; ``ConnectionLost`` if the connection breaks first."""
+        if self._monitor is None:
+            return bool(self._socket.poll(remaining_ms))
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        ready = dict(poller.poll(remaining_ms))
+        if self._socket in ready:
+            return True
+        if self._monitor in ready and self._disconnected():
+            self._reconnect()
+            raise ConnectionLost(f"the connection to {self.endpoint} broke before the reply to {op!r}")
+        return bool(ready)  # another monitor event: look again (the caller's loop)
 
     def __enter__(self) -> StoreClient:
         return self
@@ -182,7 +229,7 @@ class StoreClient:
         self.close()
 
     def close(self) -> None:
-        self._socket.close()
+        self._close_socket()
 
     # -- transport ---------------------------------------------------------
 
@@ -200,15 +247,19 @@ class StoreClient:
                 **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise EngineError if the engine refused it."""
         request_id = next(self._ids)
+        self._disconnected()  # what an earlier connection went through does not concern this request
         self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not self._socket.poll(remaining_ms):
+            if remaining_ms <= 0:
                 # The socket may still deliver the late reply; start afresh so it cannot be mistaken.
-                self._socket.close()
-                self._socket = self._connect()
+                self._reconnect()
                 raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within the deadline")
+            if not self._await_reply(op, remaining_ms):
+                continue
+            if not self._socket.poll(0):
+                continue  # a monitor event that was not a disconnection
             reply = _decoder.decode(self._socket.recv())
             if reply.get("id") == request_id:
                 break
@@ -218,7 +269,7 @@ class StoreClient:
             master = details.get("master_endpoint")
             if self.on_master is not None and not _followed and error.get("code") == ErrorCode.NOT_MASTER \
                     and isinstance(master, str) and master and master != self.endpoint:  # nothing was done there
-                self._socket.close()
+                self._close_socket()
                 self.endpoint = master
                 self._socket = self._connect()
                 self.on_master(master)

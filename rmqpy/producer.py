@@ -32,7 +32,14 @@ from typing import Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout, StoreClient
+from engine.client import (
+    DEFAULT_ENDPOINT,
+    EngineError,
+    EngineUnreachable,
+    RequestTimeout,
+    StoreClient,
+    engine_answers,
+)
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
@@ -45,6 +52,7 @@ from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
 __all__ = ["Producer"]
 
 T = TypeVar("T")
+FOLLOW_PROBE_MS = 500  # a master a replica names must accept a connection this soon, or it is taken for gone
 
 
 class Producer:
@@ -71,7 +79,7 @@ class Producer:
         self._context = context
         self._curve = curve
         self._uniq_keys = UniqKeys()
-        self._client = StoreClient(self.endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
+        self._client = self._connect(self.endpoint)
         self._client_lock = threading.Lock()
         self._async_lock = threading.Lock()  # guards the fields below
         self._loop_thread: LoopThread | None = None
@@ -152,6 +160,9 @@ class Producer:
                     results = self._client.request("send", topic=topic, **fields)["results"]
                 except EngineError as exc:  # a replica: it names its master, where this producer goes now
                     master = master_named(exc, self.endpoint)
+                    if master is not None and not engine_answers(master, timeout_ms=FOLLOW_PROBE_MS,
+                                                                 context=self._context):
+                        master = None  # the master it names is gone: an election is under way
                     if master is None:
                         if exc.code == ErrorCode.NOT_MASTER:  # nobody named (an election): the next engine
                             self._move_to(self._next_endpoint())
@@ -166,17 +177,26 @@ class Producer:
         return call_with_retry(self.retry, attempt, on_retry=self.on_retry)
 
     def _next_endpoint(self) -> str:
-        """The engine of the broker set after the current one (the current one if it is alone)."""
-        if self.endpoint not in self.endpoints:
-            return self.endpoints[0]
-        return self.endpoints[(self.endpoints.index(self.endpoint) + 1) % len(self.endpoints)]
+        """The engine of the broker set after the current one that accepts a connection (a master
+        just killed does not; the current one if it is alone, or if none does)."""
+        start = self.endpoints.index(self.endpoint) + 1 if self.endpoint in self.endpoints else 0
+        following = [self.endpoints[(start + k) % len(self.endpoints)] for k in range(len(self.endpoints))]
+        if len(following) == 1:
+            return following[0]
+        return next((endpoint for endpoint in following if engine_answers(endpoint, timeout_ms=FOLLOW_PROBE_MS,
+                                                                           context=self._context)), following[0])
 
     def _move_to(self, endpoint: str) -> None:
         if endpoint == self.endpoint:
             return
         self._client.close()
         self.endpoint = endpoint
-        self._client = StoreClient(endpoint, timeout_ms=self.timeout_ms, context=self._context, curve=self._curve)
+        self._client = self._connect(endpoint)
+
+    def _connect(self, endpoint: str) -> StoreClient:
+        """A broker set's producer learns at once that its engine's connection broke (a master gone)."""
+        return StoreClient(endpoint, timeout_ms=self.timeout_ms, context=self._context, curve=self._curve,
+                           watch_connection=len(self.endpoints) > 1)
 
     # -- async sends -------------------------------------------------------
 
