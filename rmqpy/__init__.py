@@ -22,7 +22,16 @@ the guide; ``engine.client.StoreClient`` stays the raw, untyped client for tools
 """
 
 from engine.client import DEFAULT_ENDPOINT
-from rmqpy.errors import ClientClosed, ClientError, EngineError, ErrorCode, GetStatus, PutStatus, RequestTimeout
+from rmqpy.errors import (
+    ClientClosed,
+    ClientError,
+    ConnectionLost,
+    EngineError,
+    ErrorCode,
+    GetStatus,
+    PutStatus,
+    RequestTimeout,
+)
 from rmqpy.message import Message, OutgoingMessage, SendResult
 from rmqpy.pop_consumer import PopConsumer
 from rmqpy.producer import Producer
@@ -34,6 +43,7 @@ __all__ = [
     "RETRIABLE_CODES",
     "ClientClosed",
     "ClientError",
+    "ConnectionLost",
     "EngineError",
     "ErrorCode",
     "GetStatus",

@@ -6,7 +6,8 @@ Every exception is a ``ClientError``. Two kinds come from the engine and the net
   Branch on ``error.code``, an ``ErrorCode`` number that never changes meaning; ``error.name``
   is its name. Codes this library does not know are still raised as ``EngineError``.
 * ``RequestTimeout`` (also a ``TimeoutError``): no reply in time. The engine may or may not
-  have done the request; a timed-out send may have stored its messages.
+  have done the request; a timed-out send may have stored its messages. ``ConnectionLost`` is
+  one: the connection broke before the reply (a broker set's producer, whose master died).
 
 ``ClientClosed`` is raised by a call on a closed producer or consumer.
 """
@@ -16,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.client import ClientError, EngineError, RequestTimeout
+from engine.client import ClientError, ConnectionLost, EngineError, RequestTimeout
 from engine.errors import ErrorCode, GetStatus, PutStatus
 
-__all__ = ["ClientClosed", "ClientError", "EngineError", "ErrorCode", "GetStatus", "PutStatus",
+__all__ = ["ClientClosed", "ClientError", "ConnectionLost", "EngineError", "ErrorCode", "GetStatus", "PutStatus",
            "RequestTimeout", "engine_error", "is_refusal_of"]
 
 

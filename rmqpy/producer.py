@@ -60,8 +60,10 @@ class Producer:
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
         """``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
-        "Failover"): sends go to the master; a send that timed out, or that an engine refused naming
-        no master (an election is under way), moves the producer to the next engine of the list.
+        "Failover"): sends go to the master; a send that timed out or whose connection broke (raised
+        as ``ConnectionLost``, a ``RequestTimeout``: it may have been stored), or that an engine
+        refused naming no master that answers (an election is under way), moves the producer to the
+        next engine of the list that accepts a connection.
         ``timeout_ms``: the deadline of each attempt; keep it above the engine's
         ``sync_flush_timeout_ms`` (5 s) under ``SYNC_FLUSH``.
         ``retry``: when to retry (default ``RetryPolicy()``: up to 5 retries, 20 ms to 2 s apart);

@@ -30,9 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import rmqpy
-from engine.client import ClientError
+from engine.client import ClientError, StoreClient
 from engine.config import StoreConfig
 from harness.broker_set import BrokerSet, broker_set, wait_in_sync
+from harness.replication import offsets
 from harness.workload import read_everything
 
 TOPIC, QUEUES, BATCH = "bench", 4, 10
@@ -72,6 +73,16 @@ class Load:
         return min(acks) if acks else None
 
 
+def dispatched_past(client: StoreClient, offset: int, *, timeout_s: float = 60.0) -> None:
+    """Until every queue owner and the index applied the log up to ``offset``: the producer goes on
+    meanwhile, so the engine is never quite caught up, but what was acknowledged before is."""
+    deadline = time.monotonic() + timeout_s
+    while min(v for k, v in offsets(client).items() if k.endswith("applied_offset")) < offset:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"dispatch did not reach {offset}: {offsets(client)}")
+        time.sleep(0.01)  # polls the engine's status
+
+
 def round_of(brokers: BrokerSet, load: Load) -> tuple[float, float, int, float]:
     old = brokers.wait_master()
     wait_in_sync(old, 2)
@@ -85,9 +96,9 @@ def round_of(brokers: BrokerSet, load: Load) -> tuple[float, float, int, float]:
     served_ms = (served_at - killed_at) * 1000
     old.start()
     wait_in_sync(new, 2)  # and so readers see all the new master holds (SYNC: up to what its replicas hold)
-    time.sleep(0.5)
     acked_by_then = dict(load.acked)
     with new.client(timeout_ms=30_000) as client:
+        dispatched_past(client, offsets(client)["confirmed_offset"])  # every acknowledged one is in its queue
         stored = {m["body"] for read in read_everything(client, {TOPIC: QUEUES}).values() for m in read.messages}
     lost = {body: acked for body, (_began, acked) in acked_by_then.items()
             if body not in stored and body not in load.lost}

@@ -32,7 +32,8 @@ def main() -> int:
     parser.add_argument("--store-dir", type=Path, help="where to put the store (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the store directory afterwards")
     parser.add_argument("--elected", action="store_true",
-                        help="a broker set elected on etcd instead: kill actors, masters, etcd members, pause masters")
+                        help="a broker set elected on etcd instead: kill actors, masters, replicas, etcd members; "
+                             "pause masters")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 32)
     print(f"seed={seed}", flush=True)

@@ -35,7 +35,7 @@ from engine.store.epoch_file import load_epochs
 from harness.broker_set import BrokerSet, broker_set, wait_in_sync
 from harness.faults import kill_actor
 from harness.replication import log_bytes, offsets
-from harness.workload import ProducerThread, read_everything, verify
+from harness.workload import ProducerThread, read_everything, verify, wait_dispatched
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import EngineProcess
 from tests.helpers import require
@@ -141,6 +141,7 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             if engine is not new:
                 wait_same_log(new, engine, config)
         with new.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)  # the promoted engine's queues hold all its log
             stored = read_everything(client, TOPICS)
         verdict = verify([thread.producer], stored)
         assert verdict.ok(), verdict.summary()
@@ -172,6 +173,7 @@ def test_paused_master_is_fenced_and_follows_the_new_one(tmp_path: Path) -> None
             if engine is not new:
                 wait_same_log(new, engine, config)
         with new.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)
             verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
     assert check_store(old.store_dir, old.config) == []
@@ -212,6 +214,7 @@ def test_replicas_killed_sync_sends_go_on_while_one_is_in_sync_then_are_refused(
         for engine in (first, second):
             wait_same_log(master, engine, config)
         with master.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)
             verdict = verify([thread.producer, after.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
 
@@ -233,6 +236,7 @@ def test_an_etcd_member_killed_the_set_keeps_working_and_fails_over(tmp_path: Pa
             old.start()
             wait_in_sync(new, 2)
         with new.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)
             verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
 
@@ -258,6 +262,7 @@ def test_membership_actor_killed_keeps_the_role_and_loses_nothing(tmp_path: Path
         assert brokers.role(master).epoch == 1  # type: ignore[union-attr]
         wait_same_log(master, replica, config)
         with master.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)
             verdict = verify([thread.producer], read_everything(client, TOPICS))
         assert verdict.ok(), verdict.summary()
 
@@ -328,6 +333,7 @@ def test_the_official_python_producer_keeps_sending_across_a_failover(tmp_path: 
         old.start()
         wait_in_sync(new, 2)
         with new.client() as client:
+            wait_dispatched(client, timeout_ms=60_000)
             queues = read_everything(client, {"official": 2}).values()
             stored = [m["uniq_key"] for read in queues for m in read.messages]
         assert sorted(set(receipts) - set(stored)) == []  # every receipt is stored...
