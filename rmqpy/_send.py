@@ -20,6 +20,8 @@ from engine.client import EngineError
 from engine.errors import ErrorCode
 from rmqpy.message import OutgoingMessage, outgoing_to_wire
 
+FOLLOW_PROBE_MS = 500  # a master a replica names must accept a connection this soon, or it is taken for gone
+
 UNIQ_KEY = "UNIQ_KEY"
 
 

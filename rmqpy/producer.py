@@ -43,7 +43,7 @@ from engine.client import (
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
-from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
+from rmqpy._send import FOLLOW_PROBE_MS, SendOptions, UniqKeys, batch_fields, master_named, one_message
 from rmqpy.aio.producer import AsyncProducer
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
@@ -52,7 +52,6 @@ from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
 __all__ = ["Producer"]
 
 T = TypeVar("T")
-FOLLOW_PROBE_MS = 500  # a master a replica names must accept a connection this soon, or it is taken for gone
 
 
 class Producer:

@@ -33,7 +33,14 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, FRAME_BYTES_MAX, RequestTimeout, encode_request, popped_messages
+from engine.client import (
+    DEFAULT_ENDPOINT,
+    FRAME_BYTES_MAX,
+    ConnectionLost,
+    RequestTimeout,
+    encode_request,
+    popped_messages,
+)
 from engine.ipc.curve import CurveKeys
 from rmqpy.errors import ClientClosed, engine_error
 
@@ -48,9 +55,12 @@ ACK_HANDLES_MAX = 1024  # receipt handles one ack request may carry (protocol 4.
 
 class AsyncClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, in_flight_max: int = 256,
-                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None,
+                 watch_connection: bool = False) -> None:
         """``timeout_ms``: each call's deadline (long polls get their wait on top).
-        ``curve``: the engine's public key and this client's key pair, for an engine with CURVE."""
+        ``curve``: the engine's public key and this client's key pair, for an engine with CURVE.
+        ``watch_connection``: calls waiting when the connection breaks raise ``ConnectionLost`` at once
+        (``StoreClient``'s, for a broker set's producer)."""
         if in_flight_max < 1:
             raise ValueError("in_flight_max must be >= 1")
         self.endpoint = endpoint
@@ -66,6 +76,8 @@ class AsyncClient:
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
         self._broken: ClientClosed | None = None  # why the reader stopped, if it stopped by itself
+        self.watch_connection = watch_connection
+        self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -78,14 +90,17 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
-            try:
-                await self._reader
-            except asyncio.CancelledError:
-                pass
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         self._fail_pending(ClientClosed(f"the client of {self.endpoint} was closed"))
         if self._socket is not None:
+            if self._watcher is not None:
+                self._socket.disable_monitor()
             self._socket.close(linger=0)
 
     @property
@@ -106,11 +121,25 @@ class AsyncClient:
             sock.setsockopt(zmq.LINGER, 0)
             if self.curve is not None:
                 self.curve.apply(sock)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if self.watch_connection else None
             sock.connect(self.endpoint)
             self._socket = sock
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies(sock))
+            loop = asyncio.get_running_loop()
+            self._reader = loop.create_task(self._read_replies(sock))
             self._reader.add_done_callback(self._reader_ended)
+            if monitor is not None:
+                self._watcher = loop.create_task(self._watch(monitor))
         return self._socket
+
+    async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
+        """Each break of the connection fails the calls waiting on it: their replies went with it."""
+        try:
+            while True:
+                event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self._fail_pending(ConnectionLost(f"the connection to {self.endpoint} broke before the reply"))
+        finally:
+            monitor.close(linger=0)
 
     async def _read_replies(self, sock: zmq.asyncio.Socket) -> None:
         while True:
@@ -155,6 +184,8 @@ class AsyncClient:
                     reply = await future
                 finally:
                     del self._pending[request_id]
+        except ConnectionLost:
+            raise
         except TimeoutError:
             raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within {timeout} ms") from None
         if not reply.get("ok"):

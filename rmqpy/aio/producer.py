@@ -10,14 +10,15 @@ From other threads, use ``Producer.send_async``, which runs one of these on a th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout
+from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout, engine_answers
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
-from rmqpy._send import SendOptions, UniqKeys, batch_fields, master_named, one_message
+from rmqpy._send import FOLLOW_PROBE_MS, SendOptions, UniqKeys, batch_fields, master_named, one_message
 from rmqpy.aio.client import AsyncClient
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry_async
@@ -35,9 +36,10 @@ class AsyncProducer:
         the master of a broker set as ``Producer`` does (``endpoint`` may name all its engines).
         The other arguments are ``Producer``'s."""
         self._own_client = client is None
-        self._open = lambda endpoint: AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
-                                                  context=context, curve=curve)
         self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
+        self._open = lambda endpoint: AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
+                                                  context=context, curve=curve,
+                                                  watch_connection=len(self.endpoints) > 1)
         self.client = client or self._open(self.endpoints[0])
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
@@ -85,24 +87,31 @@ class AsyncProducer:
                 results = (await self.client.request("send", topic=topic, **fields))["results"]
             except EngineError as exc:  # a replica names its master: an own client goes there
                 master = master_named(exc, self.client.endpoint)
+                if master is not None and self._own_client and not await _answers(master):
+                    master = None  # the master it names is gone: an election is under way
                 if master is None and exc.code == ErrorCode.NOT_MASTER:  # nobody named: an election
-                    await self._move_to(self._next_endpoint())
+                    await self._move_to(await self._next_endpoint())
                 if master is None or not self._own_client:
                     raise
                 await self._move_to(master)
                 results = (await self.client.request("send", topic=topic, **fields))["results"]
             except (RequestTimeout, EngineUnreachable):  # maybe a master gone: the next request elsewhere
-                await self._move_to(self._next_endpoint())
+                await self._move_to(await self._next_endpoint())
                 raise
             return send_results_from_wire(topic, results, uniq_keys)
 
         return await call_with_retry_async(self.retry, attempt, on_retry=self.on_retry)
 
-    def _next_endpoint(self) -> str:
+    async def _next_endpoint(self) -> str:
+        """The engine of the set after the current one that accepts a connection (``Producer``'s)."""
         current = self.client.endpoint
-        if current not in self.endpoints:
-            return self.endpoints[0]
-        return self.endpoints[(self.endpoints.index(current) + 1) % len(self.endpoints)]
+        start = self.endpoints.index(current) + 1 if current in self.endpoints else 0
+        following = [self.endpoints[(start + k) % len(self.endpoints)] for k in range(len(self.endpoints))]
+        if len(following) > 1:
+            for endpoint in following:
+                if await _answers(endpoint):
+                    return endpoint
+        return following[0]
 
     async def _move_to(self, endpoint: str) -> None:
         """An own client only: a shared one stays where its owner put it."""
@@ -110,3 +119,8 @@ class AsyncProducer:
             return
         await self.client.close()
         self.client = self._open(endpoint)
+
+
+async def _answers(endpoint: str) -> bool:
+    """``engine_answers`` in a worker thread: the probe blocks (at most ``FOLLOW_PROBE_MS``)."""
+    return await asyncio.to_thread(engine_answers, endpoint, timeout_ms=FOLLOW_PROBE_MS)

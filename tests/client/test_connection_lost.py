@@ -55,3 +55,29 @@ def test_engine_answers_says_no_at_once_where_a_connection_is_refused() -> None:
     started = time.monotonic()
     assert not engine_answers(f"tcp://127.0.0.1:{free_port()}", timeout_ms=10_000)
     assert time.monotonic() - started < 5
+
+
+def test_the_async_client_fails_a_waiting_call_when_its_connection_breaks() -> None:
+    import asyncio
+
+    from rmqpy.aio import AsyncClient
+
+    context = zmq.Context.instance()
+    peer = context.socket(zmq.ROUTER)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+
+    def take_then_die() -> None:
+        peer.recv_multipart()
+        peer.close(linger=0)
+
+    async def ask() -> float:
+        async with AsyncClient(f"tcp://127.0.0.1:{port}", timeout_ms=20_000, watch_connection=True) as client:
+            started = time.monotonic()
+            with pytest.raises(ConnectionLost):
+                await client.request("status")
+            return time.monotonic() - started
+
+    thread = threading.Thread(target=take_then_die)
+    thread.start()
+    assert asyncio.run(ask()) < 5, "the break was not noticed before the deadline"
+    thread.join(5)

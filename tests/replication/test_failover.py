@@ -12,12 +12,14 @@ refuses writes, then follows. An etcd member killed: the set keeps working.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -284,8 +286,11 @@ def test_grpc_routes_name_the_master_of_the_set(tmp_path: Path) -> None:
             assert addresses == {master.config.grpc_endpoint}
 
 
-def test_the_official_python_producer_keeps_sending_across_a_failover(tmp_path: Path) -> None:
-    from rocketmq import ClientConfiguration, Credentials, Message
+def test_the_official_python_clients_keep_sending_and_receiving_across_a_failover(tmp_path: Path) -> None:
+    """The official producer and simple consumer, given every engine's gRPC endpoint: sends go on
+    after the master's kill, and every message with a receipt is received (at least once: a
+    promoted replica's pop state starts empty, so a message acked at the old master may come again)."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
     from rocketmq import Producer as OfficialProducer
 
     logging.getLogger("rocketmq-python-client").setLevel(logging.CRITICAL)  # refusals while the master is gone
@@ -300,8 +305,28 @@ def test_the_official_python_producer_keeps_sending_across_a_failover(tmp_path: 
         endpoints = ";".join(engine.config.grpc_endpoint for engine in brokers.engines)  # the client's own form
         producer = OfficialProducer(ClientConfiguration(endpoints, Credentials(), request_timeout=3), ("official",))
         producer.startup()
+        consumer = SimpleConsumer(ClientConfiguration(endpoints, Credentials(), request_timeout=3), "official-g",
+                                  {"official": FilterExpression()}, await_duration=1)
+        consumer.startup()
         receipts: list[str] = []
         failures: list[str] = []
+        received: set[str] = set()
+        stop = threading.Event()
+
+        def consume() -> None:
+            while not stop.is_set():
+                try:
+                    messages = consumer.receive(32, 20)
+                except Exception:  # the master is gone: the client finds the new one on its route
+                    stop.wait(0.2)
+                    continue
+                for m in messages:
+                    received.add(m.message_id)
+                    with contextlib.suppress(Exception):  # a handle of a master that died: it comes again
+                        consumer.ack(m)
+
+        receiving = threading.Thread(target=consume, name="official-consumer", daemon=True)
+        receiving.start()
 
         def send(n: int) -> bool:
             message = Message()
@@ -327,7 +352,14 @@ def test_the_official_python_producer_keeps_sending_across_a_failover(tmp_path: 
                 n += 1
                 sent_after += send(n)
                 assert time.monotonic() - killed_at < 90, f"only {sent_after} sends went through after the failover"
+            deadline = time.monotonic() + 90
+            while not set(receipts) <= received:
+                assert time.monotonic() < deadline, f"{len(set(receipts) - received)} messages never received"
+                time.sleep(0.1)  # polls what the consumer thread received
         finally:
+            stop.set()
+            receiving.join(30)
+            consumer.shutdown()
             producer.shutdown()
         new = brokers.wait_master(other_than=old)
         old.start()
