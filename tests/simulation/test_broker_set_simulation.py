@@ -23,10 +23,10 @@ PINNED_SEEDS = [
 
 
 @pytest.mark.parametrize(("mode", "seeds"), [
-    pytest.param("SYNC", range(60), id="SYNC-60"),
-    pytest.param("ASYNC", range(30), id="ASYNC-30"),
-    pytest.param("SYNC", range(60, 660), id="SYNC-600", marks=pytest.mark.slow),
-    pytest.param("ASYNC", range(30, 330), id="ASYNC-300", marks=pytest.mark.slow),
+    pytest.param("SYNC", range(40), id="SYNC-40"),
+    pytest.param("ASYNC", range(20), id="ASYNC-20"),
+    pytest.param("SYNC", range(40, 640), id="SYNC-600", marks=pytest.mark.slow),
+    pytest.param("ASYNC", range(20, 320), id="ASYNC-300", marks=pytest.mark.slow),
 ])
 def test_broker_set_seeds_keep_every_invariant(mode: str, seeds: range) -> None:
     """SYNC: nothing answered PUT_OK is lost. ASYNC: nothing answered in an epoch below where the
