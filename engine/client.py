@@ -133,12 +133,9 @@ def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context
     monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
     try:
         allow_ipv6(sock, endpoint).connect(endpoint)
-        deadline = time.monotonic() + timeout_ms / 1000
-        while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
-            if not monitor.poll(remaining_ms):
-                return False
-            return zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
-        return False
+        if not monitor.poll(timeout_ms):
+            return False
+        return zmq.utils.monitor.recv_monitor_message(monitor)["event"] == zmq.EVENT_CONNECTED
     finally:
         sock.disable_monitor()
         monitor.close()
@@ -208,7 +205,8 @@ class StoreClient:
         return broken
 
     def _await_reply(self, op: str, remaining_ms: int) -> bool:
-        """Wait for a reply frame up to ``remaining_ms``; ``ConnectionLost`` if the connection breaks first."""
+        """Whether a reply frame came within ``remaining_ms`` (False also after a monitor event that was
+        not a break: the caller looks again); ``ConnectionLost`` if the connection broke first."""
         if self._monitor is None:
             return bool(self._socket.poll(remaining_ms))
         poller = zmq.Poller()
@@ -220,7 +218,7 @@ class StoreClient:
         if self._monitor in ready and self._disconnected():
             self._reconnect()
             raise ConnectionLost(f"the connection to {self.endpoint} broke before the reply to {op!r}")
-        return bool(ready)  # another monitor event: look again (the caller's loop)
+        return False
 
     def __enter__(self) -> StoreClient:
         return self
@@ -258,8 +256,6 @@ class StoreClient:
                 raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within the deadline")
             if not self._await_reply(op, remaining_ms):
                 continue
-            if not self._socket.poll(0):
-                continue  # a monitor event that was not a disconnection
             reply = _decoder.decode(self._socket.recv())
             if reply.get("id") == request_id:
                 break

@@ -43,7 +43,15 @@ from engine.client import (
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._loop_thread import LoopThread
-from rmqpy._send import FOLLOW_PROBE_MS, SendOptions, UniqKeys, batch_fields, master_named, one_message
+from rmqpy._send import (
+    FOLLOW_PROBE_MS,
+    SendOptions,
+    UniqKeys,
+    batch_fields,
+    endpoints_after,
+    master_named,
+    one_message,
+)
 from rmqpy.aio.producer import AsyncProducer
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
@@ -180,8 +188,7 @@ class Producer:
     def _next_endpoint(self) -> str:
         """The engine of the broker set after the current one that accepts a connection (a master
         just killed does not; the current one if it is alone, or if none does)."""
-        start = self.endpoints.index(self.endpoint) + 1 if self.endpoint in self.endpoints else 0
-        following = [self.endpoints[(start + k) % len(self.endpoints)] for k in range(len(self.endpoints))]
+        following = endpoints_after(self.endpoints, self.endpoint)
         if len(following) == 1:
             return following[0]
         return next((endpoint for endpoint in following if engine_answers(endpoint, timeout_ms=FOLLOW_PROBE_MS,

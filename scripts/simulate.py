@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.simulation import Plan, simulate
-from engine.simulation.broker_set import SetPlan, simulate_set
+from engine.simulation import Outcome, Plan, simulate
+from engine.simulation.broker_set import SetOutcome, SetPlan, simulate_set
 
 
 def main() -> int:
@@ -45,55 +46,46 @@ def main() -> int:
                              "(engine/simulation/broker_set.py)")
     args = parser.parse_args()
     if args.broker_set:
-        return broker_sets(args)
-    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
-    started = time.monotonic()
-    failed = 0
-    totals: dict[str, int] = {}
-    for seed in seeds:
+        def one_set(seed: int) -> tuple[SetOutcome, str, str]:
+            plan = SetPlan.drawn(seed, replication_mode=args.broker_set)
+            return simulate_set(seed, plan), "", str(plan)
+
+        return run_seeds(args, one_set, "broker-set seeds")
+
+    def one(seed: int) -> tuple[Outcome, str, str]:
         deaths: dict[str, object] = {"supervisor_death_ratio": args.supervisor_deaths} if args.supervisor_deaths else {}
         if args.replica:
             deaths.update(replica=True, replication_mode=args.replica)
         plan = Plan(steps=args.steps, **deaths) if args.fixed_rates else Plan.drawn(seed, steps=args.steps, **deaths)
         outcome = simulate(seed, plan)
-        for name, value in outcome.figures.items():
-            totals[name] = totals.get(name, 0) + value
-        if outcome.ok and not (args.trace and args.seed is not None):
-            continue
-        failed += not outcome.ok
-        print(f"seed {seed} ({outcome.flush_mode}) {'passed' if outcome.ok else 'FAILED'}:")
-        for violation in outcome.violations[:10]:
-            print(f"    {violation}")
-        if args.trace:
-            print(f"  plan: {plan.describe()}")
-            print("  trace:\n" + "\n".join(f"    {line}" for line in outcome.trace))
-    elapsed = time.monotonic() - started
-    print(f"{len(seeds)} seeds, {failed} failed, {elapsed:.1f} s; "
-          + ", ".join(f"{name} {value}" for name, value in totals.items()))
-    return 1 if failed else 0
+        return outcome, f" ({outcome.flush_mode})", plan.describe()
+
+    return run_seeds(args, one, "seeds")
 
 
-def broker_sets(args: argparse.Namespace) -> int:
+def run_seeds(args: argparse.Namespace, run_one: Callable[[int], tuple[Outcome | SetOutcome, str, str]],
+              what: str) -> int:
+    """Run each seed (``run_one``: its outcome, a label, its plan described); print the failing ones
+    (with ``--trace``, their plan and trace) and the totals of every figure."""
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     started = time.monotonic()
     failed = 0
     totals: dict[str, int] = {}
     for seed in seeds:
-        plan = SetPlan.drawn(seed, replication_mode=args.broker_set)
-        outcome = simulate_set(seed, plan)
+        outcome, label, plan = run_one(seed)
         for name, value in outcome.figures.items():
             totals[name] = totals.get(name, 0) + value
         if outcome.ok and not (args.trace and args.seed is not None):
             continue
         failed += not outcome.ok
-        print(f"seed {seed} {'passed' if outcome.ok else 'FAILED'}:")
+        print(f"seed {seed}{label} {'passed' if outcome.ok else 'FAILED'}:")
         for violation in outcome.violations[:10]:
             print(f"    {violation}")
         if args.trace:
             print(f"  plan: {plan}")
             print("  trace:\n" + "\n".join(f"    {line}" for line in outcome.trace))
     elapsed = time.monotonic() - started
-    print(f"{len(seeds)} broker-set seeds, {failed} failed, {elapsed:.1f} s; "
+    print(f"{len(seeds)} {what}, {failed} failed, {elapsed:.1f} s; "
           + ", ".join(f"{name} {value}" for name, value in totals.items()))
     return 1 if failed else 0
 

@@ -203,7 +203,6 @@ class Supervisor:
         self._start_waves([actor for actor in self.actors.values() if actor.process is None])
         # Every actor recovered once knowing the last stop was unclean; a later restart follows a kill.
         (self.run_dir / endpoints.CRASH_START_FILE).unlink(missing_ok=True)
-        self._keep_standby()
         took_ms = monotonic_ms() - started_ms
         reasons = self.reasons()
         log.log(logging.WARNING if reasons else logging.INFO, "engine ready on %s in %d ms (%d actors)%s",
@@ -211,6 +210,7 @@ class Supervisor:
                 extra=event("engine.ready", endpoint=self.config.endpoint, duration_ms=took_ms,
                             state="DEGRADED" if reasons else "RUNNING"))
         self.publish("engine.ready")
+        self._keep_standby()  # after the start: their imports do not delay it
 
     def _start_waves(self, actors: list[ActorProcess]) -> None:
         # Every process is spawned now, behind its start gate: its interpreter and imports (about
@@ -277,7 +277,6 @@ class Supervisor:
                 warm += 1
             else:
                 self._spawn(actor, gated=True)
-        self._drop_standby()
         # Killed, not stopped in order: they recover as after a crash anyway, and an orderly stop of
         # every wave took most of a failover's time (1.7 s of 4 here).
         for actor in others:
@@ -301,6 +300,8 @@ class Supervisor:
                     role.epoch, monotonic_ms() - started_ms, warm, len(coming),
                     extra=event("role.changed", role=role.role, epoch=role.epoch))
         self.publish("role.changed")
+        if role.is_master:
+            self._drop_standby()  # those a master does not run (a replica's following another keeps them)
         self._keep_standby()
 
     def _keep_standby(self) -> None:
@@ -312,7 +313,9 @@ class Supervisor:
             return
         master_config = self.config.replace(replica_of="")
         for spec in actor_specs(master_config):
-            if spec.name != MEMBERSHIP and spec.name not in self.standby:
+            waiting = self.standby.get(spec.name)
+            if spec.name != MEMBERSHIP and (waiting is None or waiting.process is None
+                                            or waiting.process.poll() is not None):
                 actor = self.standby[spec.name] = ActorProcess(spec)
                 self._spawn(actor, gated=True, standby=True)
 

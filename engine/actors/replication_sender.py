@@ -80,7 +80,6 @@ class ReplicationSenderActor(Actor):
         assert inbound.origin is not None
         now_ms = self.clock.mono_ms()
         previous = self.shipping.replicas.get(inbound.origin.peer)
-        fresh = previous is None or report.restart or previous.follow != report.follow  # a new follow
         replica = self.shipping.report(inbound.origin, report.end_offset, restart=report.restart,
                                        confirmed=self.slots.get(CONFIRMED), min_offset=self.slots.get(MIN_OFFSET),
                                        now_ms=now_ms, follow=report.follow)
@@ -94,7 +93,7 @@ class ReplicationSenderActor(Actor):
             out.reply(inbound.origin, b"", ReplicaRefused(replica))
             return
         replica.broker_id = report.broker_id
-        if fresh:
+        if replica is not previous:  # the report began a follow
             log.info("a replica follows from %d", report.end_offset,
                      extra=event("replication.follow", end_offset=report.end_offset))
             out.reply(replica.origin, b"", MasterEndpoint(self.config.advertised_endpoint, replica.follow))
@@ -150,7 +149,7 @@ class ReplicationSenderActor(Actor):
             role = Role.load(self.env.run_dir)
             start = dict(role.history).get(epoch) if role is not None else None
             if start is None:
-                return offset  # not elected (a static pair), or the role not written yet: this chunk's
+                return offset  # the role not written yet: this chunk's
             self.epoch_known = (epoch, start)
         return self.epoch_known[1]
 

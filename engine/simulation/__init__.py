@@ -13,13 +13,10 @@ checked on its files (``checks.py``). The same seed replays the same run.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -34,7 +31,7 @@ from engine.simulation.pair import (
     settle_pair,
 )
 from engine.simulation.workload import Workload
-from engine.simulation.world import World, sim_config
+from engine.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
 from engine.store.shared_offsets import CONFIRMED, FLUSHED
 
 # What an ordinary step does, and how often (weights): the fixed mix every seed ran before the
@@ -137,7 +134,7 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     rng = random.Random(seed)
     flush_mode = rng.choice(["ASYNC_FLUSH", "SYNC_FLUSH"])  # drawn even when the plan sets it: the same run after
     flush_mode = plan.flush_mode or flush_mode
-    workdir = Path(tempfile.mkdtemp(prefix=f"sim-{seed}-", dir=root or _tmpfs()))
+    workdir = Path(tempfile.mkdtemp(prefix=f"sim-{seed}-", dir=root or scratch_dir()))
     quiet = logging.getLogger("engine")
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
@@ -150,7 +147,7 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
             if plan.replica else None
         workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
                             attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio)
-        with disks_listening(world, replica), _leftover_descriptors_closed():
+        with disks_listening(world, replica), leftover_descriptors_closed():
             found = _run(world, workload, rng, plan, replica)
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
@@ -166,35 +163,6 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
     finally:
         quiet.level = level
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _leftover_descriptors_closed() -> Iterator[None]:
-    """Close, at the end of a run, the descriptors its actors opened and never closed.
-
-    A killed actor's objects are dropped, not shut down, as a SIGKILL leaves them; the kernel
-    would close a dead process's descriptors, and here this does. Without it each run leaked
-    dozens (segments, pop journals), and a few hundred runs in one process met the limit."""
-    opened: set[int] = set()
-    real_open, real_close = os.open, os.close
-
-    def tracked_open(*args: Any, **kwargs: Any) -> int:
-        fd = real_open(*args, **kwargs)
-        opened.add(fd)
-        return fd
-
-    def tracked_close(fd: int) -> None:
-        opened.discard(fd)
-        real_close(fd)
-
-    os.open, os.close = tracked_open, tracked_close
-    try:
-        yield
-    finally:
-        os.open, os.close = real_open, real_close
-        for fd in opened:
-            with contextlib.suppress(OSError):
-                real_close(fd)
 
 
 def _run(world: World, workload: Workload, rng: random.Random, plan: Plan, replica: World | None = None) -> list[str]:
@@ -319,8 +287,3 @@ def _settled_check(world: World, workload: Workload, when: str, replica: World |
     if replica is not None:
         found += replica_violations(world, replica, workload)
     return [f"{when}: {v}" for v in found]
-
-
-def _tmpfs() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() else None

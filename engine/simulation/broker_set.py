@@ -12,8 +12,8 @@ killed (its supervisor too: it starts again later on a fresh run directory); an 
 (SIGSTOP: it gets no step while time goes on, so its lease may expire under it); a partition
 between two parties of ``b0``, ``b1``, ``b2``, ``etcd`` and the client, healed later. The page
 cache keeps what a killed process wrote: there is no power cut here (``pair.py`` cuts a
-replica's power). The client sends under SYNC replication to whichever engine etcd names
-master, and pulls.
+replica's power). The client sends, under SYNC or ASYNC replication, to whichever engine etcd
+names master, and pulls.
 
 Invariants, once every fault is healed and the set has settled:
 
@@ -21,8 +21,9 @@ Invariants, once every fault is healed and the set has settled:
   log that lies in an epoch's range was stored by that epoch's master (its STOREHOST port);
 * every replica's log is the master's byte for byte up to the master's confirmed offset, and
   its queues and index agree with it;
-* nothing answered ``PUT_OK`` (SYNC replication) is lost or moved, and nothing pulled changed
-  (readers stop at the confirm offset: what they see survives a failover); ``checks.violations``;
+* nothing answered ``PUT_OK`` is lost or moved (under ASYNC: nothing answered in an epoch below
+  where the next one began), and nothing pulled changed (under SYNC readers stop at the confirm
+  offset: what they see survives a failover; under ASYNC, within an epoch); ``checks.violations``;
 * each engine's epoch file agrees with the set's history in etcd.
 """
 
@@ -51,7 +52,7 @@ from engine.simulation.etcd_model import EtcdModel, ModelClient
 from engine.simulation.network import CLIENT, party
 from engine.simulation.pair import replica_violations
 from engine.simulation.workload import TOPICS, Position, Stored, Workload
-from engine.simulation.world import World, sim_config
+from engine.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.epoch_file import load_epochs
 from engine.store.shared_offsets import CONFIRMED, EPOCH, IN_SYNC_PUBLISHED, LEASE_DEADLINE, SLOT_COUNT, WRITTEN
@@ -215,9 +216,8 @@ class BrokerSetRun:
             self.members.append(Member(root, rng, member_config(base, broker_id, plan.replication_mode), self.etcd,
                                        beside=self.members[0] if self.members else None))
         self.etcd.clock = self.members[0].clock
-        etcd = self.etcd
         self.network = self.members[0].network
-        etcd.partitioned = lambda who: self.network.partitioned(who + "/x", ETCD + "/x")
+        self.etcd.partitioned = lambda who: frozenset((who, ETCD)) in self.network.partitions
         self.keys = BrokerSetKeys(CLUSTER, BROKER)
         # SYNC: every PUT_OK is a promise (the workload checks it). ASYNC: only what the next epoch's
         # master held when elected (``promised_under_async``): the client forgets the rest at a new epoch.
@@ -484,12 +484,13 @@ class BrokerSetRun:
 def simulate_set(seed: int, plan: SetPlan | None = None, *, root: Path | None = None) -> SetOutcome:
     plan = plan or SetPlan.drawn(seed)
     rng = random.Random(seed)
-    workdir = Path(tempfile.mkdtemp(prefix=f"sim-set-{seed}-", dir=root or _tmpfs()))
+    workdir = Path(tempfile.mkdtemp(prefix=f"sim-set-{seed}-", dir=root or scratch_dir()))
     quiet = logging.getLogger("engine")
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         run = BrokerSetRun(workdir, rng, plan)
-        found = run.run()
+        with leftover_descriptors_closed():
+            found = run.run()
         counts = run.members[0].counts
         figures = {"steps": counts.steps, "sim_ms": run.members[0].clock.mono_ms() - 1_000_000,
                    "kills": counts.kills, "restarts": counts.restarts,
@@ -502,7 +503,3 @@ def simulate_set(seed: int, plan: SetPlan | None = None, *, root: Path | None = 
         quiet.level = level
         shutil.rmtree(workdir, ignore_errors=True)
 
-
-def _tmpfs() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() else None

@@ -10,12 +10,15 @@ the same seed gives the same run, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
+import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.actors.base import Actor, Clock, Coordination, Env, Waker
 from engine.actors.effects import Effects, Exit, Tell
@@ -439,3 +442,37 @@ class World:
         return (self.slots.get(FLUSHED) == end and all(p == end for p in progress) and all(d == end for d in durables)
                 and dispatched == end and flushed == end)
 
+
+def scratch_dir() -> str | None:
+    """Where a run's store goes: tmpfs if the host has one (the files are real, the disk simulated)."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+@contextlib.contextmanager
+def leftover_descriptors_closed() -> Iterator[None]:
+    """Close, at the end of a run, the descriptors its actors opened and never closed.
+
+    A killed actor's objects are dropped, not shut down, as a SIGKILL leaves them; the kernel
+    would close a dead process's descriptors, and here this does. Without it each run leaked
+    dozens (segments, pop journals), and a few hundred runs in one process met the limit."""
+    opened: set[int] = set()
+    real_open, real_close = os.open, os.close
+
+    def tracked_open(*args: Any, **kwargs: Any) -> int:
+        fd = real_open(*args, **kwargs)
+        opened.add(fd)
+        return fd
+
+    def tracked_close(fd: int) -> None:
+        opened.discard(fd)
+        real_close(fd)
+
+    os.open, os.close = tracked_open, tracked_close
+    try:
+        yield
+    finally:
+        os.open, os.close = real_open, real_close
+        for fd in opened:
+            with contextlib.suppress(OSError):
+                real_close(fd)

@@ -18,7 +18,15 @@ import zmq.asyncio
 from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout, engine_answers
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
-from rmqpy._send import FOLLOW_PROBE_MS, SendOptions, UniqKeys, batch_fields, master_named, one_message
+from rmqpy._send import (
+    FOLLOW_PROBE_MS,
+    SendOptions,
+    UniqKeys,
+    batch_fields,
+    endpoints_after,
+    master_named,
+    one_message,
+)
 from rmqpy.aio.client import AsyncClient
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry_async
@@ -104,9 +112,7 @@ class AsyncProducer:
 
     async def _next_endpoint(self) -> str:
         """The engine of the set after the current one that accepts a connection (``Producer``'s)."""
-        current = self.client.endpoint
-        start = self.endpoints.index(current) + 1 if current in self.endpoints else 0
-        following = [self.endpoints[(start + k) % len(self.endpoints)] for k in range(len(self.endpoints))]
+        following = endpoints_after(self.endpoints, self.client.endpoint)
         if len(following) > 1:
             for endpoint in following:
                 if await _answers(endpoint):
