@@ -75,6 +75,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     query_keys_per_request_max: int = 1_000  # keys of one query_by_keys
     consumer_offset_persist_interval_ms: int = 5_000
     consumer_offset_entries_max: int = 1_000_000  # (group, topic) pairs with committed offsets
+    # A member of a group sharing queues that sends no heartbeat for this long is gone (its queues move).
+    consumer_session_timeout_ms: int = 6_000
+    consumer_group_members_max: int = 100_000  # live members of all groups sharing queues
     check_memory_bytes_max: int = 64 * MiB  # `engine check`: findings kept beyond the per-queue state
     long_poll_wait_ms_max: int = 30_000
     long_poll_parked_max: int = 100_000
@@ -447,6 +450,7 @@ _MINIMUMS: dict[str, int] = {
     "topic_queue_count_default": 1, "topic_queue_count_max": 1, "topic_count_max": 1,
     "pull_message_count_max": 1, "pull_bytes_max": 1, "query_result_count_max": 1, "query_keys_per_request_max": 1,
     "consumer_offset_persist_interval_ms": 1, "consumer_offset_entries_max": 1, "check_memory_bytes_max": 1,
+    "consumer_session_timeout_ms": 300, "consumer_group_members_max": 1,
     "long_poll_wait_ms_max": 0, "long_poll_parked_max": 0, "long_poll_wakes_per_turn_max": 1,
     "catch_up_bytes_per_turn_max": 1,
     "pop_journal_entries_max": 1, "pop_journal_idle_fold_ms": 1, "pop_invisible_ms_max": 1,

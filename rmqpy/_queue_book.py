@@ -17,6 +17,10 @@ or closes normally, so a commit never covers a message the application did not f
 (at least once). Messages the subscription skipped count as finished as soon as the
 queue has nothing before them in hand: the position jumps to ``fetch_offset``.
 
+Queues come and go (``add``, ``drop``) as a group's members share a topic's queues out
+again: a dropped queue's pull in flight is ignored when it answers, and its position is
+what the member commits before another takes the queue.
+
 Fairness: ``take`` goes round the queues, one message from each in turn, and the next
 call goes on from the queue after the last one served, so a busy queue cannot starve
 the others.
@@ -52,7 +56,6 @@ class QueueBook:
         """``starts``: queue id -> (first offset to consume, committed offset or -1).
         ``refill_below``: a queue with fewer buffered messages pulls again (if no pull is in
         flight), so that its next messages are there before the last are handed out."""
-        assert starts, "a consumer needs at least one queue"
         assert refill_below >= 1, refill_below
         self._refill_below = refill_below
         self._queues = {queue_id: QueueState(position, committed)
@@ -87,9 +90,10 @@ class QueueBook:
         return pulls
 
     def pulled(self, queue_id: int, token: int, messages: Sequence[Message], next_offset: int) -> bool:
-        """Take a pull's reply; False if it is stale (a seek came since), and then nothing changes."""
-        state = self._queues[queue_id]
-        if token != state.pull_token:
+        """Take a pull's reply; False if it is stale (a seek came since, or the queue was dropped), and
+        then nothing changes."""
+        state = self._queues.get(queue_id)
+        if state is None or token != state.pull_token:
             return False
         state.pull_token = None
         state.failures = 0
@@ -104,7 +108,9 @@ class QueueBook:
     def failed(self, queue_id: int, token: int, retry_at: float) -> int:
         """A pull ended without a reply to use; pull again from the same offset at ``retry_at``.
         Returns the failures in a row, for the backoff."""
-        state = self._queues[queue_id]
+        state = self._queues.get(queue_id)
+        if state is None:
+            return 0
         if token == state.pull_token:
             state.pull_token = None
             state.failures += 1
@@ -112,7 +118,8 @@ class QueueBook:
         return state.failures
 
     def failures(self, queue_id: int) -> int:
-        return self._queues[queue_id].failures
+        state = self._queues.get(queue_id)
+        return 0 if state is None else state.failures
 
     def next_retry_at(self) -> float | None:
         """The earliest time a failed queue may be pulled again (None: no retry pending)."""
@@ -129,6 +136,22 @@ class QueueBook:
         state.retry_at = 0.0
         state.fetch_offset = state.position = offset
 
+    def add(self, queue_id: int, position: int, committed: int) -> None:
+        """Consume ``queue_id`` too, from ``position`` (``committed``: the group's commit, or -1)."""
+        assert queue_id not in self._queues, queue_id
+        self._queues[queue_id] = QueueState(position, committed)
+        self._order = sorted(self._queues)
+        self._cursor = 0
+
+    def drop(self, queue_id: int) -> tuple[int, int]:
+        """Stop consuming ``queue_id`` (nothing of it may be in hand): its (position, committed).
+        Its buffered messages go; another member reads them from the position."""
+        state = self._queues.pop(queue_id)
+        assert state.in_hand == 0, "finish the messages handed out before dropping their queue"
+        self._order = sorted(self._queues)
+        self._cursor = 0
+        return state.position, state.committed
+
     # -- handing out and finishing -----------------------------------------------
 
     def take(self, count: int) -> list[Message]:
@@ -136,7 +159,7 @@ class QueueBook:
         assert count >= 1
         taken: list[Message] = []
         idle = 0  # queues looked at in a row that had nothing
-        while len(taken) < count and idle < len(self._order):
+        while len(taken) < count and idle < len(self._order):  # (no queue: nothing)
             state = self._queues[self._order[self._cursor]]
             self._cursor = (self._cursor + 1) % len(self._order)
             if state.buffer:
@@ -173,7 +196,9 @@ class QueueBook:
         return {q: s.position for q, s in self._queues.items() if s.position != s.committed}
 
     def committed(self, queue_id: int, offset: int) -> None:
-        self._queues[queue_id].committed = offset
+        state = self._queues.get(queue_id)
+        if state is not None:
+            state.committed = offset
 
     def commit_done(self) -> None:
         self.finished_since_commit = 0

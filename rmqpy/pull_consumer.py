@@ -26,9 +26,16 @@ On the engine's host, ``store_dir`` reads the queues over the engine's own mappe
 the records) and waits for new ones on the engine's wake-ups; offsets are still fetched and
 committed through the engine, which alone writes.
 
-One consumer per group and topic reads all queues: two consumers of one group would
-read the same messages (this engine does not share queues out between a group's
-members). Give each its own ``queue_ids``, or use a ``PopConsumer`` for a pool of workers.
+Groups. The consumers of one group (in any processes, on any hosts) share the topic's
+queues: each is a member of the group, kept alive at the engine by heartbeats
+(``rmqpy/_group_member.py``), and every member takes its share by RocketMQ's average
+allocation (``rmqpy/_allocation.py``). When a member joins, closes or dies, the others
+take up the queues anew between two polls: a queue that changes hands is committed by
+the member letting it go (with ``auto_commit``) and read by the next from the committed
+offset, so across such a rebalance a message may be read twice (at least once); while
+the members stay, each queue has one reader. A dead member's queues move within about
+4/3 of the engine's ``consumer_session_timeout_ms`` (6 s by default), a closed member's
+within a third of it. With ``queue_ids`` the consumer reads those queues and is no member.
 
 Not thread-safe: use a consumer from one thread at a time.
 """
@@ -36,6 +43,7 @@ Not thread-safe: use a consumer from one thread at a time.
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import time
 from collections.abc import Iterable, Iterator
@@ -45,10 +53,11 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 import zmq
 
-from engine.client import DEFAULT_ENDPOINT, EngineError
+from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError
 from engine.errors import RequestError
 from engine.ipc.curve import CurveKeys
 from rmqpy._channel import Channel, Outcome
+from rmqpy._group_member import GroupMember
 from rmqpy._queue_book import QueueBook, assigned_queues, first_offset
 from rmqpy.errors import ClientClosed
 from rmqpy.message import Message, messages_from_wire
@@ -60,7 +69,9 @@ if TYPE_CHECKING:
 
 __all__ = ["PullConsumer"]
 
+log = logging.getLogger(__name__)
 _LOOK_INTERVAL_S = 0.001  # how often the socket is looked at while messages are buffered
+_REBALANCE_LOOK_S = 0.1  # a member waiting for messages looks this often whether its share changed
 _local_messages = msgspec.msgpack.Decoder(list[Message])  # a local pull's records, straight into Messages
 
 
@@ -81,6 +92,8 @@ class PullConsumer:
         ``retry``: how refused pulls and commits are retried (reads are always safe to retry).
         ``store_dir``: the store of the engine ``endpoint`` names, on this host: pulls read its files
         in this process (``endpoints.NotRunning`` if no engine runs on it).
+        ``queue_ids``: read these queues only, and take no share of the group's (None: be a member
+        of the group and read the queues allocated to this member, which may change).
         """
         if min(commit_every, batch_size, max_wait_ms) < 1:
             raise ValueError("commit_every, batch_size and max_wait_ms must be >= 1")
@@ -96,30 +109,64 @@ class PullConsumer:
         self._pulls: dict[int, tuple[int, int]] = {}  # request id -> (queue id, book token)
         self._next_look = 0.0  # when poll next reads the socket while messages are buffered
         self._closed = False
+        self.start_from = start_from
         self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         self._local: LocalReads | None = None
+        self._member: GroupMember | None = None
         try:
-            self._book = self._open_book(None if queue_ids is None else list(queue_ids), start_from)
+            if queue_ids is None:
+                self._member = GroupMember(group, topic, endpoint=endpoint, timeout_ms=timeout_ms, context=context,
+                                           curve=curve)
+                self._book = QueueBook({}, refill_below=max(1, self.batch_size // 2))
+                self._rebalance()
+            else:
+                self._book = self._open_book(list(queue_ids))
             if store_dir is not None:
                 from engine.local_reads import LocalReads  # the store's modules only when asked for
 
                 self._local = LocalReads(Path(store_dir))
         except BaseException:
+            if self._member is not None:
+                self._member.close()
             self._channel.close()
             raise
 
-    def _open_book(self, queue_ids: list[int] | None, start_from: str) -> QueueBook:
+    def _open_book(self, queue_ids: list[int]) -> QueueBook:
         topics = call_with_retry(self.retry, self._channel.list_topics)
-        starts = {}
-        for queue_id in assigned_queues(topics, self.topic, queue_ids):
-            committed = call_with_retry(self.retry, functools.partial(self._channel.fetch_offset, self.group,
-                                                                      self.topic, queue_id))
-            if committed < 0:
-                stats = call_with_retry(self.retry, functools.partial(self._channel.queue_stats, self.topic, queue_id))
-                starts[queue_id] = (first_offset(stats, start_from), committed)
-            else:
-                starts[queue_id] = (committed, committed)
+        starts = {queue_id: self._start(queue_id) for queue_id in assigned_queues(topics, self.topic, queue_ids)}
         return QueueBook(starts, refill_below=max(1, self.batch_size // 2))
+
+    def _start(self, queue_id: int) -> tuple[int, int]:
+        """Where the group reads ``queue_id`` from: (first offset, committed offset or -1)."""
+        committed = call_with_retry(self.retry, functools.partial(self._channel.fetch_offset, self.group,
+                                                                  self.topic, queue_id))
+        if committed >= 0:
+            return committed, committed
+        stats = call_with_retry(self.retry, functools.partial(self._channel.queue_stats, self.topic, queue_id))
+        return first_offset(stats, self.start_from), committed
+
+    def _rebalance(self) -> None:
+        """Move to the queues the group's membership gives this member now: those let go are committed
+        first (with ``auto_commit``), those taken up start at the group's committed offsets."""
+        assert self._member is not None
+        held = self._book.queue_ids
+        wanted = self._member.queues(held)
+        if wanted == held:
+            return
+        for queue_id in sorted(set(held) - set(wanted)):
+            position, committed = self._book.drop(queue_id)
+            if self.auto_commit and position != committed:
+                try:
+                    call_with_retry(self.retry, functools.partial(self._channel.commit_offset, self.group, self.topic,
+                                                                  queue_id, position))
+                except ClientError as exc:  # its next member reads again from the last commit: at least once
+                    log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
+                                exc)
+        for queue_id in sorted(set(wanted) - set(held)):
+            position, committed = self._start(queue_id)
+            self._book.add(queue_id, position, committed)
+        log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
+                 self._book.queue_ids)
 
     def __enter__(self) -> PullConsumer:
         return self
@@ -139,6 +186,8 @@ class PullConsumer:
                 self._commit()
         finally:
             self._closed = True
+            if self._member is not None:
+                self._member.close()
             self._channel.close()
             if self._local is not None:
                 self._local.close()
@@ -176,6 +225,8 @@ class PullConsumer:
         self._book.finish()
         if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
             self._commit()
+        if self._member is not None:
+            self._rebalance()
         now = time.monotonic()
         deadline = now + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
@@ -197,6 +248,9 @@ class PullConsumer:
             if now >= deadline:
                 return []
             wake = min(deadline, self._book.next_retry_at() or deadline)
+            if self._member is not None:
+                self._rebalance()  # nothing is in hand here: queues may come and go
+                wake = min(wake, now + _REBALANCE_LOOK_S)
             if self._local is not None:
                 self._local.wait_for_new(self.topic, self._book.queue_ids, wake)
             else:

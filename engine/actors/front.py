@@ -20,7 +20,8 @@ queue against the topic table it owns (``config/topics.json``, its rules in
   log; on its answer the topic leaves the table and its consumer offsets go (the
   deletions not answered yet: ``engine/services/topic_deletions.py``);
 * ``create_topic``, ``list_topics``, ``ping``, ``status`` (``engine/services/front_figures.py``),
-  and consumer groups' ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``):
+  consumer groups' ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``) and
+  ``heartbeat`` (the members sharing a topic's queues, ``engine/services/group_members.py``):
   answered here.
 
 Changes to the topic table are group-committed: requests are handled in
@@ -76,6 +77,7 @@ from engine.ipc.protocol import (
     FetchOffsetRequest,
     GetByIdRequest,
     GetByOffsetRequest,
+    HeartbeatRequest,
     decode_envelope,
     decode_request,
     encode_error,
@@ -111,7 +113,7 @@ _TO_TRANSACTIONS: dict[str, Callable[[], Order]] = {"end_transaction": EndTransa
                                                     "transaction_checks": TransactionChecks}
 # what a replica refuses (NOT_MASTER): every op that writes, here or in a backend
 _WRITES = frozenset({"send", "create_topic", "delete_topic", "commit_offset", "pop", "ack", "change_invisible",
-                     "end_transaction", "transaction_checks"})
+                     "end_transaction", "transaction_checks", "heartbeat"})
 
 
 def record_owner(op: str, raw: bytes, segment_size_bytes: int, owner_count: int) -> int:
@@ -331,7 +333,7 @@ class FrontActor(Actor):
                 self.hold(origin, raw)  # answered once the new entry is on disk
             else:
                 out.append(Reply(origin, reply))
-        else:  # list_topics, ping, commit_offset, fetch_offset, status
+        else:  # list_topics, ping, commit_offset, fetch_offset, heartbeat, status, route
             out.append(Reply(origin, self.local(op, envelope, raw)))
 
     def route_pop(self, origin: Origin, raw: bytes, envelope: Envelope, out: Effects) -> None:
@@ -389,14 +391,23 @@ class FrontActor(Actor):
             return encode_reply(envelope.id, pong=True)
         if op == "route":
             return encode_reply(envelope.id, **self.broker_route())
-        if isinstance(request, CommitOffsetRequest | FetchOffsetRequest):
-            self.topics.check_queue(envelope)
-            if isinstance(request, CommitOffsetRequest):
-                return self.groups.commit(request)
-            return self.groups.fetch(request)
+        if isinstance(request, CommitOffsetRequest | FetchOffsetRequest | HeartbeatRequest):
+            return self.group_reply(request, envelope)
         assert op == "status"
         return self.figures.status(envelope.id, self.slots, owner_count=self.owner_count,
                                    topic_count=len(self.topics.table.topics), flush_mode=self.config.flush_mode)
+
+    def group_reply(self, request: CommitOffsetRequest | FetchOffsetRequest | HeartbeatRequest,
+                    envelope: Envelope) -> bytes:
+        """A consumer group's offsets, or its membership (a heartbeat)."""
+        if isinstance(request, HeartbeatRequest):
+            config = self.topics.get(self.topics.check_topic(envelope))
+            assert config is not None
+            return self.groups.heartbeat(request, self.clock.mono_ms(), config.read_queue_nums)
+        self.topics.check_queue(envelope)
+        if isinstance(request, CommitOffsetRequest):
+            return self.groups.commit(request)
+        return self.groups.fetch(request)
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()
@@ -409,6 +420,7 @@ class FrontActor(Actor):
             self.log_min_offset = log_min
             self.lookup.after_retention()
         self.groups.persist_due(now_ms)
+        self.groups.expire_members_due(now_ms)
         if self.shipped is not None and self.shipped.changed():  # a replica: its master's files came
             self.topics = TopicRules(self.env.store_dir, self.config, self.deletions)
             self.groups = ConsumerGroups(self.env.store_dir, self.config)
@@ -425,7 +437,9 @@ class FrontActor(Actor):
         return "" if not self.topics.writes.refusing else f"cannot save the topic table: {self.topics.writes.reason}"
 
     def metrics(self) -> Figures:
-        return {**self.figures.rows(), "rmqpy_group_committed_offset": self.groups.committed_rows()}
+        return {**self.figures.rows(), "rmqpy_group_committed_offset": self.groups.committed_rows(),
+                "rmqpy_group_members": [[group, topic, count] for (group, topic), count
+                                        in self.groups.members.member_counts().items()]}
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from engine.errors import ErrorCode, RequestError
 PROTOCOL_VERSION = 1
 OPS = ("send", "pull", "query_by_key", "query_by_keys", "get_by_id", "create_topic", "list_topics", "ping", "status",
        "commit_offset", "fetch_offset", "queue_stats", "offset_for_time", "get_by_offset", "delete_topic",
-       "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks", "route")
+       "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks", "route",
+       "heartbeat")
 
 Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
 Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
@@ -212,6 +213,15 @@ class TransactionChecksRequest(_Request, kw_only=True):
     max_wait_ms: Annotated[int, Meta(ge=0)] = 0
 
 
+class HeartbeatRequest(_Request, kw_only=True):
+    """A member of ``group`` that shares ``topic``'s queues is alive (or, with ``leaving``, goes)."""
+
+    group: GroupName
+    topic: TopicName
+    client_id: Annotated[str, Meta(min_length=1, max_length=255)]
+    leaving: bool = False
+
+
 RequestT = TypeVar("RequestT", bound=_Request)
 
 
@@ -242,6 +252,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "end_transaction": EndTransactionRequest,
     "transaction_checks": TransactionChecksRequest,
     "route": PlainRequest,
+    "heartbeat": HeartbeatRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS
 

@@ -10,7 +10,7 @@ Who reports what (``report.py`` carries it to the monitor):
     writer        sent messages and bytes per queue, send latency, refusals, disk full
     owners        queue offsets, pulled messages and bytes, pop groups' state
     flusher       flush rounds and fdatasync times
-    front         requests by op, refusals, committed offsets of consumer groups
+    front         requests by op, refusals, committed offsets and members of consumer groups
     monitor       log offsets (shared slots), actors (supervisor), disk, group lag
 """
 
@@ -42,6 +42,8 @@ FAMILIES = {f.name: f for f in [
     # consumer groups
     Family("rmqpy_group_committed_offset", GAUGE, "A consumer group's committed offset", GROUP_QUEUE),
     Family("rmqpy_group_lag_messages", GAUGE, "Messages past a consumer group's committed offset", GROUP_QUEUE),
+    Family("rmqpy_group_members", GAUGE, "Members of a consumer group sharing a topic's queues (by heartbeat)",
+           ("group", "topic")),
     Family("rmqpy_pop_in_flight_messages", GAUGE, "Popped messages not acknowledged yet", GROUP_QUEUE),
     Family("rmqpy_pop_due_messages", GAUGE, "Messages whose invisible time ran out, waiting to be redelivered",
            GROUP_QUEUE),

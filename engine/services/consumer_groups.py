@@ -12,8 +12,11 @@ since the front started.
 Commits go to memory at once and to the file every ``consumer_offset_persist_interval_ms``
 (``persist_due``), with the topic table after a topic deletion, and at a clean stop.
 
+A group that commits offsets may also share a topic's queues among its members, by their
+heartbeats (``engine/services/group_members.py``); a pop group has nothing to share.
+
 Called by the front (``engine/actors/front.py``): ``pop_group`` for every pop, ack,
-change_invisible and pop_stats; ``commit``/``fetch`` for the offset requests;
+change_invisible and pop_stats; ``commit``/``fetch`` for the offset requests; ``heartbeat``;
 ``forget_topic`` when a deletion is recorded.
 """
 
@@ -24,8 +27,9 @@ from pathlib import Path
 
 from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
-from engine.ipc.protocol import CommitOffsetRequest, Envelope, FetchOffsetRequest, encode_reply
+from engine.ipc.protocol import CommitOffsetRequest, Envelope, FetchOffsetRequest, HeartbeatRequest, encode_reply
 from engine.names import validate_group
+from engine.services.group_members import GroupMembers
 from engine.store.consumer_offsets import ConsumerOffsets
 from engine.store.pop_files import POP_DIR
 
@@ -41,6 +45,8 @@ class ConsumerGroups:
         # (group, topic) pairs that pop: from the pop state's directories, and every pop since
         self.popping = {(path.parent.name, path.name) for path in (store_dir / POP_DIR).glob("*/*")}
         self.last_persist_ms = 0
+        self.last_expire_ms = 0
+        self.members = GroupMembers(config.consumer_session_timeout_ms, config.consumer_group_members_max)
 
     def pop_group(self, envelope: Envelope) -> str:
         """The group of a pop (or ack, ...), once checked: it may not be one that commits offsets."""
@@ -59,18 +65,32 @@ class ConsumerGroups:
         self.popping.add((group, topic))
 
     def commit(self, request: CommitOffsetRequest) -> bytes:
-        if (request.group, request.topic) in self.popping:
-            raise RequestError(ErrorCode.GROUP_MODE_CONFLICT,
-                               f"group {request.group!r} pops topic {request.topic!r}: it has no offsets "
-                               f"to commit (use another group)")
+        self._not_popping(request.group, request.topic, "has no offsets to commit")
         self.offsets.commit(request.group, request.topic, request.queue_id, request.offset)
         return encode_reply(request.id)
 
     def fetch(self, request: FetchOffsetRequest) -> bytes:
         return encode_reply(request.id, offset=self.offsets.fetch(request.group, request.topic, request.queue_id))
 
+    def heartbeat(self, request: HeartbeatRequest, now_ms: int, queue_count: int) -> bytes:
+        """A member's heartbeat: the reply names the group's live members, the topic's queue count and
+        the session timeout (members beat every third of it)."""
+        validate_group(request.group)
+        self._not_popping(request.group, request.topic, "has no queues to share")
+        membership = self.members.beat(request.group, request.topic, request.client_id, now_ms,
+                                       leaving=request.leaving)
+        return encode_reply(request.id, members=membership.members, settled=membership.settled,
+                            queue_count=queue_count, session_timeout_ms=self.members.session_timeout_ms)
+
+    def _not_popping(self, group: str, topic: str, what: str) -> None:
+        if (group, topic) in self.popping:
+            raise RequestError(ErrorCode.GROUP_MODE_CONFLICT,
+                               f"group {group!r} pops topic {topic!r}: it {what} (use another group)")
+
     def forget_topic(self, topic: str) -> int:
-        """The topic was deleted: its groups' offsets go, and its pop groups; how many offset groups."""
+        """The topic was deleted: its groups' offsets go, its members, and its pop groups; how many
+        offset groups."""
+        self.members.forget_topic(topic)
         self.popping = {(group, name) for group, name in self.popping if name != topic}
         return self.offsets.forget_topic(topic)
 
@@ -79,6 +99,12 @@ class ConsumerGroups:
         if now_ms - self.last_persist_ms >= self.config.consumer_offset_persist_interval_ms:
             self.last_persist_ms = now_ms
             self.persist()
+
+    def expire_members_due(self, now_ms: int) -> None:
+        """Once a session timeout, the ended sessions of members sharing queues go."""
+        if now_ms - self.last_expire_ms >= self.members.session_timeout_ms:
+            self.last_expire_ms = now_ms
+            self.members.expire(now_ms)
 
     def persist(self) -> None:
         try:

@@ -4,22 +4,25 @@
         async for message in consumer:
             await handle(message)
 
-Offsets, commits, fairness and the meaning of every argument are ``PullConsumer``'s
-(rmqpy/pull_consumer.py says how it works); here each queue's pull is a task of the
-event loop, and a ``poll`` waits for whichever finishes first. Not thread-safe: use it
+Offsets, commits, fairness, groups sharing queues and the meaning of every argument are
+``PullConsumer``'s (rmqpy/pull_consumer.py says how it works); here each queue's pull is a
+task of the event loop, and a ``poll`` waits for whichever finishes first. A member's
+heartbeats have a thread of their own, as ``PullConsumer``'s. Not thread-safe: use it
 from one event loop, and one task at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Literal, TypeVar
 
-from engine.client import DEFAULT_ENDPOINT, EngineError, RequestTimeout
+from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, RequestTimeout
 from engine.ipc.curve import CurveKeys
+from rmqpy._group_member import GroupMember
 from rmqpy._queue_book import QueueBook, assigned_queues, first_offset
 from rmqpy.aio.client import AsyncClient
 from rmqpy.errors import ClientClosed
@@ -30,6 +33,8 @@ from rmqpy.subscription import subscription_expression
 __all__ = ["AsyncPullConsumer"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+_REBALANCE_LOOK_S = 0.1  # a member waiting for messages looks this often whether its share changed
 
 
 class AsyncPullConsumer:
@@ -57,6 +62,7 @@ class AsyncPullConsumer:
         self._queue_ids = None if queue_ids is None else list(queue_ids)
         self._start_from = start_from
         self._book: QueueBook | None = None
+        self._member: GroupMember | None = None
         self._pulls: dict[asyncio.Task[dict[str, Any]], tuple[int, int]] = {}  # task -> (queue id, book token)
         self._closed = False
 
@@ -71,16 +77,44 @@ class AsyncPullConsumer:
         """Read the group's committed offsets (raises ``EngineError`` if the topic is missing)."""
         if self._book is not None:
             return
+        refill_below = max(1, self.batch_size // 2)
+        if self._queue_ids is None:
+            self._member = await asyncio.to_thread(GroupMember, self.group, self.topic, endpoint=self.client.endpoint,
+                                                   timeout_ms=self.client.timeout_ms, curve=self.client.curve)
+            self._book = QueueBook({}, refill_below=refill_below)
+            await self._rebalance(self._book)
+            return
         topics = await call_with_retry_async(self.retry, self.client.list_topics)
-        starts = {}
-        for queue_id in assigned_queues(topics, self.topic, self._queue_ids):
-            committed = await self._retrying(self.client.fetch_offset, self.group, self.topic, queue_id)
-            if committed < 0:
-                stats = await self._retrying(self.client.queue_stats, self.topic, queue_id)
-                starts[queue_id] = (first_offset(stats, self._start_from), committed)
-            else:
-                starts[queue_id] = (committed, committed)
-        self._book = QueueBook(starts, refill_below=max(1, self.batch_size // 2))
+        starts = {queue_id: await self._queue_start(queue_id)
+                  for queue_id in assigned_queues(topics, self.topic, self._queue_ids)}
+        self._book = QueueBook(starts, refill_below=refill_below)
+
+    async def _queue_start(self, queue_id: int) -> tuple[int, int]:
+        committed = await self._retrying(self.client.fetch_offset, self.group, self.topic, queue_id)
+        if committed >= 0:
+            return committed, committed
+        stats = await self._retrying(self.client.queue_stats, self.topic, queue_id)
+        return first_offset(stats, self._start_from), committed
+
+    async def _rebalance(self, book: QueueBook) -> None:
+        """As ``PullConsumer._rebalance``."""
+        assert self._member is not None
+        held = book.queue_ids
+        wanted = self._member.queues(held)
+        if wanted == held:
+            return
+        for queue_id in sorted(set(held) - set(wanted)):
+            position, committed = book.drop(queue_id)
+            if self.auto_commit and position != committed:
+                try:
+                    await self._retrying(self.client.commit_offset, self.group, self.topic, queue_id, position)
+                except ClientError as exc:
+                    log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
+                                exc)
+        for queue_id in sorted(set(wanted) - set(held)):
+            book.add(queue_id, *await self._queue_start(queue_id))
+        log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
+                 book.queue_ids)
 
     async def _retrying(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await call_with_retry_async(self.retry, lambda: call(*args))
@@ -101,6 +135,8 @@ class AsyncPullConsumer:
                 if self.auto_commit:
                     await self._commit(self._book)
         finally:
+            if self._member is not None:
+                await asyncio.to_thread(self._member.close)
             if self._own_client:
                 await self.client.close()
 
@@ -139,6 +175,8 @@ class AsyncPullConsumer:
         book.finish()
         if self.auto_commit and book.finished_since_commit >= self.commit_every:
             await self._commit(book)
+        if self._member is not None:
+            await self._rebalance(book)
         deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             self._send_pulls(book, time.monotonic())
@@ -150,6 +188,9 @@ class AsyncPullConsumer:
             if now >= deadline:
                 return []
             wake = min(deadline, book.next_retry_at() or deadline)
+            if self._member is not None:
+                await self._rebalance(book)  # nothing is in hand here: queues may come and go
+                wake = min(wake, now + _REBALANCE_LOOK_S)
             if not self._pulls:
                 await asyncio.sleep(wake - now)  # every queue waits out a retry's pause
                 continue

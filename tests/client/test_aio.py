@@ -78,6 +78,32 @@ def test_the_async_group_commits_and_a_restart_resumes_where_it_committed(endpoi
     assert sorted(first + rest) == sorted(b"q%d-%d" % (q, n) for q in range(4) for n in range(25))
 
 
+def test_two_async_members_of_a_group_share_the_queues_and_read_everything_once(endpoint: str) -> None:
+    expected = sorted(b"q%d-%d" % (q, n) for q in range(4) for n in range(10))
+
+    async def main() -> tuple[list[int], list[int], list[bytes]]:
+        read: list[bytes] = []
+        async with AsyncPullConsumer("sharing", "orders", endpoint=endpoint) as first, \
+                AsyncPullConsumer("sharing", "orders", endpoint=endpoint) as second:
+            deadline = time.monotonic() + 20
+            while len(first.positions()) != 2:  # the first lets half go at its next heartbeat
+                assert await first.poll(50) == []
+                assert time.monotonic() < deadline, (first.positions(), second.positions())
+            shares = sorted(first.positions()), sorted(second.positions())
+            async with AsyncProducer(endpoint) as producer:
+                for queue_id in range(4):
+                    await producer.send_batch("orders", [b"q%d-%d" % (queue_id, n) for n in range(10)],
+                                              queue_id=queue_id)
+            while len(read) < len(expected):
+                read += [m.body for consumer in (first, second) for m in await consumer.poll(50)]
+                assert time.monotonic() < deadline
+        return *shares, read
+
+    first, second, read = asyncio.run(main())
+    assert sorted(first + second) == [0, 1, 2, 3]
+    assert sorted(read) == expected, "each message read once"
+
+
 def test_the_async_pop_consumer_acks_and_redelivers_a_nacked_message(endpoint: str) -> None:
     async def main() -> None:
         async with AsyncProducer(endpoint) as producer:

@@ -1,0 +1,191 @@
+"""Consumer groups whose members share a topic's queues: member processes (harness/group_member.py)
+that join, read, die and are added, against a real engine.
+
+The engine's ``consumer_session_timeout_ms`` is 1.5 s here, so a dead member's queues must move
+within 1⅓ of it (2 s) plus the time the others take to see it (a poll); the test allows 6 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import StoreConfig
+from engine.errors import ErrorCode
+from harness.group_member import consumed, member_queues
+from rmqpy import EngineError, Producer, PullConsumer
+from supervisor.launcher import EngineProcess
+from tests.helpers import engine_with_topics
+
+SESSION_MS = 1_500
+QUEUES = 8
+REPO = Path(__file__).resolve().parents[2]
+
+
+def until(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Wait for ``condition``; the seconds it took."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout_s, f"{what}: not within {timeout_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def engine(store_dir: Path) -> Iterator[EngineProcess]:
+    config = StoreConfig.test_min().replace(consumer_session_timeout_ms=SESSION_MS)
+    with engine_with_topics(store_dir, config, {"shared": QUEUES}) as process:
+        yield process
+
+
+class Members:
+    """Member processes of group ``g`` on topic ``shared``, each writing what it reads."""
+
+    def __init__(self, engine: EngineProcess, tmp_path: Path) -> None:
+        self.engine = engine
+        self.dir = tmp_path
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "harness.group_member", self.engine.endpoint, "g", "shared",
+             str(self.dir / name)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def queues(self) -> dict[str, list[int] | None]:
+        return {name: member_queues(self.dir / name) for name in self.procs}
+
+    def shared_out(self) -> bool:
+        """Every live member wrote its queues, and together they hold each queue once."""
+        held = self.queues().values()
+        if any(q is None for q in held):
+            return False
+        return sorted(q for queues in held for q in queues or []) == list(range(QUEUES))
+
+    def bodies(self, names: list[str] | None = None) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        for path in self.dir.glob("*.messages"):
+            if names is None or path.stem in names:
+                counts.update(body for _q, _o, body in consumed(self.dir / path.stem))
+        return counts
+
+
+@pytest.fixture
+def members(engine: EngineProcess, tmp_path: Path) -> Iterator[Members]:
+    group = Members(engine, tmp_path)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def produce(engine: EngineProcess, prefix: str, count: int) -> set[str]:
+    bodies = {f"{prefix}-{i}" for i in range(count)}
+    with Producer(endpoint=engine.endpoint) as producer:
+        for body in sorted(bodies):
+            producer.send("shared", body.encode())
+    return bodies
+
+
+@pytest.mark.timeout(120)
+def test_members_share_the_queues_and_take_up_a_dead_members_own(engine: EngineProcess, members: Members) -> None:
+    for name in ("m0", "m1", "m2"):
+        members.start(name)
+    until(members.shared_out, 20, "three members sharing the 8 queues")
+    assert sorted(len(q or []) for q in members.queues().values()) == [2, 3, 3]  # average allocation
+
+    first = produce(engine, "a", 400)
+    until(lambda: first <= set(members.bodies()), 20, "the group reading the first 400")
+    counts = members.bodies()
+    assert max(counts.values()) == 1, "while all members stay, each message is read once"
+
+    dead_queues = members.queues()["m0"]
+    members.kill("m0")
+    moved_in = until(members.shared_out, 6, "the dead member's queues taken up by the others")
+    assert not set(dead_queues or []) - {q for qs in members.queues().values() for q in qs or []}
+    second = produce(engine, "b", 400)
+    until(lambda: second <= set(members.bodies(["m1", "m2"])), 20, "the others reading the next 400")
+
+    members.start("m3")
+    until(lambda: bool(members.queues().get("m3")) and members.shared_out(), 20, "a fourth member getting queues")
+    third = produce(engine, "c", 400)
+    until(lambda: third <= set(members.bodies()), 20, "the four reading the last 400")
+    assert set(members.bodies(["m3"])) & third, "the new member reads its queues"
+    assert first | second | third <= set(members.bodies()), "nothing lost"
+    print(f"a dead member's queues moved in {moved_in:.2f} s")
+
+
+@pytest.mark.timeout(60)
+def test_heartbeat_names_the_members_and_a_leaving_one_goes_at_once(engine: EngineProcess) -> None:
+    with engine.client() as client:
+        first = client.request("heartbeat", group="g", topic="shared", client_id="b")
+        assert first["members"] == ["b"] and first["queue_count"] == QUEUES
+        assert first["session_timeout_ms"] == SESSION_MS and first["settled"] is False
+        assert client.request("heartbeat", group="g", topic="shared", client_id="a")["members"] == ["a", "b"]
+        other_group = client.request("heartbeat", group="h", topic="shared", client_id="c")
+        assert other_group["members"] == ["c"]
+        assert client.request("heartbeat", group="g", topic="shared", client_id="a", leaving=True)["members"] == ["b"]
+
+        def refused(**fields: Any) -> ErrorCode:
+            with pytest.raises(EngineError) as caught:
+                client.request("heartbeat", **fields)
+            return ErrorCode(caught.value.code)
+
+        assert refused(group="g", topic="missing", client_id="a") == ErrorCode.TOPIC_NOT_FOUND
+        assert refused(group="bad group", topic="shared", client_id="a") == ErrorCode.INVALID_FIELD
+        assert refused(group="g", topic="shared", client_id="") == ErrorCode.INVALID_FIELD
+        assert refused(group="g", topic="shared") == ErrorCode.INVALID_FIELD
+        client.request("pop", group="popping", topic="shared", max_messages=1)
+        assert refused(group="popping", topic="shared", client_id="a") == ErrorCode.GROUP_MODE_CONFLICT
+        assert client.request("ping")["pong"], "the front took every bad heartbeat in its stride"
+
+
+@pytest.mark.timeout(60)
+def test_members_in_one_process_hand_queues_over_with_their_offsets(engine: EngineProcess) -> None:
+    bodies = produce(engine, "x", 80)
+    read: list[str] = []
+
+    def read_while(consumers: list[PullConsumer], condition: Callable[[], bool], what: str) -> None:
+        def step() -> bool:
+            for consumer in consumers:
+                read.extend(m.body.decode() for m in consumer.poll(50))
+            return condition()
+        until(step, 10, what)
+
+    with PullConsumer("g", "shared", endpoint=engine.endpoint, commit_every=1, batch_size=4) as first:
+        assert first.queue_ids == list(range(QUEUES)), "alone in its group, a member reads every queue"
+        read.extend(m.body.decode() for m in first.poll(1_000, max_messages=10))
+        with PullConsumer("g", "shared", endpoint=engine.endpoint, commit_every=1, batch_size=4) as second:
+            assert len(second.queue_ids) == QUEUES // 2, "a new member takes its share at once"
+            read_while([first, second], lambda: len(first.queue_ids) == QUEUES // 2, "the first letting half go")
+            assert sorted(first.queue_ids + second.queue_ids) == list(range(QUEUES))
+            read_while([first, second], lambda: bodies <= set(read), "the two reading everything")
+        read_while([first], lambda: first.queue_ids == list(range(QUEUES)), "the first taking every queue back")
+    with engine.client() as client:
+        for queue_id in range(QUEUES):
+            end = client.queue_stats("shared", queue_id)["max_offset"]
+            assert client.fetch_offset("g", "shared", queue_id) == end, "every queue committed to its end"

@@ -1,0 +1,58 @@
+"""The front's record of consumer group members (engine/services/group_members.py) and the
+allocation every member computes from it (rmqpy/_allocation.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import ErrorCode, RequestError
+from engine.services.group_members import GroupMembers
+from rmqpy._allocation import allocate_averagely
+
+
+def test_members_expire_after_their_session_and_the_list_settles_after_one_session() -> None:
+    members = GroupMembers(session_timeout_ms=1_000, members_max=10)
+    assert members.beat("g", "t", "b", 0).members == ["b"]
+    joined = members.beat("g", "t", "a", 400)
+    assert joined.members == ["a", "b"] and not joined.settled
+    assert members.beat("g", "t", "a", 1_000).settled  # a whole session since the group's first beat
+    assert members.beat("g", "t", "a", 1_200).members == ["a"], "b sent nothing for a session: gone"
+    assert members.beat("g", "t", "a", 1_300, leaving=True).members == []
+    members.expire(2_500)
+    assert members.member_counts() == {}
+
+
+def test_a_new_member_past_the_limit_is_refused_until_a_session_ends() -> None:
+    members = GroupMembers(session_timeout_ms=1_000, members_max=2)
+    members.beat("g", "t", "a", 0)
+    members.beat("h", "t", "b", 500)
+    members.beat("g", "t", "a", 600)  # a known member may always beat
+    with pytest.raises(RequestError) as refused:
+        members.beat("g", "t", "c", 700)
+    assert refused.value.code == ErrorCode.LIMIT_EXCEEDED
+    assert members.beat("g", "t", "c", 1_600).members == ["c"], "b's session ended at 1 500 (a's at 1 600)"
+
+
+def test_forgetting_a_topic_drops_its_groups() -> None:
+    members = GroupMembers(session_timeout_ms=1_000, members_max=2)
+    members.beat("g", "t", "a", 0)
+    members.beat("g", "u", "a", 0)
+    members.forget_topic("t")
+    assert members.member_counts() == {("g", "u"): 1}
+    members.beat("g", "t", "b", 10)  # room again for one
+
+
+@pytest.mark.parametrize(("queues", "members", "expected"), [
+    (8, 3, [[0, 1, 2], [3, 4, 5], [6, 7]]),
+    (8, 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    (2, 3, [[0], [1], []]),
+    (5, 5, [[0], [1], [2], [3], [4]]),
+    (10, 4, [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]),
+])
+def test_average_allocation_gives_contiguous_runs_as_rocketmq(queues: int, members: int,
+                                                              expected: list[list[int]]) -> None:
+    names = [f"m{i}" for i in range(members)]
+    shares = [allocate_averagely(range(queues), names, name) for name in names]
+    assert shares == expected
+    assert sorted(q for share in shares for q in share) == list(range(queues))
+    assert allocate_averagely(range(queues), names, "not-a-member") == []
