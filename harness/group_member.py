@@ -18,10 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
+import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 from rmqpy import PullConsumer
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def member_queues(out: Path) -> list[int] | None:
@@ -41,6 +46,67 @@ def consumed(out: Path) -> list[tuple[int, int, str]]:
         return []
     rows = [line.split(" ", 2) for line in lines]
     return [(int(q), int(o), body) for q, o, body in rows if body]
+
+
+class MemberProcesses:
+    """Member processes of one group on one topic, each writing what it reads under ``out_dir``."""
+
+    def __init__(self, endpoint: str, group: str, topic: str, queue_count: int, out_dir: Path) -> None:
+        self.endpoint, self.group, self.topic, self.queue_count = endpoint, group, topic, queue_count
+        self.dir = out_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str) -> None:
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "harness.group_member", self.endpoint, self.group, self.topic, str(self.dir / name)],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def kill(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        proc.terminate()
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+    def queues(self) -> dict[str, list[int] | None]:
+        return {name: member_queues(self.dir / name) for name in self.procs}
+
+    def shared_out(self) -> bool:
+        """Every live member wrote its queues, and together they hold each queue once."""
+        held = self.queues().values()
+        if any(q is None for q in held):
+            return False
+        return sorted(q for queues in held for q in queues or []) == list(range(self.queue_count))
+
+    def balanced(self) -> bool:
+        """Shared out, and by the average allocation: each live member holds its share of the queues."""
+        if not self.shared_out():
+            return False
+        count, total = len(self.procs), self.queue_count
+        shares = sorted(total // count + (1 if i < total % count else 0) for i in range(count))
+        return sorted(len(q or []) for q in self.queues().values()) == shares
+
+    def bodies(self, names: list[str] | None = None) -> Counter[str]:
+        """How often each body was read, by the members named (all that ever ran: None)."""
+        counts: Counter[str] = Counter()
+        for path in self.dir.glob("*.messages"):
+            if names is None or path.stem in names:
+                counts.update(body for _q, _o, body in consumed(self.dir / path.stem))
+        return counts
 
 
 def run(endpoint: str, group: str, topic: str, out: Path, stop: threading.Event) -> None:

@@ -27,15 +27,15 @@ the records) and waits for new ones on the engine's wake-ups; offsets are still 
 committed through the engine, which alone writes.
 
 Groups. The consumers of one group (in any processes, on any hosts) share the topic's
-queues: each is a member of the group, kept alive at the engine by heartbeats
-(``rmqpy/_group_member.py``), and every member takes its share by RocketMQ's average
-allocation (``rmqpy/_allocation.py``). When a member joins, closes or dies, the others
-take up the queues anew between two polls: a queue that changes hands is committed by
-the member letting it go (with ``auto_commit``) and read by the next from the committed
-offset, so across such a rebalance a message may be read twice (at least once); while
-the members stay, each queue has one reader. A dead member's queues move within about
-4/3 of the engine's ``consumer_session_timeout_ms`` (6 s by default), a closed member's
-within a third of it. With ``queue_ids`` the consumer reads those queues and is no member.
+queues: each is a member of the group, kept alive at the engine by heartbeats, and takes
+its share by RocketMQ's average allocation (``rmqpy/_group_member.py``). When a member
+joins, closes or dies, the others take up the queues anew between two polls. A queue
+changes hands only once its member let it go (committing first, with ``auto_commit``) or
+died, and the next member reads it from the committed offset: one reader at a time, and a
+message read twice only if a member died between reading and committing it. A dead
+member's queues move within about 4/3 of the engine's ``consumer_session_timeout_ms`` (6 s
+by default), a closed member's within a third of it. With ``queue_ids`` the consumer reads
+those queues and is no member.
 
 Not thread-safe: use a consumer from one thread at a time.
 """
@@ -150,10 +150,11 @@ class PullConsumer:
         first (with ``auto_commit``), those taken up start at the group's committed offsets."""
         assert self._member is not None
         held = self._book.queue_ids
-        wanted = self._member.queues(held)
-        if wanted == held:
+        share = self._member.share(held)
+        if share is None:
             return
-        for queue_id in sorted(set(held) - set(wanted)):
+        hold, target = share
+        for queue_id in sorted(set(held) - set(hold)):
             position, committed = self._book.drop(queue_id)
             if self.auto_commit and position != committed:
                 try:
@@ -162,11 +163,13 @@ class PullConsumer:
                 except ClientError as exc:  # its next member reads again from the last commit: at least once
                     log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
                                 exc)
-        for queue_id in sorted(set(wanted) - set(held)):
+        self._member.want(target)  # the queues let go are committed: the engine may give them to others
+        for queue_id in sorted(set(hold) - set(held)):
             position, committed = self._start(queue_id)
             self._book.add(queue_id, position, committed)
-        log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
-                 self._book.queue_ids)
+        if hold != held:
+            log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
+                     self._book.queue_ids)
 
     def __enter__(self) -> PullConsumer:
         return self

@@ -214,11 +214,13 @@ class TransactionChecksRequest(_Request, kw_only=True):
 
 
 class HeartbeatRequest(_Request, kw_only=True):
-    """A member of ``group`` that shares ``topic``'s queues is alive (or, with ``leaving``, goes)."""
+    """A member of ``group`` that shares ``topic``'s queues is alive and wants to hold ``queues``
+    (or, with ``leaving``, goes)."""
 
     group: GroupName
     topic: TopicName
     client_id: Annotated[str, Meta(min_length=1, max_length=255)]
+    queues: Annotated[list[Int32], Meta(max_length=65_536)] = []
     leaving: bool = False
 
 

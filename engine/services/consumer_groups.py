@@ -73,14 +73,19 @@ class ConsumerGroups:
         return encode_reply(request.id, offset=self.offsets.fetch(request.group, request.topic, request.queue_id))
 
     def heartbeat(self, request: HeartbeatRequest, now_ms: int, queue_count: int) -> bytes:
-        """A member's heartbeat: the reply names the group's live members, the topic's queue count and
-        the session timeout (members beat every third of it)."""
+        """A member's heartbeat: the reply names the group's live members, the queues granted to the
+        member, the topic's queue count and the session timeout (members beat every third of it)."""
         validate_group(request.group)
         self._not_popping(request.group, request.topic, "has no queues to share")
+        beyond = [queue_id for queue_id in request.queues if queue_id >= queue_count]
+        if beyond:
+            raise RequestError(ErrorCode.QUEUE_NOT_FOUND, f"topic {request.topic!r} has queues 0..{queue_count - 1}, "
+                                                          f"not {beyond[0]}")
         membership = self.members.beat(request.group, request.topic, request.client_id, now_ms,
-                                       leaving=request.leaving)
+                                       queues=request.queues, leaving=request.leaving)
         return encode_reply(request.id, members=membership.members, settled=membership.settled,
-                            queue_count=queue_count, session_timeout_ms=self.members.session_timeout_ms)
+                            granted=membership.granted, queue_count=queue_count,
+                            session_timeout_ms=self.members.session_timeout_ms)
 
     def _not_popping(self, group: str, topic: str, what: str) -> None:
         if (group, topic) in self.popping:

@@ -1,4 +1,5 @@
-"""The members of consumer groups, as their heartbeats tell: who shares a topic's queues.
+"""The members of consumer groups, as their heartbeats tell: who shares a topic's queues, and
+who holds each queue now.
 
 A pull consumer that shares its group's queues (rmqpy's ``PullConsumer``) sends a
 ``heartbeat`` every third of ``consumer_session_timeout_ms``; the front keeps, per (group,
@@ -8,18 +9,29 @@ members, sorted, and every member divides the queues among them the same way
 the membership, the members keep the allocation (RocketMQ's ``ConsumerManager`` and its
 clients' ``RebalanceImpl``).
 
+Hand-over. A heartbeat also names the queues its member wants to hold, and the reply
+grants those no other live member holds: a queue changes hands only once its holder let
+it go (committing its position first) or its session ended. So two members never read
+one queue at once, even while their views of the group differ for a heartbeat or two.
+
+    heartbeat(queues=[3, 4])  ->  granted [4]     (3 is still held by another member)
+    ... the other lets 3 go (its heartbeat no longer names it) ...
+    heartbeat(queues=[3, 4])  ->  granted [3, 4]
+
 A member leaves at once with ``leaving`` (a consumer's close), or when its session ends
-without a heartbeat (a dead process): the others see the change in their next reply.
+without a heartbeat (a dead process): its queues are free, and the others see the change in
+their next reply.
 
 Membership lives in memory: after the front restarts (or another engine of a broker set
-becomes master) it is rebuilt from the next heartbeats. Until a whole session has passed
-since a group's first heartbeat here, replies say ``settled: false``: some members may not
-have beaten yet, and members that already hold queues keep them rather than share them
-out over a partial list.
+becomes master) it is rebuilt from the next heartbeats, each member claiming again what it
+holds. Until a whole session has passed since a group's first heartbeat here, replies say
+``settled: false``: some members may not have beaten yet, and members that already hold
+queues keep them rather than share them out over a partial list.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.errors import ErrorCode, RequestError
@@ -29,14 +41,20 @@ from engine.errors import ErrorCode, RequestError
 class _Group:
     first_beat_ms: int  # the first heartbeat this front took for the (group, topic)
     sessions: dict[str, int] = field(default_factory=dict)  # client id -> monotonic ms its session ends
+    holders: dict[int, str] = field(default_factory=dict)  # queue id -> the member that holds it
+
+    def live(self, member: str, now_ms: int) -> bool:
+        return self.sessions.get(member, 0) > now_ms
 
 
 @dataclass(frozen=True)
 class Membership:
-    """What a heartbeat's reply says: the live members (sorted) and whether the list is complete."""
+    """What a heartbeat's reply says: the live members (sorted), whether the list is complete,
+    and the queues the member holds now."""
 
     members: list[str]
     settled: bool
+    granted: list[int]
 
 
 class GroupMembers:
@@ -46,9 +64,10 @@ class GroupMembers:
         self._groups: dict[tuple[str, str], _Group] = {}
         self._count = 0
 
-    def beat(self, group: str, topic: str, client_id: str, now_ms: int, *, leaving: bool = False) -> Membership:
-        """A member's heartbeat (or its leaving): the group's membership after it. LIMIT_EXCEEDED
-        for a new member while ``members_max`` sessions are live."""
+    def beat(self, group: str, topic: str, client_id: str, now_ms: int, *, queues: Iterable[int] = (),
+             leaving: bool = False) -> Membership:
+        """A member's heartbeat (or its leaving), wanting to hold ``queues``: the group's membership
+        after it. LIMIT_EXCEEDED for a new member while ``members_max`` sessions are live."""
         key = (group, topic)
         state = self._groups.get(key)
         if not leaving and (state is None or client_id not in state.sessions) and self._count >= self.members_max:
@@ -59,19 +78,27 @@ class GroupMembers:
         if state is None:
             state = self._groups[key] = _Group(first_beat_ms=now_ms)
         self._count -= len(state.sessions)
+        wanted = set() if leaving else set(queues)
         if leaving:
             state.sessions.pop(client_id, None)
         else:
             state.sessions[client_id] = now_ms + self.session_timeout_ms
         self._count += len(state.sessions)
-        live = sorted(member for member, ends in state.sessions.items() if ends > now_ms)
-        return Membership(live, settled=now_ms - state.first_beat_ms >= self.session_timeout_ms)
+        for queue_id, holder in list(state.holders.items()):
+            if (holder == client_id and queue_id not in wanted) or not state.live(holder, now_ms):
+                del state.holders[queue_id]  # let go, or its holder's session ended
+        for queue_id in wanted:
+            state.holders.setdefault(queue_id, client_id)
+        live = sorted(member for member in state.sessions if state.live(member, now_ms))
+        granted = sorted(queue_id for queue_id, holder in state.holders.items() if holder == client_id)
+        return Membership(live, now_ms - state.first_beat_ms >= self.session_timeout_ms, granted)
 
     def expire(self, now_ms: int) -> None:
-        """Drop ended sessions, and the groups left with none."""
+        """Drop ended sessions and their queues, and the groups left with none."""
         for key in list(self._groups):
             state = self._groups[key]
             state.sessions = {m: ends for m, ends in state.sessions.items() if ends > now_ms}
+            state.holders = {q: m for q, m in state.holders.items() if m in state.sessions}
             if not state.sessions and now_ms - state.first_beat_ms >= self.session_timeout_ms:
                 del self._groups[key]
         self._count = sum(len(state.sessions) for state in self._groups.values())

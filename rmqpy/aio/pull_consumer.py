@@ -100,10 +100,11 @@ class AsyncPullConsumer:
         """As ``PullConsumer._rebalance``."""
         assert self._member is not None
         held = book.queue_ids
-        wanted = self._member.queues(held)
-        if wanted == held:
+        share = self._member.share(held)
+        if share is None:
             return
-        for queue_id in sorted(set(held) - set(wanted)):
+        hold, target = share
+        for queue_id in sorted(set(held) - set(hold)):
             position, committed = book.drop(queue_id)
             if self.auto_commit and position != committed:
                 try:
@@ -111,10 +112,12 @@ class AsyncPullConsumer:
                 except ClientError as exc:
                     log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
                                 exc)
-        for queue_id in sorted(set(wanted) - set(held)):
+        self._member.want(target)
+        for queue_id in sorted(set(hold) - set(held)):
             book.add(queue_id, *await self._queue_start(queue_id))
-        log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
-                 book.queue_ids)
+        if hold != held:
+            log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
+                     book.queue_ids)
 
     async def _retrying(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
         return await call_with_retry_async(self.retry, lambda: call(*args))

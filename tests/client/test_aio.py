@@ -86,8 +86,8 @@ def test_two_async_members_of_a_group_share_the_queues_and_read_everything_once(
         async with AsyncPullConsumer("sharing", "orders", endpoint=endpoint) as first, \
                 AsyncPullConsumer("sharing", "orders", endpoint=endpoint) as second:
             deadline = time.monotonic() + 20
-            while len(first.positions()) != 2:  # the first lets half go at its next heartbeat
-                assert await first.poll(50) == []
+            while len(first.positions()) != 2 or len(second.positions()) != 2:  # the first lets half go
+                assert await first.poll(50) == [] and await second.poll(50) == []
                 assert time.monotonic() < deadline, (first.positions(), second.positions())
             shares = sorted(first.positions()), sorted(second.positions())
             async with AsyncProducer(endpoint) as producer:

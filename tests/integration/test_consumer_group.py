@@ -7,12 +7,7 @@ within 1⅓ of it (2 s) plus the time the others take to see it (a poll); the te
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,14 +16,13 @@ import pytest
 
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
-from harness.group_member import consumed, member_queues
+from harness.group_member import MemberProcesses
 from rmqpy import EngineError, Producer, PullConsumer
 from supervisor.launcher import EngineProcess
 from tests.helpers import engine_with_topics
 
 SESSION_MS = 1_500
 QUEUES = 8
-REPO = Path(__file__).resolve().parents[2]
 
 
 def until(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -47,56 +41,9 @@ def engine(store_dir: Path) -> Iterator[EngineProcess]:
         yield process
 
 
-class Members:
-    """Member processes of group ``g`` on topic ``shared``, each writing what it reads."""
-
-    def __init__(self, engine: EngineProcess, tmp_path: Path) -> None:
-        self.engine = engine
-        self.dir = tmp_path
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str) -> None:
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "harness.group_member", self.engine.endpoint, "g", "shared",
-             str(self.dir / name)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-
-    def kill(self, name: str) -> None:
-        proc = self.procs.pop(name)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        self.procs.clear()
-
-    def queues(self) -> dict[str, list[int] | None]:
-        return {name: member_queues(self.dir / name) for name in self.procs}
-
-    def shared_out(self) -> bool:
-        """Every live member wrote its queues, and together they hold each queue once."""
-        held = self.queues().values()
-        if any(q is None for q in held):
-            return False
-        return sorted(q for queues in held for q in queues or []) == list(range(QUEUES))
-
-    def bodies(self, names: list[str] | None = None) -> Counter[str]:
-        counts: Counter[str] = Counter()
-        for path in self.dir.glob("*.messages"):
-            if names is None or path.stem in names:
-                counts.update(body for _q, _o, body in consumed(self.dir / path.stem))
-        return counts
-
-
 @pytest.fixture
-def members(engine: EngineProcess, tmp_path: Path) -> Iterator[Members]:
-    group = Members(engine, tmp_path)
+def members(engine: EngineProcess, tmp_path: Path) -> Iterator[MemberProcesses]:
+    group = MemberProcesses(engine.endpoint, "g", "shared", QUEUES, tmp_path)
     try:
         yield group
     finally:
@@ -112,10 +59,11 @@ def produce(engine: EngineProcess, prefix: str, count: int) -> set[str]:
 
 
 @pytest.mark.timeout(120)
-def test_members_share_the_queues_and_take_up_a_dead_members_own(engine: EngineProcess, members: Members) -> None:
+def test_members_share_the_queues_and_take_up_a_dead_members_own(engine: EngineProcess,
+                                                                  members: MemberProcesses) -> None:
     for name in ("m0", "m1", "m2"):
         members.start(name)
-    until(members.shared_out, 20, "three members sharing the 8 queues")
+    until(members.balanced, 20, "three members sharing the 8 queues")
     assert sorted(len(q or []) for q in members.queues().values()) == [2, 3, 3]  # average allocation
 
     first = produce(engine, "a", 400)
@@ -125,17 +73,22 @@ def test_members_share_the_queues_and_take_up_a_dead_members_own(engine: EngineP
 
     dead_queues = members.queues()["m0"]
     members.kill("m0")
-    moved_in = until(members.shared_out, 6, "the dead member's queues taken up by the others")
+    moved_in = until(members.balanced, 6, "the dead member's queues taken up by the others")
     assert not set(dead_queues or []) - {q for qs in members.queues().values() for q in qs or []}
     second = produce(engine, "b", 400)
     until(lambda: second <= set(members.bodies(["m1", "m2"])), 20, "the others reading the next 400")
 
     members.start("m3")
-    until(lambda: bool(members.queues().get("m3")) and members.shared_out(), 20, "a fourth member getting queues")
+    until(members.balanced, 20, "a fourth member getting its share")
     third = produce(engine, "c", 400)
     until(lambda: third <= set(members.bodies()), 20, "the four reading the last 400")
     assert set(members.bodies(["m3"])) & third, "the new member reads its queues"
-    assert first | second | third <= set(members.bodies()), "nothing lost"
+    everything = members.bodies()
+    assert first | second | third <= set(everything), "nothing lost"
+    assert all(everything[body] == 1 for body in third), "while the four stay, each message is read once"
+    # A queue changes hands only once let go or its member dead: the messages read twice are those
+    # the killed member had read and not committed (at most one poll's, 32).
+    assert sum(count - 1 for count in everything.values()) <= 32
     print(f"a dead member's queues moved in {moved_in:.2f} s")
 
 
@@ -180,11 +133,12 @@ def test_members_in_one_process_hand_queues_over_with_their_offsets(engine: Engi
         assert first.queue_ids == list(range(QUEUES)), "alone in its group, a member reads every queue"
         read.extend(m.body.decode() for m in first.poll(1_000, max_messages=10))
         with PullConsumer("g", "shared", endpoint=engine.endpoint, commit_every=1, batch_size=4) as second:
-            assert len(second.queue_ids) == QUEUES // 2, "a new member takes its share at once"
-            read_while([first, second], lambda: len(first.queue_ids) == QUEUES // 2, "the first letting half go")
+            assert second.queue_ids == [], "a new member's share is granted once the first lets it go"
+            read_while([first, second], lambda: len(second.queue_ids) == QUEUES // 2, "the hand-over of half")
             assert sorted(first.queue_ids + second.queue_ids) == list(range(QUEUES))
             read_while([first, second], lambda: bodies <= set(read), "the two reading everything")
         read_while([first], lambda: first.queue_ids == list(range(QUEUES)), "the first taking every queue back")
+    assert len(read) == len(set(read)), "a queue changes hands once let go and committed: nothing read twice"
     with engine.client() as client:
         for queue_id in range(QUEUES):
             end = client.queue_stats("shared", queue_id)["max_offset"]

@@ -56,3 +56,16 @@ def test_average_allocation_gives_contiguous_runs_as_rocketmq(queues: int, membe
     assert shares == expected
     assert sorted(q for share in shares for q in share) == list(range(queues))
     assert allocate_averagely(range(queues), names, "not-a-member") == []
+
+
+def test_a_queue_is_granted_only_once_its_holder_lets_it_go_or_dies() -> None:
+    members = GroupMembers(session_timeout_ms=1_000, members_max=10)
+    assert members.beat("g", "t", "a", 0, queues=[0, 1, 2, 3]).granted == [0, 1, 2, 3]
+    assert members.beat("g", "t", "b", 100, queues=[2, 3]).granted == [], "a still holds 2 and 3"
+    assert members.beat("g", "t", "a", 200, queues=[0, 1]).granted == [0, 1]  # a lets 2 and 3 go
+    assert members.beat("g", "t", "b", 300, queues=[2, 3]).granted == [2, 3]
+    assert members.beat("g", "t", "b", 1_100, queues=[0, 1, 2, 3]).granted == [2, 3], "a lives until 1 200"
+    assert members.beat("g", "t", "b", 1_300, queues=[0, 1, 2, 3]).granted == [0, 1, 2, 3], "a's session ended"
+    assert members.beat("g", "t", "c", 1_400, queues=[0]).granted == []
+    members.beat("g", "t", "b", 1_500, leaving=True)
+    assert members.beat("g", "t", "c", 1_600, queues=[0]).granted == [0], "a leaving member lets go of all"
