@@ -172,17 +172,34 @@ def wait_in_sync(master: EngineProcess, replicas: int, *, timeout_s: float = 60.
 @contextmanager
 def broker_set(root: Path, config: StoreConfig, *, engines: int = 3, etcd_members: int = 1) -> Iterator[BrokerSet]:
     """Start etcd, then the engines in broker_id order (the first is elected master), and stop all."""
+    with cluster_of_sets(root, config, sets=1, engines=engines, etcd_members=etcd_members) as [only]:
+        yield only
+
+
+@contextmanager
+def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: int = 1,
+                    etcd_members: int = 1) -> Iterator[list[BrokerSet]]:
+    """A cluster: ``sets`` broker sets (``broker-a``, ``broker-b``, ...) of ``engines`` engines each, on one
+    etcd; each set's engines start in broker_id order (the first is elected master). One set keeps the
+    store directories ``broker-<id>`` (``broker_set``); more get ``<broker name>-<id>``."""
     etcd = EtcdCluster(root / "etcd", [(free_port(), free_port()) for _ in range(etcd_members)])
     etcd.start()
     started: list[EngineProcess] = []
     try:
-        for broker_id in range(engines):
-            engine = EngineProcess(root / f"broker-{broker_id}", config=config.replace(
-                etcd_endpoints=etcd.endpoints, broker_id=broker_id,
-                replication_endpoint=f"tcp://127.0.0.1:{free_port()}", grpc_endpoint=f"127.0.0.1:{free_port()}"))
-            engine.start()
-            started.append(engine)
-        yield BrokerSet(etcd, started)
+        brokers = []
+        for index in range(sets):
+            name = f"broker-{chr(ord('a') + index)}"
+            members = []
+            for broker_id in range(engines):
+                store = root / (f"broker-{broker_id}" if sets == 1 else f"{name}-{broker_id}")
+                engine = EngineProcess(store, config=config.replace(
+                    etcd_endpoints=etcd.endpoints, broker_id=broker_id, broker_name=name,
+                    replication_endpoint=f"tcp://127.0.0.1:{free_port()}", grpc_endpoint=f"127.0.0.1:{free_port()}"))
+                engine.start()
+                started.append(engine)
+                members.append(engine)
+            brokers.append(BrokerSet(etcd, members))
+        yield brokers
     finally:
         for engine in reversed(started):
             engine.stop()

@@ -108,6 +108,8 @@ class SendResult(msgspec.Struct, frozen=True, kw_only=True):
     store_timestamp: int
     uniq_key: str | None = None
     """The message's ``UNIQ_KEY``, made by the producer (None if the engine made it)."""
+    broker_name: str = ""
+    """The broker set that stored it, when sent through a ``ClusterProducer`` ("" otherwise)."""
 
     @property
     def ok(self) -> bool:

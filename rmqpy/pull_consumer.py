@@ -196,6 +196,11 @@ class PullConsumer:
                 self._local.close()
 
     @property
+    def socket(self) -> zmq.Socket[bytes]:
+        """The socket replies come on: to wait on with others (``zmq.Poller``), then ``poll(0)``."""
+        return self._channel._socket
+
+    @property
     def queue_ids(self) -> list[int]:
         return self._book.queue_ids
 

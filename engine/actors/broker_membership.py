@@ -13,7 +13,8 @@ Then, every tick:
   set (the sender's in-sync replicas and itself) by a transaction that holds only while it is
   master. The set etcd holds is put in a slot: the sender waits for every replica in it, as well
   as its own in-sync ones, before it answers a SYNC send, so a replica leaves the set in etcd
-  before a send is answered without it;
+  before a send is answered without it. It also publishes the topics its broker set serves
+  (``engine/coordination/routes.py``: the routes clients of a cluster of broker sets read);
 * a replica watches ``master``: another master (a new epoch) or none (an election, which it
   joins while in the in-sync set) changes its role.
 
@@ -35,6 +36,7 @@ from engine.actors.effects import Effects
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
+from engine.coordination.routes import RoutePublisher
 from engine.ipc import endpoints
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import RoleChanged, encoder
@@ -58,6 +60,7 @@ class BrokerMembershipActor(Actor):
         self.etcd: Etcd = coordination.etcd(cfg) if coordination else Etcd(cfg.etcd_endpoint_list,
                                                                              timeout_ms=cfg.etcd_request_timeout_ms)
         self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
+        self.routes = RoutePublisher(self.etcd, cfg.cluster_name, cfg.broker_name, env.store_dir)
         self.role = Role.load(env.run_dir)
         self.lease = 0
         self.renewed_ms = 0  # when the last renewal that etcd answered was sent
@@ -289,6 +292,7 @@ class BrokerMembershipActor(Actor):
             log.warning("no longer master of epoch %d", self.role.epoch,
                         extra=event("membership.stepped_down", epoch=self.role.epoch))
             self.master_revision = 0
+            self.routes.stepped_down()
             if master is not None and master.value["broker_id"] != self.config.broker_id:
                 self.change(self.replica_of(master))
             else:  # no master yet: fenced, this engine joins the election on the next ticks
@@ -302,6 +306,7 @@ class BrokerMembershipActor(Actor):
                 self.published = members
                 self.slots.set(IN_SYNC_PUBLISHED, mask(members))
                 log.info("in-sync set %s published", members, extra=event("membership.in_sync", members=members))
+        self.routes.publish()
 
     def follow(self) -> None:
         assert self.role is not None

@@ -1,0 +1,139 @@
+"""Topic routes in etcd: which broker sets serve a topic, and with how many queues each
+(RocketMQ's NameServer, on the etcd that already elects each broker set's master).
+
+Keys (values are JSON)::
+
+    /rmqpy-routes/<cluster_name>/<topic>/<broker_name>    {"queues": n}
+
+A broker set's master writes its own (``RoutePublisher``, run by the broker membership
+actor): one key per topic in its topic table (``config/topics.json``), the engine's own
+topics left out; a deleted topic's key goes. The keys have no lease: a topic stays on its
+broker set while the set changes master, and the set's ``master`` key
+(``engine/coordination/broker_set.py``) says where it takes writes now. A topic's queues on
+one broker set are that set's queues 0..n-1: a queue of the cluster is (broker_name, queue
+id), as in RocketMQ's ``MessageQueue``.
+
+``topic_route`` reads a topic's route with every broker set's master and replicas, for the
+clients that route (``rmqpy/cluster.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.coordination.broker_set import BrokerSetKeys
+from engine.coordination.etcd import Etcd, delete
+from engine.store.system_topics import SYSTEM_TOPICS
+from engine.store.topics import TOPICS_FILE, TopicTable
+
+log = logging.getLogger(__name__)
+
+ROUTES_ROOT = "/rmqpy-routes/"
+CHANGES_PER_TURN_MAX = 64  # route keys written per call of ``publish``: the rest at the next
+
+
+def routes_prefix(cluster_name: str, topic: str | None = None) -> str:
+    return f"{ROUTES_ROOT}{cluster_name}/" + ("" if topic is None else f"{topic}/")
+
+
+@dataclass(frozen=True)
+class BrokerRoute:
+    """A topic's queues on one broker set, and where that set is reached."""
+
+    broker_name: str
+    queue_count: int
+    master_endpoint: str  # "" while the set has no master
+    replica_endpoints: tuple[str, ...] = ()
+    grpc_endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    topic: str
+    brokers: tuple[BrokerRoute, ...] = field(default_factory=tuple)  # sorted by broker name
+
+    @property
+    def queues(self) -> list[tuple[str, int]]:
+        """Every queue of the topic in the cluster, as (broker name, queue id), in a fixed order."""
+        return [(b.broker_name, q) for b in self.brokers for q in range(b.queue_count)]
+
+
+def topic_route(etcd: Etcd, cluster_name: str, topic: str) -> TopicRoute:
+    """The topic's route now (no broker: the cluster has no such topic)."""
+    brokers = []
+    prefix = routes_prefix(cluster_name, topic)
+    for entry in etcd.get_prefix(prefix):
+        broker_name = entry.key[len(prefix):]
+        keys = BrokerSetKeys(cluster_name, broker_name)
+        master = etcd.get(keys.master)
+        master_value: dict[str, Any] = master.value if master is not None else {}
+        replicas = tuple(sorted(member.value["endpoint"] for member in etcd.get_prefix(keys.members)
+                                if member.value["broker_id"] != master_value.get("broker_id")))
+        brokers.append(BrokerRoute(broker_name, entry.value["queues"], master_value.get("endpoint", ""), replicas,
+                                   master_value.get("grpc_endpoint", "")))
+    return TopicRoute(topic, tuple(sorted(brokers, key=lambda b: b.broker_name)))
+
+
+def broker_masters(etcd: Etcd, cluster_name: str) -> dict[str, str]:
+    """Every broker set of the cluster that has a master now: broker name -> its client endpoint."""
+    prefix = f"/rmqpy/{cluster_name}/"
+    return {entry.key[len(prefix):-len("/master")]: entry.value["endpoint"]
+            for entry in etcd.get_prefix(prefix) if entry.key.endswith("/master") and entry.key.count("/") == 4}
+
+
+class RoutePublisher:
+    """Keeps this broker set's route keys equal to its topic table (the master calls ``publish``)."""
+
+    def __init__(self, etcd: Etcd, cluster_name: str, broker_name: str, store_dir: Path) -> None:
+        self.etcd = etcd
+        self.cluster_name = cluster_name
+        self.broker_name = broker_name
+        self.store_dir = store_dir
+        self.table_stamp: tuple[int, int] | None = None  # the topic table file's (mtime ns, size) last read
+        self.wanted: dict[str, int] = {}  # topic -> queue count, by the topic table
+        self.published: dict[str, int] | None = None  # what etcd holds for this broker set (None: not read yet)
+
+    def publish(self) -> int:
+        """Bring the keys up to date, at most ``CHANGES_PER_TURN_MAX`` of them; how many changed."""
+        self._read_table()
+        if self.published is None:
+            self.published = self._read_published()
+        changes = [(topic, count) for topic, count in self.wanted.items() if self.published.get(topic) != count]
+        changes += [(topic, 0) for topic in self.published if topic not in self.wanted]
+        for topic, count in changes[:CHANGES_PER_TURN_MAX]:
+            key = routes_prefix(self.cluster_name, topic) + self.broker_name
+            if count:
+                self.etcd.put(key, {"queues": count})
+                self.published[topic] = count
+            else:
+                self.etcd.transaction([], [delete(key)])
+                del self.published[topic]
+        if changes:
+            log.info("routes of %d topics published (%d to go)", min(len(changes), CHANGES_PER_TURN_MAX),
+                     max(0, len(changes) - CHANGES_PER_TURN_MAX))
+        return min(len(changes), CHANGES_PER_TURN_MAX)
+
+    def stepped_down(self) -> None:
+        """No longer master: read etcd again before the next publication (another master may have written)."""
+        self.published = None
+
+    def _read_table(self) -> None:
+        path = self.store_dir / TOPICS_FILE
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self.table_stamp:
+            self.table_stamp = stamp
+            self.wanted = {name: config.write_queue_nums for name, config in TopicTable(self.store_dir).topics.items()
+                           if name not in SYSTEM_TOPICS}
+
+    def _read_published(self) -> dict[str, int]:
+        prefix = routes_prefix(self.cluster_name)
+        suffix = "/" + self.broker_name
+        return {entry.key[len(prefix):-len(suffix)]: entry.value["queues"]
+                for entry in self.etcd.get_prefix(prefix) if entry.key.endswith(suffix)}

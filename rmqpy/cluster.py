@@ -1,0 +1,292 @@
+"""Clients of a cluster of broker sets: topics spread over sets, found by their routes in etcd.
+
+    cluster = Cluster("http://127.0.0.1:2379")             # the etcd the broker sets elect on
+    cluster.create_topic("orders", queue_count=8)            # 4 queues on each of two sets
+    with ClusterProducer(cluster) as producer:
+        producer.send("orders", b"hello")                    # round robin over all 8 queues
+    with ClusterPullConsumer(cluster, "billing", "orders") as consumer:
+        for message in consumer:                             # from every set, shared in the group
+            ...
+
+A queue of the cluster is (broker name, queue id): each broker set serves its own queues
+0..n-1 of the topic (RocketMQ's ``MessageQueue``). The routes are etcd's
+(``engine/coordination/routes.py``), written by each set's master; a client reads a topic's
+route once and again after ``route_ttl_ms`` or a failure. Within a set, sends follow its
+master across a failover as ``Producer`` does on a set's address; a consumer reads each
+set through a ``PullConsumer`` of its own, a member of the group there (the group's
+members share each set's queues: ``rmqpy/_group_member.py``), opened again on the new
+master after a failover.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine.client import ClientError, EngineError, EngineUnreachable, StoreClient
+from engine.coordination.etcd import Etcd, EtcdUnavailable
+from engine.coordination.routes import TopicRoute, broker_masters, topic_route
+from engine.errors import ErrorCode
+from rmqpy.message import Message, OutgoingMessage, SendResult
+from rmqpy.producer import Producer
+from rmqpy.pull_consumer import PullConsumer
+
+__all__ = ["Cluster", "ClusterProducer", "ClusterPullConsumer"]
+
+log = logging.getLogger(__name__)
+DEFAULT_CLUSTER = "DefaultCluster"
+_ROUTE_CHECK_S = 2.0  # a consumer reads the route again this often (a set's new master, a new set)
+_ROUTE_RETRY_S = 0.5  # ... or this often while a set of the route has no consumer
+
+
+class Cluster:
+    """The routes of a cluster: ``etcd``, its endpoints (``http://host:port``, comma-separated or a list)."""
+
+    def __init__(self, etcd: str | Iterable[str], *, cluster_name: str = DEFAULT_CLUSTER, timeout_ms: int = 3_000,
+                 route_ttl_ms: int = 30_000) -> None:
+        endpoints = etcd.split(",") if isinstance(etcd, str) else list(etcd)
+        self.etcd = Etcd(endpoints, timeout_ms=timeout_ms)
+        self.cluster_name = cluster_name
+        self.timeout_ms = timeout_ms
+        self.route_ttl_ms = route_ttl_ms
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}
+
+    def route(self, topic: str, *, fresh: bool = False) -> TopicRoute:
+        """The topic's route (``EngineError`` TOPIC_NOT_FOUND if no broker set serves it)."""
+        cached = self._routes.get(topic)
+        if fresh or cached is None or time.monotonic() - cached[0] > self.route_ttl_ms / 1000:
+            try:
+                cached = (time.monotonic(), topic_route(self.etcd, self.cluster_name, topic))
+            except EtcdUnavailable:
+                if cached is None:
+                    raise
+                log.warning("etcd out of reach: the route of %r kept as it was", topic)
+            self._routes[topic] = cached
+        if not cached[1].brokers:
+            raise EngineError(ErrorCode.TOPIC_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND.name,
+                              f"no broker set of cluster {self.cluster_name!r} serves topic {topic!r}")
+        return cached[1]
+
+    def masters(self) -> dict[str, str]:
+        """Every broker set with a master now: broker name -> the endpoint it takes writes on."""
+        return broker_masters(self.etcd, self.cluster_name)
+
+    def create_topic(self, topic: str, queue_count: int, *, brokers: Iterable[str] | None = None,
+                     wait_ms: int = 10_000) -> TopicRoute:
+        """Spread ``queue_count`` queues over ``brokers`` (default: every set with a master), as evenly as
+        can be, and wait until the route says so. A set that has the topic already keeps its queues
+        (they can only grow)."""
+        masters = self.masters()
+        chosen = sorted(masters if brokers is None else brokers)
+        missing = [name for name in chosen if name not in masters]
+        if missing or not chosen:
+            raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
+                              f"no master for broker sets {missing or '(none)'}; sets with one: {sorted(masters)}")
+        if queue_count < len(chosen):
+            raise ValueError(f"{queue_count} queues cannot be spread over {len(chosen)} broker sets")
+        shares = {name: queue_count // len(chosen) + (1 if k < queue_count % len(chosen) else 0)
+                  for k, name in enumerate(chosen)}
+        for name, share in shares.items():
+            with StoreClient(masters[name], timeout_ms=self.timeout_ms) as client:
+                client.create_topic(topic, queue_count=share)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:  # each set's master publishes its topic table within a tick or two
+            route = topic_route(self.etcd, self.cluster_name, topic)
+            counts = {b.broker_name: b.queue_count for b in route.brokers}
+            if all(counts.get(name, 0) >= share for name, share in shares.items()):
+                self._routes[topic] = (time.monotonic(), route)
+                return route
+            if time.monotonic() > deadline:
+                raise EngineError(ErrorCode.TIMEOUT, ErrorCode.TIMEOUT.name,
+                                  f"topic {topic!r} created, but its route in etcd says {counts}, not {shares}")
+            time.sleep(0.05)
+
+    def set_address(self, topic: str, broker_name: str) -> str:
+        """A broker set's address for ``Producer``: its master first, then its replicas."""
+        for broker in self.route(topic).brokers:
+            if broker.broker_name == broker_name:
+                return ",".join(e for e in (broker.master_endpoint, *broker.replica_endpoints) if e)
+        raise EngineError(ErrorCode.TOPIC_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND.name,
+                          f"broker set {broker_name!r} does not serve topic {topic!r}")
+
+
+class ClusterProducer:
+    """Sends to the queues of a topic's whole route: in turn, or by ``sharding_key`` (the same key,
+    the same queue of the same set). Thread-safe as ``Producer``."""
+
+    def __init__(self, cluster: Cluster, **producer_options: Any) -> None:
+        self.cluster = cluster
+        self.options = producer_options
+        self._producers: dict[str, Producer] = {}  # broker name -> a Producer on its set's address
+        self._turn = itertools.count()
+
+    def __enter__(self) -> ClusterProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for producer in self._producers.values():
+            producer.close()
+        self._producers.clear()
+
+    def send(self, topic: str, body: bytes, *, sharding_key: str | None = None, **options: Any) -> SendResult:
+        message = OutgoingMessage(body=body, **_message_fields(options))  # the rest of options are the batch's
+        [result] = self.send_batch(topic, [message], sharding_key=sharding_key, **options)
+        return result
+
+    def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *, sharding_key: str | None = None,
+                   **options: Any) -> list[SendResult]:
+        """One batch, to one queue of the route; a set that refuses a connection is passed over
+        for the next queue of another set (nothing was stored there)."""
+        batch = list(messages)
+        route = self.cluster.route(topic)
+        queues = route.queues
+        start = zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
+        tried: set[str] = set()
+        for step in range(len(queues)):
+            broker, queue_id = queues[(start + step) % len(queues)]
+            if broker in tried:
+                continue
+            try:
+                results = self._producer(topic, broker).send_batch(topic, batch, queue_id=queue_id, **options)
+            except (EngineError, EngineUnreachable) as exc:
+                stored_nowhere = isinstance(exc, EngineUnreachable) or exc.code == ErrorCode.SERVICE_NOT_AVAILABLE
+                if not stored_nowhere or sharding_key is not None:
+                    raise
+                log.warning("broker set %r took no send (%s): the next queue of another set", broker, exc)
+                tried.add(broker)
+                self.cluster.route(topic, fresh=True)
+                continue
+            return [msgspec.structs.replace(r, broker_name=broker) for r in results]
+        raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
+                          f"no broker set of topic {topic!r} took the send (tried {sorted(tried)})")
+
+    def _producer(self, topic: str, broker: str) -> Producer:
+        producer = self._producers.get(broker)
+        if producer is None:
+            producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker), **self.options)
+        return producer
+
+
+def _message_fields(options: dict[str, Any]) -> dict[str, Any]:
+    """The per-message options of ``send`` taken out of ``options`` (the rest are the batch's)."""
+    fields: dict[str, Any] = {name: options.pop(name) for name in ("keys", "tags", "properties", "flag")
+                              if name in options}
+    if "keys" in fields:
+        fields["keys"] = tuple(fields["keys"])
+    return fields
+
+
+class ClusterPullConsumer:
+    """A member of ``group`` on every broker set serving ``topic``: messages from all of them.
+    Options are ``PullConsumer``'s (``queue_ids`` excepted)."""
+
+    def __init__(self, cluster: Cluster, group: str, topic: str, *, max_wait_ms: int = 5_000,
+                 idle_timeout_ms: int | None = None, **consumer_options: Any) -> None:
+        self.cluster = cluster
+        self.group = group
+        self.topic = topic
+        self.max_wait_ms = max_wait_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.options = consumer_options
+        self._consumers: dict[str, tuple[str, PullConsumer]] = {}  # broker name -> (master endpoint, consumer)
+        self._order: list[str] = []
+        self._turn = 0
+        self._checked = 0.0  # when the route was last read
+        self._incomplete = False  # a broker set of the route has no consumer (no master, or unreachable)
+        self._closed = False
+        try:
+            self._follow_route(fresh=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> ClusterPullConsumer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(finish=exc_type is None)
+
+    def close(self, *, finish: bool = True) -> None:
+        self._closed = True
+        for _endpoint, consumer in self._consumers.values():
+            consumer.close(finish=finish)
+        self._consumers.clear()
+
+    def queues(self) -> dict[str, list[int]]:
+        """The queues this member reads now, per broker set."""
+        return {broker: consumer.queue_ids for broker, (_e, consumer) in self._consumers.items()}
+
+    def _follow_route(self, *, fresh: bool) -> None:
+        """A consumer for each broker set of the route, on its master now (a set whose master changed:
+        its consumer goes, without a commit the old master cannot take, and a new one starts)."""
+        route = self.cluster.route(self.topic, fresh=fresh)
+        self._incomplete = False
+        for broker in route.brokers:
+            current = self._consumers.get(broker.broker_name)
+            if current is not None and current[0] == broker.master_endpoint:
+                continue
+            if current is not None:
+                log.info("broker set %r now has its master at %s", broker.broker_name, broker.master_endpoint)
+                current[1].auto_commit = False  # at least once: its last messages are read again
+                current[1].close(finish=False)
+                del self._consumers[broker.broker_name]
+            if not broker.master_endpoint:
+                self._incomplete = True  # an election under way: looked at again soon
+                continue
+            try:
+                consumer = PullConsumer(self.group, self.topic, endpoint=broker.master_endpoint,
+                                        max_wait_ms=self.max_wait_ms, **self.options)
+            except ClientError as exc:
+                log.warning("broker set %r not readable now (%s): tried again", broker.broker_name, exc)
+                self._incomplete = True
+                continue
+            self._consumers[broker.broker_name] = (broker.master_endpoint, consumer)
+        self._order = sorted(self._consumers)
+        self._checked = time.monotonic()
+
+    def __iter__(self) -> Iterator[Message]:
+        idle_since = time.monotonic()
+        while not self._closed:
+            messages = self.poll(self.max_wait_ms if self.idle_timeout_ms is None else
+                                 max(0, int(self.idle_timeout_ms - (time.monotonic() - idle_since) * 1000)),
+                                 max_messages=1)
+            if messages:
+                yield messages[0]
+                idle_since = time.monotonic()
+            elif self.idle_timeout_ms is not None and time.monotonic() - idle_since >= self.idle_timeout_ms / 1000:
+                return
+
+    def poll(self, timeout_ms: int | None = None, *, max_messages: int | None = None) -> list[Message]:
+        """Messages of one broker set (each set in turn), waiting up to ``timeout_ms`` for the first."""
+        deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
+        while True:
+            since = time.monotonic() - self._checked
+            if since > _ROUTE_CHECK_S or (self._incomplete and since > _ROUTE_RETRY_S):
+                self._follow_route(fresh=True)
+            for _ in range(len(self._order)):
+                broker = self._order[self._turn % len(self._order)]
+                self._turn += 1
+                messages = self._consumers[broker][1].poll(0, max_messages=max_messages)
+                if messages:
+                    return messages
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            poller = zmq.Poller()
+            for _endpoint, consumer in self._consumers.values():
+                poller.register(consumer.socket, zmq.POLLIN)
+            poller.poll(max(1, int(min(remaining, 0.1) * 1000)))
+
+    def commit(self) -> None:
+        for _endpoint, consumer in self._consumers.values():
+            consumer.commit()
