@@ -171,6 +171,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     master_fence_margin_ms: int = 500  # writes stop this long before the lease could expire unrenewed
     election_wait_ms: int = 300  # candidates wait this long for each other's offers before the best one claims
     etcd_request_timeout_ms: int = 500  # one etcd request, before the next endpoint is tried
+    cluster_routes_refresh_ms: int = 2_000  # how often each engine mirrors the cluster's topic routes from etcd
     # A replica keeps a master's actor processes spawned and waiting (about 30 MB each): a promotion
     # does not wait for eleven interpreters to start (1.2 s on two cores).
     standby_master_actors: bool = True
@@ -442,7 +443,8 @@ DEV_PROFILE: dict[str, object] = {
 
 # The smallest value of each numeric setting (0: "must not be negative", 1: "must be positive").
 _MINIMUMS: dict[str, int] = {
-    "store_port": 1, "election_wait_ms": 0, "etcd_request_timeout_ms": 1, "master_fence_margin_ms": 1,
+    "store_port": 1, "election_wait_ms": 0, "etcd_request_timeout_ms": 1,
+    "cluster_routes_refresh_ms": 100, "master_fence_margin_ms": 1,
     "broker_id": 0, "master_lease_ms": 2_000,
     "segment_size_bytes": 4 * KiB, "consume_queue_file_units": 1, "index_hash_slot_count": 1,
     "index_item_count_max": 2,

@@ -26,6 +26,7 @@ older one.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -36,7 +37,7 @@ from engine.actors.effects import Effects
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
-from engine.coordination.routes import RoutePublisher
+from engine.coordination.routes import ROUTES_MIRROR_FILE, RoutePublisher, read_cluster
 from engine.ipc import endpoints
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import RoleChanged, encoder
@@ -68,6 +69,8 @@ class BrokerMembershipActor(Actor):
         self.offered_epoch = 0
         self.offered_ms = 0
         self.member_put_ms = 0
+        self.mirrored_ms = -(1 << 62)  # when the cluster's routes were last mirrored
+        self.mirrored: dict[str, object] | None = None
         self.published: list[int] | None = None
         self.waiting = ""  # why no master is elected, while none is
         self.etcd_down = ""
@@ -255,6 +258,7 @@ class BrokerMembershipActor(Actor):
                 self.hold_master()
             else:
                 self.follow()
+            self.mirror_routes()
             self.etcd_down = ""
         except EtcdUnavailable as exc:
             if not self.etcd_down:
@@ -322,6 +326,17 @@ class BrokerMembershipActor(Actor):
                 self.decide(self.slots.get(WRITTEN))
                 return
             self.change(self.replica_of(master))
+
+    def mirror_routes(self) -> None:
+        """Every ``cluster_routes_refresh_ms``, the cluster's routes into the run directory, for the front."""
+        now_ms = self.clock.mono_ms()
+        if now_ms - self.mirrored_ms < self.config.cluster_routes_refresh_ms:
+            return
+        self.mirrored_ms = now_ms
+        routes = read_cluster(self.etcd, self.config.cluster_name)
+        if routes != self.mirrored:
+            write_atomically(self.env.run_dir / ROUTES_MIRROR_FILE, json.dumps(routes).encode())
+            self.mirrored = routes
 
     # -- reports -------------------------------------------------------------
 

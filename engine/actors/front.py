@@ -46,6 +46,7 @@ from functools import partial
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Reply, Tell
 from engine.coordination.role import Role
+from engine.coordination.routes import RoutesMirror
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels
 from engine.ipc.channels import Channel, ClientFrame
@@ -78,6 +79,7 @@ from engine.ipc.protocol import (
     GetByIdRequest,
     GetByOffsetRequest,
     HeartbeatRequest,
+    RouteRequest,
     decode_envelope,
     decode_request,
     encode_error,
@@ -153,6 +155,7 @@ class FrontActor(Actor):
         self.held: list[tuple[Origin, bytes, bytes]] = []  # whom to answer, request, its sender's IP
         self.held_replies: list[Reply] = []
         self.shipped = ShippedConfig(env.store_dir) if env.config.is_replica else None
+        self.routes = RoutesMirror(env.run_dir)  # the cluster's topic routes (an engine elected on etcd)
 
     def ports(self) -> list[Port]:
         cfg = self.config
@@ -248,7 +251,23 @@ class FrontActor(Actor):
         try:
             self.route(origin, raw, out, peer_ip)
         except RequestError as exc:
+            if exc.code == ErrorCode.TOPIC_NOT_FOUND and self.config.elected:
+                exc = self.served_elsewhere(exc, raw)
             out.append(self.error_reply(origin, raw, exc))
+
+    def served_elsewhere(self, exc: RequestError, raw: bytes) -> RequestError:
+        """TOPIC_NOT_FOUND for a topic other broker sets of the cluster serve: the refusal names them."""
+        topic = decode_envelope(raw).topic
+        serving = self.routes.serving(topic) if topic else {}
+        serving.pop(self.config.broker_name, None)
+        if not serving:
+            return exc
+        where = ", ".join(f"{name} ({route['master_endpoint'] or 'electing its master'})"
+                          for name, route in serving.items())
+        return RequestError(ErrorCode.TOPIC_NOT_FOUND, f"topic {topic!r} is not on broker set "
+                                                       f"{self.config.broker_name!r}; it is served by {where}",
+                            brokers=",".join(serving),
+                            master_endpoints=",".join(str(route["master_endpoint"]) for route in serving.values()))
 
     @staticmethod
     def error_reply(origin: Origin, raw: bytes, exc: RequestError) -> Reply:
@@ -277,6 +296,17 @@ class FrontActor(Actor):
         master = self.master_endpoint() if cfg.is_replica else own
         return {**answer, "role": "replica" if cfg.is_replica else "master", "epoch": 0, "master_id": -1,
                 "master_endpoint": master}
+
+    def topic_route(self, topic: str) -> list[dict[str, object]]:
+        """The broker sets serving ``topic``: the cluster's routes, this engine's own table for its set."""
+        serving: dict[str, dict[str, object]] = dict(self.routes.serving(topic))
+        config = self.topics.get(topic)
+        serving.pop(self.config.broker_name, None)
+        if config is not None:
+            own = self.broker_route()
+            serving[self.config.broker_name] = {"queues": config.write_queue_nums,
+                                                "master_endpoint": own["master_endpoint"]}
+        return [{"broker_name": name, **route} for name, route in sorted(serving.items())]
 
     def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
         """The routing table: which actor serves each op (or the front itself)."""
@@ -389,8 +419,10 @@ class FrontActor(Actor):
             return self.topics.listing(envelope.id)
         if op == "ping":
             return encode_reply(envelope.id, pong=True)
-        if op == "route":
-            return encode_reply(envelope.id, **self.broker_route())
+        if isinstance(request, RouteRequest):
+            if request.topic is None:
+                return encode_reply(envelope.id, **self.broker_route())
+            return encode_reply(envelope.id, **self.broker_route(), topic_route=self.topic_route(request.topic))
         if isinstance(request, CommitOffsetRequest | FetchOffsetRequest | HeartbeatRequest):
             return self.group_reply(request, envelope)
         assert op == "status"

@@ -14,11 +14,15 @@ one broker set are that set's queues 0..n-1: a queue of the cluster is (broker_n
 id), as in RocketMQ's ``MessageQueue``.
 
 ``topic_route`` reads a topic's route with every broker set's master and replicas, for the
-clients that route (``rmqpy/cluster.py``).
+clients that route (``rmqpy/cluster.py``). Every engine's membership actor also mirrors the
+whole cluster's routes into its run directory (``ROUTES_MIRROR_FILE``), for its front: a
+request for a topic this set does not serve is refused with the sets that do, and the
+``route`` op answers a topic's route from any engine of the cluster.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,3 +141,47 @@ class RoutePublisher:
         suffix = "/" + self.broker_name
         return {entry.key[len(prefix):-len(suffix)]: entry.value["queues"]
                 for entry in self.etcd.get_prefix(prefix) if entry.key.endswith(suffix)}
+
+
+# -- the cluster's routes, mirrored for the front --------------------------------------------------
+
+ROUTES_MIRROR_FILE = "cluster-routes.json"  # in the run directory: the membership actor writes it
+
+
+def read_cluster(etcd: Etcd, cluster_name: str) -> dict[str, Any]:
+    """Every topic's route in the cluster and every set's master: what the mirror file holds."""
+    prefix = routes_prefix(cluster_name)
+    topics: dict[str, dict[str, int]] = {}
+    for entry in etcd.get_prefix(prefix):
+        topic, _, broker = entry.key[len(prefix):].partition("/")
+        topics.setdefault(topic, {})[broker] = entry.value["queues"]
+    return {"topics": topics, "masters": broker_masters(etcd, cluster_name)}
+
+
+class RoutesMirror:
+    """The front's reader of the mirror file: re-read when it changed, at most once a lookup."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ROUTES_MIRROR_FILE
+        self.stamp: tuple[int, int] | None = None
+        self.content: dict[str, Any] = {"topics": {}, "masters": {}}
+
+    def _fresh(self) -> dict[str, Any]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return self.content
+        if (stat.st_mtime_ns, stat.st_size) != self.stamp:
+            try:
+                self.content = json.loads(self.path.read_text())
+                self.stamp = (stat.st_mtime_ns, stat.st_size)
+            except (OSError, ValueError):
+                pass  # being replaced: the next lookup reads it
+        return self.content
+
+    def serving(self, topic: str) -> dict[str, dict[str, Any]]:
+        """The broker sets serving ``topic`` by the cluster's routes: name -> {queues, master_endpoint}."""
+        content = self._fresh()
+        masters = content["masters"]
+        return {broker: {"queues": queues, "master_endpoint": masters.get(broker, "")}
+                for broker, queues in sorted(content["topics"].get(topic, {}).items())}

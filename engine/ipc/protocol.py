@@ -231,6 +231,12 @@ class PlainRequest(_Request, kw_only=True):
     """``list_topics``, ``ping`` and ``status`` take no other field."""
 
 
+class RouteRequest(_Request, kw_only=True):
+    """This engine's place in its broker set; with ``topic``, also the broker sets serving it."""
+
+    topic: TopicName | None = None
+
+
 REQUEST_TYPES: dict[str, type[_Request]] = {
     "send": SendRequest,
     "pull": PullRequest,
@@ -253,7 +259,7 @@ REQUEST_TYPES: dict[str, type[_Request]] = {
     "pop_stats": PopStatsRequest,
     "end_transaction": EndTransactionRequest,
     "transaction_checks": TransactionChecksRequest,
-    "route": PlainRequest,
+    "route": RouteRequest,
     "heartbeat": HeartbeatRequest,
 }
 assert tuple(REQUEST_TYPES) == OPS

@@ -76,10 +76,20 @@ def test_routes_follow_the_topic_table_and_a_set_without_the_topic_is_named(sets
     assert [(b.broker_name, b.queue_count) for b in route.brokers] == [("broker-b", 3)]
     with ClusterProducer(cluster) as producer:
         assert {producer.send("only-b", b"x").broker_name for _ in range(6)} == {"broker-b"}
+    b_endpoint = sets[1].engines[0].endpoint
     with sets[0].engines[0].client() as a:
-        with pytest.raises(EngineError) as refused:
-            a.send("only-b", [{"body": b"x"}])
-        assert refused.value.code == ErrorCode.TOPIC_NOT_FOUND
+        deadline = time.monotonic() + 10
+        while True:  # each engine mirrors the cluster's routes every cluster_routes_refresh_ms
+            with pytest.raises(EngineError) as refused:
+                a.send("only-b", [{"body": b"x"}])
+            assert refused.value.code == ErrorCode.TOPIC_NOT_FOUND
+            if "broker-b" in str(refused.value):
+                break
+            assert time.monotonic() < deadline, "broker-a's refusal does not name broker-b"
+            time.sleep(0.05)
+        assert refused.value.details == {"brokers": "broker-b", "master_endpoints": b_endpoint}
+        assert a.request("route", topic="only-b")["topic_route"] == [
+            {"broker_name": "broker-b", "queues": 3, "master_endpoint": b_endpoint}], "any engine answers the route"
     with sets[1].engines[0].client() as b:  # deleted on its set: its route goes
         b.request("delete_topic", topic="only-b")
     deadline = time.monotonic() + 10
