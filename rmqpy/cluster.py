@@ -30,9 +30,9 @@ from typing import Any
 import msgspec
 import zmq
 
-from engine.client import ClientError, EngineError, EngineUnreachable, StoreClient
+from engine.client import ClientError, EngineError, EngineUnreachable
 from engine.coordination.etcd import Etcd, EtcdUnavailable
-from engine.coordination.routes import TopicRoute, broker_masters, topic_route
+from engine.coordination.routes import TopicRoute, broker_masters, create_spread_topic, topic_route
 from engine.errors import ErrorCode
 from rmqpy.message import Message, OutgoingMessage, SendResult
 from rmqpy.producer import Producer
@@ -81,32 +81,11 @@ class Cluster:
     def create_topic(self, topic: str, queue_count: int, *, brokers: Iterable[str] | None = None,
                      wait_ms: int = 10_000) -> TopicRoute:
         """Spread ``queue_count`` queues over ``brokers`` (default: every set with a master), as evenly as
-        can be, and wait until the route says so. A set that has the topic already keeps its queues
-        (they can only grow)."""
-        masters = self.masters()
-        chosen = sorted(masters if brokers is None else brokers)
-        missing = [name for name in chosen if name not in masters]
-        if missing or not chosen:
-            raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
-                              f"no master for broker sets {missing or '(none)'}; sets with one: {sorted(masters)}")
-        if queue_count < len(chosen):
-            raise ValueError(f"{queue_count} queues cannot be spread over {len(chosen)} broker sets")
-        shares = {name: queue_count // len(chosen) + (1 if k < queue_count % len(chosen) else 0)
-                  for k, name in enumerate(chosen)}
-        for name, share in shares.items():
-            with StoreClient(masters[name], timeout_ms=self.timeout_ms) as client:
-                client.create_topic(topic, queue_count=share)
-        deadline = time.monotonic() + wait_ms / 1000
-        while True:  # each set's master publishes its topic table within a tick or two
-            route = topic_route(self.etcd, self.cluster_name, topic)
-            counts = {b.broker_name: b.queue_count for b in route.brokers}
-            if all(counts.get(name, 0) >= share for name, share in shares.items()):
-                self._routes[topic] = (time.monotonic(), route)
-                return route
-            if time.monotonic() > deadline:
-                raise EngineError(ErrorCode.TIMEOUT, ErrorCode.TIMEOUT.name,
-                                  f"topic {topic!r} created, but its route in etcd says {counts}, not {shares}")
-            time.sleep(0.05)
+        can be, and wait until the route says so (``engine.coordination.routes.create_spread_topic``)."""
+        route = create_spread_topic(self.etcd, self.cluster_name, topic, queue_count, brokers=brokers,
+                                    timeout_ms=self.timeout_ms, wait_ms=wait_ms)
+        self._routes[topic] = (time.monotonic(), route)
+        return route
 
     def set_address(self, topic: str, broker_name: str) -> str:
         """A broker set's address for ``Producer``: its master first, then its replicas."""

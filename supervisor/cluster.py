@@ -1,4 +1,4 @@
-"""``rmqpy-server cluster``: a master and its replicas on this machine, for a local try.
+"""``rmqpy-server cluster``: a master and its replicas on this machine, or several broker sets, for a local try.
 
 ``cluster start --dir D --replicas N`` writes one config per engine into ``D`` (a master on
 ``--port``, its replication endpoint on the port after it, replica ``k`` on ``--port + 10 k``
@@ -9,6 +9,11 @@ log is behind the master's; ``cluster stop`` stops the replicas, then the master
 Roles are fixed (a replica is promoted by hand), unless ``--etcd``: then etcd is started too
 (one member, in ``D/etcd``), every engine listens for replicas, and etcd elects the master among
 them, again when it is lost (docs/replication.md, "Failover"); ``cluster stop`` stops etcd last.
+
+``--broker-sets N`` (etcd implied): N broker sets (``broker-a``, ``broker-b``, ...) of a master
+and ``--replicas`` replicas each, on one etcd: a cluster (docs/cluster.md). Set ``s``'s engine
+``k`` is ``<broker>-<k>`` on ``--port + 100 s + 10 k``; topics are spread over the sets with
+``rmqpy topics --cluster``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
     start.add_argument("--etcd", action="store_true",
                        help="start etcd too (Debian's etcd-server) and let the engines elect their master there")
     start.add_argument("--etcd-port", type=int, default=2379, help="etcd's client port (peer: the next; default 2379)")
+    start.add_argument("--broker-sets", type=int, default=1,
+                       help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
     for action in (start, actions.add_parser("status", help="each engine's role and lag"),
                    actions.add_parser("stop", help="stop the replicas, then the master")):
         action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
@@ -63,23 +70,32 @@ def _engines(directory: Path) -> list[dict[str, str]]:
 def _start(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
+    if args.broker_sets < 1 or args.replicas < 0:
+        print("error: --broker-sets must be at least 1 and --replicas at least 0", file=sys.stderr)
+        return EXIT_FAILED
+    elected = args.etcd or args.broker_sets > 1
     replication = f"tcp://127.0.0.1:{args.port + 1}"
-    etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if args.etcd else None
+    etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if elected else None
     engines = []
-    for k in range(args.replicas + 1):
-        endpoint = f"tcp://127.0.0.1:{args.port + 10 * k}"
-        if etcd is not None:  # every engine may be elected: each listens for replicas, etcd says who serves
-            name = f"broker-{k}"
-            role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{args.port + 10 * k + 1}",
-                                       "replication_mode": args.replication_mode, "etcd_endpoints": etcd.endpoints,
-                                       "broker_id": k}
-        else:
-            name = "master" if k == 0 else f"replica-{k}"
-            role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
-                else {"replica_of": replication}
-        config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
-        write_config(directory / f"{name}.toml", config)
-        engines.append({"name": name, "endpoint": endpoint, "store_dir": str(directory / name)})
+    for index in range(args.broker_sets):
+        broker_name = f"broker-{chr(ord('a') + index)}"
+        for k in range(args.replicas + 1):
+            port = args.port + 100 * index + 10 * k
+            endpoint = f"tcp://127.0.0.1:{port}"
+            if etcd is not None:  # every engine may be elected: each listens for replicas, etcd says who serves
+                name = f"broker-{k}" if args.broker_sets == 1 else f"{broker_name}-{k}"
+                role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{port + 1}",
+                                           "replication_mode": args.replication_mode,
+                                           "etcd_endpoints": etcd.endpoints, "broker_id": k,
+                                           "broker_name": broker_name}
+            else:
+                name = "master" if k == 0 else f"replica-{k}"
+                role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
+                    else {"replica_of": replication}
+            config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
+            write_config(directory / f"{name}.toml", config)
+            engines.append({"name": name, "endpoint": endpoint, "store_dir": str(directory / name),
+                            "broker_name": broker_name})
     if etcd is not None:
         try:
             etcd.start()
@@ -100,7 +116,10 @@ def _start(args: argparse.Namespace) -> int:
             _stop(args)
             return started.returncode
         print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
-    if etcd is not None:
+    if etcd is not None and args.broker_sets > 1:
+        print(f"a cluster of {args.broker_sets} broker sets elected on etcd ({args.replication_mode}); "
+              f"rmqpy's Cluster and `rmqpy topics --cluster` take etcd's address: {etcd.endpoints}")
+    elif etcd is not None:
         address = ",".join(engine["endpoint"] for engine in engines)
         print(f"elected on etcd ({args.replication_mode}); rmqpy's producers take the set's address: {address}")
     else:
@@ -110,7 +129,10 @@ def _start(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     master_end = None
+    broker_name = None
     for engine in _engines(args.dir.resolve()):
+        if engine.get("broker_name") != broker_name:  # a set's master comes first: the others' lag is to it
+            broker_name, master_end = engine.get("broker_name"), None
         try:
             reply = control(Path(engine["store_dir"]), StatusQuery(), timeout_ms=2_000)
         except (NotRunning, ControlTimeout) as exc:

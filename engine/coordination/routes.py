@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.client import EngineError, StoreClient
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.etcd import Etcd, delete
+from engine.errors import ErrorCode
 from engine.store.system_topics import SYSTEM_TOPICS
 from engine.store.topics import TOPICS_FILE, TopicTable
 
@@ -86,6 +90,38 @@ def broker_masters(etcd: Etcd, cluster_name: str) -> dict[str, str]:
     prefix = f"/rmqpy/{cluster_name}/"
     return {entry.key[len(prefix):-len("/master")]: entry.value["endpoint"]
             for entry in etcd.get_prefix(prefix) if entry.key.endswith("/master") and entry.key.count("/") == 4}
+
+
+def create_spread_topic(etcd: Etcd, cluster_name: str, topic: str, queue_count: int, *,
+                        brokers: Iterable[str] | None = None, timeout_ms: int = 3_000,
+                        wait_ms: int = 10_000) -> TopicRoute:
+    """Spread ``queue_count`` queues of ``topic`` over ``brokers`` (default: every set with a master) as
+    evenly as can be, by ``create_topic`` on each set's master, and wait until the route says so. A
+    set that has the topic already keeps its queues if it has more (they only grow)."""
+    masters = broker_masters(etcd, cluster_name)
+    chosen = sorted(masters if brokers is None else set(brokers))
+    missing = [name for name in chosen if name not in masters]
+    if missing or not chosen:
+        raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
+                          f"no master for broker sets {missing or '(none)'}; sets with one: {sorted(masters)}")
+    if queue_count < len(chosen):
+        raise EngineError(ErrorCode.INVALID_FIELD, ErrorCode.INVALID_FIELD.name,
+                          f"{queue_count} queues cannot be spread over {len(chosen)} broker sets")
+    shares = {name: queue_count // len(chosen) + (1 if k < queue_count % len(chosen) else 0)
+              for k, name in enumerate(chosen)}
+    for name, share in shares.items():
+        with StoreClient(masters[name], timeout_ms=timeout_ms) as client:
+            client.create_topic(topic, queue_count=share)
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:  # each set's master publishes its topic table within a tick or two
+        route = topic_route(etcd, cluster_name, topic)
+        counts = {b.broker_name: b.queue_count for b in route.brokers}
+        if all(counts.get(name, 0) >= share for name, share in shares.items()):
+            return route
+        if time.monotonic() > deadline:
+            raise EngineError(ErrorCode.TIMEOUT, ErrorCode.TIMEOUT.name,
+                              f"topic {topic!r} created, but its route in etcd says {counts}, not {shares}")
+        time.sleep(0.05)
 
 
 class RoutePublisher:

@@ -3,6 +3,7 @@ shown, a message sent to the master read from a replica, and all of it stopped b
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine.client import StoreClient
+from supervisor.etcd_server import ETCD
 from supervisor.launcher import free_port
+from tests.helpers import require
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # three engines started and stopped: 14 s
 
@@ -47,3 +50,31 @@ def test_one_command_starts_a_master_and_its_replicas_and_one_stops_them(tmp_pat
         stopped = cluster("stop", "--dir", str(directory))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert [line.split()[1] for line in stopped.stdout.splitlines()] == ["stopped"] * 3
+
+
+def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_over_them(tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    port, etcd_port = free_port(), free_port()
+    directory = tmp_path / "cluster"
+    started = cluster("start", "--dir", str(directory), "--broker-sets", "2", "--replicas", "0", "--port", str(port),
+                      "--etcd-port", str(etcd_port))
+    try:
+        assert started.returncode == 0, started.stderr
+        names = [line.split()[0] for line in started.stdout.splitlines()[:3]]
+        assert names == ["etcd", "broker-a-0", "broker-b-0"], started.stdout
+        etcd = f"http://127.0.0.1:{etcd_port}"
+        created = rmqpy_cli("topics", "--cluster", etcd, "--create", "orders", "--queues", "6")
+        assert created.returncode == 0, created.stderr
+        assert created.stdout.splitlines() == [f"topic orders: 3 queues on broker-a (tcp://127.0.0.1:{port})",
+                                               f"topic orders: 3 queues on broker-b (tcp://127.0.0.1:{port + 100})"]
+        listed = rmqpy_cli("topics", "--cluster", etcd)
+        assert "orders\tbroker-a: 3 queues, broker-b: 3 queues" in listed.stdout, listed.stdout
+    finally:
+        stopped = cluster("stop", "--dir", str(directory))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert [line.split()[1] for line in stopped.stdout.splitlines()] == ["stopped"] * 3
+
+
+def rmqpy_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=60,
+                          check=False)
