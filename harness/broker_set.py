@@ -12,7 +12,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,11 +177,14 @@ def broker_set(root: Path, config: StoreConfig, *, engines: int = 3, etcd_member
 
 
 @contextmanager
-def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: int = 1,
+def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: int | Sequence[int] = 1,
                     etcd_members: int = 1) -> Iterator[list[BrokerSet]]:
-    """A cluster: ``sets`` broker sets (``broker-a``, ``broker-b``, ...) of ``engines`` engines each, on one
-    etcd; each set's engines start in broker_id order (the first is elected master). One set keeps the
-    store directories ``broker-<id>`` (``broker_set``); more get ``<broker name>-<id>``."""
+    """A cluster: ``sets`` broker sets (``broker-a``, ``broker-b``, ...) of ``engines`` engines each (or
+    each its own count), on one etcd; each set's engines start in broker_id order (the first is elected
+    master). One set keeps the store directories ``broker-<id>`` (``broker_set``); more get
+    ``<broker name>-<id>``."""
+    counts = [engines] * sets if isinstance(engines, int) else list(engines)
+    assert len(counts) == sets, (sets, engines)
     etcd = EtcdCluster(root / "etcd", [(free_port(), free_port()) for _ in range(etcd_members)])
     etcd.start()
     started: list[EngineProcess] = []
@@ -190,7 +193,7 @@ def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: 
         for index in range(sets):
             name = f"broker-{chr(ord('a') + index)}"
             members = []
-            for broker_id in range(engines):
+            for broker_id in range(counts[index]):
                 store = root / (f"broker-{broker_id}" if sets == 1 else f"{name}-{broker_id}")
                 engine = EngineProcess(store, config=config.replace(
                     etcd_endpoints=etcd.endpoints, broker_id=broker_id, broker_name=name,

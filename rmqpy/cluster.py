@@ -15,7 +15,8 @@ route once and again after ``route_ttl_ms`` or a failure. Within a set, sends fo
 master across a failover as ``Producer`` does on a set's address; a consumer reads each
 set through a ``PullConsumer`` of its own, a member of the group there (the group's
 members share each set's queues: ``rmqpy/_group_member.py``), opened again on the new
-master after a failover.
+master after a failover. ``ClusterPopConsumer`` pops from each set in turn and acknowledges
+each message at the set that stored it.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from engine.coordination.etcd import Etcd, EtcdUnavailable
 from engine.coordination.routes import TopicRoute, broker_masters, create_spread_topic, topic_route
 from engine.errors import ErrorCode
 from rmqpy.message import Message, OutgoingMessage, SendResult
+from rmqpy.pop_consumer import PopConsumer
 from rmqpy.producer import Producer
 from rmqpy.pull_consumer import PullConsumer
 
-__all__ = ["Cluster", "ClusterProducer", "ClusterPullConsumer"]
+__all__ = ["Cluster", "ClusterPopConsumer", "ClusterProducer", "ClusterPullConsumer"]
 
 log = logging.getLogger(__name__)
 DEFAULT_CLUSTER = "DefaultCluster"
@@ -269,3 +271,84 @@ class ClusterPullConsumer:
     def commit(self) -> None:
         for _endpoint, consumer in self._consumers.values():
             consumer.commit()
+
+
+class ClusterPopConsumer:
+    """A worker of pop group ``group`` on every broker set serving ``topic``: ``pop`` takes from the
+    sets in turn, ``ack``/``nack`` go to the set that stored the message (by its ``store_host``).
+    Options are ``PopConsumer``'s."""
+
+    def __init__(self, cluster: Cluster, group: str, topic: str, *, max_wait_ms: int = 1_000,
+                 **consumer_options: Any) -> None:
+        self.cluster = cluster
+        self.group = group
+        self.topic = topic
+        self.max_wait_ms = max_wait_ms
+        self.options = consumer_options
+        self._consumers: dict[str, tuple[str, PopConsumer]] = {}  # broker name -> (master endpoint, consumer)
+        self._stored_by: dict[str, str] = {}  # a message's store_host -> the broker set that stored it
+        self._turn = 0
+        self._checked = 0.0
+        self._follow_route(fresh=False)
+
+    def __enter__(self) -> ClusterPopConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for _endpoint, consumer in self._consumers.values():
+            consumer.close()
+        self._consumers.clear()
+
+    def _follow_route(self, *, fresh: bool) -> None:
+        for broker in self.cluster.route(self.topic, fresh=fresh).brokers:
+            current = self._consumers.get(broker.broker_name)
+            if current is not None and current[0] == broker.master_endpoint:
+                continue
+            if current is not None:
+                current[1].close()
+                del self._consumers[broker.broker_name]
+            if broker.master_endpoint:
+                self._consumers[broker.broker_name] = (broker.master_endpoint, PopConsumer(
+                    self.group, self.topic, endpoint=broker.master_endpoint, max_wait_ms=self.max_wait_ms,
+                    **self.options))
+        self._checked = time.monotonic()
+
+    def pop(self, max_messages: int | None = None, *, timeout_ms: int | None = None) -> list[Message]:
+        """Up to ``max_messages`` from one set (each set in turn), waiting up to ``timeout_ms`` (default
+        ``max_wait_ms``) for the first: each set's pop waits its share of it."""
+        if time.monotonic() - self._checked > _ROUTE_CHECK_S:
+            self._follow_route(fresh=True)
+        deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
+        while True:
+            brokers = sorted(self._consumers)
+            if not brokers:
+                return []
+            broker = brokers[self._turn % len(brokers)]
+            self._turn += 1
+            share_ms = max(0, int((deadline - time.monotonic()) * 1000 / len(brokers)))
+            try:
+                popped = self._consumers[broker][1].pop(max_messages, timeout_ms=share_ms)
+            except ClientError as exc:
+                log.warning("broker set %r: %s (its route is read again)", broker, exc)
+                self._follow_route(fresh=True)
+                popped = []
+            for message in popped:
+                self._stored_by[message.store_host] = broker
+            if popped or time.monotonic() >= deadline:
+                return popped
+
+    def _owner(self, message: Message) -> PopConsumer:
+        broker = self._stored_by.get(message.store_host)
+        if broker is None or broker not in self._consumers:
+            raise EngineError(ErrorCode.INVALID_RECEIPT_HANDLE, ErrorCode.INVALID_RECEIPT_HANDLE.name,
+                              f"message {message.msg_id} was not popped from a broker set this consumer reads")
+        return self._consumers[broker][1]
+
+    def ack(self, message: Message) -> None:
+        self._owner(message).ack(message)
+
+    def nack(self, message: Message) -> None:
+        self._owner(message).nack(message)

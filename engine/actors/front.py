@@ -304,8 +304,10 @@ class FrontActor(Actor):
         serving.pop(self.config.broker_name, None)
         if config is not None:
             own = self.broker_route()
+            grpc = self.routes.grpc_endpoint(self.config.broker_name) or (
+                self.config.grpc_endpoint if self.config.grpc_enabled and own["role"] == "master" else "")
             serving[self.config.broker_name] = {"queues": config.write_queue_nums,
-                                                "master_endpoint": own["master_endpoint"]}
+                                                "master_endpoint": own["master_endpoint"], "grpc_endpoint": grpc}
         return [{"broker_name": name, **route} for name, route in sorted(serving.items())]
 
     def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import grpc
 import zmq
-from rocketmq.grpc_protocol import AddressScheme, definition_pb2
+from rocketmq.grpc_protocol import definition_pb2
 
 from engine.actors.base import process_setup, send_heartbeat
 from engine.config import StoreConfig, decode_config
 from engine.coordination.role import Role
 from engine.gateway.handlers import generic_handler
 from engine.gateway.link import EngineLink
-from engine.gateway.service import MessagingService
+from engine.gateway.service import MessagingService, grpc_broker
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveKeys
 from engine.ipc.lifecycle import Lifecycle, actor_step
@@ -104,10 +104,8 @@ class GrpcEndpoint:
 
     def server(self) -> grpc.aio.Server:
         cfg = self.config
-        host, _, port = cfg.grpc_endpoint.rpartition(":")
-        broker = definition_pb2.Broker(name=BROKER_NAME, id=0, endpoints=definition_pb2.Endpoints(
-            scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
-            addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
+        # Elected on etcd, the broker is the set (its broker_name), as other sets of a cluster are named.
+        broker = grpc_broker(cfg.broker_name if cfg.elected else BROKER_NAME, cfg.grpc_endpoint)
         assert self.link is not None
         self.service = MessagingService(self.link, cfg, broker, self.master_broker)
         server = grpc.aio.server(maximum_concurrent_rpcs=cfg.grpc_streams_max, options=[
@@ -136,12 +134,8 @@ class GrpcEndpoint:
         role = self.role
         if role is None or role.is_master or not role.master_grpc_endpoint:
             return None
-        host, _, port = role.master_grpc_endpoint.rpartition(":")
         # id 0 is what RocketMQ names a master by (MixAll.MASTER_ID): clients send only to id 0's queues.
-        return definition_pb2.Broker(name=self.config.broker_name, id=0,
-                                     endpoints=definition_pb2.Endpoints(
-                                         scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
-                                         addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
+        return grpc_broker(self.config.broker_name, role.master_grpc_endpoint)
 
 
 def main(argv: list[str] | None = None) -> int:

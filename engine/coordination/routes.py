@@ -191,7 +191,15 @@ def read_cluster(etcd: Etcd, cluster_name: str) -> dict[str, Any]:
     for entry in etcd.get_prefix(prefix):
         topic, _, broker = entry.key[len(prefix):].partition("/")
         topics.setdefault(topic, {})[broker] = entry.value["queues"]
-    return {"topics": topics, "masters": broker_masters(etcd, cluster_name)}
+    masters = {}
+    grpc = {}
+    master_prefix = f"/rmqpy/{cluster_name}/"
+    for entry in etcd.get_prefix(master_prefix):
+        if entry.key.endswith("/master") and entry.key.count("/") == 4:
+            broker = entry.key[len(master_prefix):-len("/master")]
+            masters[broker] = entry.value["endpoint"]
+            grpc[broker] = entry.value.get("grpc_endpoint", "")
+    return {"topics": topics, "masters": masters, "grpc": grpc}
 
 
 class RoutesMirror:
@@ -200,7 +208,7 @@ class RoutesMirror:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / ROUTES_MIRROR_FILE
         self.stamp: tuple[int, int] | None = None
-        self.content: dict[str, Any] = {"topics": {}, "masters": {}}
+        self.content: dict[str, Any] = {"topics": {}, "masters": {}, "grpc": {}}
 
     def _fresh(self) -> dict[str, Any]:
         try:
@@ -216,8 +224,13 @@ class RoutesMirror:
         return self.content
 
     def serving(self, topic: str) -> dict[str, dict[str, Any]]:
-        """The broker sets serving ``topic`` by the cluster's routes: name -> {queues, master_endpoint}."""
+        """The broker sets serving ``topic`` by the cluster's routes: name -> {queues, master_endpoint,
+        grpc_endpoint} (the master's gRPC endpoint, "" if it has none)."""
         content = self._fresh()
-        masters = content["masters"]
-        return {broker: {"queues": queues, "master_endpoint": masters.get(broker, "")}
+        masters, grpc = content["masters"], content.get("grpc", {})
+        return {broker: {"queues": queues, "master_endpoint": masters.get(broker, ""),
+                         "grpc_endpoint": grpc.get(broker, "")}
                 for broker, queues in sorted(content["topics"].get(topic, {}).items())}
+
+    def grpc_endpoint(self, broker: str) -> str:
+        return str(self._fresh().get("grpc", {}).get(broker, ""))

@@ -5,11 +5,13 @@ What each call does here (RocketMQ's proxy is the model; docs/grpc.md has the ta
 
 * ``QueryRoute``: the topic's queues, all on one broker, this endpoint. An unknown topic is
   created when ``auto_create_topic`` is on (RocketMQ's ``autoCreateTopicEnable``), otherwise
-  TOPIC_NOT_FOUND.
+  TOPIC_NOT_FOUND. In a cluster of broker sets (docs/cluster.md) the queues of every set that
+  serves the topic, each set a broker with its master's gRPC endpoint (the cluster's routes, as
+  the front mirrors them): the official clients send to and receive from every set.
 * ``SendMessage``: one engine ``send``; a message group is the sharding key, so one group
   keeps to one queue. The message id is the one the client made (stored as UNIQ_KEY).
 * ``QueryAssignment``: one assignment per broker with queue id -1 (all queues), as the proxy
-  gives non-FIFO push consumers.
+  gives non-FIFO push consumers; in a cluster, one per broker set serving the topic.
 * ``ReceiveMessage``: pops of the group on the topic's queues (the queue id of the request is
   not binding, as in the proxy), long polling up to the client's ``long_polling_timeout``.
 * ``AckMessage``, ``ChangeInvisibleDuration``: the engine's ``ack`` and ``change_invisible``.
@@ -37,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 from rocketmq.grpc_protocol import (
+    AddressScheme,
     Code,
     FilterType,
     MessageType,
@@ -117,10 +120,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.queue_counts[topic] = (count, time.monotonic())
         return count
 
-    def queue(self, topic: str, queue_id: int) -> definition_pb2.MessageQueue:
+    def queue(self, topic: str, queue_id: int, broker: definition_pb2.Broker | None = None) \
+            -> definition_pb2.MessageQueue:
+        """A queue of this broker set (its master's endpoint), or of ``broker``, another set of the cluster."""
         return definition_pb2.MessageQueue(topic=definition_pb2.Resource(name=topic), id=queue_id,
                                            permission=Permission.READ_WRITE,
-                                           broker=self.master_broker() or self.broker,
+                                           broker=broker or self.master_broker() or self.broker,
                                            accept_message_types=_ACCEPTED_TYPES)
 
     # -- routes and sessions -------------------------------------------------------------------
@@ -129,17 +134,43 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             -> service_pb2.QueryRouteResponse:
         async def work() -> dict[str, Any]:
             topic = request.topic.name
-            count = await self.queue_count(topic, create=True)
-            return {"message_queues": [self.queue(topic, q) for q in range(count)]}
+            others = await self.other_sets(topic)
+            queues = [] if others and not await self.served_here(topic) else \
+                [self.queue(topic, q) for q in range(await self.queue_count(topic, create=True))]
+            for broker, count in others:
+                queues += [self.queue(topic, q, broker) for q in range(count)]
+            return {"message_queues": queues}
         return await self.answer(service_pb2.QueryRouteResponse, work)
 
     async def QueryAssignment(self, request: service_pb2.QueryAssignmentRequest,
                               context: grpc.aio.ServicerContext) -> service_pb2.QueryAssignmentResponse:
         async def work() -> dict[str, Any]:
             check_group(request.group.name)
-            await self.queue_count(request.topic.name, create=False)
-            return {"assignments": [definition_pb2.Assignment(message_queue=self.queue(request.topic.name, -1))]}
+            topic = request.topic.name
+            others = await self.other_sets(topic)
+            here = [] if others and not await self.served_here(topic) else [self.queue(topic, -1)]
+            if not others:
+                await self.queue_count(topic, create=False)
+            return {"assignments": [definition_pb2.Assignment(message_queue=queue) for queue in
+                                    here + [self.queue(topic, -1, broker) for broker, _count in others]]}
         return await self.answer(service_pb2.QueryAssignmentResponse, work)
+
+    async def other_sets(self, topic: str) -> list[tuple[definition_pb2.Broker, int]]:
+        """In a cluster of broker sets, the other sets serving ``topic`` that have a gRPC endpoint:
+        (their broker, queue count). [] for an engine not elected on etcd."""
+        if not self.config.elected or not topic:
+            return []
+        reply = await self.link.request("route", topic=topic)
+        return [(grpc_broker(entry["broker_name"], entry["grpc_endpoint"]), entry["queues"])
+                for entry in reply["topic_route"]
+                if entry["broker_name"] != self.config.broker_name and entry["grpc_endpoint"]]
+
+    async def served_here(self, topic: str) -> bool:
+        try:
+            await self.queue_count(topic, create=False)
+        except Refused:
+            return False
+        return True
 
     async def Heartbeat(self, request: service_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.HeartbeatResponse:
@@ -354,6 +385,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(Code.INVALID_RECEIPT_HANDLE, reply["failed"][0]["error"]["message"])
             return {}
         return await self.answer(service_pb2.ForwardMessageToDeadLetterQueueResponse, work)
+
+
+def grpc_broker(name: str, grpc_endpoint: str) -> definition_pb2.Broker:
+    """The broker of a set whose master serves gRPC at ``grpc_endpoint`` (host:port); id 0, a master."""
+    host, _, port = grpc_endpoint.rpartition(":")
+    return definition_pb2.Broker(name=name, id=0, endpoints=definition_pb2.Endpoints(
+        scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
+        addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
 
 
 def check_group(name: str) -> str:

@@ -23,7 +23,8 @@ README = ROOT / "README.md"
 DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 RUN_HERE = {GUIDE: {"producer", "consumer", "pop", "asyncio", "errors", "retry"}, README: {"readme", "raw"}}
 """The programs this module runs, by document (``<!-- run: NAME -->``)."""
-RUN_ELSEWHERE = {ROOT / "docs" / "spark.md": ("example", "tests/spark/test_examples.py")}
+RUN_ELSEWHERE = {ROOT / "docs" / "spark.md": ("example", "tests/spark/test_examples.py"),
+                 ROOT / "docs" / "cluster.md": ("example", "tests/replication/test_cluster.py")}
 """Documents whose programs another test runs, with their marker (``<!-- example: NAME -->``)."""
 _BLOCK = re.compile(r"(?:^<!-- (\w+): ?(.*?) -->\n)?^```python\n", re.MULTILINE)
 

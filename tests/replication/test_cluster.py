@@ -5,24 +5,30 @@ route and a consumer group of members reads from both sets, each message once.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from engine.client import EngineError
+from engine.client import ClientError, EngineError
 from engine.config import StoreConfig
 from engine.coordination.routes import routes_prefix
 from engine.errors import ErrorCode
-from harness.broker_set import BrokerSet, cluster_of_sets
-from rmqpy.cluster import Cluster, ClusterProducer, ClusterPullConsumer
+from harness.broker_set import BrokerSet, cluster_of_sets, wait_in_sync
+from rmqpy.cluster import Cluster, ClusterPopConsumer, ClusterProducer, ClusterPullConsumer
 from supervisor.etcd_server import ETCD
 from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(180)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -67,6 +73,28 @@ def test_a_topic_spread_over_two_sets_gets_messages_on_every_queue_and_a_group_r
     assert all(count == 1 for body, count in read.items() if body != "k"), "each message read once"
 
 
+def test_pop_workers_take_from_every_set_and_their_acks_go_where_each_message_was_stored(
+        sets: list[BrokerSet]) -> None:
+    cluster = Cluster(sets[0].etcd.endpoints)
+    cluster.create_topic("jobs", queue_count=4)
+    with ClusterProducer(cluster) as producer:
+        sent = {producer.send("jobs", f"j-{i}".encode()).broker_name for i in range(40)}
+    assert sent == {"broker-a", "broker-b"}
+    done: set[str] = set()
+    with ClusterPopConsumer(cluster, "workers", "jobs", invisible_ms=30_000) as first, \
+            ClusterPopConsumer(cluster, "workers", "jobs", invisible_ms=30_000) as second:
+        deadline = time.monotonic() + 30
+        while len(done) < 40:
+            assert time.monotonic() < deadline, len(done)
+            for worker in (first, second):
+                for message in worker.pop(8, timeout_ms=200):
+                    assert message.body.decode() not in done, "a message acked is not popped again"
+                    worker.ack(message)
+                    done.add(message.body.decode())
+        assert first.pop(8, timeout_ms=300) == [] and second.pop(8, timeout_ms=300) == []
+    assert done == {f"j-{i}" for i in range(40)}
+
+
 def test_routes_follow_the_topic_table_and_a_set_without_the_topic_is_named(sets: list[BrokerSet]) -> None:
     cluster = Cluster(sets[0].etcd.endpoints)
     with pytest.raises(EngineError) as missing:
@@ -89,10 +117,131 @@ def test_routes_follow_the_topic_table_and_a_set_without_the_topic_is_named(sets
             time.sleep(0.05)
         assert refused.value.details == {"brokers": "broker-b", "master_endpoints": b_endpoint}
         assert a.request("route", topic="only-b")["topic_route"] == [
-            {"broker_name": "broker-b", "queues": 3, "master_endpoint": b_endpoint}], "any engine answers the route"
+            {"broker_name": "broker-b", "queues": 3, "master_endpoint": b_endpoint, "grpc_endpoint": ""}],\
+            "any engine answers the route"
     with sets[1].engines[0].client() as b:  # deleted on its set: its route goes
         b.request("delete_topic", topic="only-b")
     deadline = time.monotonic() + 10
     while cluster.etcd.get_prefix(routes_prefix(cluster.cluster_name, "only-b")):
         assert time.monotonic() < deadline, "the deleted topic's route stayed"
         time.sleep(0.05)
+
+
+def test_the_example_of_docs_cluster_md_runs_as_written(sets: list[BrokerSet]) -> None:
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    [program] = re.findall(r"^<!-- example: cluster -->\n```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    ran = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False,
+                         cwd=ROOT, env={**os.environ, "RMQPY_ETCD": sets[0].etcd.endpoints})
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert {line.split()[0] for line in lines[:16]} == {"broker-a", "broker-b"}
+    assert lines[-1] == "17 read"
+
+
+@pytest.fixture
+def grpc_sets(tmp_path: Path) -> Iterator[list[BrokerSet]]:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    config = StoreConfig.test_min().replace(grpc_enabled=True, auto_create_topic=False, grpc_long_polling_ms=1_000)
+    with cluster_of_sets(tmp_path, config, sets=2, engines=1) as brokers:
+        for broker_set in brokers:
+            broker_set.wait_master()
+        yield brokers
+
+
+def test_the_official_client_sends_to_and_receives_from_every_set_by_the_route_one_endpoint_gives(
+        grpc_sets: list[BrokerSet]) -> None:
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    cluster = Cluster(grpc_sets[0].etcd.endpoints)
+    cluster.create_topic("official", queue_count=4)
+    a = grpc_sets[0].engines[0]
+    deadline = time.monotonic() + 15
+    with a.client() as client:  # broker-a mirrors the routes every cluster_routes_refresh_ms
+        while len(client.request("route", topic="official")["topic_route"]) < 2:
+            assert time.monotonic() < deadline, "broker-a never learnt broker-b's route"
+            time.sleep(0.05)
+    configuration = ClientConfiguration(a.config.grpc_endpoint, Credentials(), request_timeout=10)
+    producer = Producer(configuration, ("official",))
+    producer.startup()
+    try:
+        for n in range(40):
+            m = Message()
+            m.topic, m.body = "official", b"o-%d" % n
+            producer.send(m)
+    finally:
+        producer.shutdown()
+    for broker_set in grpc_sets:
+        with broker_set.engines[0].client() as client:
+            counts = [client.queue_stats("official", q)["max_offset"] for q in range(2)]
+            assert sum(counts) > 0, f"{broker_set.engines[0].config.broker_name} got nothing: {counts}"
+    consumer = SimpleConsumer(configuration, "official-g", {"official": FilterExpression()}, await_duration=1)
+    consumer.startup()
+    try:
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 40
+        while len(got) < 40:
+            assert time.monotonic() < deadline, f"received {len(got)} of 40"
+            for received in consumer.receive(16, 20):
+                got.add(received.body)
+                consumer.ack(received)
+    finally:
+        consumer.shutdown()
+    assert got == {b"o-%d" % n for n in range(40)}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sets_master_killed_under_the_cluster_clients_its_replica_takes_over_and_nothing_acked_is_lost(
+        tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    config = StoreConfig.test_min().replace(replication_mode="SYNC", min_in_sync_replicas=1, replica_lag_max_ms=2_000,
+                                            replication_report_interval_ms=200, sync_flush_timeout_ms=2_000,
+                                            consumer_session_timeout_ms=1_500, auto_create_topic=False)
+    with cluster_of_sets(tmp_path, config, sets=2, engines=[3, 1]) as (set_a, set_b):
+        old = set_a.wait_master()
+        set_b.wait_master()
+        wait_in_sync(old, 2)
+        cluster = Cluster(set_a.etcd.endpoints)
+        cluster.create_topic("orders", queue_count=8)
+        acked: list[str] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            with ClusterProducer(cluster, timeout_ms=3_000) as producer:
+                n = 0
+                while not stop.is_set():
+                    try:
+                        producer.send("orders", f"p-{n}".encode())
+                        acked.append(f"p-{n}")
+                    except ClientError:
+                        pass  # not acknowledged: it may be stored or not, and is not counted
+                    n += 1
+
+        read: Counter[str] = Counter()
+        members = [ClusterPullConsumer(cluster, "billing", "orders", commit_every=1) for _ in range(2)]
+        sender = threading.Thread(target=produce)
+        sender.start()
+        try:
+            def read_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+                deadline = time.monotonic() + timeout_s
+                while not condition():
+                    for member in members:
+                        read.update(m.body.decode() for m in member.poll(20))
+                    assert time.monotonic() < deadline, what
+
+            read_until(lambda: len(acked) >= 300, 30, "the first 300 sends")
+            old.kill()
+            new = set_a.wait_master(other_than=old)
+            count = len(acked)
+            read_until(lambda: len(acked) >= count + 300 and {b.broker_name for b in cluster.route(
+                "orders", fresh=True).brokers if b.master_endpoint == new.endpoint} == {"broker-a"}, 60,
+                "sends after the failover, and the route naming the new master")
+            stop.set()
+            sender.join()
+            read_until(lambda: set(acked) <= set(read), 60, "every acknowledged message read")
+        finally:
+            stop.set()
+            sender.join()
+            for member in members:
+                member.close()
+    assert not set(acked) - set(read)
