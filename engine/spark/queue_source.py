@@ -2,11 +2,15 @@
 
     spark.read.format("rmq").option("path", "store").option("topics", "orders").load()
     spark.readStream.format("rmq").option("endpoint", "tcp://host:10911").option("topics", "orders").load()
+    spark.read.format("rmq").option("cluster", "http://etcd:2379").option("topics", "orders").load()
     df.write.format("rmq").option("endpoint", "tcp://host:10911").mode("append").save()
 
 Reads go through the ConsumeQueues, so they return exactly what a consumer
 pulling the same offsets gets, in queue order. Each Spark partition is one
-range of one queue (``maxRecordsPerPartition`` messages at most).
+range of one queue (``maxRecordsPerPartition`` messages at most). Over a
+cluster of broker sets (``cluster``: etcd's endpoints) each range is read at
+the set that holds it, and a topic's queues on set B are those of
+``topic@B`` in offsets (``engine/spark/transport.py``, ``ClusterTransport``).
 
 Streaming offsets are the next queue offset per queue (``queue_offsets``).
 Spark writes the end offsets of each micro-batch to its checkpoint before
@@ -50,13 +54,13 @@ from engine.spark.options import (
 from engine.spark.queue_offsets import Bounds, Offsets
 from engine.spark.record_filter import RecordFilter
 from engine.spark.sink import WRITE_OPTIONS, QueueStreamWriter, QueueWriter
-from engine.spark.transport import EndpointTransport, FileTransport, QueueRange
+from engine.spark.transport import CLUSTER_SEPARATOR, ClusterTransport, EndpointTransport, FileTransport, QueueRange
 
 SOURCE_NAME = "rmq"
-TRANSPORT_OPTIONS = frozenset({"path", "endpoint", "timeoutms"})
+TRANSPORT_OPTIONS = frozenset({"path", "endpoint", "cluster", "clustername", "readfromreplicas", "timeoutms"})
 READ_OPTIONS = TRANSPORT_OPTIONS | {"topics", "startingoffsets", "startingtimestamp", "failondataloss",
                                     "includebody", "maxrecordsperpartition", "pullbatchsize"}
-Transport = FileTransport | EndpointTransport
+Transport = FileTransport | EndpointTransport | ClusterTransport
 
 
 @dataclass(frozen=True)
@@ -80,16 +84,30 @@ class QueuePartition(InputPartition):
 
 
 def make_transport(options: Mapping[str, str], *, fail_on_data_loss: bool) -> Transport:
-    path, endpoint = get_str(options, "path"), get_str(options, "endpoint")
-    if (path is None) == (endpoint is None):
+    path, endpoint, cluster = get_str(options, "path"), get_str(options, "endpoint"), get_str(options, "cluster")
+    if sum(option is not None for option in (path, endpoint, cluster)) != 1:
         raise OptionError(f"{SOURCE_NAME} needs exactly one of the options 'path' (a store directory, read as "
-                          f"files) and 'endpoint' (a live engine, e.g. tcp://127.0.0.1:10911)")
+                          f"files), 'endpoint' (a live engine, e.g. tcp://127.0.0.1:10911) and 'cluster' (the etcd "
+                          f"of a cluster of broker sets, e.g. http://127.0.0.1:2379)")
     if path is not None:
         return FileTransport(path, fail_on_data_loss=fail_on_data_loss)
+    timeout_ms = get_int(options, "timeoutMs", default=10_000, minimum=1) or 10_000
+    pull_batch = get_int(options, "pullBatchSize", default=256, minimum=1) or 256
+    if cluster is not None:
+        return ClusterTransport(tuple(cluster.split(",")), get_str(options, "clusterName") or "DefaultCluster",
+                                fail_on_data_loss=fail_on_data_loss, timeout_ms=timeout_ms, pull_batch=pull_batch,
+                                from_replicas=get_bool(options, "readFromReplicas", default=False))
     assert endpoint is not None
-    return EndpointTransport(endpoint, fail_on_data_loss=fail_on_data_loss,
-                             timeout_ms=get_int(options, "timeoutMs", default=10_000, minimum=1) or 10_000,
-                             pull_batch=get_int(options, "pullBatchSize", default=256, minimum=1) or 256)
+    return EndpointTransport(endpoint, fail_on_data_loss=fail_on_data_loss, timeout_ms=timeout_ms,
+                             pull_batch=pull_batch)
+
+
+def topic_keys(transport: Transport, topics: tuple[str, ...]) -> dict[str, list[str]]:
+    """Each topic's keys in offsets: itself, or over a cluster one ``topic@set`` per set serving it."""
+    if isinstance(transport, ClusterTransport):
+        return transport.expand(topics)
+    counts = transport.queue_counts()
+    return {topic: [topic] if topic in counts else [] for topic in topics}
 
 
 def read_settings(options: Mapping[str, str], *, streaming: bool) -> ReadSettings:
@@ -132,11 +150,13 @@ class QueueDataSource(DataSource):
 def current_bounds(transport: Transport, topics: tuple[str, ...], *, require_topics: bool) -> Bounds:
     """(min, max) of every queue of ``topics`` now."""
     transport.refresh()
+    keys = topic_keys(transport, topics)
     counts = transport.queue_counts()
-    missing = [t for t in topics if t not in counts]
+    missing = [t for t in topics if not keys[t]]
     if missing and require_topics:
         raise OptionError(f"topic(s) {', '.join(missing)} do not exist in {transport.describe()}")
-    return {(topic, q): transport.bounds(topic, q) for topic in topics for q in range(counts.get(topic, 0))}
+    return {(key, q): transport.bounds(key, q) for topic in topics for key in keys[topic]
+            for q in range(counts.get(key, 0))}
 
 
 def start_offsets(settings: ReadSettings, transport: Transport, bounds: Bounds) -> Offsets:
@@ -172,7 +192,8 @@ class QueueBatchReader(DataSourceReader):
         if self.ending == EARLIEST:
             raise OptionError("endingOffsets=earliest reads nothing; use latest or JSON offsets")
         self.transport = make_transport(options, fail_on_data_loss=self.settings.fail_on_data_loss)
-        missing = [t for t in self.settings.topics if t not in self.transport.queue_counts()]
+        keys = topic_keys(self.transport, self.settings.topics)
+        missing = [t for t in self.settings.topics if not keys[t]]
         if missing:  # fail when the DataFrame is defined, not when it is first used
             raise OptionError(f"topic(s) {', '.join(missing)} do not exist in {self.transport.describe()}")
 
@@ -195,7 +216,7 @@ class QueueBatchReader(DataSourceReader):
 
 def narrow(wanted: RecordFilter, transport: Transport, start: Offsets, end: Offsets) -> tuple[Offsets, Offsets]:
     """The ranges that can hold messages ``wanted`` matches: other queues dropped, times made offsets."""
-    kept = {key for key in end if (wanted.topics is None or key[0] in wanted.topics)
+    kept = {key for key in end if (wanted.topics is None or key[0].partition(CLUSTER_SEPARATOR)[0] in wanted.topics)
             and (wanted.queue_ids is None or key[1] in wanted.queue_ids) and not wanted.empty}
     start = {key: offset for key, offset in start.items() if key in kept}
     end = {key: offset for key, offset in end.items() if key in kept}
@@ -250,5 +271,5 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: Spark's checkpoint, not the engine, records how far the query read."""
 
     def stop(self) -> None:
-        if isinstance(self.transport, EndpointTransport):
+        if isinstance(self.transport, EndpointTransport | ClusterTransport):
             self.transport.close()

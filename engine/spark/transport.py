@@ -312,3 +312,85 @@ class _Stall:
 def _backoff(attempt: int) -> None:
     """Wait before asking again: an actor restarting, or a flush not yet done. Bounded and growing."""
     time.sleep(min(_RETRY_BACKOFF_S_MAX, 0.005 * 2 ** min(attempt, 10)))
+
+
+CLUSTER_SEPARATOR = "@"  # "orders@broker-a": topic orders on broker set broker-a (no topic name has an @)
+
+
+class ClusterTransport:
+    """The queues of a cluster of broker sets (docs/cluster.md), read at the set that holds each.
+
+    A topic's queues on set B are those of ``topic@B`` here: offsets, plans and checkpoints name
+    them so (``{"orders@broker-a": {"0": 42}}``), since each set numbers its queues from 0, and a
+    set that joins later adds keys without moving any. Rows keep the plain topic. The sets come
+    from the routes in etcd (``cluster``: its client endpoints), read on the driver when offsets
+    are planned and again in each task, so a task after a failover reads at the set's new master.
+    ``from_replicas``: read at a replica of each set where it has one (a replica serves what its
+    master confirmed)."""
+
+    def __init__(self, etcd_endpoints: tuple[str, ...], cluster_name: str, *, fail_on_data_loss: bool,
+                 timeout_ms: int, pull_batch: int, from_replicas: bool) -> None:
+        self.etcd_endpoints = etcd_endpoints
+        self.cluster_name = cluster_name
+        self.fail_on_data_loss = fail_on_data_loss
+        self.timeout_ms = timeout_ms
+        self.pull_batch = pull_batch
+        self.from_replicas = from_replicas
+        self.counts: dict[str, int] = {}  # "topic@broker" -> its queue count on that set
+        self.sets: dict[str, EndpointTransport] = {}  # broker name -> the transport to the engine read there
+
+    def describe(self) -> str:
+        return f"cluster {self.cluster_name!r} (etcd {','.join(self.etcd_endpoints)})"
+
+    def refresh(self) -> None:
+        """Routes are read by ``expand``, for the topics asked."""
+
+    def expand(self, topics: tuple[str, ...]) -> dict[str, list[str]]:
+        """Each topic's keys (``topic@broker``, one per set serving it), from the routes now."""
+        from engine.coordination.etcd import Etcd
+        from engine.coordination.routes import topic_route
+
+        etcd = Etcd(list(self.etcd_endpoints), timeout_ms=min(self.timeout_ms, 3_000))
+        keys: dict[str, list[str]] = {}
+        for topic in topics:
+            route = topic_route(etcd, self.cluster_name, topic)
+            keys[topic] = []
+            for broker in route.brokers:
+                endpoint = (broker.replica_endpoints[0] if self.from_replicas and broker.replica_endpoints
+                            else broker.master_endpoint)
+                if not endpoint:
+                    continue  # a set electing its master: its queues are planned at the next trigger
+                key = f"{topic}{CLUSTER_SEPARATOR}{broker.broker_name}"
+                self.counts[key] = broker.queue_count
+                current = self.sets.get(broker.broker_name)
+                if current is None or current.endpoint != endpoint:
+                    self.sets[broker.broker_name] = EndpointTransport(
+                        endpoint, fail_on_data_loss=self.fail_on_data_loss, timeout_ms=self.timeout_ms,
+                        pull_batch=self.pull_batch)
+                keys[topic].append(key)
+        return keys
+
+    def queue_counts(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def _at(self, key: str) -> tuple[EndpointTransport, str]:
+        topic, _, broker = key.partition(CLUSTER_SEPARATOR)
+        return self.sets[broker], topic
+
+    def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        transport, plain = self._at(topic)
+        return transport.bounds(plain, queue_id)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        transport, plain = self._at(topic)
+        return transport.offset_for_time(plain, queue_id, timestamp_ms)
+
+    def read(self, task: QueueRange, *, include_body: bool) -> Iterator[pa.RecordBatch]:
+        plain, _, _broker = task.topic.partition(CLUSTER_SEPARATOR)
+        self.expand((plain,))  # the set's engine now (a failover since the plan moves the read)
+        transport, _ = self._at(task.topic)
+        yield from transport.read(QueueRange(plain, task.queue_id, task.start, task.end), include_body=include_body)
+
+    def close(self) -> None:
+        for transport in self.sets.values():
+            transport.close()
