@@ -159,6 +159,20 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
             pass
 
 
+def wait_route_known(engine: EngineProcess, topic: str, brokers: int, *, timeout_s: float = 15.0) -> list[Any]:
+    """The topic's route as ``engine`` answers it, once it names ``brokers`` sets (each engine mirrors
+    the cluster's routes every ``cluster_routes_refresh_ms``)."""
+    deadline = time.monotonic() + timeout_s
+    with engine.client() as client:
+        while True:
+            route: list[Any] = client.request("route", topic=topic)["topic_route"]
+            if len(route) >= brokers:
+                return route
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{engine.endpoint} knows {route} for {topic!r} after {timeout_s} s")
+            time.sleep(0.05)
+
+
 def wait_in_sync(master: EngineProcess, replicas: int, *, timeout_s: float = 60.0) -> None:
     """Until the master has ``replicas`` replicas in sync."""
     deadline = time.monotonic() + timeout_s

@@ -11,7 +11,7 @@
 // Integers: a JSON integer outside ±(2^53 − 1) is read exactly (as a BigInt) and written
 // exactly, so offsets and timestamps up to 2^63 − 1 survive the round trip.
 
-import { StoreClient, StoreError } from "./index.mjs";
+import { ClusterClient, StoreClient, StoreError } from "./index.mjs";
 
 const USAGE = "usage: node conformance.mjs ENDPOINT [--server-key Z85 --public-key Z85 --secret-key Z85] [--timeout-ms N]";
 
@@ -208,7 +208,22 @@ const OPERATIONS = {
   async endpoint(client) {
     return { endpoint: client.endpoint };
   },
+  async topic_route(client, c) {
+    const sets = await client.topicRoute(c.topic);
+    return { sets: sets.map((s) => ({ broker_name: s.broker_name, queues: s.queues, master_endpoint: s.master_endpoint })) };
+  },
+  // `count` messages of body_b64, each to the next queue of the topic's whole route.
+  async cluster_send(client, c) {
+    cluster ??= new ClusterClient(client.endpoint, { timeoutMs: client.timeoutMs });
+    const sent = [];
+    for (let i = 0; i < (c.count ?? 1); i++) {
+      const result = await cluster.send(c.topic, { body: Buffer.from(c.body_b64, "base64") });
+      sent.push({ broker_name: result.broker_name, queue_id: result.queue_id });
+    }
+    return { sent };
+  },
 };
+let cluster; // the ClusterClient of cluster_send, made at its first use
 
 async function run(client, command) {
   try {

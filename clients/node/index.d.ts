@@ -231,6 +231,14 @@ export declare class StoreTimeoutError extends StoreError {
  * good and sends the same request there once more (the refusing engine stored nothing, so
  * nothing is stored twice). A NOT_MASTER naming no master is thrown as it is.
  */
+/** One broker set's queues of a topic (docs/protocol.md 4.14, `route` with a topic). */
+export interface TopicRouteSet {
+  broker_name: string;
+  queues: number;
+  master_endpoint: string;
+  grpc_endpoint: string;
+}
+
 export declare class StoreClient {
   constructor(endpoint?: string, options?: StoreClientOptions);
   /** Where requests go now: the endpoint given, or the master a NOT_MASTER refusal named since. */
@@ -291,6 +299,16 @@ export declare class StoreClient {
   transactionChecks(producerGroup: string, options?: TransactionChecksOptions): Promise<TransactionCheck[]>;
   /** Where this engine stands in its broker set and where the master is; any engine answers. */
   route(options?: CallOptions): Promise<Route>;
+  /** A topic's route in a cluster of broker sets: the sets serving it ([] if none). */
+  topicRoute(topic: string, options?: CallOptions): Promise<TopicRouteSet[]>;
   ping(options?: CallOptions): Promise<boolean>;
+  close(): void;
+}
+
+/** A client of a cluster of broker sets: sends spread over every queue of a topic's route. */
+export declare class ClusterClient {
+  constructor(endpoint?: string, options?: StoreClientOptions);
+  /** One message to the topic's next queue; the result names the set that stored it. */
+  send(topic: string, message: Message): Promise<SendResult & { broker_name: string }>;
   close(): void;
 }

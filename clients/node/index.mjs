@@ -710,6 +710,16 @@ export class StoreClient {
     return envelopeless(await this.request("route", {}, { timeoutMs }));
   }
 
+  /**
+   * A topic's route in a cluster of broker sets (docs/protocol.md 4.14, `route` with a topic):
+   * one `{broker_name, queues, master_endpoint}` per set serving it, sorted by name ([] if none).
+   * Any engine of the cluster answers.
+   */
+  async topicRoute(topic, { timeoutMs } = {}) {
+    checkString("topic", topic);
+    return (await this.request("route", { topic }, { timeoutMs })).topic_route;
+  }
+
   /** Resolves to true when the engine's front answers. */
   async ping({ timeoutMs } = {}) {
     return (await this.request("ping", {}, { timeoutMs })).pong === true;
@@ -884,4 +894,82 @@ if (typeof Symbol.dispose === "symbol") {
   StoreClient.prototype[Symbol.dispose] = function dispose() {
     this.close();
   };
+}
+
+
+const ROUTE_TTL_MS = 30_000;
+
+/**
+ * A client of a cluster of broker sets (docs/cluster.md). Routes are asked of the engine given;
+ * each send goes to the next queue of the topic's whole route (in turn), through a client of
+ * that set's master (which follows its set's NOT_MASTER by itself). The route is asked again
+ * after 30 s, after a failed send, and a set whose master moved gets a new client.
+ */
+export class ClusterClient {
+  /** @param {string} endpoint any engine of the cluster; options as StoreClient's */
+  constructor(endpoint = DEFAULT_ENDPOINT, options = {}) {
+    this.options = options;
+    this.first = new StoreClient(endpoint, options);
+    this._sets = new Map(); // broker name -> StoreClient of its master
+    this._routes = new Map(); // topic -> { sets, at }
+    this._turn = 0;
+  }
+
+  async _route(topic) {
+    const known = this._routes.get(topic);
+    if (known !== undefined && Date.now() - known.at < ROUTE_TTL_MS) return known.sets;
+    const sets = await this.first.topicRoute(topic);
+    this._routes.set(topic, { sets, at: Date.now() });
+    return sets;
+  }
+
+  _client(set) {
+    let client = this._sets.get(set.broker_name);
+    if (client !== undefined && client.endpoint !== set.master_endpoint) {
+      client.close();
+      client = undefined;
+    }
+    if (client === undefined) {
+      client = new StoreClient(set.master_endpoint, this.options);
+      this._sets.set(set.broker_name, client);
+    }
+    return client;
+  }
+
+  /**
+   * Send one message (`{body, tags?, keys?, properties?}`) to the topic's next queue over the
+   * whole route. Resolves to the send's result with `broker_name`, the set that stored it.
+   */
+  async send(topic, message) {
+    const sets = await this._route(topic);
+    const total = sets.reduce((sum, set) => sum + set.queues, 0);
+    if (total === 0) {
+      this._routes.delete(topic);
+      throw new StoreError(6, "TOPIC_NOT_FOUND", `no broker set of the cluster serves topic ${topic}`, "send");
+    }
+    let k = this._turn++ % total;
+    let set = sets[0];
+    for (const candidate of sets) {
+      set = candidate;
+      if (k < candidate.queues) break;
+      k -= candidate.queues;
+    }
+    if (set.master_endpoint === "") {
+      this._routes.delete(topic);
+      throw new StoreError(14, "SERVICE_NOT_AVAILABLE", `broker set ${set.broker_name} is electing its master`, "send");
+    }
+    try {
+      const [result] = await this._client(set).send(topic, [message], { queueId: k });
+      return { ...result, broker_name: set.broker_name };
+    } catch (err) {
+      this._routes.delete(topic); // the set may have a new master: ask for the route again
+      throw err;
+    }
+  }
+
+  close() {
+    for (const client of this._sets.values()) client.close();
+    this._sets.clear();
+    this.first.close();
+  }
 }

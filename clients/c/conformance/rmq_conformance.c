@@ -10,7 +10,8 @@
  *
  * Beyond the table of clients/conformance.md: `route` (result: the route reply's fields,
  * protocol 4.14) and `endpoint` (no request; result: `endpoint`, where the client's requests
- * go now, which moves to the master when a replica refuses a write with NOT_MASTER).
+ * go now, which moves to the master when a replica refuses a write with NOT_MASTER);
+ * `topic_route` and `cluster_send`, through the cluster client (rmq_cluster.c).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -358,6 +359,70 @@ static void run_route(FILE *out, rmq_client *client, const json_value *cmd) {
     fputc('}', out);
 }
 
+static void run_topic_route(FILE *out, rmq_client *client, const json_value *cmd) {
+    rmq_topic_route route;
+    rmq_error err;
+    if (rmq_topic_route_get(client, string_field(cmd, "topic", 1), &route, &err) != 0) {
+        write_error(out, &err);
+        return;
+    }
+    fputs("{\"ok\":true,\"sets\":[", out);
+    for (size_t i = 0; i < route.count; i++) {
+        fputs(i > 0 ? ",{\"broker_name\":" : "{\"broker_name\":", out);
+        write_str(out, route.sets[i].broker_name);
+        fprintf(out, ",\"queues\":%" PRId32 ",\"master_endpoint\":", route.sets[i].queue_count);
+        write_str(out, route.sets[i].master_endpoint);
+        fputc('}', out);
+    }
+    fputs("]}", out);
+}
+
+/* The cluster client of `cluster_send`, made at its first use from the driver's arguments. */
+static rmq_cluster *cluster_client;
+static const char *driver_endpoint;
+static const rmq_curve_keys *driver_keys;
+static int driver_timeout_ms;
+
+/* `count` messages of `body_b64`, each to the next queue of the topic's whole route. */
+static void run_cluster_send(FILE *out, rmq_client *client, const json_value *cmd) {
+    (void)client;
+    const char *topic = string_field(cmd, "topic", 1);
+    int32_t count = int32_field(cmd, "count", 0, 1);
+    const char *body = string_field(cmd, "body_b64", 1);
+    unsigned char *bytes = NULL;
+    size_t body_len = 0;
+    if (base64_decode(body, strlen(body), &bytes, &body_len) != 0) die("'body_b64' is not padded base64");
+    rmq_error err;
+    if (cluster_client == NULL) {
+        cluster_client = rmq_cluster_connect(driver_endpoint, driver_timeout_ms, driver_keys, &err);
+        if (cluster_client == NULL) die("cannot connect: %s (%d): %s", err.name, err.code, err.message);
+    }
+    rmq_outgoing_message message = {0};
+    message.body = bytes;
+    message.body_len = body_len;
+    char *sent = NULL;
+    size_t sent_len = 0;
+    FILE *list = open_memstream(&sent, &sent_len);
+    if (list == NULL) die("out of memory");
+    int failed = 0;
+    for (int32_t i = 0; i < count && !failed; i++) {
+        rmq_send_result result;
+        char broker[RMQ_BROKER_NAME_MAX + 1];
+        if (rmq_cluster_send(cluster_client, topic, &message, &result, broker, &err) != 0) {
+            failed = 1;
+            break;
+        }
+        fputs(i > 0 ? ",{\"broker_name\":" : "{\"broker_name\":", list);
+        write_str(list, broker);
+        fprintf(list, ",\"queue_id\":%" PRId32 "}", result.queue_id);
+    }
+    fclose(list);
+    if (failed) write_error(out, &err);
+    else fprintf(out, "{\"ok\":true,\"sent\":[%s]}", sent);
+    free(sent);
+    free(bytes);
+}
+
 /* Not a request: where the client's requests go now (it moves to the master a NOT_MASTER names). */
 static void run_endpoint(FILE *out, rmq_client *client, const json_value *cmd) {
     (void)cmd;
@@ -513,6 +578,8 @@ static const struct {
     {"transaction_checks", run_transaction_checks},
     {"route", run_route},
     {"endpoint", run_endpoint},
+    {"topic_route", run_topic_route},
+    {"cluster_send", run_cluster_send},
 };
 
 static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {
@@ -581,6 +648,9 @@ int main(int argc, char **argv) {
     if (doc->type != JSON_ARRAY) die("standard input must be a JSON array of commands");
 
     rmq_error err;
+    driver_endpoint = endpoint;
+    driver_keys = key_count ? &keys : NULL;
+    driver_timeout_ms = (int)timeout_ms;
     rmq_client *client = rmq_connect(endpoint, (int)timeout_ms, key_count ? &keys : NULL, &err);
     if (client == NULL) die("cannot connect: %s (%d): %s", err.name, err.code, err.message);
 
@@ -596,6 +666,7 @@ int main(int argc, char **argv) {
     }
     fputs("]\n", out);
     fclose(out);
+    rmq_cluster_close(cluster_client);
     rmq_close(client);
     fwrite(results, 1, results_len, stdout);
     free(results);

@@ -351,6 +351,42 @@ typedef struct rmq_route {
  * set answers, replicas too; the client does not move. *route is zeroed after a failure. */
 int rmq_route_get(rmq_client *client, rmq_route *route, rmq_error *err);
 
+/* ---- a cluster of broker sets (docs/cluster.md) ---- */
+
+#define RMQ_BROKER_SETS_MAX 64
+#define RMQ_BROKER_NAME_MAX 127
+#define RMQ_TOPIC_NOT_FOUND 6          /* engine ErrorCode TOPIC_NOT_FOUND */
+#define RMQ_SERVICE_NOT_AVAILABLE 14   /* engine ErrorCode SERVICE_NOT_AVAILABLE */
+
+/* One broker set's queues of a topic: its queues 0..queue_count-1, written at its master. */
+typedef struct rmq_broker_queues {
+    char broker_name[RMQ_BROKER_NAME_MAX + 1];
+    int32_t queue_count;
+    char master_endpoint[RMQ_ENDPOINT_MAX + 1]; /* "" while the set elects its master */
+} rmq_broker_queues;
+
+/* A topic's route: every broker set serving it, sorted by name (count 0: none serves it). */
+typedef struct rmq_topic_route {
+    size_t count;
+    rmq_broker_queues sets[RMQ_BROKER_SETS_MAX];
+} rmq_topic_route;
+
+/* Asks any engine of a cluster for a topic's route (protocol 4.14, `route` with a topic). An
+ * engine not in a cluster answers its own queues of the topic, if it has it. */
+int rmq_topic_route_get(rmq_client *client, const char *topic, rmq_topic_route *route, rmq_error *err);
+
+/* A client of a whole cluster: routes asked of the engine it was given, sends spread over the
+ * queues of every set serving a topic (in turn), each set reached at its master. */
+typedef struct rmq_cluster rmq_cluster;
+
+rmq_cluster *rmq_cluster_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err);
+void rmq_cluster_close(rmq_cluster *cluster);
+
+/* Sends one message to the topic's next queue over the whole route; *result says where in its
+ * set, broker_name which set. The route is asked again after 30 s or after a failed send. */
+int rmq_cluster_send(rmq_cluster *cluster, const char *topic, const rmq_outgoing_message *message,
+                     rmq_send_result *result, char broker_name[RMQ_BROKER_NAME_MAX + 1], rmq_error *err);
+
 void rmq_message_free(rmq_message *message);
 void rmq_message_list_free(rmq_message_list *list);
 void rmq_pull_result_free(rmq_pull_result *result);

@@ -729,6 +729,52 @@ int rmq_route_get(rmq_client *c, rmq_route *route, rmq_error *err) {
     return bad_reply(err, why);
 }
 
+/* ---- a topic's route in a cluster of broker sets (protocol 4.14, with a topic) ------- */
+
+/* Reads the topic_route array into *route; NULL, or the name of the field that is wrong. */
+static const char *read_topic_route(const char *value, rmq_topic_route *route) {
+    if (value == NULL || mp_typeof(*value) != MP_ARRAY) return "topic_route";
+    const char *p = value;
+    uint32_t count = mp_decode_array(&p);
+    if (count > RMQ_BROKER_SETS_MAX) return "topic_route";
+    static const char *const names[] = {"broker_name", "queues", "master_endpoint"};
+    for (uint32_t i = 0; i < count; i++) {
+        const char *v[3];
+        if (rmq_map_lookup(&p, names, 3, v) != 0) return "topic_route";
+        rmq_broker_queues *set = &route->sets[i];
+        const char *name = NULL;
+        uint32_t len = 0;
+        if (rmq_read_str(v[0], &name, &len) != 0 || len > RMQ_BROKER_NAME_MAX) return "broker_name";
+        memcpy(set->broker_name, name, len);
+        set->broker_name[len] = '\0';
+        if (rmq_read_int32(v[1], &set->queue_count) != 0 || set->queue_count < 0) return "queues";
+        if (read_endpoint(v[2], set->master_endpoint) != 0) return "master_endpoint";
+    }
+    route->count = count;
+    return NULL;
+}
+
+int rmq_topic_route_get(rmq_client *c, const char *topic, rmq_topic_route *route, rmq_error *err) {
+    clear_error(err);
+    if (route != NULL) memset(route, 0, sizeof *route);
+    if (c == NULL || topic == NULL || route == NULL) return invalid_argument(err, "client, topic or route is NULL");
+    rmq_buf req;
+    int64_t id = 0;
+    begin_request(c, &req, "route", 1, &id);
+    rmq_put_str(&req, "topic");
+    rmq_put_str(&req, topic);
+    static const char *const names[] = {"topic_route"};
+    const char *v[1];
+    zmq_msg_t frame;
+    int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
+    if (rc != 0) return rc;
+    const char *why = read_topic_route(v[0], route);
+    zmq_msg_close(&frame);
+    if (why == NULL) return 0;
+    memset(route, 0, sizeof *route);
+    return bad_reply(err, why);
+}
+
 /* ---- pop consumers ------------------------------------------------------------------ */
 
 void rmq_pop_result_free(rmq_pop_result *result) {
