@@ -163,10 +163,12 @@ class PullConsumer:
                 except ClientError as exc:  # its next member reads again from the last commit: at least once
                     log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
                                 exc)
+        self._member.reading(self._book.queue_ids)
         self._member.want(target)  # the queues let go are committed: the engine may give them to others
         for queue_id in sorted(set(hold) - set(held)):
             position, committed = self._start(queue_id)
             self._book.add(queue_id, position, committed)
+        self._member.reading(self._book.queue_ids)
         if hold != held:
             log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
                      self._book.queue_ids)

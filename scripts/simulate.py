@@ -5,6 +5,7 @@
     python scripts/simulate.py --seed 139 --fixed-rates   # under the fixed plan of earlier runs
     python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004 --fixed-rates  # supervisor deaths
     python scripts/simulate.py --broker-set SYNC --seeds 1000   # three engines elected on a model of etcd
+    python scripts/simulate.py --consumer-group --seeds 3000    # members sharing queues, a front that restarts
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.simulation import Outcome, Plan, simulate
 from engine.simulation.broker_set import SetOutcome, SetPlan, simulate_set
+from harness.group_simulation import GroupRun, simulate_group
 
 
 def main() -> int:
@@ -44,7 +46,13 @@ def main() -> int:
                         help="replicating so, a broker set of three engines electing their master on a model of "
                              "etcd, with kills of actors and engines, pauses and partitions "
                              "(engine/simulation/broker_set.py)")
+    parser.add_argument("--consumer-group", action="store_true",
+                        help="a consumer group's members sharing a topic's queues through the front's membership, "
+                             "coming, going, dying and stalling, with lost heartbeats and front restarts "
+                             "(harness/group_simulation.py)")
     args = parser.parse_args()
+    if args.consumer_group:
+        return run_seeds(args, lambda seed: (simulate_group(seed), "", ""), "consumer-group seeds")
     if args.broker_set:
         def one_set(seed: int) -> tuple[SetOutcome, str, str]:
             plan = SetPlan.drawn(seed, replication_mode=args.broker_set)
@@ -63,7 +71,7 @@ def main() -> int:
     return run_seeds(args, one, "seeds")
 
 
-def run_seeds(args: argparse.Namespace, run_one: Callable[[int], tuple[Outcome | SetOutcome, str, str]],
+def run_seeds(args: argparse.Namespace, run_one: Callable[[int], tuple[Outcome | SetOutcome | GroupRun, str, str]],
               what: str) -> int:
     """Run each seed (``run_one``: its outcome, a label, its plan described); print the failing ones
     (with ``--trace``, their plan and trace) and the totals of every figure."""

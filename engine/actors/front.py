@@ -142,7 +142,7 @@ class FrontActor(Actor):
         super().__init__(env)
         self.deletions = TopicDeletions()  # forwarded to the writer, not yet answered
         self.topics = TopicRules(env.store_dir, env.config, self.deletions)
-        self.groups = ConsumerGroups(env.store_dir, env.config)
+        self.groups = ConsumerGroups(env.store_dir, env.config, self.clock.mono_ms())
         self.owner_count = env.config.consume_queue_owner_count
         self.owners = [channels.owner(k) for k in range(self.owner_count)]
         self.pop_fan_out = PopFanOut(self.owner_count)
@@ -457,7 +457,7 @@ class FrontActor(Actor):
         self.groups.expire_members_due(now_ms)
         if self.shipped is not None and self.shipped.changed():  # a replica: its master's files came
             self.topics = TopicRules(self.env.store_dir, self.config, self.deletions)
-            self.groups = ConsumerGroups(self.env.store_dir, self.config)
+            self.groups = ConsumerGroups(self.env.store_dir, self.config, self.clock.mono_ms())
 
     def shutdown(self, out: Effects) -> None:
         self.groups.persist()

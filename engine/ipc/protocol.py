@@ -221,6 +221,8 @@ class HeartbeatRequest(_Request, kw_only=True):
     topic: TopicName
     client_id: Annotated[str, Meta(min_length=1, max_length=255)]
     queues: Annotated[list[Int32], Meta(max_length=65_536)] = []
+    held: Annotated[list[Int32], Meta(max_length=65_536)] = []  # the queues it reads now
+    seq: Int64 = 0  # the member's heartbeats, numbered: one older than the last taken changes nothing
     leaving: bool = False
 
 

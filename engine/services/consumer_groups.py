@@ -32,6 +32,7 @@ from engine.names import validate_group
 from engine.services.group_members import GroupMembers
 from engine.store.consumer_offsets import ConsumerOffsets
 from engine.store.pop_files import POP_DIR
+from engine.store.sharing_groups import SharingGroups
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,16 @@ log = logging.getLogger(__name__)
 class ConsumerGroups:
     """Committed offsets, the (group, topic) pairs that pop, and their persistence."""
 
-    def __init__(self, store_dir: Path, config: StoreConfig) -> None:
+    def __init__(self, store_dir: Path, config: StoreConfig, now_ms: int) -> None:
         self.config = config
         self.offsets = ConsumerOffsets(store_dir, entries_max=config.consumer_offset_entries_max)
         # (group, topic) pairs that pop: from the pop state's directories, and every pop since
         self.popping = {(path.parent.name, path.name) for path in (store_dir / POP_DIR).glob("*/*")}
         self.last_persist_ms = 0
         self.last_expire_ms = 0
-        self.members = GroupMembers(config.consumer_session_timeout_ms, config.consumer_group_members_max)
+        self.sharing = SharingGroups(store_dir)  # the groups with members, for the next start
+        self.members = GroupMembers(config.consumer_session_timeout_ms, config.consumer_group_members_max,
+                                    started_ms=now_ms, inherited=self.sharing.pairs)
 
     def pop_group(self, envelope: Envelope) -> str:
         """The group of a pop (or ack, ...), once checked: it may not be one that commits offsets."""
@@ -77,12 +80,15 @@ class ConsumerGroups:
         member, the topic's queue count and the session timeout (members beat every third of it)."""
         validate_group(request.group)
         self._not_popping(request.group, request.topic, "has no queues to share")
-        beyond = [queue_id for queue_id in request.queues if queue_id >= queue_count]
+        beyond = [queue_id for queue_id in (*request.queues, *request.held) if queue_id >= queue_count]
         if beyond:
             raise RequestError(ErrorCode.QUEUE_NOT_FOUND, f"topic {request.topic!r} has queues 0..{queue_count - 1}, "
                                                           f"not {beyond[0]}")
         membership = self.members.beat(request.group, request.topic, request.client_id, now_ms,
-                                       queues=request.queues, leaving=request.leaving)
+                                       queues=request.queues, held=request.held, seq=request.seq,
+                                       leaving=request.leaving)
+        if not request.leaving:
+            self.sharing.add(request.group, request.topic)
         return encode_reply(request.id, members=membership.members, settled=membership.settled,
                             granted=membership.granted, queue_count=queue_count,
                             session_timeout_ms=self.members.session_timeout_ms)
@@ -96,6 +102,9 @@ class ConsumerGroups:
         """The topic was deleted: its groups' offsets go, its members, and its pop groups; how many
         offset groups."""
         self.members.forget_topic(topic)
+        for group, name in list(self.sharing.pairs):
+            if name == topic:
+                self.sharing.discard(group, name)
         self.popping = {(group, name) for group, name in self.popping if name != topic}
         return self.offsets.forget_topic(topic)
 
@@ -109,11 +118,13 @@ class ConsumerGroups:
         """Once a session timeout, the ended sessions of members sharing queues go."""
         if now_ms - self.last_expire_ms >= self.members.session_timeout_ms:
             self.last_expire_ms = now_ms
-            self.members.expire(now_ms)
+            for group, topic in self.members.expire(now_ms):
+                self.sharing.discard(group, topic)
 
     def persist(self) -> None:
         try:
             self.offsets.persist()
+            self.sharing.persist()
         except OSError as exc:
             log.error("cannot persist consumer offsets: %s; kept in memory, retried", exc)
 

@@ -43,9 +43,10 @@ from engine.layout import MAGIC_BLANK, TOTAL_SIZE_AND_MAGIC, offset_to_file_name
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consumer_offsets import OFFSETS_FILE
 from engine.store.deleted_topics import DELETED_TOPICS_FILE, parse_table, table_crc
+from engine.store.sharing_groups import SHARING_GROUPS_FILE
 from engine.store.topics import TOPICS_FILE
 
-SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE)
+SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE, SHARING_GROUPS_FILE)
 RESEND_AFTER_REPORTS = 5
 
 

@@ -112,9 +112,11 @@ class AsyncPullConsumer:
                 except ClientError as exc:
                     log.warning("queue %d of %r left without its commit at %d: %s", queue_id, self.topic, position,
                                 exc)
+        self._member.reading(book.queue_ids)
         self._member.want(target)
         for queue_id in sorted(set(hold) - set(held)):
             book.add(queue_id, *await self._queue_start(queue_id))
+        self._member.reading(book.queue_ids)
         if hold != held:
             log.info("group %r, topic %r: %s now reads queues %s", self.group, self.topic, self._member.client_id,
                      book.queue_ids)

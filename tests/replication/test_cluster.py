@@ -73,6 +73,7 @@ def test_a_topic_spread_over_two_sets_gets_messages_on_every_queue_and_a_group_r
     assert all(count == 1 for body, count in read.items() if body != "k"), "each message read once"
 
 
+@pytest.mark.slow
 def test_pop_workers_take_from_every_set_and_their_acks_go_where_each_message_was_stored(
         sets: list[BrokerSet]) -> None:
     cluster = Cluster(sets[0].etcd.endpoints)
@@ -127,6 +128,7 @@ def test_routes_follow_the_topic_table_and_a_set_without_the_topic_is_named(sets
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_example_of_docs_cluster_md_runs_as_written(sets: list[BrokerSet]) -> None:
     text = (ROOT / "docs" / "cluster.md").read_text()
     [program] = re.findall(r"^<!-- example: cluster -->\n```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
@@ -148,6 +150,7 @@ def grpc_sets(tmp_path: Path) -> Iterator[list[BrokerSet]]:
         yield brokers
 
 
+@pytest.mark.slow
 def test_the_official_client_sends_to_and_receives_from_every_set_by_the_route_one_endpoint_gives(
         grpc_sets: list[BrokerSet]) -> None:
     from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer

@@ -21,7 +21,7 @@ from rmqpy.cluster import Cluster, ClusterProducer
 from supervisor.etcd_server import ETCD
 from tests.helpers import require
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # etcd, two engines and a Spark job per test
 JOB = Path(__file__).with_name("cluster_job.py")
 
 
@@ -69,7 +69,6 @@ def test_batch_stream_and_sink_over_two_broker_sets_on_local_spark(two_sets: lis
     check(run_jobs("local[2]", two_sets, tmp_path / "out"), two_sets)
 
 
-@pytest.mark.slow
 def test_the_same_jobs_on_a_spark_standalone_cluster_of_two_workers(two_sets: list[BrokerSet], tmp_path: Path) -> None:
     with spark_standalone(tmp_path / "spark", workers=2) as master:
         check(run_jobs(master, two_sets, tmp_path / "out"), two_sets)
