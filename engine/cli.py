@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -896,6 +898,7 @@ def main(argv: list[str] | None = None) -> int:
     above with one line on stderr, never a traceback."""
     parser = build_parser("rmqpy" if Path(sys.argv[0]).name == "rmqpy" else "python -m engine")
     argcomplete.autocomplete(parser)  # answers a completing shell and exits; otherwise does nothing
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack on stderr
     try:
         args = parser.parse_args(argv)  # --help too may meet a closed pipe
         return int(args.handler(args))

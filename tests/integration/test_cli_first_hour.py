@@ -194,7 +194,17 @@ def test_ctrl_c_during_produce_prints_what_was_acknowledged(engine: EngineProces
     with engine.client() as client:
         until(lambda: client.list_topics() and client.queue_stats("stream", 0)["max_offset"] >= 20)
     produce.send_signal(signal.SIGINT)
-    out, err = produce.communicate(timeout=30)
+    try:
+        out, err = produce.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        produce.send_signal(signal.SIGUSR1)  # the CLI prints every thread's stack: where it hangs
+        try:
+            _out, err = produce.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            err = "(no stack)"
+        produce.kill()
+        produce.wait()
+        pytest.fail(f"produce did not stop within 30 s of SIGINT; its stacks:\n{err[-6000:]}")
     assert produce.returncode == EXIT_INTERRUPTED, (out, err)
     assert "Traceback" not in err
     last = out.strip().splitlines()[-1]
