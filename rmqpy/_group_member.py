@@ -93,6 +93,10 @@ class GroupMember:
             except ClientError as exc:  # an engine down, restarting or not master: the next beat tries again
                 log.info("heartbeat of %s in group %r not answered: %s", self.client_id, self.group, exc)
 
+    def changed(self, now: float) -> bool:
+        """``MemberState.changed``: whether the consumer should look at its share (``now``: monotonic)."""
+        return self.state.changed(now)
+
     def share(self, held: Sequence[int]) -> tuple[list[int], list[int]] | None:
         """``MemberState.share`` now."""
         return self.state.share(held, time.monotonic())

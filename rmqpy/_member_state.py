@@ -86,6 +86,12 @@ class MemberState:
         pending = not set(self.wanted) <= set(self.view.granted)
         return PENDING_BEAT_S if pending else self.view.session_ms / 3000
 
+    def changed(self, now: float) -> bool:
+        """Whether ``share`` would answer something now: a new view, or the one it answered from
+        gone stale. Cheap (two comparisons): the consumer asks between every two messages."""
+        view, asked = self.view, self._asked
+        return asked is None or asked[0] is not view or (not asked[1] and view is not None and view.stale(now))
+
     def share(self, held: Sequence[int], now: float) -> tuple[list[int], list[int]] | None:
         """None if nothing changed since the last call; else (the queues to read now, the target).
         The queues to read are the target's that the engine granted; the target is to be asked for

@@ -25,8 +25,8 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import zmq
@@ -167,6 +167,63 @@ def _message_fields(options: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+C = TypeVar("C", PullConsumer, PopConsumer)
+
+
+class _SetReaders(Generic[C]):
+    """A consumer per broker set serving a topic, on the set's master now. A set whose master moved
+    gets a new one (``drop`` lets the old go); a set electing its master, or out of reach, gets none
+    until the route is read again: every ``_ROUTE_CHECK_S``, or ``_ROUTE_RETRY_S`` while one is missing."""
+
+    def __init__(self, cluster: Cluster, topic: str, open_reader: Callable[[str], C],
+                 drop: Callable[[C], None]) -> None:
+        self.cluster = cluster
+        self.topic = topic
+        self.open_reader: Callable[[str], C] = open_reader
+        self.drop: Callable[[C], None] = drop
+        self.readers: dict[str, tuple[str, C]] = {}  # broker name -> (master endpoint, its consumer)
+        self.checked = 0.0  # when the route was last read
+        self.incomplete = False  # a set of the route has no consumer
+
+    def due(self) -> bool:
+        since = time.monotonic() - self.checked
+        return since > _ROUTE_CHECK_S or (self.incomplete and since > _ROUTE_RETRY_S)
+
+    def follow(self, *, fresh: bool) -> None:
+        route = self.cluster.route(self.topic, fresh=fresh)
+        self.incomplete = False
+        for broker in route.brokers:
+            current = self.readers.get(broker.broker_name)
+            if current is not None and current[0] == broker.master_endpoint:
+                continue
+            if current is not None:
+                log.info("broker set %r now has its master at %s", broker.broker_name, broker.master_endpoint)
+                self.drop(current[1])
+                del self.readers[broker.broker_name]
+            if not broker.master_endpoint:
+                self.incomplete = True  # an election under way: looked at again soon
+                continue
+            try:
+                reader = self.open_reader(broker.master_endpoint)
+            except ClientError as exc:
+                log.warning("broker set %r not readable now (%s): tried again", broker.broker_name, exc)
+                self.incomplete = True
+                continue
+            self.readers[broker.broker_name] = (broker.master_endpoint, reader)
+        self.checked = time.monotonic()
+
+    def in_turn(self, turn: int) -> list[tuple[str, C]]:
+        """(broker name, consumer) of every set, starting at the ``turn``-th (sets sorted by name)."""
+        brokers = sorted(self.readers)
+        if not brokers:
+            return []
+        first = turn % len(brokers)
+        return [(b, self.readers[b][1]) for b in brokers[first:] + brokers[:first]]
+
+    def consumers(self) -> list[C]:
+        return [reader for _endpoint, reader in self.readers.values()]
+
+
 class ClusterPullConsumer:
     """A member of ``group`` on every broker set serving ``topic``: messages from all of them.
     Options are ``PullConsumer``'s (``queue_ids`` excepted)."""
@@ -178,15 +235,12 @@ class ClusterPullConsumer:
         self.topic = topic
         self.max_wait_ms = max_wait_ms
         self.idle_timeout_ms = idle_timeout_ms
-        self.options = consumer_options
-        self._consumers: dict[str, tuple[str, PullConsumer]] = {}  # broker name -> (master endpoint, consumer)
-        self._order: list[str] = []
+        self._sets = _SetReaders(cluster, topic, lambda endpoint: PullConsumer(
+            group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), _drop_pull)
         self._turn = 0
-        self._checked = 0.0  # when the route was last read
-        self._incomplete = False  # a broker set of the route has no consumer (no master, or unreachable)
         self._closed = False
         try:
-            self._follow_route(fresh=False)
+            self._sets.follow(fresh=False)
         except BaseException:
             self.close()
             raise
@@ -199,41 +253,13 @@ class ClusterPullConsumer:
 
     def close(self, *, finish: bool = True) -> None:
         self._closed = True
-        for _endpoint, consumer in self._consumers.values():
+        for consumer in self._sets.consumers():
             consumer.close(finish=finish)
-        self._consumers.clear()
+        self._sets.readers.clear()
 
     def queues(self) -> dict[str, list[int]]:
         """The queues this member reads now, per broker set."""
-        return {broker: consumer.queue_ids for broker, (_e, consumer) in self._consumers.items()}
-
-    def _follow_route(self, *, fresh: bool) -> None:
-        """A consumer for each broker set of the route, on its master now (a set whose master changed:
-        its consumer goes, without a commit the old master cannot take, and a new one starts)."""
-        route = self.cluster.route(self.topic, fresh=fresh)
-        self._incomplete = False
-        for broker in route.brokers:
-            current = self._consumers.get(broker.broker_name)
-            if current is not None and current[0] == broker.master_endpoint:
-                continue
-            if current is not None:
-                log.info("broker set %r now has its master at %s", broker.broker_name, broker.master_endpoint)
-                current[1].auto_commit = False  # at least once: its last messages are read again
-                current[1].close(finish=False)
-                del self._consumers[broker.broker_name]
-            if not broker.master_endpoint:
-                self._incomplete = True  # an election under way: looked at again soon
-                continue
-            try:
-                consumer = PullConsumer(self.group, self.topic, endpoint=broker.master_endpoint,
-                                        max_wait_ms=self.max_wait_ms, **self.options)
-            except ClientError as exc:
-                log.warning("broker set %r not readable now (%s): tried again", broker.broker_name, exc)
-                self._incomplete = True
-                continue
-            self._consumers[broker.broker_name] = (broker.master_endpoint, consumer)
-        self._order = sorted(self._consumers)
-        self._checked = time.monotonic()
+        return {broker: consumer.queue_ids for broker, (_e, consumer) in self._sets.readers.items()}
 
     def __iter__(self) -> Iterator[Message]:
         idle_since = time.monotonic()
@@ -251,26 +277,31 @@ class ClusterPullConsumer:
         """Messages of one broker set (each set in turn), waiting up to ``timeout_ms`` for the first."""
         deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
-            since = time.monotonic() - self._checked
-            if since > _ROUTE_CHECK_S or (self._incomplete and since > _ROUTE_RETRY_S):
-                self._follow_route(fresh=True)
-            for _ in range(len(self._order)):
-                broker = self._order[self._turn % len(self._order)]
+            if self._sets.due():
+                self._sets.follow(fresh=True)
+            for _broker, consumer in self._sets.in_turn(self._turn):
                 self._turn += 1
-                messages = self._consumers[broker][1].poll(0, max_messages=max_messages)
+                messages = consumer.poll(0, max_messages=max_messages)
                 if messages:
                     return messages
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
             poller = zmq.Poller()
-            for _endpoint, consumer in self._consumers.values():
+            for consumer in self._sets.consumers():
                 poller.register(consumer.socket, zmq.POLLIN)
             poller.poll(max(1, int(min(remaining, 0.1) * 1000)))
 
     def commit(self) -> None:
-        for _endpoint, consumer in self._consumers.values():
+        for consumer in self._sets.consumers():
             consumer.commit()
+
+
+def _drop_pull(consumer: PullConsumer) -> None:
+    """A set's consumer whose master moved: closed without the commit the old master cannot take (at
+    least once: its last messages are read again)."""
+    consumer.auto_commit = False
+    consumer.close(finish=False)
 
 
 class ClusterPopConsumer:
@@ -280,16 +311,12 @@ class ClusterPopConsumer:
 
     def __init__(self, cluster: Cluster, group: str, topic: str, *, max_wait_ms: int = 1_000,
                  **consumer_options: Any) -> None:
-        self.cluster = cluster
-        self.group = group
-        self.topic = topic
         self.max_wait_ms = max_wait_ms
-        self.options = consumer_options
-        self._consumers: dict[str, tuple[str, PopConsumer]] = {}  # broker name -> (master endpoint, consumer)
+        self._sets = _SetReaders(cluster, topic, lambda endpoint: PopConsumer(
+            group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), PopConsumer.close)
         self._stored_by: dict[str, str] = {}  # a message's store_host -> the broker set that stored it
         self._turn = 0
-        self._checked = 0.0
-        self._follow_route(fresh=False)
+        self._sets.follow(fresh=False)
 
     def __enter__(self) -> ClusterPopConsumer:
         return self
@@ -298,42 +325,28 @@ class ClusterPopConsumer:
         self.close()
 
     def close(self) -> None:
-        for _endpoint, consumer in self._consumers.values():
+        for consumer in self._sets.consumers():
             consumer.close()
-        self._consumers.clear()
-
-    def _follow_route(self, *, fresh: bool) -> None:
-        for broker in self.cluster.route(self.topic, fresh=fresh).brokers:
-            current = self._consumers.get(broker.broker_name)
-            if current is not None and current[0] == broker.master_endpoint:
-                continue
-            if current is not None:
-                current[1].close()
-                del self._consumers[broker.broker_name]
-            if broker.master_endpoint:
-                self._consumers[broker.broker_name] = (broker.master_endpoint, PopConsumer(
-                    self.group, self.topic, endpoint=broker.master_endpoint, max_wait_ms=self.max_wait_ms,
-                    **self.options))
-        self._checked = time.monotonic()
+        self._sets.readers.clear()
 
     def pop(self, max_messages: int | None = None, *, timeout_ms: int | None = None) -> list[Message]:
         """Up to ``max_messages`` from one set (each set in turn), waiting up to ``timeout_ms`` (default
         ``max_wait_ms``) for the first: each set's pop waits its share of it."""
-        if time.monotonic() - self._checked > _ROUTE_CHECK_S:
-            self._follow_route(fresh=True)
+        if self._sets.due():
+            self._sets.follow(fresh=True)
         deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
-            brokers = sorted(self._consumers)
-            if not brokers:
+            sets = self._sets.in_turn(self._turn)
+            if not sets:
                 return []
-            broker = brokers[self._turn % len(brokers)]
+            broker, consumer = sets[0]
             self._turn += 1
-            share_ms = max(0, int((deadline - time.monotonic()) * 1000 / len(brokers)))
+            share_ms = max(0, int((deadline - time.monotonic()) * 1000 / len(sets)))
             try:
-                popped = self._consumers[broker][1].pop(max_messages, timeout_ms=share_ms)
+                popped = consumer.pop(max_messages, timeout_ms=share_ms)
             except ClientError as exc:
                 log.warning("broker set %r: %s (its route is read again)", broker, exc)
-                self._follow_route(fresh=True)
+                self._sets.follow(fresh=True)
                 popped = []
             for message in popped:
                 self._stored_by[message.store_host] = broker
@@ -342,10 +355,10 @@ class ClusterPopConsumer:
 
     def _owner(self, message: Message) -> PopConsumer:
         broker = self._stored_by.get(message.store_host)
-        if broker is None or broker not in self._consumers:
+        if broker is None or broker not in self._sets.readers:
             raise EngineError(ErrorCode.INVALID_RECEIPT_HANDLE, ErrorCode.INVALID_RECEIPT_HANDLE.name,
                               f"message {message.msg_id} was not popped from a broker set this consumer reads")
-        return self._consumers[broker][1]
+        return self._sets.readers[broker][1]
 
     def ack(self, message: Message) -> None:
         self._owner(message).ack(message)

@@ -235,9 +235,9 @@ class PullConsumer:
         self._book.finish()
         if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
             self._commit()
-        if self._member is not None:
-            self._rebalance()
         now = time.monotonic()
+        if self._member is not None and self._member.changed(now):
+            self._rebalance()
         deadline = now + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             # While messages are buffered, the socket (or the store's files) is looked at once a
@@ -259,7 +259,8 @@ class PullConsumer:
                 return []
             wake = min(deadline, self._book.next_retry_at() or deadline)
             if self._member is not None:
-                self._rebalance()  # nothing is in hand here: queues may come and go
+                if self._member.changed(now):
+                    self._rebalance()  # nothing is in hand here: queues may come and go
                 wake = min(wake, now + _REBALANCE_LOOK_S)
             if self._local is not None:
                 self._local.wait_for_new(self.topic, self._book.queue_ids, wake)

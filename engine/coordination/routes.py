@@ -85,11 +85,16 @@ def topic_route(etcd: Etcd, cluster_name: str, topic: str) -> TopicRoute:
     return TopicRoute(topic, tuple(sorted(brokers, key=lambda b: b.broker_name)))
 
 
+def master_records(etcd: Etcd, cluster_name: str) -> dict[str, dict[str, Any]]:
+    """Every broker set of the cluster that has a master now: broker name -> its ``master`` key's value."""
+    prefix = f"/rmqpy/{cluster_name}/"
+    return {entry.key[len(prefix):-len("/master")]: entry.value
+            for entry in etcd.get_prefix(prefix) if entry.key.endswith("/master") and entry.key.count("/") == 4}
+
+
 def broker_masters(etcd: Etcd, cluster_name: str) -> dict[str, str]:
     """Every broker set of the cluster that has a master now: broker name -> its client endpoint."""
-    prefix = f"/rmqpy/{cluster_name}/"
-    return {entry.key[len(prefix):-len("/master")]: entry.value["endpoint"]
-            for entry in etcd.get_prefix(prefix) if entry.key.endswith("/master") and entry.key.count("/") == 4}
+    return {broker: record["endpoint"] for broker, record in master_records(etcd, cluster_name).items()}
 
 
 def create_spread_topic(etcd: Etcd, cluster_name: str, topic: str, queue_count: int, *,
@@ -191,15 +196,9 @@ def read_cluster(etcd: Etcd, cluster_name: str) -> dict[str, Any]:
     for entry in etcd.get_prefix(prefix):
         topic, _, broker = entry.key[len(prefix):].partition("/")
         topics.setdefault(topic, {})[broker] = entry.value["queues"]
-    masters = {}
-    grpc = {}
-    master_prefix = f"/rmqpy/{cluster_name}/"
-    for entry in etcd.get_prefix(master_prefix):
-        if entry.key.endswith("/master") and entry.key.count("/") == 4:
-            broker = entry.key[len(master_prefix):-len("/master")]
-            masters[broker] = entry.value["endpoint"]
-            grpc[broker] = entry.value.get("grpc_endpoint", "")
-    return {"topics": topics, "masters": masters, "grpc": grpc}
+    records = master_records(etcd, cluster_name)
+    return {"topics": topics, "masters": {broker: record["endpoint"] for broker, record in records.items()},
+            "grpc": {broker: record.get("grpc_endpoint", "") for broker, record in records.items()}}
 
 
 class RoutesMirror:

@@ -180,7 +180,7 @@ class AsyncPullConsumer:
         book.finish()
         if self.auto_commit and book.finished_since_commit >= self.commit_every:
             await self._commit(book)
-        if self._member is not None:
+        if self._member is not None and self._member.changed(time.monotonic()):
             await self._rebalance(book)
         deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
@@ -194,7 +194,8 @@ class AsyncPullConsumer:
                 return []
             wake = min(deadline, book.next_retry_at() or deadline)
             if self._member is not None:
-                await self._rebalance(book)  # nothing is in hand here: queues may come and go
+                if self._member.changed(now):
+                    await self._rebalance(book)  # nothing is in hand here: queues may come and go
                 wake = min(wake, now + _REBALANCE_LOOK_S)
             if not self._pulls:
                 await asyncio.sleep(wake - now)  # every queue waits out a retry's pause
