@@ -66,6 +66,7 @@ _PR_SET_PDEATHSIG = 1
 _POLL_SLICE_MS = 50
 _DRAIN_MESSAGES_MAX = 256
 _EXIT_LINGER_MS = 1000
+PEER_WAIT_MS_MAX = 2_000  # then RUNNING anyway: a peer that is down is the supervisor's to restart
 
 # pyzmq's send_multipart and recv_multipart cost about 6 us a message more than the same calls
 # on its Cython socket with int flags (its sugar combines enum flags in Python, per frame).
@@ -210,6 +211,9 @@ class Port:
     immediate: bool = False  # DEALER: queue nothing for a peer that is not connected
     reconnect_ivl_ms: int | None = None
     monitor: bool = False  # report connects and disconnects (``Actor.connection``)
+    # DEALER to an actor of an earlier wave: RUNNING only once connected to it (``PEER_WAIT_MS_MAX``),
+    # so a request just after the engine is ready is not refused for a connection still being made
+    await_peer: bool = False
     curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
     peer_address: bool = False  # ROUTER: each message comes with its sender's IP (``Inbound.peer_ip``)
 
@@ -333,6 +337,8 @@ class Runtime:
         self.readers: dict[zmq.Socket[bytes] | int, Callable[[], None]] = {}
         self.curve: CurveServer | None = None  # the front's, with CURVE on
         self.stopping = False
+        self.monitors: list[zmq.Socket[bytes]] = []  # the sockets reporting the ports' connections
+        self.unconnected: set[Channel] = set()  # ports with ``await_peer`` not yet connected
 
     def open(self, port: Port) -> None:
         assert port.channel.opened_by(self.env.name, bind=port.bind), f"{self.env.name} may not open {port.name}"
@@ -350,9 +356,14 @@ class Runtime:
 
             self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
             self.curve.secure(sock)
-        if port.monitor:  # watch before connecting, so the first connection is not missed
-            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self.readers[monitor] = lambda: self.on_monitor(port.channel, monitor)
+        events = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if port.monitor else 0) \
+            | (zmq.EVENT_HANDSHAKE_SUCCEEDED if port.await_peer else 0)
+        if events:  # watch before connecting, so the first connection is not missed
+            monitor = sock.get_monitor_socket(events)
+            self.readers[monitor] = lambda: self.on_monitor(port, monitor)
+            self.monitors.append(monitor)
+        if port.await_peer:
+            self.unconnected.add(port.channel)
         address = port.endpoint if "://" in port.endpoint else endpoints.ipc(self.env.run_dir, port.endpoint)
         endpoints.allow_ipv6(sock, address)
         if port.bind:
@@ -431,7 +442,7 @@ class Runtime:
         self.actor.on_thread_wake(out)
         self.carry_out(out)
 
-    def on_monitor(self, channel: Channel, monitor: zmq.Socket[bytes]) -> None:
+    def on_monitor(self, port: Port, monitor: zmq.Socket[bytes]) -> None:
         from zmq.utils.monitor import recv_monitor_message  # it loads asyncio: 3 MiB in every other actor
 
         for _ in range(64):
@@ -439,8 +450,29 @@ class Runtime:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
-                self.actor.connection(channel, event["event"] == zmq.EVENT_CONNECTED)
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # with IMMEDIATE, sends are taken from now on
+                self.unconnected.discard(port.channel)
+            elif port.monitor and event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
+                self.actor.connection(port.channel, event["event"] == zmq.EVENT_CONNECTED)
+
+    def await_peers(self, heartbeat: zmq.Socket[bytes]) -> None:
+        """Until every ``await_peer`` port is connected, or ``PEER_WAIT_MS_MAX`` passed; only the
+        monitors are read meanwhile (what else arrives waits in its socket)."""
+        actor, clock, cfg = self.actor, self.env.clock, self.env.config
+        deadline = clock.mono_ms() + PEER_WAIT_MS_MAX
+        poller = zmq.Poller()
+        for monitor in self.monitors:
+            poller.register(monitor, zmq.POLLIN)
+        next_beat = clock.mono_ms() + cfg.heartbeat_interval_ms
+        while self.unconnected and (now := clock.mono_ms()) < deadline:
+            if now >= next_beat:
+                send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
+                next_beat = now + cfg.heartbeat_interval_ms
+            for sock, _event in poller.poll(min(deadline, next_beat) - now):
+                self.readers[sock]()
+        if self.unconnected:
+            log.warning("not connected to %s after %d ms; serving anyway", ", ".join(
+                sorted(channel.name for channel in self.unconnected)), PEER_WAIT_MS_MAX)
 
     def report(self, reporter: Reporter) -> None:
         try:
@@ -458,6 +490,7 @@ class Runtime:
         ports = {port.channel: port for port in actor.ports()}
         for port in ports.values():
             self.open(port)
+        self.await_peers(heartbeat)
         self.carry_out(out)
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
         poller = zmq.Poller()

@@ -99,7 +99,7 @@ class ConsumeQueueOwnerActor(Actor):
     def ports(self) -> list[Port]:
         return [Port(channels.owner(self.instance), bind=True),
                 Port(channels.DISPATCH, bind=False, subscribe=(endpoints.owner_topic(self.instance),), hwm=100_000),
-                Port(channels.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10)]
+                Port(channels.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10, await_peer=True)]
 
     def handlers(self) -> dict[type, Handler]:
         serving = self.serving

@@ -162,7 +162,9 @@ class FrontActor(Actor):
 
         def backend(channel: Channel, *, hwm: int | None = None, monitor: bool = False) -> Port:
             # IMMEDIATE: refuse, rather than queue for, an actor that is down; find a restarted one in ~10 ms.
-            return Port(channel, bind=False, immediate=True, reconnect_ivl_ms=10, hwm=hwm, monitor=monitor)
+            # A replica runs no transaction actor: nothing to wait for there.
+            return Port(channel, bind=False, immediate=True, reconnect_ivl_ms=10, hwm=hwm, monitor=monitor,
+                        await_peer=not (channel is channels.TRANSACTIONS and cfg.is_replica))
 
         return [Port(channels.CLIENTS, bind=True, address=cfg.endpoint, max_message_bytes=cfg.client_frame_bytes_max,
                      curve=cfg.curve_enabled, peer_address=True),

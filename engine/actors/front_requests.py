@@ -2,9 +2,11 @@
 port (the ``front-internal`` channel), each with an id, a deadline and what to do with the reply.
 
 The timer and the transaction actor read and write messages the way any client does, so
-every check of the front and the writer applies to them too. A request the front cannot
-take (it is down: the port queues nothing for a missing peer) or that gets no reply by its
-deadline is handed back with ``None`` for a reply: its outcome is unknown.
+every check of the front and the writer applies to them too. A request the port could not
+send (the front is down or not yet connected: the port queues nothing for a missing peer) is
+sent again at each ``expire`` until its deadline; one that gets no reply by its deadline, or
+that the front held when the connection broke, is handed back with ``None`` for a reply: its
+outcome is unknown (or, unsent, it was not done).
 
 Requests are the protocol's request structs (``SendRequest``, ``PullRequest``), replies are
 decoded into its reply structs (``SendReply``, ``PullReply``: the fields the engine sends,
@@ -43,6 +45,7 @@ def front_port() -> Port:
 @dataclass
 class _Pending(Generic[R]):
     deadline_ms: int
+    frame: bytes  # the encoded request, to send again while the front is not connected
     decoder: msgspec.msgpack.Decoder[R]
     on_reply: Callable[[R | None, Effects], None]  # None: no reply (refused, or past its deadline)
 
@@ -67,31 +70,32 @@ class FrontRequests:
         # for the answer to a request of this one
         self._ids = itertools.count((clock.wall_ms() << 20) + 1)
         self._pending: dict[int, _Pending[SendReply] | _Pending[PullReply]] = {}
-        self._refused: list[int] = []
+        self._unsent: list[int] = []  # the port took nothing: sent again until the deadline
+        self._lost: list[int] = []  # the front held them when its connection broke
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def send(self, out: Effects, request: SendRequest, on_reply: Callable[[SendReply | None, Effects], None], *,
              timeout_ms: int) -> None:
-        self._pending[self._stamp(request)] = _Pending(self.clock.mono_ms() + timeout_ms, _send_decoder, on_reply)
-        self._forward(out, request)
+        frame = self._stamp(request)
+        self._add(out, request.id, _Pending(self.clock.mono_ms() + timeout_ms, frame, _send_decoder, on_reply))
 
     def pull(self, out: Effects, request: PullRequest, on_reply: Callable[[PullReply | None, Effects], None], *,
              timeout_ms: int) -> None:
-        self._pending[self._stamp(request)] = _Pending(self.clock.mono_ms() + timeout_ms, _pull_decoder, on_reply)
-        self._forward(out, request)
+        frame = self._stamp(request)
+        self._add(out, request.id, _Pending(self.clock.mono_ms() + timeout_ms, frame, _pull_decoder, on_reply))
 
-    def _stamp(self, request: SendRequest | PullRequest) -> int:
+    def _stamp(self, request: SendRequest | PullRequest) -> bytes:
         request.id = next(self._ids)
-        return request.id
+        return _encoder.encode(request)
 
-    def _forward(self, out: Effects, request: SendRequest | PullRequest) -> None:
-        request_id = request.id
-        out.append(Tell(channels.FRONT_INTERNAL, None, _encoder.encode(request), partial(self._refuse, request_id)))
+    def _add(self, out: Effects, request_id: int, pending: _Pending[SendReply] | _Pending[PullReply]) -> None:
+        self._pending[request_id] = pending
+        self._tell(out, request_id, pending.frame)
 
-    def _refuse(self, request_id: int) -> None:
-        self._refused.append(request_id)
+    def _tell(self, out: Effects, request_id: int, frame: bytes) -> None:
+        out.append(Tell(channels.FRONT_INTERNAL, None, frame, partial(self._unsent.append, request_id)))
 
     def handle_reply(self, frame: bytes, out: Effects) -> None:
         try:
@@ -104,17 +108,23 @@ class FrontRequests:
 
     def lost(self) -> None:
         """The connection to the front broke: no request it held will be answered."""
-        self._refused.extend(self._pending)
+        self._lost.extend(self._pending)
 
     def expire(self, out: Effects) -> None:
-        """Hand back, with no reply, the requests refused or past their deadline."""
+        """Hand back, with no reply, the requests lost or past their deadline; send again the
+        ones the port could not send."""
         now = self.clock.mono_ms()
-        gone = self._refused + [rid for rid, pending in self._pending.items() if pending.deadline_ms <= now]
-        self._refused = []
+        gone = self._lost + [rid for rid, pending in self._pending.items() if pending.deadline_ms <= now]
+        self._lost = []
         for request_id in gone:
             pending = self._pending.pop(request_id, None)
             if pending is not None:
                 pending.on_reply(None, out)
+        unsent, self._unsent = self._unsent, []
+        for request_id in unsent:
+            pending = self._pending.get(request_id)
+            if pending is not None:
+                self._tell(out, request_id, pending.frame)
 
 
 class QueueFollower:

@@ -7,10 +7,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from engine.actors.base import PEER_WAIT_MS_MAX
 from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.ipc.control import EventStream, control
 from engine.ipc.messages import StatusQuery
+from engine.logs import LOG_DIR
 from engine.store.records import owner_of
 from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess
@@ -70,5 +72,31 @@ def test_a_hung_actor_is_killed_and_replaced(store_dir: Path) -> None:
         with engine.client() as client:
             client.send("hung", [{"body": b"after"}], queue_id=0)
             assert client.pull("hung", 0, 0)["status"] in ("FOUND", "NO_MESSAGE_IN_QUEUE")
+    finally:
+        assert engine.stop() == 0
+
+
+def test_a_restarted_front_runs_only_once_connected_to_the_actors_it_forwards_to(store_dir: Path) -> None:
+    """A front that reported RUNNING before its connections were made would refuse the first requests
+    (SERVICE_NOT_AVAILABLE) though every actor is up. With the writer paused (no handshake), a restarted
+    front waits for it ``PEER_WAIT_MS_MAX``, then runs anyway and says what it lacks."""
+    engine = EngineProcess(store_dir, config=StoreConfig.test_min())
+    engine.start()
+    try:
+        events = EventStream(store_dir)
+        writer = psutil.Process(engine.actor_pids()["writer"])
+        writer.suspend()
+        try:
+            kill_actor(store_dir, "front")
+            exited = events.wait_for("actor.exited", name="front")
+            running = events.wait_for("recovery.done", name="front")
+        finally:
+            writer.resume()
+        events.close()
+        assert running.time_ms - exited.time_ms >= PEER_WAIT_MS_MAX
+        log = (store_dir / LOG_DIR / "front.log").read_text()
+        assert f"not connected to writer after {PEER_WAIT_MS_MAX} ms; serving anyway" in log
+        with engine.client() as client:
+            client.send("waited", [{"body": b"after"}], queue_id=0)
     finally:
         assert engine.stop() == 0
