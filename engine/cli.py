@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import argcomplete
 import zmq
@@ -56,6 +56,9 @@ from engine.store.system_topics import (
     TIMER_TOPIC,
 )
 from engine.version import package_version
+
+if TYPE_CHECKING:
+    from engine.cli_cluster import SpreadSends
 from rmqpy._channel import Channel
 from rmqpy._send import UniqKeys
 
@@ -81,13 +84,17 @@ def _endpoint(args: argparse.Namespace) -> str:
     return DEFAULT_ENDPOINT
 
 
+def _curve_keys(args: argparse.Namespace) -> CurveKeys | None:
+    if not (args.server_key or args.client_key):
+        return None
+    if not (args.server_key and args.client_key):
+        print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return CurveKeys.from_files(args.server_key, args.client_key)
+
+
 def _client(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient] = StoreClient) -> StoreClient:
-    curve = None
-    if args.server_key or args.client_key:
-        if not (args.server_key and args.client_key):
-            print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
-            raise SystemExit(EXIT_USAGE)
-        curve = CurveKeys.from_files(args.server_key, args.client_key)
+    curve = _curve_keys(args)
     endpoint = _endpoint(args)
     if "," in endpoint:  # a broker set's engines: the one its route names master
         members = [part.strip() for part in endpoint.split(",") if part.strip()]
@@ -128,7 +135,8 @@ def _message_line(m: dict[str, Any]) -> str:
     """One message on one line; fields a message does not have (no tags, no keys) are left out."""
     body = _printable(m["body"])
     shown = body if len(body) <= 60 else body[:57] + "..."
-    parts = [f"{m['topic']}/{m['queue_id']}@{m['queue_offset']}", f"id={m['msg_id']}"]
+    where = (f"{m['broker_name']}:" if "broker_name" in m else "") + f"{m['topic']}/{m['queue_id']}"
+    parts = [f"{where}@{m['queue_offset']}", f"id={m['msg_id']}"]
     if m.get("uniq_key"):
         parts.append(f"uniq_key={m['uniq_key']}")
     if m.get("tags") is not None:
@@ -154,8 +162,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     interrupted = False
     started = time.perf_counter()
-    with _client(args, timeout_ms=args.timeout_ms) as client, bar:
-        existed = args.topic in {t["topic"] for t in client.list_topics()}
+    with _send_targets(args) as targets, bar:
+        existed = targets.client is None or args.topic in {t["topic"] for t in targets.client.list_topics()}
         try:
             while sent < args.count:
                 n = min(args.batch_size, args.count - sent)
@@ -169,8 +177,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
                     if args.tags:
                         message["tags"] = args.tags
                     batch.append(message)
-                batch_results = client.send(args.topic, batch, queue_id=args.queue_id,
-                                            sharding_key=args.sharding_key, delay_ms=args.delay_ms,
+                client, queue_id, broker = targets.next()
+                batch_results = client.send(args.topic, batch, queue_id=queue_id,
+                                            sharding_key=args.sharding_key if broker is None else None,
+                                            delay_ms=args.delay_ms,
                                             deliver_at_ms=args.deliver_at, delay_level=args.delay_level,
                                             transaction=args.transaction,
                                             producer_group=args.producer_group if args.transaction else None)
@@ -178,7 +188,8 @@ def cmd_produce(args: argparse.Namespace) -> int:
                     _say_created(client, args.topic)
                     existed = True
                 if shown:
-                    results.extend(_delivery(client, args, result, m["properties"][UNIQ_KEY])
+                    results.extend({**_delivery(client, args, result, m["properties"][UNIQ_KEY]),
+                                    **({"broker_name": broker} if broker else {})}
                                    for result, m in zip(batch_results, batch, strict=True))
                 sent += n
                 bar.update(n)
@@ -199,6 +210,34 @@ def cmd_produce(args: argparse.Namespace) -> int:
                  f"{rate:,.0f} msg/s, {summary['megabytes_per_second']} MB/s")
     _emit(args, summary, "\n".join(lines))
     return EXIT_INTERRUPTED if interrupted else EXIT_OK
+
+
+class OneEngine:
+    """Where each batch of ``produce`` goes without ``--cluster``: (its engine, --queue-id, no broker)."""
+
+    def __init__(self, client: StoreClient, queue_id: int | None) -> None:
+        self.client = client
+        self.queue_id = queue_id
+
+    def __enter__(self) -> OneEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def next(self) -> tuple[StoreClient, int | None, str | None]:
+        return self.client, self.queue_id, None
+
+
+def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
+    """Where ``produce`` sends: one engine, or with ``--cluster`` each batch to a queue of the route."""
+    if args.cluster is None:
+        return OneEngine(_client(args, timeout_ms=args.timeout_ms), args.queue_id)
+    from engine.cli_cluster import SpreadSends, cluster_route  # etcd's client only when asked for
+
+    curve = _curve_keys(args)
+    return SpreadSends(args, cluster_route(args),
+                       lambda master: StoreClient(master, timeout_ms=args.timeout_ms, curve=curve))
 
 
 def _say_created(client: StoreClient, topic: str) -> None:
@@ -232,7 +271,8 @@ def _delivery(client: StoreClient, args: argparse.Namespace, result: dict[str, A
 
 
 def _result_line(r: dict[str, Any]) -> str:
-    where = f"{r['topic']}/{r['queue_id']}" + (f"@{r['queue_offset']}" if r["queue_offset"] >= 0 else "")
+    where = (f"{r['broker_name']}:" if "broker_name" in r else "") + f"{r['topic']}/{r['queue_id']}"
+    where += f"@{r['queue_offset']}" if r["queue_offset"] >= 0 else ""
     line = f"{r['status']} {where} uniq_key={r['uniq_key']}"
     if "deliver_at_ms" in r:
         due = datetime.datetime.fromtimestamp(r["deliver_at_ms"] / 1000, tz=datetime.UTC)
@@ -250,14 +290,42 @@ def _plural(n: int, noun: str) -> str:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    if args.pop and not args.group:
+        print("error: --pop needs --group", file=sys.stderr)
+        return EXIT_USAGE
+    gather = _pop_messages if args.pop else _pull_messages
+    errors: list[str] = []  # printed after the messages
+
+    def consume_one(one: argparse.Namespace) -> list[dict[str, Any]]:
+        messages, refusals = gather(one)
+        errors.extend(refusals)
+        return messages
+
+    if args.cluster is None:
+        messages = consume_one(args)
+    else:
+        from engine.cli_cluster import cluster_route, consume_sets  # etcd's client only when asked for
+
+        messages = consume_sets(args, cluster_route(args), consume_one)
     if args.pop:
-        return _consume_pop(args)
+        lines = [f"{_message_line(m)} attempt={m['attempt']}" for m in messages]
+        verb = "popped and acked" if args.ack else f"popped (invisible for {args.invisible_ms} ms, not acked)"
+        _emit(args, messages, "\n".join([*lines, f"{_plural(len(messages), 'message')} {verb}"]))
+    else:
+        _emit(args, messages, "\n".join([*(_message_line(m) for m in messages), _plural(len(messages), "message")]))
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    return EXIT_FAILED if errors and not args.pop else EXIT_OK
+
+
+def _pull_messages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
+    """Up to --count messages pulled from the engine of ``args``, and why a queue could not be read."""
     with _client(args, timeout_ms=args.timeout_ms, kind=Channel) as client:
         assert isinstance(client, Channel)
         topics = {t["topic"]: t["queue_count"] for t in client.list_topics()}
         if args.topic not in topics:
             print(f"error: topic {args.topic!r} does not exist", file=sys.stderr)
-            return EXIT_FAILED
+            raise SystemExit(EXIT_FAILED)
         queues = [args.queue_id] if args.queue_id is not None else list(range(topics[args.topic]))
         pulls = _Pulls(client, args)
         for queue_id in queues:
@@ -277,13 +345,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
             for queue_id, offset in pulls.offsets.items():
                 if queue_id not in pulls.overflowed and offset != started[queue_id]:
                     client.commit_offset(args.group, args.topic, queue_id, offset)
-    messages = pulls.messages
-    _emit(args, messages, "\n".join([*(_message_line(m) for m in messages), _plural(len(messages), "message")]))
-    for queue_id, reply in pulls.overflowed.items():
-        print(f"error: {args.topic}/{queue_id}: offset {pulls.offsets[queue_id]} is past the end of the queue "
-              f"({reply['status']}); its valid offsets are {reply['min_offset']}..{reply['max_offset']}",
-              file=sys.stderr)
-    return EXIT_FAILED if pulls.overflowed else EXIT_OK
+    errors = [f"{args.topic}/{queue_id}: offset {pulls.offsets[queue_id]} is past the end of the queue "
+              f"({reply['status']}); its valid offsets are {reply['min_offset']}..{reply['max_offset']}"
+              for queue_id, reply in pulls.overflowed.items()]
+    return pulls.messages, errors
 
 
 _PULL_AGAIN = ("FOUND", "NO_MATCHED_MESSAGE", "MESSAGE_WAS_REMOVING", "OFFSET_TOO_SMALL")
@@ -352,11 +417,8 @@ class _Pulls:
             self.drain(queue_id)
 
 
-def _consume_pop(args: argparse.Namespace) -> int:
+def _pop_messages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     """Pop up to --count messages for --group (acked with --ack); stop at the first empty pop."""
-    if not args.group:
-        print("error: --pop needs --group", file=sys.stderr)
-        return 2
     messages: list[dict[str, Any]] = []
     with _client(args, timeout_ms=args.timeout_ms + args.wait_ms) as client:
         while len(messages) < args.count:
@@ -370,10 +432,7 @@ def _consume_pop(args: argparse.Namespace) -> int:
                 for refusal in failed:
                     print(f"not acked: {refusal['receipt_handle']}: {refusal['error']['message']}", file=sys.stderr)
             messages.extend(popped)
-    lines = [f"{_message_line(m)} attempt={m['attempt']}" for m in messages]
-    verb = "popped and acked" if args.ack else f"popped (invisible for {args.invisible_ms} ms, not acked)"
-    _emit(args, messages, "\n".join([*lines, f"{_plural(len(messages), 'message')} {verb}"]))
-    return 0
+    return messages, []
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -521,8 +580,12 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def _cluster_topics(args: argparse.Namespace) -> int:
     """``topics --cluster``: the routes in etcd; ``--create`` spreads a topic over broker sets."""
     from engine.coordination.etcd import Etcd, EtcdUnavailable
-    from engine.coordination.routes import create_spread_topic, read_cluster
+    from engine.coordination.routes import create_spread_topic, is_etcd_address, read_cluster
 
+    if not is_etcd_address(args.cluster):
+        print(f"error: topics --cluster lists and spreads topics in etcd: give its client endpoints "
+              f"(http://host:port), not {args.cluster}", file=sys.stderr)
+        return EXIT_USAGE
     etcd = Etcd(args.cluster.split(","), timeout_ms=min(args.timeout_ms, 3_000))
     try:
         if args.delete:
@@ -617,6 +680,14 @@ def _offline_store(store_dir: Path) -> None:
     require_store(store_dir)
     if engine_running(store_dir):
         print(f"warning: {LIVE_WARNING}", file=sys.stderr)
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    cluster = parser.add_argument_group("a cluster of broker sets (docs/cluster.md)")
+    cluster.add_argument("--cluster", metavar="ADDRESS",
+                         help="the cluster instead of one engine: etcd's client endpoints (http://host:port, "
+                              "comma-separated) or any engine of it (tcp://host:port)")
+    cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -821,6 +892,7 @@ def _add_produce(produce: argparse.ArgumentParser) -> None:
                         help="store half messages, invisible until `transaction --commit` (see --producer-group)")
     produce.add_argument("--producer-group", default="cli-producers", metavar="GROUP",
                          help="with --transaction: the group whose producers answer the checks (default cli-producers)")
+    add_cluster_options(produce)
     produce.set_defaults(handler=cmd_produce)
 
 
@@ -849,6 +921,7 @@ def _add_consume(consume: argparse.ArgumentParser) -> None:
     consume.add_argument("--invisible-ms", type=_non_negative, default=30_000, metavar="MS",
                          help="with --pop: how long a message stays invisible before it is redelivered "
                               "(default 30000)")
+    add_cluster_options(consume)
     consume.set_defaults(handler=cmd_consume)
 
 

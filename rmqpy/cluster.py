@@ -21,6 +21,7 @@ each message at the set that stored it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import logging
 import time
@@ -31,9 +32,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import zmq
 
-from engine.client import ClientError, EngineError, EngineUnreachable
-from engine.coordination.etcd import Etcd, EtcdUnavailable
-from engine.coordination.routes import TopicRoute, broker_masters, create_spread_topic, topic_route
+from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout
+from engine.coordination.etcd import EtcdUnavailable
+from engine.coordination.routes import RouteReader, TopicRoute, broker_masters, create_spread_topic
 from engine.errors import ErrorCode
 from rmqpy.message import Message, OutgoingMessage, SendResult
 from rmqpy.pop_consumer import PopConsumer
@@ -49,27 +50,38 @@ _ROUTE_RETRY_S = 0.5  # ... or this often while a set of the route has no consum
 
 
 class Cluster:
-    """The routes of a cluster: ``etcd``, its endpoints (``http://host:port``, comma-separated or a list)."""
+    """The routes of a cluster, read from ``address``: etcd's client endpoints (``http://host:port``,
+    comma-separated or a list), or any engine of the cluster (``tcp://host:port``: its ``route`` op
+    answers from the cluster's routes it mirrors). Creating a spread topic needs etcd."""
 
-    def __init__(self, etcd: str | Iterable[str], *, cluster_name: str = DEFAULT_CLUSTER, timeout_ms: int = 3_000,
+    def __init__(self, address: str | Iterable[str], *, cluster_name: str = DEFAULT_CLUSTER, timeout_ms: int = 3_000,
                  route_ttl_ms: int = 30_000) -> None:
-        endpoints = etcd.split(",") if isinstance(etcd, str) else list(etcd)
-        self.etcd = Etcd(endpoints, timeout_ms=timeout_ms)
+        self.reader = RouteReader(address, cluster_name=cluster_name, timeout_ms=timeout_ms)
+        self.address = self.reader.address
         self.cluster_name = cluster_name
         self.timeout_ms = timeout_ms
         self.route_ttl_ms = route_ttl_ms
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.reader.close()
 
     def route(self, topic: str, *, fresh: bool = False) -> TopicRoute:
         """The topic's route (``EngineError`` TOPIC_NOT_FOUND if no broker set serves it)."""
         cached = self._routes.get(topic)
         if fresh or cached is None or time.monotonic() - cached[0] > self.route_ttl_ms / 1000:
             try:
-                cached = (time.monotonic(), topic_route(self.etcd, self.cluster_name, topic))
-            except EtcdUnavailable:
+                cached = (time.monotonic(), self.reader.topic_route(topic))
+            except (EtcdUnavailable, EngineUnreachable, RequestTimeout):
                 if cached is None:
                     raise
-                log.warning("etcd out of reach: the route of %r kept as it was", topic)
+                log.warning("%s out of reach: the route of %r kept as it was", self.address, topic)
             self._routes[topic] = cached
         if not cached[1].brokers:
             raise EngineError(ErrorCode.TOPIC_NOT_FOUND, ErrorCode.TOPIC_NOT_FOUND.name,
@@ -78,14 +90,14 @@ class Cluster:
 
     def masters(self) -> dict[str, str]:
         """Every broker set with a master now: broker name -> the endpoint it takes writes on."""
-        return broker_masters(self.etcd, self.cluster_name)
+        return broker_masters(self.reader.require_etcd("listing the broker sets"), self.cluster_name)
 
     def create_topic(self, topic: str, queue_count: int, *, brokers: Iterable[str] | None = None,
                      wait_ms: int = 10_000) -> TopicRoute:
         """Spread ``queue_count`` queues over ``brokers`` (default: every set with a master), as evenly as
         can be, and wait until the route says so (``engine.coordination.routes.create_spread_topic``)."""
-        route = create_spread_topic(self.etcd, self.cluster_name, topic, queue_count, brokers=brokers,
-                                    timeout_ms=self.timeout_ms, wait_ms=wait_ms)
+        route = create_spread_topic(self.reader.require_etcd("creating a spread topic"), self.cluster_name, topic,
+                                    queue_count, brokers=brokers, timeout_ms=self.timeout_ms, wait_ms=wait_ms)
         self._routes[topic] = (time.monotonic(), route)
         return route
 
@@ -102,8 +114,9 @@ class ClusterProducer:
     """Sends to the queues of a topic's whole route: in turn, or by ``sharding_key`` (the same key,
     the same queue of the same set). Thread-safe as ``Producer``."""
 
-    def __init__(self, cluster: Cluster, **producer_options: Any) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster | str, **producer_options: Any) -> None:
+        self._owns_cluster = isinstance(cluster, str)
+        self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
         self.options = producer_options
         self._producers: dict[str, Producer] = {}  # broker name -> a Producer on its set's address
         self._turn = itertools.count()
@@ -118,6 +131,8 @@ class ClusterProducer:
         for producer in self._producers.values():
             producer.close()
         self._producers.clear()
+        if self._owns_cluster:
+            self.cluster.close()
 
     def send(self, topic: str, body: bytes, *, sharding_key: str | None = None, **options: Any) -> SendResult:
         message = OutgoingMessage(body=body, **_message_fields(options))  # the rest of options are the batch's
@@ -129,9 +144,8 @@ class ClusterProducer:
         """One batch, to one queue of the route; a set that refuses a connection is passed over
         for the next queue of another set (nothing was stored there)."""
         batch = list(messages)
-        route = self.cluster.route(topic)
-        queues = route.queues
-        start = zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
+        queues = self.cluster.route(topic).queues
+        start = self._first(sharding_key)
         tried: set[str] = set()
         for step in range(len(queues)):
             broker, queue_id = queues[(start + step) % len(queues)]
@@ -147,15 +161,47 @@ class ClusterProducer:
                 tried.add(broker)
                 self.cluster.route(topic, fresh=True)
                 continue
-            return [msgspec.structs.replace(r, broker_name=broker) for r in results]
+            return _named(results, broker)
         raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
                           f"no broker set of topic {topic!r} took the send (tried {sorted(tried)})")
+
+    def send_batch_async(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *,
+                         sharding_key: str | None = None, **options: Any,
+                         ) -> concurrent.futures.Future[list[SendResult]]:
+        """``send_batch`` without waiting, to the next queue of the route (the set's ``Producer``
+        retries there; a set out of reach is not passed over: the future holds the error)."""
+        batch = list(messages)
+        queues = self.cluster.route(topic).queues
+        broker, queue_id = queues[self._first(sharding_key) % len(queues)]
+        sent = self._producer(topic, broker).send_batch_async(topic, batch, queue_id=queue_id, **options)
+        named: concurrent.futures.Future[list[SendResult]] = concurrent.futures.Future()
+
+        def done(future: concurrent.futures.Future[list[SendResult]]) -> None:
+            error = future.exception()
+            if error is not None:
+                named.set_exception(error)
+            else:
+                named.set_result(_named(future.result(), broker))
+
+        sent.add_done_callback(done)
+        return named
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        for producer in list(self._producers.values()):
+            producer.flush(timeout_s)
+
+    def _first(self, sharding_key: str | None) -> int:
+        return zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
 
     def _producer(self, topic: str, broker: str) -> Producer:
         producer = self._producers.get(broker)
         if producer is None:
             producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker), **self.options)
         return producer
+
+
+def _named(results: list[SendResult], broker: str) -> list[SendResult]:
+    return [msgspec.structs.replace(r, broker_name=broker) for r in results]
 
 
 def _message_fields(options: dict[str, Any]) -> dict[str, Any]:
@@ -228,9 +274,10 @@ class ClusterPullConsumer:
     """A member of ``group`` on every broker set serving ``topic``: messages from all of them.
     Options are ``PullConsumer``'s (``queue_ids`` excepted)."""
 
-    def __init__(self, cluster: Cluster, group: str, topic: str, *, max_wait_ms: int = 5_000,
+    def __init__(self, cluster: Cluster | str, group: str, topic: str, *, max_wait_ms: int = 5_000,
                  idle_timeout_ms: int | None = None, **consumer_options: Any) -> None:
-        self.cluster = cluster
+        self._owns_cluster = isinstance(cluster, str)
+        cluster = self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
         self.group = group
         self.topic = topic
         self.max_wait_ms = max_wait_ms
@@ -256,6 +303,8 @@ class ClusterPullConsumer:
         for consumer in self._sets.consumers():
             consumer.close(finish=finish)
         self._sets.readers.clear()
+        if self._owns_cluster:
+            self.cluster.close()
 
     def queues(self) -> dict[str, list[int]]:
         """The queues this member reads now, per broker set."""
@@ -309,8 +358,10 @@ class ClusterPopConsumer:
     sets in turn, ``ack``/``nack`` go to the set that stored the message (by its ``store_host``).
     Options are ``PopConsumer``'s."""
 
-    def __init__(self, cluster: Cluster, group: str, topic: str, *, max_wait_ms: int = 1_000,
+    def __init__(self, cluster: Cluster | str, group: str, topic: str, *, max_wait_ms: int = 1_000,
                  **consumer_options: Any) -> None:
+        self._owns_cluster = isinstance(cluster, str)
+        cluster = self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
         self.max_wait_ms = max_wait_ms
         self._sets = _SetReaders(cluster, topic, lambda endpoint: PopConsumer(
             group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), PopConsumer.close)
@@ -328,8 +379,11 @@ class ClusterPopConsumer:
         for consumer in self._sets.consumers():
             consumer.close()
         self._sets.readers.clear()
+        if self._owns_cluster:
+            self.cluster.close()
 
-    def pop(self, max_messages: int | None = None, *, timeout_ms: int | None = None) -> list[Message]:
+    def pop(self, max_messages: int | None = None, *, timeout_ms: int | None = None,
+            invisible_ms: int | None = None) -> list[Message]:
         """Up to ``max_messages`` from one set (each set in turn), waiting up to ``timeout_ms`` (default
         ``max_wait_ms``) for the first: each set's pop waits its share of it."""
         if self._sets.due():
@@ -343,7 +397,7 @@ class ClusterPopConsumer:
             self._turn += 1
             share_ms = max(0, int((deadline - time.monotonic()) * 1000 / len(sets)))
             try:
-                popped = consumer.pop(max_messages, timeout_ms=share_ms)
+                popped = consumer.pop(max_messages, timeout_ms=share_ms, invisible_ms=invisible_ms)
             except ClientError as exc:
                 log.warning("broker set %r: %s (its route is read again)", broker, exc)
                 self._sets.follow(fresh=True)
@@ -363,5 +417,19 @@ class ClusterPopConsumer:
     def ack(self, message: Message) -> None:
         self._owner(message).ack(message)
 
+    def ack_all(self, messages: Iterable[Message]) -> list[tuple[Message, EngineError]]:
+        """One ``ack_all`` per set that stored some of ``messages``; the refused ones, with why."""
+        by_set: dict[int, tuple[PopConsumer, list[Message]]] = {}
+        for message in messages:
+            owner = self._owner(message)
+            by_set.setdefault(id(owner), (owner, []))[1].append(message)
+        return [refused for owner, mine in by_set.values() for refused in owner.ack_all(mine)]
+
     def nack(self, message: Message) -> None:
         self._owner(message).nack(message)
+
+    def change_invisible_duration(self, message: Message, invisible_ms: int) -> Message:
+        return self._owner(message).change_invisible_duration(message, invisible_ms)
+
+    def dead_letter(self, message: Message) -> None:
+        self._owner(message).dead_letter(message)

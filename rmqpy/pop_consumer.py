@@ -33,7 +33,7 @@ import functools
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -44,6 +44,9 @@ from rmqpy.errors import ClientClosed, engine_error
 from rmqpy.message import Message, message_from_wire
 from rmqpy.retry import RetryPolicy, call_with_retry
 from rmqpy.subscription import subscription_expression
+
+if TYPE_CHECKING:
+    from rmqpy.cluster import Cluster, ClusterPopConsumer
 
 __all__ = ["PopConsumer", "receipt"]
 
@@ -60,10 +63,12 @@ class PopConsumer:
                  subscription: str | Iterable[str] = "*", invisible_ms: int = 30_000, batch_size: int = 16,
                  max_wait_ms: int = 1_000, idle_timeout_ms: int | None = None, timeout_ms: int = 10_000,
                  retry: RetryPolicy | None = None, context: zmq.Context | None = None,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, cluster: Cluster | str | None = None) -> None:
         """``invisible_ms``: how long a popped message stays hidden from the group's other pops.
         ``max_wait_ms``: how long one pop waits at the engine for a message (see "Waiting").
         ``idle_timeout_ms``: the iteration ends after this long without a message (None: never).
+        ``cluster``: a cluster of broker sets (as for ``PullConsumer``) instead of ``endpoint``: pops
+        take from every set serving the topic in turn; acks go to the set that stored the message.
         The rest as for ``PullConsumer``."""
         if min(batch_size, max_wait_ms, invisible_ms) < 1:
             raise ValueError("batch_size, max_wait_ms and invisible_ms must be >= 1")
@@ -75,9 +80,18 @@ class PopConsumer:
         self.max_wait_ms = max_wait_ms
         self.idle_timeout_ms = idle_timeout_ms
         self.retry = retry or RetryPolicy()
-        self._client = StoreClient(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         self._buffer: deque[Message] = deque()  # popped, not handed out yet
         self._closed = False
+        self._spread: ClusterPopConsumer | None = None
+        if cluster is not None:
+            from rmqpy.cluster import ClusterPopConsumer  # it builds on this class
+
+            self._spread = ClusterPopConsumer(cluster, group, topic, max_wait_ms=max_wait_ms,
+                                              subscription=subscription, invisible_ms=invisible_ms,
+                                              batch_size=batch_size, timeout_ms=timeout_ms, retry=retry,
+                                              context=context, curve=curve)
+            return
+        self._client = StoreClient(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
 
     def __enter__(self) -> PopConsumer:
         return self
@@ -90,6 +104,12 @@ class PopConsumer:
         if self._closed:
             return
         self._closed = True
+        if self._spread is not None:
+            for message in self._buffer:
+                self._spread.nack(message)  # back now, as below
+            self._buffer.clear()
+            self._spread.close()
+            return
         try:
             for message in self._buffer:
                 self._client.change_invisible_duration(self.group, receipt(message), 0)
@@ -109,6 +129,10 @@ class PopConsumer:
         (default ``max_wait_ms``) for the first; [] if none came. Each carries its
         ``receipt_handle`` and ``attempt``. ``queue_id``: from that queue only."""
         self._check_open()
+        if self._spread is not None:
+            if queue_id is not None:
+                raise ValueError("a consumer on a cluster pops from every set: queue_id is a single set's")
+            return self._spread.pop(max_messages, timeout_ms=timeout_ms, invisible_ms=invisible_ms)
         deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             wait_ms = max(0, min(self.max_wait_ms, int((deadline - time.monotonic()) * 1000)))
@@ -146,6 +170,8 @@ class PopConsumer:
     def ack_all(self, messages: Iterable[Message]) -> list[tuple[Message, EngineError]]:
         """Acknowledge many messages (one request per queue); returns those refused, with why."""
         self._check_open()
+        if self._spread is not None:
+            return self._spread.ack_all(messages)
         by_handle = {m.receipt_handle: m for m in messages}
         receipts = [receipt(m) for m in by_handle.values()]
         failed = call_with_retry(self.retry, functools.partial(self._client.ack, self.group, receipts))
@@ -159,12 +185,17 @@ class PopConsumer:
         """Hide the message for ``invisible_ms`` from now; returns it with its new receipt handle
         (the old one is stale from now on)."""
         self._check_open()
+        if self._spread is not None:
+            return self._spread.change_invisible_duration(message, invisible_ms)
         call = functools.partial(self._client.change_invisible_duration, self.group, receipt(message), invisible_ms)
         return msgspec.structs.replace(message, receipt_handle=call_with_retry(self.retry, call))
 
     def dead_letter(self, message: Message) -> None:
         """Give up on the message: it goes to ``%DLQ%<group>`` now, whatever its attempt."""
         self._check_open()
+        if self._spread is not None:
+            self._spread.dead_letter(message)
+            return
         failed = call_with_retry(self.retry, functools.partial(self._client.dead_letter, self.group,
                                                                [receipt(message)]))
         if failed:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -57,6 +57,9 @@ from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
 
+if TYPE_CHECKING:
+    from rmqpy.cluster import Cluster, ClusterProducer
+
 __all__ = ["Producer"]
 
 T = TypeVar("T")
@@ -65,7 +68,8 @@ T = TypeVar("T")
 class Producer:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 cluster: Cluster | str | None = None) -> None:
         """``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
         "Failover"): sends go to the master; a send that timed out or whose connection broke (raised
         as ``ConnectionLost``, a ``RequestTimeout``: it may have been stored), or that an engine
@@ -77,7 +81,19 @@ class Producer:
         ``RetryPolicy.never()`` raises every refusal. ``on_retry(error, retry, pause_ms)`` is told
         of each retry, from the thread that sends (the background thread for async sends).
         ``wait_store``: under ``SYNC_FLUSH``, answer once on disk (True) or once written (False).
-        ``in_flight_max``: async sends in flight at once; more wait for a free slot."""
+        ``in_flight_max``: async sends in flight at once; more wait for a free slot.
+        ``cluster``: a cluster of broker sets (``rmqpy.cluster.Cluster``, or its address: etcd's
+        ``http://host:port`` or any engine of it) instead of ``endpoint``: each send goes to the next
+        queue of the topic's whole route, or to the queue ``sharding_key`` hashes to, at that
+        queue's set (docs/cluster.md); ``queue_id`` is then refused (a set's own queue)."""
+        self._spread: ClusterProducer | None = None
+        if cluster is not None:
+            from rmqpy.cluster import ClusterProducer  # it builds on this class
+
+            self._spread = ClusterProducer(cluster, timeout_ms=timeout_ms, retry=retry, on_retry=on_retry,
+                                           wait_store=wait_store, in_flight_max=in_flight_max, context=context,
+                                           curve=curve)
+            endpoint = self._spread.cluster.address
         self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
         self.endpoint = self.endpoints[0]
         self.timeout_ms = timeout_ms
@@ -88,7 +104,8 @@ class Producer:
         self._context = context
         self._curve = curve
         self._uniq_keys = UniqKeys()
-        self._client = self._connect(self.endpoint)
+        if self._spread is None:  # a cluster's sends go through its sets' producers
+            self._client = self._connect(self.endpoint)
         self._client_lock = threading.Lock()
         self._async_lock = threading.Lock()  # guards the fields below
         self._loop_thread: LoopThread | None = None
@@ -110,10 +127,13 @@ class Producer:
             self._closed = True
             unfinished = list(self._unfinished)
         concurrent.futures.wait(unfinished, timeout=timeout_s)
+        if self._spread is not None:
+            self._spread.close()
         if self._loop_thread is not None and self._async_producer is not None:
             self._loop_thread.stop(self._async_producer.close(), timeout_s=timeout_s)
         with self._client_lock:
-            self._client.close()
+            if self._spread is None:
+                self._client.close()
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""
@@ -136,6 +156,10 @@ class Producer:
         """
         message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
                               born_timestamp=born_timestamp)
+        if self._spread is not None:
+            [result] = self.send_batch(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
+                                       delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
+            return result
         [result] = self._send_now(topic, [message], self._options(queue_id, sharding_key, delay_ms,
                                                                   deliver_at_ms, delay_level))
         return result
@@ -148,8 +172,20 @@ class Producer:
         A batch of two or more messages may take at most 4 MiB as records (about 180 bytes
         plus body, topic and properties per message; protocol 8.1); split larger ones.
         """
+        if self._spread is not None:
+            return self._spread.send_batch(topic, messages, **self._spread_options(
+                queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         return self._send_now(topic, messages, self._options(queue_id, sharding_key, delay_ms, deliver_at_ms,
                                                              delay_level))
+
+    def _spread_options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
+                        deliver_at_ms: int | None, delay_level: int | None) -> dict[str, Any]:
+        """A cluster's send: the options for ``ClusterProducer`` (a set's queue id has no meaning here)."""
+        if queue_id is not None:
+            raise ValueError("a producer on a cluster picks the queue of the route: give sharding_key, or send "
+                             "to one broker set's Producer for one of its queues")
+        return {"sharding_key": sharding_key, "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms,
+                "delay_level": delay_level}
 
     def _options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
                  deliver_at_ms: int | None, delay_level: int | None) -> SendOptions:
@@ -216,6 +252,10 @@ class Producer:
         """``send`` without waiting: the future holds the ``SendResult`` or the exception. Any thread."""
         message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
                               born_timestamp=born_timestamp)
+        if self._spread is not None:
+            sent = self.send_batch_async(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
+                                         delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
+            return _first_of(sent)
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
 
         async def send_one(producer: AsyncProducer) -> SendResult:
@@ -230,6 +270,9 @@ class Producer:
                          ) -> concurrent.futures.Future[list[SendResult]]:
         """``send_batch`` without waiting. Any thread."""
         batch = list(messages)  # the caller may change its list at once
+        if self._spread is not None:
+            return self._spread.send_batch_async(topic, batch, **self._spread_options(
+                queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
 
         async def send_all(producer: AsyncProducer) -> list[SendResult]:
@@ -264,3 +307,17 @@ class Producer:
                                                  curve=self._curve)
             self._loop_thread = LoopThread(f"rmqpy-producer-{self.endpoint}")
         return self._loop_thread, self._async_producer
+
+
+def _first_of(sent: concurrent.futures.Future[list[SendResult]]) -> concurrent.futures.Future[SendResult]:
+    one: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+
+    def done(future: concurrent.futures.Future[list[SendResult]]) -> None:
+        error = future.exception()
+        if error is not None:
+            one.set_exception(error)
+        else:
+            one.set_result(future.result()[0])
+
+    sent.add_done_callback(done)
+    return one

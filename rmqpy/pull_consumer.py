@@ -66,6 +66,7 @@ from rmqpy.subscription import subscription_expression
 
 if TYPE_CHECKING:
     from engine.local_reads import LocalReads
+    from rmqpy.cluster import Cluster, ClusterPullConsumer
 
 __all__ = ["PullConsumer"]
 
@@ -82,7 +83,7 @@ class PullConsumer:
                  commit_every: int = 100, batch_size: int = 32, max_wait_ms: int = 5_000,
                  idle_timeout_ms: int | None = None, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
-                 store_dir: str | Path | None = None) -> None:
+                 store_dir: str | Path | None = None, cluster: Cluster | str | None = None) -> None:
         """Connect and read the group's committed offsets (raises ``EngineError`` if the topic is missing).
 
         ``subscription``: ``"*"``, ``"a || b"`` or a list of tags. ``batch_size``: messages per
@@ -94,6 +95,10 @@ class PullConsumer:
         in this process (``endpoints.NotRunning`` if no engine runs on it).
         ``queue_ids``: read these queues only, and take no share of the group's (None: be a member
         of the group and read the queues allocated to this member, which may change).
+        ``cluster``: a cluster of broker sets (``rmqpy.cluster.Cluster``, or its address: etcd's
+        ``http://host:port`` or any engine of it) instead of ``endpoint``: this consumer is a member
+        of the group on every set serving the topic and reads them all (docs/cluster.md); a set's
+        own queues (``queue_ids``, ``seek``, ``lag``, ``positions``) are then a set's consumer's.
         """
         if min(commit_every, batch_size, max_wait_ms) < 1:
             raise ValueError("commit_every, batch_size and max_wait_ms must be >= 1")
@@ -110,6 +115,18 @@ class PullConsumer:
         self._next_look = 0.0  # when poll next reads the socket while messages are buffered
         self._closed = False
         self.start_from = start_from
+        self._spread: ClusterPullConsumer | None = None
+        if cluster is not None:
+            if queue_ids is not None or store_dir is not None:
+                raise ValueError("a consumer on a cluster reads the group's share of every set: queue_ids and "
+                                 "store_dir are a single set's")
+            from rmqpy.cluster import ClusterPullConsumer  # it builds on this class
+
+            self._spread = ClusterPullConsumer(
+                cluster, group, topic, max_wait_ms=max_wait_ms, subscription=subscription, start_from=start_from,
+                auto_commit=auto_commit, commit_every=commit_every, batch_size=batch_size, timeout_ms=timeout_ms,
+                retry=retry, context=context, curve=curve)
+            return
         self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         self._local: LocalReads | None = None
         self._member: GroupMember | None = None
@@ -184,6 +201,10 @@ class PullConsumer:
         finished first; leaving ``with`` by an exception does not, so they are read again."""
         if self._closed:
             return
+        if self._spread is not None:
+            self._closed = True
+            self._spread.close(finish=finish)
+            return
         try:
             if finish:
                 self._book.finish()
@@ -200,15 +221,27 @@ class PullConsumer:
     @property
     def socket(self) -> zmq.Socket[bytes]:
         """The socket replies come on: to wait on with others (``zmq.Poller``), then ``poll(0)``."""
+        self._one_set("socket")
         return self._channel._socket
 
     @property
     def queue_ids(self) -> list[int]:
+        self._one_set("queue_ids")
         return self._book.queue_ids
+
+    def queues(self) -> dict[str, list[int]]:
+        """The queues this member reads now, per broker set (one set: its broker name is "")."""
+        return self._spread.queues() if self._spread is not None else {"": self._book.queue_ids}
 
     def positions(self) -> dict[int, int]:
         """Per queue, the first offset not yet finished: what the next commit records."""
+        self._one_set("positions")
         return self._book.positions()
+
+    def _one_set(self, what: str) -> None:
+        if self._spread is not None:
+            raise ClientError(f"{what} names a broker set's own queues: a consumer on a cluster has none of "
+                              f"its own (queues() lists them per set)")
 
     # -- reading -----------------------------------------------------------
 
@@ -232,6 +265,8 @@ class PullConsumer:
         (default ``max_wait_ms``) for the first; [] if none came. Finishes those of the last poll."""
         if self._closed:
             raise ClientClosed("the consumer is closed")
+        if self._spread is not None:
+            return self._spread.poll(timeout_ms, max_messages=max_messages)
         self._book.finish()
         if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
             self._commit()
@@ -320,6 +355,9 @@ class PullConsumer:
         """Count every message handed out as finished and commit the group's positions now."""
         if self._closed:
             raise ClientClosed("the consumer is closed")
+        if self._spread is not None:
+            self._spread.commit()
+            return
         self._book.finish()
         self._commit()
 
@@ -332,10 +370,12 @@ class PullConsumer:
 
     def seek(self, queue_id: int, offset: int) -> None:
         """Read ``queue_id`` from ``offset`` on (for example past a ``MESSAGE_CORRUPT`` record)."""
+        self._one_set("seek")
         self._book.seek(queue_id, offset)
 
     def lag(self) -> dict[int, int]:
         """Per queue, the messages after the group's position (as far as dispatch has come)."""
+        self._one_set("lag")
         positions = self._book.positions()
         return {queue_id: max(0, self._channel.queue_stats(self.topic, queue_id)["max_offset"] - position)
                 for queue_id, position in positions.items()}

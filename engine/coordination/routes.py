@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import EngineError, StoreClient
+from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout, StoreClient
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.etcd import Etcd, delete
 from engine.errors import ErrorCode
@@ -67,6 +68,65 @@ class TopicRoute:
     def queues(self) -> list[tuple[str, int]]:
         """Every queue of the topic in the cluster, as (broker name, queue id), in a fixed order."""
         return [(b.broker_name, q) for b in self.brokers for q in range(b.queue_count)]
+
+
+def is_etcd_address(address: str) -> bool:
+    """A cluster's address is etcd's client endpoints (``http://host:port``) or any of its engines
+    (``tcp://host:port``, ``ipc://path``)."""
+    return address.strip().startswith(("http://", "https://"))
+
+
+def route_from_reply(topic: str, topic_route: list[dict[str, Any]]) -> TopicRoute:
+    """A topic's route as an engine's ``route`` op gives it (``topic_route``: no replica endpoints)."""
+    return TopicRoute(topic, tuple(sorted((BrokerRoute(r["broker_name"], r["queues"], r["master_endpoint"], (),
+                                                       r.get("grpc_endpoint", "")) for r in topic_route),
+                                          key=lambda b: b.broker_name)))
+
+
+class RouteReader:
+    """Topic routes from a cluster's address: etcd's client endpoints (comma-separated), or any
+    engine of the cluster, whose ``route`` op answers from the routes it mirrors (no replica
+    endpoints then). Thread-safe. ``topic_route`` raises ``EtcdUnavailable``, ``EngineUnreachable``
+    or ``RequestTimeout`` when the address does not answer."""
+
+    def __init__(self, address: str | Iterable[str], *, cluster_name: str, timeout_ms: int) -> None:
+        endpoints = [e.strip() for e in (address.split(",") if isinstance(address, str) else address) if e.strip()]
+        if not endpoints:
+            raise ValueError("a cluster's address names etcd's endpoints (http://host:port) or an engine (tcp://...)")
+        self.address = ",".join(endpoints)
+        self.cluster_name = cluster_name
+        self.timeout_ms = timeout_ms
+        self.etcd = Etcd(endpoints, timeout_ms=timeout_ms) if is_etcd_address(endpoints[0]) else None
+        self.engine = None if self.etcd is not None else endpoints[0]
+        self._client: StoreClient | None = None
+        self._lock = threading.Lock()  # one request at a time on the engine's socket
+
+    def topic_route(self, topic: str) -> TopicRoute:
+        if self.etcd is not None:
+            return topic_route(self.etcd, self.cluster_name, topic)
+        assert self.engine is not None
+        with self._lock:
+            if self._client is None:
+                self._client = StoreClient(self.engine, timeout_ms=self.timeout_ms)
+            try:
+                reply = self._client.request("route", topic=topic)
+            except (EngineUnreachable, RequestTimeout):
+                self._client.close()  # a new socket next time: no late reply is taken for the next request
+                self._client = None
+                raise
+        return route_from_reply(topic, reply.get("topic_route", []))
+
+    def require_etcd(self, what: str) -> Etcd:
+        if self.etcd is None:
+            raise ClientError(f"{what} needs the cluster's etcd endpoints (http://host:port), not an engine "
+                              f"({self.engine})")
+        return self.etcd
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 def topic_route(etcd: Etcd, cluster_name: str, topic: str) -> TopicRoute:

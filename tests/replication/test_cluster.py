@@ -5,6 +5,7 @@ route and a consumer group of members reads from both sets, each message once.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from engine.coordination.routes import routes_prefix
 from engine.errors import ErrorCode
 from harness.broker_set import BrokerSet, cluster_of_sets, wait_in_sync, wait_route_known
 from harness.workload import read_everything, wait_dispatched
+from rmqpy import PopConsumer, Producer, PullConsumer
 from rmqpy.cluster import Cluster, ClusterPopConsumer, ClusterProducer, ClusterPullConsumer
 from supervisor.etcd_server import ETCD
 from tests.helpers import require
@@ -73,6 +75,39 @@ def test_a_topic_spread_over_two_sets_gets_messages_on_every_queue_and_a_group_r
         for member in members:
             member.close()
     assert all(count == 1 for body, count in read.items() if body != "k"), "each message read once"
+
+
+def test_rmqpy_and_the_cli_given_a_cluster_address_send_to_and_read_from_every_set(sets: list[BrokerSet]) -> None:
+    """``Producer``, ``PullConsumer`` and ``PopConsumer`` with ``cluster=``, and the CLI's ``--cluster``:
+    given etcd or any one engine of the cluster, they route over the topic's whole route."""
+    Cluster(sets[0].etcd.endpoints).create_topic("spread", queue_count=4)
+    any_engine = sets[1].engines[0]
+    wait_route_known(any_engine, "spread", brokers=2)
+    with Producer(cluster=any_engine.endpoint) as producer:
+        results = [producer.send("spread", f"sync-{i}".encode()) for i in range(8)]
+        results += [producer.send_async("spread", f"async-{i}".encode()).result(timeout=10) for i in range(4)]
+        with pytest.raises(ValueError, match="sharding_key"):
+            producer.send("spread", b"x", queue_id=0)
+    assert Counter((r.broker_name, r.queue_id) for r in results[:8]) == {
+        (broker, queue): 2 for broker in ("broker-a", "broker-b") for queue in (0, 1)}
+    sent = cli("produce", "--cluster", sets[0].etcd.endpoints, "--topic", "spread", "--count", "4",
+               "--body", "cli", "--json")
+    assert {r["broker_name"] for r in json.loads(sent)["results"]} == {"broker-a", "broker-b"}
+
+    expected = Counter([f"sync-{i}" for i in range(8)] + [f"async-{i}" for i in range(4)] + ["cli"] * 4)
+    read = cli("consume", "--cluster", any_engine.endpoint, "--topic", "spread", "--count", "100", "--json")
+    assert Counter(m["body"] for m in json.loads(read)) == expected
+    with PullConsumer("billing", "spread", cluster=any_engine.endpoint, idle_timeout_ms=2_000) as consumer:
+        assert Counter(m.body.decode() for m in consumer) == expected
+        assert sorted(consumer.queues()) == ["broker-a", "broker-b"]
+        with pytest.raises(ClientError, match="queues\\(\\) lists them per set"):
+            consumer.lag()
+    popped: Counter[str] = Counter()
+    with PopConsumer("workers", "spread", cluster=sets[0].etcd.endpoints) as worker:
+        while (batch := worker.pop(16, timeout_ms=500)):
+            popped.update(m.body.decode() for m in batch)
+            assert worker.ack_all(batch) == []
+    assert popped == expected
 
 
 @pytest.mark.slow
@@ -125,7 +160,9 @@ def test_routes_follow_the_topic_table_and_a_set_without_the_topic_is_named(sets
     with sets[1].engines[0].client() as b:  # deleted on its set: its route goes
         b.request("delete_topic", topic="only-b")
     deadline = time.monotonic() + 10
-    while cluster.etcd.get_prefix(routes_prefix(cluster.cluster_name, "only-b")):
+    etcd = cluster.reader.etcd
+    assert etcd is not None
+    while etcd.get_prefix(routes_prefix(cluster.cluster_name, "only-b")):
         assert time.monotonic() < deadline, "the deleted topic's route stayed"
         time.sleep(0.05)
 
@@ -255,3 +292,10 @@ def test_a_sets_master_killed_under_the_cluster_clients_its_replica_takes_over_n
     assert not set(acked) - set(read)
     assert not set(acked) - set(stored), "every acknowledged message is stored"
     assert max(stored.values()) == 1, "none is stored twice"
+
+
+def cli(*args: str) -> str:
+    ran = subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=60,
+                         check=False, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
