@@ -13,7 +13,9 @@ them, again when it is lost (docs/replication.md, "Failover"); ``cluster stop`` 
 ``--broker-sets N`` (etcd implied): N broker sets (``broker-a``, ``broker-b``, ...) of a master
 and ``--replicas`` replicas each, on one etcd: a cluster (docs/cluster.md). Set ``s``'s engine
 ``k`` is ``<broker>-<k>`` on ``--port + 100 s + 10 k``; topics are spread over the sets with
-``rmqpy topics --cluster``.
+``rmqpy topics --cluster``. ``cluster add --dir D`` grows such a cluster by one broker set (the
+next name, the next ports, ``--replicas`` as given), started on the same etcd; existing queues
+stay where they are.
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
     start.add_argument("--etcd-port", type=int, default=2379, help="etcd's client port (peer: the next; default 2379)")
     start.add_argument("--broker-sets", type=int, default=1,
                        help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
-    for action in (start, actions.add_parser("status", help="each engine's role and lag"),
+    add = actions.add_parser("add", help="one more broker set on the cluster's etcd (a cluster started with --etcd)")
+    add.add_argument("--replicas", type=int, default=None,
+                     help="replicas of the new set's master (default: as many as the first set has)")
+    for action in (start, add, actions.add_parser("status", help="each engine's role and lag"),
                    actions.add_parser("stop", help="stop the replicas, then the master")):
         action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    return {"start": _start, "status": _status, "stop": _stop}[args.action](args)
+    return {"start": _start, "add": _add, "status": _status, "stop": _stop}[args.action](args)
 
 
 def _engines(directory: Path) -> list[dict[str, str]]:
@@ -76,26 +81,19 @@ def _start(args: argparse.Namespace) -> int:
     elected = args.etcd or args.broker_sets > 1
     replication = f"tcp://127.0.0.1:{args.port + 1}"
     etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if elected else None
+    layout = {"port": args.port, "replication_mode": args.replication_mode,
+              "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
     engines = []
     for index in range(args.broker_sets):
-        broker_name = f"broker-{chr(ord('a') + index)}"
-        for k in range(args.replicas + 1):
-            port = args.port + 100 * index + 10 * k
-            endpoint = f"tcp://127.0.0.1:{port}"
-            if etcd is not None:  # every engine may be elected: each listens for replicas, etcd says who serves
-                name = f"broker-{k}" if args.broker_sets == 1 else f"{broker_name}-{k}"
-                role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{port + 1}",
-                                           "replication_mode": args.replication_mode,
-                                           "etcd_endpoints": etcd.endpoints, "broker_id": k,
-                                           "broker_name": broker_name}
-            else:
-                name = "master" if k == 0 else f"replica-{k}"
-                role = {"replication_endpoint": replication, "replication_mode": args.replication_mode} if k == 0 \
-                    else {"replica_of": replication}
-            config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
-            write_config(directory / f"{name}.toml", config)
-            engines.append({"name": name, "endpoint": endpoint, "store_dir": str(directory / name),
-                            "broker_name": broker_name})
+        if etcd is not None:
+            engines += _write_set(directory, layout, index, args.replicas, alone=args.broker_sets == 1)
+            continue
+        for k in range(args.replicas + 1):  # roles fixed: a master and replicas of its replication endpoint
+            port = args.port + 10 * k
+            name = "master" if k == 0 else f"replica-{k}"
+            role: dict[str, object] = {"replication_endpoint": replication, "replication_mode": args.replication_mode} \
+                if k == 0 else {"replica_of": replication}
+            engines.append(_write_engine(directory, name, port, "broker-a", role))
     if etcd is not None:
         try:
             etcd.start()
@@ -104,18 +102,14 @@ def _start(args: argparse.Namespace) -> int:
             etcd.stop()
             return EXIT_FAILED
         print(f"etcd       {etcd.endpoints:<24} pid={etcd.pids()[0]}", flush=True)
-    (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, "engines": engines,
+    (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, **layout,
+                                                      "engines": engines,
                                                       "etcd_pids": etcd.pids() if etcd else []},
                                                      indent=2) + "\n")
-    for engine in engines:
-        started = subprocess.run([sys.executable, "-m", "supervisor", "start", "--config",
-                                  str(directory / f"{engine['name']}.toml"), "--store-dir", engine["store_dir"],
-                                  "--detach"], capture_output=True, text=True, check=False)
-        if started.returncode != 0:
-            print(f"error: {engine['name']} did not start: {started.stderr.strip()}", file=sys.stderr)
-            _stop(args)
-            return started.returncode
-        print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
+    code = _start_engines(directory, engines)
+    if code != EXIT_OK:
+        _stop(args)
+        return code
     if etcd is not None and args.broker_sets > 1:
         print(f"a cluster of {args.broker_sets} broker sets elected on etcd ({args.replication_mode}); "
               f"rmqpy's Cluster and `rmqpy topics --cluster` take etcd's address: {etcd.endpoints}")
@@ -124,6 +118,70 @@ def _start(args: argparse.Namespace) -> int:
         print(f"elected on etcd ({args.replication_mode}); rmqpy's producers take the set's address: {address}")
     else:
         print(f"replication {replication} ({args.replication_mode}); writes go to the master, reads to any")
+    return EXIT_OK
+
+
+def _add(args: argparse.Namespace) -> int:
+    """One more broker set: the next name and ports, on the cluster's etcd; written into cluster.json."""
+    directory: Path = args.dir.resolve()
+    cluster = json.loads((directory / CLUSTER_FILE).read_text()) if (directory / CLUSTER_FILE).exists() else None
+    if cluster is None or not cluster.get("etcd_endpoints"):
+        print(f"error: no cluster elected on etcd in {directory} (cluster start --dir {directory} --etcd, or "
+              f"--broker-sets N)", file=sys.stderr)
+        return EXIT_FAILED
+    engines: list[dict[str, str]] = cluster["engines"]
+    brokers = sorted({engine["broker_name"] for engine in engines})
+    replicas = args.replicas if args.replicas is not None else \
+        sum(engine["broker_name"] == brokers[0] for engine in engines) - 1
+    if replicas < 0:
+        print("error: --replicas must be at least 0", file=sys.stderr)
+        return EXIT_FAILED
+    added = _write_set(directory, cluster, len(brokers), replicas, alone=False)
+    cluster["engines"] = engines + added  # named before they start: `cluster stop` stops them whatever happens
+    (directory / CLUSTER_FILE).write_text(json.dumps(cluster, indent=2) + "\n")
+    code = _start_engines(directory, added)
+    if code != EXIT_OK:
+        return code
+    broker_name = added[0]["broker_name"]
+    print(f"broker set {broker_name} joined the cluster on {cluster['etcd_endpoints']}: new topics can use it "
+          f"(`rmqpy topics --cluster {cluster['etcd_endpoints']} --create T --brokers {broker_name}`); existing "
+          f"queues stay where they are")
+    return EXIT_OK
+
+
+def _write_set(directory: Path, layout: dict[str, object], index: int, replicas: int, *,
+               alone: bool) -> list[dict[str, str]]:
+    """The configs of broker set ``index`` (``broker-a``, ``broker-b``...): engines that elect their
+    master on the cluster's etcd, each listening for replicas."""
+    broker_name = f"broker-{chr(ord('a') + index)}"
+    engines = []
+    for k in range(replicas + 1):
+        port = int(str(layout["port"])) + 100 * index + 10 * k
+        role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{port + 1}",
+                                   "replication_mode": layout["replication_mode"],
+                                   "etcd_endpoints": layout["etcd_endpoints"], "broker_id": k,
+                                   "broker_name": broker_name}
+        engines.append(_write_engine(directory, f"broker-{k}" if alone else f"{broker_name}-{k}", port, broker_name,
+                                     role))
+    return engines
+
+
+def _write_engine(directory: Path, name: str, port: int, broker_name: str, role: dict[str, object]) -> dict[str, str]:
+    endpoint = f"tcp://127.0.0.1:{port}"
+    config = StoreConfig.load(None, profile="dev", endpoint=endpoint, metrics_endpoint="", **role)
+    write_config(directory / f"{name}.toml", config)
+    return {"name": name, "endpoint": endpoint, "store_dir": str(directory / name), "broker_name": broker_name}
+
+
+def _start_engines(directory: Path, engines: list[dict[str, str]]) -> int:
+    for engine in engines:
+        started = subprocess.run([sys.executable, "-m", "supervisor", "start", "--config",
+                                  str(directory / f"{engine['name']}.toml"), "--store-dir", engine["store_dir"],
+                                  "--detach"], capture_output=True, text=True, check=False)
+        if started.returncode != 0:
+            print(f"error: {engine['name']} did not start: {started.stderr.strip()}", file=sys.stderr)
+            return started.returncode
+        print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
     return EXIT_OK
 
 

@@ -1,8 +1,10 @@
 """``rmqpy-server cluster``: a master and two replicas started by one command, their roles and lag
-shown, a message sent to the master read from a replica, and all of it stopped by one command."""
+shown, a message sent to the master read from a replica, and all of it stopped by one command; a
+cluster of two broker sets, grown by a third with ``cluster add``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -69,10 +71,28 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
                                                f"topic orders: 3 queues on broker-b (tcp://127.0.0.1:{port + 100})"]
         listed = rmqpy_cli("topics", "--cluster", etcd)
         assert "orders\tbroker-a: 3 queues, broker-b: 3 queues" in listed.stdout, listed.stdout
+
+        added = cluster("add", "--dir", str(directory))  # growing: one command, one more set
+        assert added.returncode == 0, added.stderr
+        assert added.stdout.splitlines()[0].split()[:2] == ["broker-c-0", f"tcp://127.0.0.1:{port + 200}"]
+        assert "existing queues stay where they are" in added.stdout
+        created = rmqpy_cli("topics", "--cluster", etcd, "--create", "audit", "--queues", "2", "--brokers", "broker-c")
+        assert created.returncode == 0, created.stderr
+        grown = rmqpy_cli("topics", "--endpoint", f"tcp://127.0.0.1:{port + 200}", "--create", "orders",
+                          "--queues", "2")  # orders gains 2 queues on the new set; its 6 others stay
+        assert grown.returncode == 0, grown.stderr
+        deadline = time.monotonic() + 30
+        while "orders\tbroker-a: 3 queues, broker-b: 3 queues, broker-c: 2 queues" not in listed.stdout:
+            assert time.monotonic() < deadline, listed.stdout
+            listed = rmqpy_cli("topics", "--cluster", etcd)
+        assert "audit\tbroker-c: 2 queues" in listed.stdout
+        sent = rmqpy_cli("produce", "--cluster", etcd, "--topic", "orders", "--count", "8", "--json")
+        assert sent.returncode == 0, sent.stderr
+        assert {r["broker_name"] for r in json.loads(sent.stdout)["results"]} == {"broker-a", "broker-b", "broker-c"}
     finally:
         stopped = cluster("stop", "--dir", str(directory))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert [line.split()[1] for line in stopped.stdout.splitlines()] == ["stopped"] * 3
+    assert [line.split()[1] for line in stopped.stdout.splitlines()] == ["stopped"] * 4
 
 
 def rmqpy_cli(*args: str) -> subprocess.CompletedProcess[str]:
