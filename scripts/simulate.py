@@ -6,6 +6,7 @@
     python scripts/simulate.py --seeds 200 --steps 1500 --supervisor-deaths 0.004 --fixed-rates  # supervisor deaths
     python scripts/simulate.py --broker-set SYNC --seeds 1000   # three engines elected on a model of etcd
     python scripts/simulate.py --consumer-group --seeds 3000    # members sharing queues, a front that restarts
+    python scripts/simulate.py --consumer-group --broker-sets 2  # ... over two broker sets, one failing over
 
 Each seed runs every actor's logic in this process over a simulated network and
 disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
@@ -50,9 +51,13 @@ def main() -> int:
                         help="a consumer group's members sharing a topic's queues through the front's membership, "
                              "coming, going, dying and stalling, with lost heartbeats and front restarts "
                              "(harness/group_simulation.py)")
+    parser.add_argument("--broker-sets", type=int, choices=(1, 2), default=1,
+                        help="with --consumer-group: the topic over this many broker sets, one failing over at "
+                             "times (default 1)")
     args = parser.parse_args()
     if args.consumer_group:
-        return run_seeds(args, lambda seed: (simulate_group(seed), "", ""), "consumer-group seeds")
+        return run_seeds(args, lambda seed: (simulate_group(seed, sets=args.broker_sets), "", ""),
+                         "consumer-group seeds")
     if args.broker_set:
         def one_set(seed: int) -> tuple[SetOutcome, str, str]:
             plan = SetPlan.drawn(seed, replication_mode=args.broker_set)

@@ -1,7 +1,8 @@
 """The seeded simulation of a consumer group sharing a topic's queues (harness/group_simulation.py):
-the front's membership and the members' decisions, under members that come, go, die and stall,
-lost heartbeats and a front that restarts. Every seed must keep one reader per queue at a time
-and hand out every message; planted bugs of a member must be caught."""
+the fronts' membership and the members' decisions, under members that come, go, die and stall,
+lost heartbeats, fronts that restart and, over two broker sets, a set that fails over. Every seed
+must keep one reader per queue at a time and hand out every acknowledged message; planted bugs of
+a member must be caught."""
 
 from __future__ import annotations
 
@@ -25,9 +26,18 @@ def test_two_hundred_seeds_keep_one_reader_per_queue_and_hand_out_everything() -
     assert failing(range(200)) == {}
 
 
+def test_a_hundred_seeds_over_two_broker_sets_one_failing_over_at_times() -> None:
+    assert failing(range(100), sets=2) == {}
+
+
 @pytest.mark.slow
 def test_three_thousand_seeds() -> None:
     assert failing(range(200, 3_200)) == {}
+
+
+@pytest.mark.slow
+def test_two_thousand_seeds_over_two_broker_sets() -> None:
+    assert failing(range(100, 2_100), sets=2) == {}
 
 
 class Greedy(MemberState):
@@ -53,8 +63,9 @@ class ClaimsWhatItLost(MemberState):
         super().on_reply(reply, sent_at, sent_at, number)
 
 
-def test_a_member_reading_queues_not_granted_is_caught() -> None:
-    found = failing(range(20), member_factory=Greedy)
+@pytest.mark.parametrize("sets", [1, 2])
+def test_a_member_reading_queues_not_granted_is_caught(sets: int) -> None:
+    found = failing(range(20), member_factory=Greedy, sets=sets)
     assert found and all("also reads queue" in " ".join(v) for v in found.values()), found
 
 
@@ -66,3 +77,6 @@ def test_a_seed_replays_exactly() -> None:
     first, again = simulate_group(3), simulate_group(3)
     assert (first.trace, first.handed_out) == (again.trace, again.handed_out)
     assert first.front_restarts > 0 and first.handed_out > 1_000
+    two_sets = simulate_group(3, sets=2)
+    assert two_sets.trace == simulate_group(3, sets=2).trace
+    assert any("master fails" in line for line in two_sets.trace), "seed 3 fails a set over"
