@@ -17,12 +17,10 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from engine.cli import EXIT_FAILED, EXIT_USAGE
 from engine.client import ClientError, StoreClient
 from engine.coordination.etcd import EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 
 def cluster_route(args: argparse.Namespace) -> TopicRoute:

@@ -55,7 +55,7 @@ def finish_and_verify(engine: EngineProcess, producers: list[ProducerThread], co
 
 @pytest.mark.parametrize(("role", "flush_mode"), [
     *((role, "ASYNC_FLUSH") for role in ("writer", "flusher", "owner", "index", "reput", "front")),
-    ("writer", "SYNC_FLUSH"), ("flusher", "SYNC_FLUSH"),
+    pytest.param("writer", "SYNC_FLUSH", marks=pytest.mark.slow), ("flusher", "SYNC_FLUSH"),
     *(pytest.param(role, "SYNC_FLUSH", marks=pytest.mark.slow) for role in ("owner", "index", "reput", "front"))])
 def test_killing_an_actor_under_load_loses_nothing_acknowledged(store_dir: Path, flush_mode: str, role: str) -> None:
     config = crash_config(flush_mode)

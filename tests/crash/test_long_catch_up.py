@@ -64,6 +64,7 @@ def commit_one(client: StoreClient, body: bytes) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow  # 4.6 s: a long log written first
 def test_a_restart_after_a_long_log_past_the_last_transaction_serves_commits(store_dir: Path) -> None:
     engine = EngineProcess(store_dir, config=long_log_config())
     engine.start()

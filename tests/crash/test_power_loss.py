@@ -77,6 +77,7 @@ def test_async_flush_loses_only_the_unflushed_window(store_dir: Path, seed: int)
     assert not verdict.order_violations, verdict.summary()
 
 
+@pytest.mark.slow  # 5 s; the default run keeps the SYNC_FLUSH power cut
 def test_negative_control_without_flushing_reports_the_loss(store_dir: Path) -> None:
     never = 3_600_000
     config = power_config("ASYNC_FLUSH").replace(flush_interval_ms=never, flush_thorough_interval_ms=never,

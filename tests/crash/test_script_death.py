@@ -77,6 +77,7 @@ def test_a_supervisor_whose_parent_is_already_gone_does_not_start(store_dir: Pat
     assert not endpoints.run_dir_for(store_dir).exists()
 
 
+@pytest.mark.slow  # 4 s
 def test_a_supervisor_ended_by_a_fatal_signal_leaves_its_stacks_in_the_logs(store_dir: Path) -> None:
     """Its stderr may be a pipe nobody reads (a script's): the stacks go to logs/supervisor.faults."""
     engine = EngineProcess(store_dir)

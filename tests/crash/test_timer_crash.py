@@ -79,8 +79,8 @@ def kill(engine: EngineProcess, victim: str, seed: int) -> None:
     events.close()
 
 
-@pytest.mark.parametrize(("victim", "flush_mode"), [("timer", "ASYNC_FLUSH"),
-                                                    pytest.param("engine", "SYNC_FLUSH", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 10 s and more each; the default run has the timer's pinned simulation seeds
+@pytest.mark.parametrize(("victim", "flush_mode"), [("timer", "ASYNC_FLUSH"), ("engine", "SYNC_FLUSH")])
 def test_every_delayed_message_arrives_once_and_not_early_across_kills(store_dir: Path, victim: str,
                                                                         flush_mode: str) -> None:
     config = crash_config(flush_mode)
@@ -139,7 +139,8 @@ def decide_all(engine: EngineProcess, halves: dict[str, bytes], decided: dict[by
             time.sleep(0.005)  # spread the decisions over the kills
 
 
-@pytest.mark.parametrize("victim", ["transactions", pytest.param("engine", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 7 s and more each
+@pytest.mark.parametrize("victim", ["transactions", "engine"])
 def test_every_committed_half_arrives_once_and_no_rolled_back_one_across_kills(store_dir: Path,
                                                                                victim: str) -> None:
     config = crash_config("SYNC_FLUSH")

@@ -110,6 +110,7 @@ class Traffic:
         return False
 
 
+@pytest.mark.slow  # 6 s of kills under load
 def test_clients_ride_through_kills_of_the_grpc_endpoint_and_no_acked_message_comes_back(
         own_engine: EngineProcess) -> None:
     with own_engine.client() as client:

@@ -211,6 +211,7 @@ def test_a_hung_supervisor_gives_one_line_and_status_6(tmp_path: Path) -> None:
     assert stopped.returncode == 0, stopped.stderr
 
 
+@pytest.mark.slow  # 6 s: a supervisor killed, its actors waited out
 def test_a_killed_supervisor_is_reported_at_once_without_a_traceback(tmp_path: Path) -> None:
     store = tmp_path / "store"
     config = config_file(tmp_path)

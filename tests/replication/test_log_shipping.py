@@ -144,6 +144,7 @@ def test_killing_replication_and_the_replicas_writer_under_load_loses_and_repeat
     assert check_store(replica.store_dir, replica.config) == []
 
 
+@pytest.mark.slow  # 5.5 s: a replica started twice
 def test_an_empty_replica_catches_up_and_one_ahead_of_its_master_is_told_why(tmp_path: Path) -> None:
     config = small_segments()
     endpoint = f"tcp://127.0.0.1:{free_port()}"
