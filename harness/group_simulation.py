@@ -48,7 +48,6 @@ BATCH = 16  # messages of a queue a member hands out (and commits) between two l
 LATENCY_S = (0.0005, 0.03)  # one way, front and member
 RUN_S = 40.0
 QUIET_S = 10.0  # at the end: no faults, every member up
-PERSIST_S = 5.0  # the front writes the groups with members this often: it restarts only after the first write
 FAILOVER_S = (0.3, 3.0)  # how long a set has no master when it fails over
 
 
@@ -298,14 +297,14 @@ class GroupSimulation:
             member = self.members[name]
             member.paused_until = self.now + self.rng.uniform(0.1, 3 * SESSION_MS / 1000)
             self.note(f"{name} stalls until {member.paused_until:.3f}")
-        elif kind == "restart" and self.now >= PERSIST_S:
-            # The groups with members were on disk (config/sharingGroups.json, written every 5 s): the
-            # restarted front waits a session for their members before it grants anything new.
+        elif kind == "restart":
+            # A group is on disk (config/sharingGroups.json) before its first grant: the restarted
+            # front waits a session for its members before it grants anything new.
             s = self.rng.randrange(len(self.sets))
             self.sets[s].front = self.new_front()
             self.run.front_restarts += 1
             self.note(f"set {s}'s front restarts: membership forgotten")
-        elif kind == "failover" and self.now >= PERSIST_S:
+        elif kind == "failover":
             s = self.rng.randrange(len(self.sets))
             broker_set = self.sets[s]
             if broker_set.up(self.now):

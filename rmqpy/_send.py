@@ -8,10 +8,11 @@ after a ``BUSY`` carries the same ids, so nothing can be told apart from the fir
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -21,6 +22,25 @@ from engine.errors import ErrorCode
 from rmqpy.message import OutgoingMessage, outgoing_to_wire
 
 FOLLOW_PROBE_MS = 500  # a master a replica names must accept a connection this soon, or it is taken for gone
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def mapped(future: concurrent.futures.Future[A], change: Callable[[A], B]) -> concurrent.futures.Future[B]:
+    """A future that holds ``change(result)`` once ``future`` has its result, or its exception."""
+    changed: concurrent.futures.Future[B] = concurrent.futures.Future()
+
+    def done(finished: concurrent.futures.Future[A]) -> None:
+        error = finished.exception()
+        if error is not None:
+            changed.set_exception(error)
+        else:
+            changed.set_result(change(finished.result()))
+
+    future.add_done_callback(done)
+    return changed
 
 
 def endpoints_after(endpoints: list[str], current: str) -> list[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -36,6 +37,7 @@ from engine.client import ClientError, EngineError, EngineUnreachable, RequestTi
 from engine.coordination.etcd import EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute, broker_masters, create_spread_topic
 from engine.errors import ErrorCode
+from rmqpy._send import mapped
 from rmqpy.message import Message, OutgoingMessage, SendResult
 from rmqpy.pop_consumer import PopConsumer
 from rmqpy.producer import Producer
@@ -120,6 +122,7 @@ class ClusterProducer:
         self.options = producer_options
         self._producers: dict[str, Producer] = {}  # broker name -> a Producer on its set's address
         self._turn = itertools.count()
+        self._lock = threading.Lock()
 
     def __enter__(self) -> ClusterProducer:
         return self
@@ -174,17 +177,7 @@ class ClusterProducer:
         queues = self.cluster.route(topic).queues
         broker, queue_id = queues[self._first(sharding_key) % len(queues)]
         sent = self._producer(topic, broker).send_batch_async(topic, batch, queue_id=queue_id, **options)
-        named: concurrent.futures.Future[list[SendResult]] = concurrent.futures.Future()
-
-        def done(future: concurrent.futures.Future[list[SendResult]]) -> None:
-            error = future.exception()
-            if error is not None:
-                named.set_exception(error)
-            else:
-                named.set_result(_named(future.result(), broker))
-
-        sent.add_done_callback(done)
-        return named
+        return mapped(sent, lambda results: _named(results, broker))
 
     def flush(self, timeout_s: float | None = None) -> None:
         for producer in list(self._producers.values()):
@@ -194,10 +187,12 @@ class ClusterProducer:
         return zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
 
     def _producer(self, topic: str, broker: str) -> Producer:
-        producer = self._producers.get(broker)
-        if producer is None:
-            producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker), **self.options)
-        return producer
+        with self._lock:  # threads sharing this producer share each set's Producer too
+            producer = self._producers.get(broker)
+            if producer is None:
+                producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker),
+                                                              **self.options)
+            return producer
 
 
 def _named(results: list[SendResult], broker: str) -> list[SendResult]:

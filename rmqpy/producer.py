@@ -49,6 +49,7 @@ from rmqpy._send import (
     UniqKeys,
     batch_fields,
     endpoints_after,
+    mapped,
     master_named,
     one_message,
 )
@@ -137,6 +138,9 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""
+        if self._spread is not None:
+            self._spread.flush(timeout_s)
+            return
         with self._async_lock:
             unfinished = list(self._unfinished)
         concurrent.futures.wait(unfinished, timeout=timeout_s)
@@ -173,10 +177,15 @@ class Producer:
         plus body, topic and properties per message; protocol 8.1); split larger ones.
         """
         if self._spread is not None:
+            self._check_open()
             return self._spread.send_batch(topic, messages, **self._spread_options(
                 queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         return self._send_now(topic, messages, self._options(queue_id, sharding_key, delay_ms, deliver_at_ms,
                                                              delay_level))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the producer is closed")
 
     def _spread_options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
                         deliver_at_ms: int | None, delay_level: int | None) -> dict[str, Any]:
@@ -255,7 +264,7 @@ class Producer:
         if self._spread is not None:
             sent = self.send_batch_async(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
                                          delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
-            return _first_of(sent)
+            return mapped(sent, lambda results: results[0])
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
 
         async def send_one(producer: AsyncProducer) -> SendResult:
@@ -271,6 +280,7 @@ class Producer:
         """``send_batch`` without waiting. Any thread."""
         batch = list(messages)  # the caller may change its list at once
         if self._spread is not None:
+            self._check_open()
             return self._spread.send_batch_async(topic, batch, **self._spread_options(
                 queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
@@ -308,16 +318,3 @@ class Producer:
             self._loop_thread = LoopThread(f"rmqpy-producer-{self.endpoint}")
         return self._loop_thread, self._async_producer
 
-
-def _first_of(sent: concurrent.futures.Future[list[SendResult]]) -> concurrent.futures.Future[SendResult]:
-    one: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
-
-    def done(future: concurrent.futures.Future[list[SendResult]]) -> None:
-        error = future.exception()
-        if error is not None:
-            one.set_exception(error)
-        else:
-            one.set_result(future.result()[0])
-
-    sent.add_done_callback(done)
-    return one

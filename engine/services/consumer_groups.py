@@ -87,8 +87,11 @@ class ConsumerGroups:
         membership = self.members.beat(request.group, request.topic, request.client_id, now_ms,
                                        queues=request.queues, held=request.held, seq=request.seq,
                                        leaving=request.leaving)
-        if not request.leaving:
-            self.sharing.add(request.group, request.topic)
+        if not request.leaving and self.sharing.add(request.group, request.topic):
+            try:  # on disk before its first grant: after a crash the restarted front waits a session for it
+                self.sharing.persist()
+            except OSError as exc:
+                log.error("cannot write the sharing groups: %s; retried with the offsets", exc)
         return encode_reply(request.id, members=membership.members, settled=membership.settled,
                             granted=membership.granted, queue_count=queue_count,
                             session_timeout_ms=self.members.session_timeout_ms)

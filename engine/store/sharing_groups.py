@@ -6,9 +6,10 @@ Only the (group, topic) pairs, not who reads what: the front keeps that in memor
 (``engine/services/group_members.py``). After a restart it needs to know which groups may
 still have members reading queues it has forgotten: those wait one session before the
 front grants anything new, while a group it never had may start at once. Written whole
-(temp file, fsync, ``.bak``, rename) when the set changed, every
-``consumer_offset_persist_interval_ms`` and at a clean stop; a group that appeared less
-than that before a crash is not in the file, and is taken for new after the restart.
+(temp file, fsync, ``.bak``, rename): at once when a group first has a member, before the
+reply that grants it queues (so a group that was granted anything is in the file after any
+crash), and, for groups that went, every ``consumer_offset_persist_interval_ms`` and at a
+clean stop.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ class SharingGroups:
         self.pairs: set[tuple[str, str]] = read_with_backup(self.path, _parse) or set()
         self.dirty = False
 
-    def add(self, group: str, topic: str) -> None:
-        if (group, topic) not in self.pairs:
-            self.pairs.add((group, topic))
-            self.dirty = True
+    def add(self, group: str, topic: str) -> bool:
+        """True if the group is new here."""
+        if (group, topic) in self.pairs:
+            return False
+        self.pairs.add((group, topic))
+        self.dirty = True
+        return True
 
     def discard(self, group: str, topic: str) -> None:
         if (group, topic) in self.pairs:

@@ -7,6 +7,7 @@ within 1⅓ of it (2 s) plus the time the others take to see it (a poll); the te
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.store.sharing_groups import SHARING_GROUPS_FILE
 from harness.faults import kill_actor
 from harness.group_member import MemberProcesses
 from rmqpy import EngineError, Producer, PullConsumer
@@ -117,6 +119,8 @@ def test_heartbeat_names_the_members_and_a_leaving_one_goes_at_once(engine: Engi
         first = client.request("heartbeat", group="g", topic="shared", client_id="b")
         assert first["members"] == ["b"] and first["queue_count"] == QUEUES
         assert first["session_timeout_ms"] == SESSION_MS and first["settled"] is True  # a group new to this engine
+        shared = json.loads((engine.store_dir / SHARING_GROUPS_FILE).read_text())["groups"]
+        assert ["g", "shared"] in shared, "on disk before its first grant, not at the next persist interval"
         assert client.request("heartbeat", group="g", topic="shared", client_id="a")["members"] == ["a", "b"]
         other_group = client.request("heartbeat", group="h", topic="shared", client_id="c")
         assert other_group["members"] == ["c"]
