@@ -56,11 +56,11 @@ from engine.store.system_topics import (
     TIMER_TOPIC,
 )
 from engine.version import package_version
+from rmqpy._channel import Channel
+from rmqpy._send import UniqKeys
 
 if TYPE_CHECKING:
     from engine.cli_cluster import SpreadSends
-from rmqpy._channel import Channel
-from rmqpy._send import UniqKeys
 
 PRODUCE_BAR_COUNT_MIN = 1_000  # produce draws a progress bar (on a terminal) from this many messages on
 
@@ -315,7 +315,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         _emit(args, messages, "\n".join([*(_message_line(m) for m in messages), _plural(len(messages), "message")]))
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
-    return EXIT_FAILED if errors and not args.pop else EXIT_OK
+    return EXIT_FAILED if errors else EXIT_OK
 
 
 def _pull_messages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:

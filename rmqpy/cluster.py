@@ -117,8 +117,7 @@ class ClusterProducer:
     the same queue of the same set). Thread-safe as ``Producer``."""
 
     def __init__(self, cluster: Cluster | str, **producer_options: Any) -> None:
-        self._owns_cluster = isinstance(cluster, str)
-        self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
+        self.cluster, self._owns_cluster = _opened(cluster)
         self.options = producer_options
         self._producers: dict[str, Producer] = {}  # broker name -> a Producer on its set's address
         self._turn = itertools.count()
@@ -193,6 +192,11 @@ class ClusterProducer:
                 producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker),
                                                               **self.options)
             return producer
+
+
+def _opened(cluster: Cluster | str) -> tuple[Cluster, bool]:
+    """The cluster, and whether it was opened here from its address (then its user closes it)."""
+    return (Cluster(cluster), True) if isinstance(cluster, str) else (cluster, False)
 
 
 def _named(results: list[SendResult], broker: str) -> list[SendResult]:
@@ -271,13 +275,12 @@ class ClusterPullConsumer:
 
     def __init__(self, cluster: Cluster | str, group: str, topic: str, *, max_wait_ms: int = 5_000,
                  idle_timeout_ms: int | None = None, **consumer_options: Any) -> None:
-        self._owns_cluster = isinstance(cluster, str)
-        cluster = self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
+        self.cluster, self._owns_cluster = _opened(cluster)
         self.group = group
         self.topic = topic
         self.max_wait_ms = max_wait_ms
         self.idle_timeout_ms = idle_timeout_ms
-        self._sets = _SetReaders(cluster, topic, lambda endpoint: PullConsumer(
+        self._sets = _SetReaders(self.cluster, topic, lambda endpoint: PullConsumer(
             group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), _drop_pull)
         self._turn = 0
         self._closed = False
@@ -355,14 +358,17 @@ class ClusterPopConsumer:
 
     def __init__(self, cluster: Cluster | str, group: str, topic: str, *, max_wait_ms: int = 1_000,
                  **consumer_options: Any) -> None:
-        self._owns_cluster = isinstance(cluster, str)
-        cluster = self.cluster = Cluster(cluster) if isinstance(cluster, str) else cluster
+        self.cluster, self._owns_cluster = _opened(cluster)
         self.max_wait_ms = max_wait_ms
-        self._sets = _SetReaders(cluster, topic, lambda endpoint: PopConsumer(
+        self._sets = _SetReaders(self.cluster, topic, lambda endpoint: PopConsumer(
             group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), PopConsumer.close)
         self._stored_by: dict[str, str] = {}  # a message's store_host -> the broker set that stored it
         self._turn = 0
-        self._sets.follow(fresh=False)
+        try:
+            self._sets.follow(fresh=False)
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> ClusterPopConsumer:
         return self

@@ -104,20 +104,20 @@ class PopConsumer:
         if self._closed:
             return
         self._closed = True
-        if self._spread is not None:
-            for message in self._buffer:
-                self._spread.nack(message)  # back now, as below
-            self._buffer.clear()
-            self._spread.close()
-            return
         try:
             for message in self._buffer:
-                self._client.change_invisible_duration(self.group, receipt(message), 0)
+                if self._spread is not None:
+                    self._spread.nack(message)  # at the set that stored it
+                else:
+                    self._client.change_invisible_duration(self.group, receipt(message), 0)
         except EngineError:
             pass  # each comes back after its invisible time all the same
         finally:
             self._buffer.clear()
-            self._client.close()
+            if self._spread is not None:
+                self._spread.close()
+            else:
+                self._client.close()
 
     def _check_open(self) -> None:
         if self._closed:
