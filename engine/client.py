@@ -1,4 +1,4 @@
-"""The Python client: the protocol of ``docs/protocol.md`` over a ZeroMQ DEALER socket.
+"""The Python client: the protocol of ``docs/protocol.md`` over one ZeroMQ socket.
 
     from engine.client import StoreClient
 
@@ -16,11 +16,20 @@ time raises ``RequestTimeout``. A request past the protocol's frame limit
 (``FRAME_BYTES_MAX``) is refused before it is sent, with ``MESSAGE_ILLEGAL``.
 A refused request raises ``EngineError`` carrying the engine's stable error
 ``code`` and ``name``.
+
+The socket is a ROUTER that gives the front a routing id of its own (random, a new one for each
+socket): with it, the actors that make the answers (the writer for a send, an owner for a pull)
+answer the client directly, past the front, once its socket is connected to them too
+(``engine/ipc/direct_replies.py``). The client learns where they listen from the ``route``
+answer it asks for beside its first request, and connects to them in the background; until then,
+and whenever one is down, answers come through the front. ``direct_replies=False`` keeps to the
+front alone.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -47,6 +56,10 @@ CONNECT_PROBE_MS = 1_000  # how long engine_answers waits for a connection
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
+
+# The client's socket names its connection to the front so, and its direct ones d0, d1, ...
+_FRONT = b"front"
+_ROUTE_REQUEST_ID = 2**53  # the ``route`` asked beside the first request (ids count up from 1)
 
 
 class ClientError(Exception):
@@ -111,7 +124,7 @@ def master_of_set(endpoints: list[str], *, timeout_ms: int = 2_000) -> str | Non
         if not engine_answers(endpoint):
             continue
         try:
-            with StoreClient(endpoint, timeout_ms=timeout_ms) as client:
+            with StoreClient(endpoint, timeout_ms=timeout_ms, direct_replies=False) as client:
                 route = client.route()
         except ClientError:
             continue
@@ -154,7 +167,8 @@ def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
-                 on_master: Callable[[str], None] | None = None, watch_connection: bool = False) -> None:
+                 on_master: Callable[[str], None] | None = None, watch_connection: bool = False,
+                 direct_replies: bool = True) -> None:
         """``curve``: the engine's public key and this client's key pair, for an engine with
         ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout.
         ``on_master``: follow a replica's ``NOT_MASTER`` to the master it names (the request goes
@@ -162,7 +176,8 @@ class StoreClient:
         Without it, ``NOT_MASTER`` is raised as any refusal.
         ``watch_connection``: a request whose connection breaks before its reply raises
         ``ConnectionLost`` at once instead of waiting out its deadline (a broker set's client
-        moves on to the next engine; one more socket per client, and a poll of two)."""
+        moves on to the next engine; one more socket per client, and a poll of two).
+        ``direct_replies``: let the actors that make the answers send them straight here (see above)."""
         self.endpoint = endpoint
         self.on_master = on_master
         self.timeout_ms = timeout_ms
@@ -172,18 +187,55 @@ class StoreClient:
         self._context = context or zmq.Context.instance()
         self._ids = itertools.count(1)
         self.watch_connection = watch_connection
+        self.direct_replies = direct_replies
         self._monitor: zmq.Socket | None = None
+        self._direct: list[str] = []  # the endpoints this socket connected to for direct answers
+        self._route_asked = False
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
-        sock = self._context.socket(zmq.DEALER)
+        sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full queue to the front blocks, as a DEALER's does
+        # ZeroMQ's own routing ids begin with a 0 byte: one that does not tells the front it may be answered directly
+        sock.setsockopt(zmq.ROUTING_ID, b"c" + os.urandom(15))
         if self.curve is not None:
             self.curve.apply(sock)
         if self.watch_connection:
             self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.setsockopt(zmq.CONNECT_ROUTING_ID, _FRONT)  # the connection's queue exists from now: sends wait in it
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
+        self._direct = []
+        self._route_asked = not self.direct_replies
         return sock
+
+    def _connect_direct(self, route: Mapping[str, Any]) -> None:
+        """Connect to the actors that answer directly, as the ``route`` answer names them."""
+        endpoints = route.get("reply_endpoints") if route.get("ok") else None
+        for endpoint in endpoints if isinstance(endpoints, list) else ():
+            if isinstance(endpoint, str) and "://" in endpoint and endpoint not in self._direct:
+                self._socket.setsockopt(zmq.CONNECT_ROUTING_ID, b"d%d" % len(self._direct))
+                try:
+                    allow_ipv6(self._socket, endpoint).connect(endpoint)
+                except zmq.ZMQError:  # an endpoint this host cannot reach: its answers come through the front
+                    continue
+                self._direct.append(endpoint)
+
+    def _send_frame(self, frame: bytes) -> None:
+        """``frame`` to the front; beside the first request, the ``route`` that names the direct endpoints."""
+        if not self._route_asked:
+            self._route_asked = True
+            self._socket.send_multipart([_FRONT, encode_request("route", _ROUTE_REQUEST_ID, {})])
+        self._socket.send_multipart([_FRONT, frame])
+
+    def _take(self, flags: int = 0) -> dict[str, Any] | None:
+        """The next reply on the socket, from the front or an actor; None for the ``route`` asked for
+        direct answers (taken here). ``zmq.Again`` with NOBLOCK when none is there."""
+        reply = _decoder.decode(self._socket.recv_multipart(flags)[-1])
+        if isinstance(reply, dict) and reply.get("id") == _ROUTE_REQUEST_ID:
+            self._connect_direct(reply)
+            return None
+        return reply
 
     def _reconnect(self) -> None:
         """A fresh socket: a late reply on the old one cannot be taken for the next request's."""
@@ -201,7 +253,9 @@ class StoreClient:
         """Whether the monitor told of a broken connection since it was last asked."""
         broken = False
         while self._monitor is not None and self._monitor.poll(0):
-            broken |= zmq.utils.monitor.recv_monitor_message(self._monitor)["event"] == zmq.EVENT_DISCONNECTED
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor)
+            front = event["endpoint"].decode() not in self._direct  # a direct connection's break loses nothing
+            broken |= event["event"] == zmq.EVENT_DISCONNECTED and front
         return broken
 
     def _await_reply(self, op: str, remaining_ms: int) -> bool:
@@ -233,20 +287,23 @@ class StoreClient:
 
     def send_raw(self, frame: bytes) -> None:
         """Send a frame as it is (for tests of bad input)."""
-        self._socket.send(frame)
+        self._socket.send_multipart([_FRONT, frame])
 
     def receive_raw(self, *, timeout_ms: int | None = None) -> dict[str, Any]:
         timeout = self.timeout_ms if timeout_ms is None else timeout_ms
-        if not self._socket.poll(timeout):
-            raise RequestTimeout(f"no reply from {self.endpoint} within {timeout} ms")
-        return _decoder.decode(self._socket.recv())
+        deadline = time.monotonic() + timeout / 1000
+        while self._socket.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            reply = self._take()
+            if reply is not None:
+                return reply
+        raise RequestTimeout(f"no reply from {self.endpoint} within {timeout} ms")
 
     def request(self, op: str, *, timeout_ms: int | None = None, _followed: bool = False,
                 **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raise EngineError if the engine refused it."""
         request_id = next(self._ids)
         self._disconnected()  # what an earlier connection went through does not concern this request
-        self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
+        self._send_frame(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -256,8 +313,8 @@ class StoreClient:
                 raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within the deadline")
             if not self._await_reply(op, remaining_ms):
                 continue
-            reply = _decoder.decode(self._socket.recv())
-            if reply.get("id") == request_id:
+            reply = self._take()
+            if reply is not None and reply.get("id") == request_id:
                 break
         if not reply.get("ok"):
             error = reply.get("error") or {}

@@ -43,6 +43,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     curve_enabled: bool = False
     curve_server_secret_key_file: str = ""  # a secret certificate made by `python -m engine keygen`
     curve_authorized_keys_dir: str = ""  # the public certificates (*.key) of the clients allowed in
+    # The writer and the owners answer a client that asks (StoreClient) straight, past the front:
+    # each binds a port of its own on the front's host (engine/ipc/direct_replies.py).
+    direct_replies_enabled: bool = True
     # Host and port written into STOREHOST and message ids.
     store_host: str = "127.0.0.1"
     store_port: int = 10911

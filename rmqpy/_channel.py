@@ -23,13 +23,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import zmq
 
 from engine.client import ClientError, RequestTimeout, StoreClient, encode_request
 from rmqpy.errors import engine_error
-
-_decoder = msgspec.msgpack.Decoder()
 
 Outcome = dict[str, Any] | ClientError
 """A submitted request's end: its reply, or the ``EngineError`` or ``RequestTimeout`` it got."""
@@ -80,7 +77,9 @@ class Channel(StoreClient):
             if remaining_ms <= 0 or not self._socket.poll(remaining_ms):
                 self._replace_socket()
                 raise RequestTimeout(f"no reply to {op!r} from {self.endpoint} within the deadline")
-            reply = _decoder.decode(self._socket.recv())
+            reply = self._take()
+            if reply is None:
+                continue
             if reply.get("id") == request_id:
                 break
             self._keep(reply)
@@ -90,7 +89,7 @@ class Channel(StoreClient):
 
     def _send(self, op: str, fields: dict[str, Any]) -> int:
         request_id = next(self._ids)
-        self._socket.send(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
+        self._send_frame(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         return request_id
 
     def _keep(self, reply: dict[str, Any]) -> None:
@@ -103,10 +102,11 @@ class Channel(StoreClient):
         """The replies to submitted requests that are already on the socket, without waiting."""
         while True:
             try:
-                frame = self._socket.recv(zmq.NOBLOCK)
+                reply = self._take(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            self._keep(_decoder.decode(frame))
+            if reply is not None:
+                self._keep(reply)
         yield from self._pop_arrived()
 
     def _pop_arrived(self) -> list[tuple[int, dict[str, Any]]]:

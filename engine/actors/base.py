@@ -46,10 +46,10 @@ import zmq
 from engine.actors.effects import Effects, Exit, Publish, Reply, Tell
 from engine.actors.file_syncer import FileSyncer, Syncer
 from engine.config import StoreConfig, decode_config
-from engine.ipc import channels, endpoints, wire
+from engine.ipc import channels, direct_replies, endpoints, wire
 from engine.ipc.channels import PUBLISH, REQUEST, Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
-from engine.ipc.messages import Heartbeat, encoder
+from engine.ipc.messages import DIRECT, Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
 from engine.metrics.report import Figures, Reporter
 from engine.store.shared_offsets import SharedOffsets
@@ -66,6 +66,7 @@ _PR_SET_PDEATHSIG = 1
 _POLL_SLICE_MS = 50
 _DRAIN_MESSAGES_MAX = 256
 _EXIT_LINGER_MS = 1000
+_DIRECT_MESSAGE_BYTES_MAX = 1_024  # what a client may send on a direct-replies ROUTER before it is cut off
 PEER_WAIT_MS_MAX = 2_000  # then RUNNING anyway: a peer that is down is the supervisor's to restart
 
 # pyzmq's send_multipart and recv_multipart cost about 6 us a message more than the same calls
@@ -247,6 +248,8 @@ class Actor:
 
     tick_interval_ms = 100
     drain_at_stop: tuple[Channel, ...] = ()  # channels whose queued messages are handled before ``shutdown``
+    # Its answers to the front's clients may go to them directly (``engine/ipc/direct_replies.py``).
+    answers_directly = False
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -339,6 +342,7 @@ class Runtime:
         self.stopping = False
         self.monitors: list[zmq.Socket[bytes]] = []  # the sockets reporting the ports' connections
         self.unconnected: set[Channel] = set()  # ports with ``await_peer`` not yet connected
+        self.direct: zmq.Socket[bytes] | None = None  # the ROUTER of answers straight to clients
 
     def open(self, port: Port) -> None:
         assert port.channel.opened_by(self.env.name, bind=port.bind), f"{self.env.name} may not open {port.name}"
@@ -376,9 +380,51 @@ class Runtime:
         elif port.kind != PUB:
             self.readers[sock] = lambda: self.on_readable(port, sock)
 
+    def open_direct(self) -> None:
+        """The ROUTER of ``channels.replies``: answers to clients connected to it go out on it."""
+        channel = channels.replies(self.env.name)
+        assert channel.opened_by(self.env.name, bind=True), f"{self.env.name} may not open {channel.name}"
+        cfg = self.env.config
+        # A client sends nothing here: one that sends more than a few bytes is cut off by ZeroMQ.
+        sock = endpoints.configure(self.zctx.socket(zmq.ROUTER), hwm=cfg.socket_hwm_messages,
+                                   max_message_bytes=_DIRECT_MESSAGE_BYTES_MAX)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a client not connected here: told at once, not dropped
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its id takes its id over
+        if cfg.curve_enabled:
+            from engine.ipc.curve import CurveServer  # zmq.auth costs every other actor 3 MiB
+
+            self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
+            self.curve.secure(sock)
+        endpoints.allow_ipv6(sock, cfg.endpoint)
+        direct_replies.bind(sock, cfg.endpoint, self.env.run_dir, self.env.name)
+        self.direct = sock
+        self.readers[sock] = lambda: self.on_direct_readable(sock)
+
+    def on_direct_readable(self, sock: zmq.Socket[bytes]) -> None:
+        """A client sends nothing on the direct channel: what one sends is dropped."""
+        for _ in range(_DRAIN_MESSAGES_MAX):
+            try:
+                recv_frames(sock, _NOBLOCK)
+            except zmq.Again:
+                return
+
+    def answered_directly(self, reply: Reply) -> bool:
+        """Whether ``reply``, a plain answer to a client of the front, went straight to its client."""
+        origin, payload, note = reply
+        if origin.flag != DIRECT or note is not None or not origin.channel.framed:
+            return False  # a note is for the front; so is the answer to a client ZeroMQ named
+        assert self.direct is not None
+        try:
+            send_frames(self.direct, [origin.client, payload], _NOBLOCK)
+        except zmq.ZMQError:  # not connected here (EHOSTUNREACH), or its queue is full (EAGAIN)
+            return False
+        return True
+
     def carry_out(self, out: Effects) -> None:
         for effect in out:
             if isinstance(effect, Reply):
+                if self.direct is not None and self.answered_directly(effect):
+                    continue
                 send_frames(self.sockets[effect.origin.channel], wire.reply_frames(*effect))
             elif isinstance(effect, Publish):
                 send_frames(self.sockets[effect.channel], wire.publication_frames(*effect))
@@ -490,6 +536,8 @@ class Runtime:
         ports = {port.channel: port for port in actor.ports()}
         for port in ports.values():
             self.open(port)
+        if actor.answers_directly and self.env.config.direct_replies_enabled:
+            self.open_direct()
         self.await_peers(heartbeat)
         self.carry_out(out)
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)

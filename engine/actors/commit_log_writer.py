@@ -87,6 +87,8 @@ class CommitLogWriterActor(Actor):
     """Takes ``Append`` and ``DeleteTopic`` on ``requests``, ``Wake`` and ``FlushFailed`` on ``flushes``;
     gives client replies (and ``TopicDeletion``s) on ``requests`` and ``Wake``s on ``announce``."""
 
+    answers_directly = True  # its answers to clients skip the front when they can (``direct_replies``)
+
     tick_interval_ms = 100
 
     def __init__(self, env: Env) -> None:

@@ -79,6 +79,8 @@ class ConsumeQueueOwnerActor(Actor):
     """Takes ``DispatchBatch``es on ``dispatches``, and ``Pull``, ``QueueStats``, ``OffsetForTime``,
     ``GetById``, ``GetByOffset`` on ``requests``; gives client replies on ``requests``."""
 
+    answers_directly = True  # its answers to clients skip the front when they can (``direct_replies``)
+
     drain_at_stop = (channels.DISPATCH,)
 
     def __init__(self, env: Env) -> None:

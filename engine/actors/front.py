@@ -48,7 +48,7 @@ from engine.actors.effects import Effects, Reply, Tell
 from engine.coordination.role import Role
 from engine.coordination.routes import RoutesMirror
 from engine.errors import ErrorCode, RequestError
-from engine.ipc import channels
+from engine.ipc import channels, direct_replies
 from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import (
@@ -287,7 +287,8 @@ class FrontActor(Actor):
         cfg = self.config
         own = cfg.advertised_endpoint
         answer: dict[str, object] = {"cluster_name": cfg.cluster_name, "broker_name": cfg.broker_name,
-                                     "broker_id": cfg.broker_id, "endpoint": own, "elected": cfg.elected}
+                                     "broker_id": cfg.broker_id, "endpoint": own, "elected": cfg.elected,
+                                     "reply_endpoints": self.reply_endpoints()}
         role = Role.load(self.env.run_dir) if cfg.elected else None
         if role is not None:
             master = own if role.is_master else role.master_endpoint
@@ -298,6 +299,13 @@ class FrontActor(Actor):
         master = self.master_endpoint() if cfg.is_replica else own
         return {**answer, "role": "replica" if cfg.is_replica else "master", "epoch": 0, "master_id": -1,
                 "master_endpoint": master}
+
+    def reply_endpoints(self) -> list[str]:
+        """Where the actors that answer clients directly listen (``engine/ipc/direct_replies.py``)."""
+        if not self.config.direct_replies_enabled:
+            return []
+        actors = ["writer", *(f"owner-{k}" for k in range(self.owner_count))]
+        return direct_replies.advertised(self.config.endpoint, self.config.store_host, self.env.run_dir, actors)
 
     def topic_route(self, topic: str) -> list[dict[str, object]]:
         """The broker sets serving ``topic``: the cluster's routes, this engine's own table for its set."""

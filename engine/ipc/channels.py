@@ -69,6 +69,7 @@ class ClientFrame:
 REQUEST, PUBLISH, PUSH = "request", "publish", "push"
 CLIENT_ENDPOINT = "<config.endpoint>"  # the front's client endpoint, from the settings
 REPLICATION_ENDPOINT = "<config.replication_endpoint>"  # a master's, from its settings (a replica's replica_of)
+DIRECT_REPLIES_ENDPOINT = "<the front's host, a port of the system>"  # engine/ipc/direct_replies.py
 
 
 @dataclass(frozen=True, eq=False)  # one object per channel: compared and hashed by identity
@@ -161,8 +162,24 @@ def owner(instance: int) -> Channel:
     return channel
 
 
-CHANNELS = (CLIENTS, FRONT_INTERNAL, WRITER, OWNER, TRANSACTIONS, CONFIRMED, FLUSHED, DISPATCH, REPLICATION,
-            REPLICATED, HEARTBEATS, CONTROL, EVENTS)
+REPLIES = Channel("replies-<actor>", REQUEST, DIRECT_REPLIES_ENDPOINT, "writer, owner-<k>", ("client",), (),
+                  (ClientFrame,),
+                  meaning="an actor's answers straight to a client connected to it under the routing id it gives "
+                          "the front (``direct_replies_enabled``, ``engine/ipc/direct_replies.py``); the client "
+                          "sends nothing here")
+_replies: dict[str, Channel] = {}
+
+
+def replies(actor: str) -> Channel:
+    """The channel on which ``actor`` (the writer, an owner) answers clients directly."""
+    channel = _replies.get(actor)
+    if channel is None:
+        channel = _replies[actor] = replace(REPLIES, name=f"replies-{actor}", binder=actor)
+    return channel
+
+
+CHANNELS = (CLIENTS, FRONT_INTERNAL, WRITER, OWNER, REPLIES, TRANSACTIONS, CONFIRMED, FLUSHED, DISPATCH,
+            REPLICATION, REPLICATED, HEARTBEATS, CONTROL, EVENTS)
 
 _KINDS = {REQUEST: ("ROUTER", "DEALER"), PUBLISH: ("PUB", "SUB"), PUSH: ("PULL", "PUSH")}
 

@@ -240,7 +240,10 @@ class ReplicaRefused(msgspec.Struct, array_like=True, tag="replica_refused"):
 
 # -- the envelopes ---------------------------------------------------------------------------------
 
-PLAIN, REQ, INTERNAL = 0, 1, 2  # how the client framed its request: DEALER, REQ, or an actor on the internal port
+# How the client framed its request: DEALER, REQ, an actor on the internal port, or a client that chose
+# its own routing id (ZeroMQ's own begin with a 0 byte): the one an actor may answer directly
+# (``engine/ipc/direct_replies.py``).
+PLAIN, REQ, INTERNAL, DIRECT = 0, 1, 2, 3
 
 
 class Routed(msgspec.Struct, array_like=True, tag="routed"):

@@ -22,7 +22,17 @@ from typing import Any, NamedTuple
 import msgspec
 
 from engine.ipc.channels import FRONT_INTERNAL, PUBLISH, Channel, ClientFrame
-from engine.ipc.messages import INTERNAL, PLAIN, REQ, Answered, Routed, answered_decoder, encoder, routed_decoder
+from engine.ipc.messages import (
+    DIRECT,
+    INTERNAL,
+    PLAIN,
+    REQ,
+    Answered,
+    Routed,
+    answered_decoder,
+    encoder,
+    routed_decoder,
+)
 
 CLIENT_FRAME = ClientFrame()
 
@@ -74,7 +84,7 @@ def decode(channel: Channel, binder: bool, frames: list[bytes], peer_ip: bytes =
         if not binder:
             return Inbound(channel, CLIENT_FRAME, frames[-1])
         if len(frames) == 2:
-            flag = INTERNAL if channel is FRONT_INTERNAL else PLAIN
+            flag = INTERNAL if channel is FRONT_INTERNAL else DIRECT if frames[0][:1] > b"\0" else PLAIN
             return Inbound(channel, CLIENT_FRAME, frames[1], Origin(channel, frames[0], flag=flag), peer_ip)
         if len(frames) == 3 and not frames[1]:
             return Inbound(channel, CLIENT_FRAME, frames[2], Origin(channel, frames[0], flag=REQ), peer_ip)
