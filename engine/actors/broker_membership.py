@@ -37,7 +37,8 @@ from engine.actors.effects import Effects
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
-from engine.coordination.routes import ROUTES_MIRROR_FILE, RoutePublisher, read_cluster
+from engine.coordination.routes import RoutePublisher, read_cluster
+from engine.coordination.routes_mirror import ROUTES_MIRROR_FILE
 from engine.ipc import endpoints
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.messages import RoleChanged, encoder

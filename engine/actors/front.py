@@ -46,7 +46,7 @@ from functools import partial
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Reply, Tell
 from engine.coordination.role import Role
-from engine.coordination.routes import RoutesMirror
+from engine.coordination.routes_mirror import RoutesMirror
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels, direct_replies
 from engine.ipc.channels import Channel, ClientFrame

@@ -15,14 +15,13 @@ id), as in RocketMQ's ``MessageQueue``.
 
 ``topic_route`` reads a topic's route with every broker set's master and replicas, for the
 clients that route (``rmqpy/cluster.py``). Every engine's membership actor also mirrors the
-whole cluster's routes into its run directory (``ROUTES_MIRROR_FILE``), for its front: a
+whole cluster's routes into its run directory (``routes_mirror.py``), for its front: a
 request for a topic this set does not serve is refused with the sets that do, and the
 ``route`` op answers a topic's route from any engine of the cluster.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -246,7 +245,6 @@ class RoutePublisher:
 
 # -- the cluster's routes, mirrored for the front --------------------------------------------------
 
-ROUTES_MIRROR_FILE = "cluster-routes.json"  # in the run directory: the membership actor writes it
 
 
 def read_cluster(etcd: Etcd, cluster_name: str) -> dict[str, Any]:
@@ -259,37 +257,3 @@ def read_cluster(etcd: Etcd, cluster_name: str) -> dict[str, Any]:
     records = master_records(etcd, cluster_name)
     return {"topics": topics, "masters": {broker: record["endpoint"] for broker, record in records.items()},
             "grpc": {broker: record.get("grpc_endpoint", "") for broker, record in records.items()}}
-
-
-class RoutesMirror:
-    """The front's reader of the mirror file: re-read when it changed, at most once a lookup."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ROUTES_MIRROR_FILE
-        self.stamp: tuple[int, int] | None = None
-        self.content: dict[str, Any] = {"topics": {}, "masters": {}, "grpc": {}}
-
-    def _fresh(self) -> dict[str, Any]:
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return self.content
-        if (stat.st_mtime_ns, stat.st_size) != self.stamp:
-            try:
-                self.content = json.loads(self.path.read_text())
-                self.stamp = (stat.st_mtime_ns, stat.st_size)
-            except (OSError, ValueError):
-                pass  # being replaced: the next lookup reads it
-        return self.content
-
-    def serving(self, topic: str) -> dict[str, dict[str, Any]]:
-        """The broker sets serving ``topic`` by the cluster's routes: name -> {queues, master_endpoint,
-        grpc_endpoint} (the master's gRPC endpoint, "" if it has none)."""
-        content = self._fresh()
-        masters, grpc = content["masters"], content.get("grpc", {})
-        return {broker: {"queues": queues, "master_endpoint": masters.get(broker, ""),
-                         "grpc_endpoint": grpc.get(broker, "")}
-                for broker, queues in sorted(content["topics"].get(topic, {}).items())}
-
-    def grpc_endpoint(self, broker: str) -> str:
-        return str(self._fresh().get("grpc", {}).get(broker, ""))
