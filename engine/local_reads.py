@@ -20,11 +20,17 @@ temporary name, then renamed) and only ever unlinked by retention; an unlinked f
 readable through a mapping until it is unmapped, so a reader that raced retention reads the
 old bytes (and refuses them by the log's minimum offset), never a SIGBUS. Units past the
 visible end, and units a killed owner tore, are refused by the same record checks the owner
-uses: a unit must lead to an intact record of its own topic, queue and queue offset.
+uses: a unit must lead to an intact record of its own topic, queue and queue offset. A queue
+left from before its topic's deletion (its owner has not removed it yet) is not opened: the
+new life's files come once it is gone. A reader outlives the engine's restarts: each start
+makes a new shared offsets file, and a reader that finds another than the one it mapped lets
+go of all it knew of the last run and reads afresh (the seeded simulation keeps such a reader
+through kills, restarts and deletions, ``engine/simulation``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,7 +50,14 @@ from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.records import owner_of
-from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, SharedOffsets, owner_slot
+from engine.store.shared_offsets import (
+    CONFIRMED,
+    MIN_OFFSET,
+    OFFSETS_FILE,
+    TOPIC_DELETIONS,
+    SharedOffsets,
+    owner_slot,
+)
 
 _APPLY_POLL_S = 0.000_5  # while the owner applies records already confirmed: a few ms at most
 _messages_decoder = msgspec.msgpack.Decoder(list[MessageView])  # typed: about 0.5 us a message against 0.8 as maps
@@ -53,15 +66,17 @@ _messages_decoder = msgspec.msgpack.Decoder(list[MessageView])  # typed: about 0
 class LocalReads:
     """Reads of the engine running on ``store_dir``, in this process; ``endpoints.NotRunning`` if none runs."""
 
-    def __init__(self, store_dir: Path) -> None:
+    def __init__(self, store_dir: Path, *, run_dir: Path | None = None, config: StoreConfig | None = None) -> None:
+        """``run_dir`` and ``config``: an engine's that is not found by its store directory (the
+        simulation's), instead of the running engine's own."""
         self.store_dir = store_dir.resolve()
-        run_dir = endpoints.run_dir_for(self.store_dir)
+        self.run_dir = run_dir or endpoints.run_dir_for(self.store_dir)
+        self.started = self._start()  # before the file is mapped: a start in between is seen at the next read
         try:
-            self.config: StoreConfig = decode_config((run_dir / "config.json").read_bytes())
-            self.slots = SharedOffsets(run_dir, writable=False)
+            self.config: StoreConfig = config or decode_config((self.run_dir / "config.json").read_bytes())
+            self.slots = SharedOffsets(self.run_dir, writable=False)
         except FileNotFoundError:
             raise endpoints.NotRunning(f"no engine is running on {self.store_dir}") from None
-        self.run_dir = run_dir
         self.sync_flush = self.config.flush_mode == "SYNC_FLUSH"
         self.reader = CommitLogReader.for_config(self.store_dir, self.config)
         self.deleted_topics = DeletedTopics(self.store_dir)
@@ -72,6 +87,32 @@ class LocalReads:
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._wakes: zmq.Socket[bytes] | None = None
 
+    def _start(self) -> tuple[int, int] | None:
+        """Which start of the engine runs: each makes a new shared offsets file (its device and
+        inode here); None while none runs."""
+        try:
+            found = os.stat(self.run_dir / OFFSETS_FILE)
+        except FileNotFoundError:
+            return None
+        return found.st_dev, found.st_ino
+
+    def _started_again(self, started: tuple[int, int]) -> None:
+        """The engine started again: the offsets this reader mapped are its last run's, frozen, and
+        its recovery may have made queue files anew. All of it is let go and read afresh."""
+        for cq in self.queues.values():
+            cq.close()
+        self.queues.clear()
+        self.slots.close()
+        self.slots = SharedOffsets(self.run_dir, writable=False)
+        self.started = started
+        self.reader.segments.close()
+        self.reader = CommitLogReader.for_config(self.store_dir, self.config)
+        self.deleted_topics = DeletedTopics(self.store_dir)
+        self.deletions = self.log_min = -1
+        if self._lookup is not None:
+            self._lookup.close()
+            self._lookup = None
+
     # -- what may be read ------------------------------------------------------------------------
 
     def visible_end(self) -> int:
@@ -79,7 +120,11 @@ class LocalReads:
 
     def _follow(self) -> None:
         """Deleted topics and retention, as the owners follow them: a deleted queue's files are
-        read again (they are gone, or a new life of the topic began); gone segments are let go."""
+        read again (they are gone, or a new life of the topic began); gone segments are let go.
+        And a new start of the engine (``_started_again``)."""
+        started = self._start()
+        if started is not None and started != self.started:
+            self._started_again(started)
         deletions = self.slots.get(TOPIC_DELETIONS)
         if deletions != self.deletions:
             self.deletions = deletions
@@ -106,7 +151,9 @@ class LocalReads:
                 cq.close()
             cq = ConsumeQueue(self.store_dir, topic, queue_id, file_units=self.config.consume_queue_file_units,
                               writable=False)
-            if cq.max_offset == 0 and not cq.files.known:
+            # None yet, or the files of a deleted topic's earlier life that its owner has not
+            # removed yet (the new life's are made once they are gone): asked again next time
+            if (cq.max_offset == 0 and not cq.files.known) or self.deleted_topics.is_leftover(cq):
                 cq.close()
                 self.queues.pop(key, None)
                 return None

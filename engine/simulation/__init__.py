@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from engine.local_reads import LocalReads
 from engine.simulation.checks import delayed_arrivals, violations
 from engine.simulation.pair import (
     disks_listening,
@@ -128,6 +129,27 @@ class Outcome:
         return not self.violations
 
 
+class HostReader:
+    """A reader on the engine's host (``LocalReads`` over the store's mapped files, as a consumer
+    in another process has it): opened at its first pull, it stays over actor kills and engine
+    restarts, and goes with the power (the host's processes die with it)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.reads: LocalReads | None = None
+
+    def __call__(self) -> LocalReads:
+        if self.reads is None:
+            world = self.world
+            self.reads = LocalReads(world.store_dir, run_dir=world.run_dir, config=world.config)
+        return self.reads
+
+    def power_lost(self) -> None:
+        if self.reads is not None:
+            self.reads.close()
+            self.reads = None
+
+
 def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -> Outcome:
     """Run one seed; the outcome lists every invariant it broke (none when it passes)."""
     plan = plan or Plan.drawn(seed)
@@ -145,10 +167,15 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
                       page_written_back_ratio=plan.page_written_back_ratio)
         replica = replica_beside(world, workdir, rng, page_written_back_ratio=plan.page_written_back_ratio) \
             if plan.replica else None
+        reader = HostReader(world)
         workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
-                            attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio)
+                            attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio,
+                            local_reads=reader)
         with disks_listening(world, replica), leftover_descriptors_closed():
-            found = _run(world, workload, rng, plan, replica)
+            try:
+                found = _run(world, workload, rng, plan, replica)
+            finally:
+                reader.power_lost()
         counts = world.counts
         figures = {"steps": counts.steps, "deliveries": counts.deliveries, "kills": counts.kills,
                    "restarts": counts.restarts, "power_cuts": counts.power_cuts,
@@ -157,8 +184,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
                    "pages_lost": sum(w.disk.pages_lost for w in (world, replica) if w),
                    "pages_torn": sum(w.disk.pages_torn for w in (world, replica) if w),
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
-                   "pulled": workload.pulled, "popped": workload.popped, "pop_acked": workload.pop_acked,
-                   "topic_deletions": workload.deletions}
+                   "pulled": workload.pulled, "local_pulled": workload.local_pulled, "popped": workload.popped,
+                   "pop_acked": workload.pop_acked, "topic_deletions": workload.deletions}
         return Outcome(seed, flush_mode, found, figures, counts.trace, plan)
     finally:
         quiet.level = level
@@ -218,6 +245,7 @@ def _power_cut(world: World, workload: Workload, replica: World | None = None) -
         return _settled_check(world, workload, "after a power cut of the replica", replica)
     world.trace("power cut")
     workload.power_cut(world.slots.get(FLUSHED))
+    _host_reader_lost(workload)
     world.power_cut()
     return _settled_check(world, workload, "after a power cut")
 
@@ -236,8 +264,15 @@ def _clean_stop(world: World, workload: Workload, rng: random.Random, plan: Plan
         workload.clean_stop()
     elif power_off:
         workload.power_cut(max(flushed_before, world.slots.get(FLUSHED)))
+    if power_off:
+        _host_reader_lost(workload)
     world.start_after_stop(clean=clean, power_off=power_off)
     return _settled_check(world, workload, f"after {'a clean' if clean else 'an unclean'} stop", replica)
+
+
+def _host_reader_lost(workload: Workload) -> None:
+    if isinstance(workload.local_reads, HostReader):
+        workload.local_reads.power_lost()
 
 
 def _ordinary_step(world: World, workload: Workload, rng: random.Random, plan: Plan,

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
 from engine import codec
 from engine.ipc.protocol import SendMessage, encode_request
+from engine.local_reads import LocalReads
 from engine.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
@@ -82,6 +84,11 @@ class Workload:
     delayed_sent: int = 0
     decided: dict[bytes, str] = field(default_factory=dict)  # body -> the decision the engine confirmed
     decided_unsettled: dict[bytes, str] = field(default_factory=dict)
+
+    # A reader on the engine's host (``LocalReads``, over the store's mapped files): each pull is
+    # also read through it, at once, and checked as the engine's answers are. None: no such reader.
+    local_reads: Callable[[], LocalReads | None] = lambda: None
+    local_pulled: int = 0
 
     def __post_init__(self) -> None:
         self.network.to_client = self.on_reply
@@ -139,6 +146,10 @@ class Workload:
         offset = self.next_pull.get((topic, queue_id), 0)
         self.request("pull", ("pull", topic, queue_id, self.epochs.get(topic, 0)), topic=topic, queue_id=queue_id,
                      offset=offset, max_messages=PULL_MESSAGES_MAX)
+        local = self.local_reads()
+        if local is not None and topic not in self.doubtful:
+            reply = local.pull(topic, queue_id, offset, max_messages=PULL_MESSAGES_MAX)
+            self.check_pulled(topic, queue_id, [(m.queue_offset, bytes(m.body)) for m in reply.messages], "local pull")
 
     def pop(self) -> None:
         if POP_TOPIC in self.deleting:
@@ -241,17 +252,24 @@ class Workload:
             _, topic, queue_id, epoch = what
             if epoch != self.epochs.get(topic, 0) or topic in self.doubtful:
                 return  # about the topic before a deletion, or read while a lost deletion may still happen
-            for message in reply.get("messages", []):
-                position = (topic, queue_id, message["queue_offset"])
-                body = bytes(message["body"])
-                self.pulled += 1
-                expected = self.durable.get(position) or self.unsettled.get(position)
-                if expected is not None and expected.body != body:
-                    self.violations.append(f"pull {position}: a different message than the one stored there")
-                if self.seen.get(position, body) != body:
-                    self.violations.append(f"pull {position}: changed since it was first pulled")
-                self.seen[position] = body
+            messages = [(m["queue_offset"], bytes(m["body"])) for m in reply.get("messages", [])]
+            self.check_pulled(topic, queue_id, messages, "pull")
             self.next_pull[(topic, queue_id)] = reply.get("next_offset", 0)
+
+    def check_pulled(self, topic: str, queue_id: int, messages: list[tuple[int, bytes]], how: str) -> None:
+        """What a pull read of a queue: the message stored at each position, the same at every read."""
+        for queue_offset, body in messages:
+            position = (topic, queue_id, queue_offset)
+            if how == "pull":
+                self.pulled += 1
+            else:
+                self.local_pulled += 1
+            expected = self.durable.get(position) or self.unsettled.get(position)
+            if expected is not None and expected.body != body:
+                self.violations.append(f"{how} {position}: a different message than the one stored there")
+            if self.seen.get(position, body) != body:
+                self.violations.append(f"{how} {position}: changed since it was first pulled")
+            self.seen[position] = body
 
     def forget_topic(self, topic: str, deletion_offset: int) -> None:
         """The topic's messages stored below the deletion offset are gone with it, by design."""

@@ -36,6 +36,7 @@ from engine.store.shared_offsets import (
     FLUSHED,
     INDEX_APPLIED,
     INDEX_DURABLE,
+    OFFSETS_FILE,
     SharedOffsets,
     owner_durable_slot,
     owner_slot,
@@ -232,12 +233,19 @@ class World:
     def start_all_again(self, *, crash_start: bool) -> None:
         """The supervisor's next start: an empty run directory, and the crash-start marker while
         every actor recovers if the last stop was not clean (its abort marker stayed)."""
-        self.slots.clear()
+        self.new_offsets()
         marker = self.run_dir / CRASH_START_FILE
         if crash_start:
             marker.touch()
         self.start_all()
         marker.unlink(missing_ok=True)  # as the supervisor does once every actor recovered
+
+    def new_offsets(self) -> None:
+        """The supervisor starts on an empty run directory: a new shared offsets file, every slot 0
+        (a reader that mapped the last one finds it replaced, as ``LocalReads`` does)."""
+        self.slots.close()
+        (self.run_dir / OFFSETS_FILE).unlink()
+        self.slots = SharedOffsets(self.run_dir)
 
     def stop(self, name: str) -> None:
         """SIGTERM: the actor handles what is queued on its ``drain_at_stop`` ports, then its
@@ -311,7 +319,7 @@ class World:
             self.carry_out(name, out)
             self.trace(f"{name} stops (the supervisor died)")
             self.kill(name)
-        self.slots.clear()  # the supervisor starts on an empty run directory
+        self.new_offsets()
         marker = self.run_dir / CRASH_START_FILE
         marker.touch()
         self.counts.supervisor_deaths += 1

@@ -137,3 +137,22 @@ def test_lookups_racing_the_index_builder_find_only_whole_entries(engine: Engine
 def test_no_engine_is_said_plainly(store_dir: Path) -> None:
     with pytest.raises(NotRunning, match="no engine is running"):
         LocalReads(store_dir)
+
+
+def test_a_reader_follows_the_engine_over_a_restart(engine: EngineProcess, store_dir: Path) -> None:
+    """A stopped engine's run directory goes, and the next start maps new shared offsets: a reader
+    that lives through it (a consumer process on the host) must not keep the last run's offsets,
+    which would end its reads where that run stopped."""
+    with engine.client() as client:
+        client.create_topic("jobs", queue_count=1)
+        client.send("jobs", [{"body": b"before"}], queue_id=0)
+        wait_dispatched(client)
+    with LocalReads(store_dir) as local:
+        assert [m.body for m in local.pull("jobs", 0, 0).messages] == [b"before"]
+        engine.stop()
+        engine.start()
+        with engine.client() as client:
+            client.send("jobs", [{"body": b"after"}], queue_id=0)
+            wait_dispatched(client)
+        assert [m.body for m in local.pull("jobs", 0, 0).messages] == [b"before", b"after"]
+        assert [m.body for m in local.pull("jobs", 0, 1, max_wait_ms=5_000).messages] == [b"after"]

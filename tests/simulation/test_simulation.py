@@ -216,3 +216,26 @@ def test_a_timer_that_forgets_its_moves_is_caught(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(TimerDelivery, "look_for_moves", never_look)
     caught = any(any("moved twice" in v for v in simulate(seed).violations) for seed in range(40))
     assert caught, "the simulation missed a delayed message delivered twice"
+
+
+def test_a_reader_on_the_host_that_does_not_follow_topic_deletions_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pull is also read through ``LocalReads`` over the store's files (``HostReader``),
+    a reader that lives through actor kills and engine restarts. Broken on purpose: it keeps
+    a deleted topic's queue files open, so after the topic is created again it reads the old
+    life's messages at the new messages' positions."""
+    from engine.local_reads import LocalReads
+
+    def keeps_deleted_queues_open(self: LocalReads) -> None:
+        queues = self.queues
+        self.queues = {}
+        follow(self)  # the deletions and retention followed, and no queue file closed
+        self.queues = queues
+
+    follow = LocalReads._follow
+    monkeypatch.setattr(LocalReads, "_follow", keeps_deleted_queues_open)
+    # Of the first 400 seeds, 107, 120, 126, 255 and 324 catch it (a deletion, the topic created
+    # again and sent to, then a pull of it): each replays exactly, so three of them are run.
+    outcomes = [simulate(seed) for seed in (107, 120, 126)]
+    assert all(o.figures["local_pulled"] > 0 for o in outcomes), "the host reader read nothing"
+    caught = [o.seed for o in outcomes if any("local pull" in v for v in o.violations)]
+    assert caught == [107, 120, 126], f"only seeds {caught} caught a host reader that reads a deleted topic's old files"
