@@ -23,14 +23,14 @@ visible end, and units a killed owner tore, are refused by the same record check
 uses: a unit must lead to an intact record of its own topic, queue and queue offset. A queue
 left from before its topic's deletion (its owner has not removed it yet) is not opened: the
 new life's files come once it is gone. A reader outlives the engine's restarts: each start
-makes a new shared offsets file, and a reader that finds another than the one it mapped lets
-go of all it knew of the last run and reads afresh (the seeded simulation keeps such a reader
-through kills, restarts and deletions, ``engine/simulation``).
+makes a new shared offsets file and marks the last one's run over (``RUN_OVER``, as does a
+clean stop); a reader that sees the mark lets go of all it knew of the last run and reads
+afresh from the next start's file (the seeded simulation keeps such a reader through kills,
+restarts and deletions, ``engine/simulation``).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,7 +53,7 @@ from engine.store.records import owner_of
 from engine.store.shared_offsets import (
     CONFIRMED,
     MIN_OFFSET,
-    OFFSETS_FILE,
+    RUN_OVER,
     TOPIC_DELETIONS,
     SharedOffsets,
     owner_slot,
@@ -71,7 +71,6 @@ class LocalReads:
         simulation's), instead of the running engine's own."""
         self.store_dir = store_dir.resolve()
         self.run_dir = run_dir or endpoints.run_dir_for(self.store_dir)
-        self.started = self._start()  # before the file is mapped: a start in between is seen at the next read
         try:
             self.config: StoreConfig = config or decode_config((self.run_dir / "config.json").read_bytes())
             self.slots = SharedOffsets(self.run_dir, writable=False)
@@ -87,24 +86,22 @@ class LocalReads:
         self._zmq: zmq.Context[zmq.Socket[bytes]] | None = None
         self._wakes: zmq.Socket[bytes] | None = None
 
-    def _start(self) -> tuple[int, int] | None:
-        """Which start of the engine runs: each makes a new shared offsets file (its device and
-        inode here); None while none runs."""
+    def _started_again(self) -> None:
+        """The run this reader mapped is over (``RUN_OVER``): its offsets are frozen, and the next
+        start's recovery may make queue files anew. Once the next start's offsets are there, all
+        of it is let go and read afresh (until then, what the last run made visible is read)."""
         try:
-            found = os.stat(self.run_dir / OFFSETS_FILE)
+            slots = SharedOffsets(self.run_dir, writable=False)
         except FileNotFoundError:
-            return None
-        return found.st_dev, found.st_ino
-
-    def _started_again(self, started: tuple[int, int]) -> None:
-        """The engine started again: the offsets this reader mapped are its last run's, frozen, and
-        its recovery may have made queue files anew. All of it is let go and read afresh."""
+            return
+        if slots.get(RUN_OVER):  # the stopped run's, not removed yet
+            slots.close()
+            return
         for cq in self.queues.values():
             cq.close()
         self.queues.clear()
         self.slots.close()
-        self.slots = SharedOffsets(self.run_dir, writable=False)
-        self.started = started
+        self.slots = slots
         self.reader.segments.close()
         self.reader = CommitLogReader.for_config(self.store_dir, self.config)
         self.deleted_topics = DeletedTopics(self.store_dir)
@@ -122,9 +119,8 @@ class LocalReads:
         """Deleted topics and retention, as the owners follow them: a deleted queue's files are
         read again (they are gone, or a new life of the topic began); gone segments are let go.
         And a new start of the engine (``_started_again``)."""
-        started = self._start()
-        if started is not None and started != self.started:
-            self._started_again(started)
+        if self.slots.get(RUN_OVER):
+            self._started_again()
         deletions = self.slots.get(TOPIC_DELETIONS)
         if deletions != self.deletions:
             self.deletions = deletions
@@ -243,9 +239,9 @@ class LocalReads:
     def query_by_key(self, topic: str, key: str, *, max_results: int = 32, begin_timestamp: int = 0,
                      end_timestamp: int = 2**63 - 1) -> list[dict[str, Any]]:
         """The messages of ``topic`` with ``key``, oldest first, as ``query_by_key`` answers them."""
+        self._follow()  # first: a new start of the engine lets the lookup's mappings go
         if self._lookup is None:
             self._lookup = KeyLookup(self.store_dir, self.config)
-        self._follow()
         if self.log_min != self._lookup.reader.min_offset():
             self._lookup.after_retention()
         return self._lookup.find(topic, key, max_results=max_results, begin_ms=begin_timestamp,

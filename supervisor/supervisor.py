@@ -66,6 +66,7 @@ from engine.store.shared_offsets import (
     EPOCH,
     IN_SYNC_PUBLISHED,
     LEASE_DEADLINE,
+    RUN_OVER,
     SLOT_COUNT,
     SharedOffsets,
 )
@@ -182,6 +183,7 @@ class Supervisor:
                         extra=event("engine.recovering"))
         (self.store_dir / ABORT_FILE).write_text(str(os.getpid()))
         self.run_dir = endpoints.ensure_run_dir(self.store_dir)
+        SharedOffsets.mark_run_over(self.run_dir)  # a reader of a killed engine's offsets: read afresh
         for stale in self.run_dir.iterdir():  # a killed engine's sockets and files, and its metrics/
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale)
@@ -624,6 +626,7 @@ class Supervisor:
         for sock in (self.control, self.events, self.heartbeats):
             sock.close()
         self.zctx.term()
+        self.offsets.set(RUN_OVER, 1)  # a reader on the host (LocalReads) lets this run's offsets go
         self.offsets.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.close(self.lock_fd)

@@ -243,6 +243,7 @@ class World:
     def new_offsets(self) -> None:
         """The supervisor starts on an empty run directory: a new shared offsets file, every slot 0
         (a reader that mapped the last one finds it replaced, as ``LocalReads`` does)."""
+        SharedOffsets.mark_run_over(self.run_dir)
         self.slots.close()
         (self.run_dir / OFFSETS_FILE).unlink()
         self.slots = SharedOffsets(self.run_dir)

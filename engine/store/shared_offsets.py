@@ -23,6 +23,8 @@ store): it describes the running engine, not the data.
     slot 526 in-sync ids       replication sender (bit k: the replica with broker_id k is in sync here)
     slot 527 in-sync in etcd   broker membership (bit k: broker_id k is in the set etcd holds)
     slot 528 epoch             broker membership (the broker set's epoch this engine serves in)
+    slot 529 run over          supervisor (1 once this file's run is over: the engine stopped, or a
+                               new start found it and made a new file; a reader that maps it reads afresh)
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX + 9
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 10
 TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
 TIMERS_PENDING = TOPIC_DELETIONS + 1
 HALVES_PENDING = TOPIC_DELETIONS + 2
@@ -45,6 +47,7 @@ LEASE_DEADLINE = TOPIC_DELETIONS + 5
 IN_SYNC_IDS = TOPIC_DELETIONS + 6
 IN_SYNC_PUBLISHED = TOPIC_DELETIONS + 7
 EPOCH = TOPIC_DELETIONS + 8
+RUN_OVER = TOPIC_DELETIONS + 9
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset",
@@ -100,6 +103,20 @@ class SharedOffsets:
         for k in range(owner_count):
             values[f"owner_{k}_applied_offset"] = self.get(owner_slot(k))
         return values
+
+    @staticmethod
+    def mark_run_over(run_dir: Path) -> None:
+        """Tell the readers of the offsets file in ``run_dir`` (if any) that its run is over, before
+        a new start replaces it (``RUN_OVER``)."""
+        try:
+            fd = os.open(run_dir / OFFSETS_FILE, os.O_RDWR)
+        except FileNotFoundError:
+            return
+        try:
+            if os.fstat(fd).st_size >= (RUN_OVER + 1) * SLOT.size:
+                os.pwrite(fd, SLOT.pack(1), RUN_OVER * SLOT.size)
+        finally:
+            os.close(fd)
 
     def clear(self) -> None:
         """Every slot back to 0, as in the empty run directory of a new start."""

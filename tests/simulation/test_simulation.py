@@ -129,6 +129,12 @@ PINNED_PLAN_SEEDS = [
     # the timer deleted a delivered timer-log file that held its checkpoint's log end: the restart
     # found no units past it, and the wheel's slots named units the log no longer had
     (220, Plan.drawn(220, steps=1_500)),
+    # the reader on the host (``HostReader``): it served a deleted topic's earlier life from queue
+    # files its owner had not removed yet (4), and after the supervisor died it read on with the
+    # last run's offsets, frozen, and queue files that recovery made anew (0, 1)
+    (4, Plan(steps=1_500, supervisor_death_ratio=0.004)),
+    (0, Plan(steps=1_500, supervisor_death_ratio=0.004)),
+    (1, Plan(steps=1_500, supervisor_death_ratio=0.004)),
 ]
 
 
