@@ -22,6 +22,7 @@ knows the thread outlives the engine, ``False`` never.
 from __future__ import annotations
 
 import os
+import random
 import selectors
 import signal
 import socket
@@ -36,11 +37,35 @@ import psutil
 from engine.client import StoreClient
 from engine.config import StoreConfig
 
+_PORTS_FROM = 20_000  # free_port picks below the system's ephemeral range (32768 and up on Linux)
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on, below the system's ephemeral range: the ports the engine's
+    writer and owners take for their direct answers (``engine/ipc/direct_replies.py``) and
+    every outgoing connection come from that range, so a port picked here is not taken by
+    them between the pick and the engine's bind."""
+    rng = random.SystemRandom()
+    top = max(_ephemeral_start(), _PORTS_FROM + 1_000)
+    for _ in range(200):
+        port = rng.randrange(_PORTS_FROM, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded host: any port the system gives
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        given: int = s.getsockname()[1]
+        return given
 
 
 def write_config(path: Path, config: StoreConfig) -> Path:

@@ -396,7 +396,9 @@ class Runtime:
             self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
             self.curve.secure(sock)
         endpoints.allow_ipv6(sock, cfg.endpoint)
-        direct_replies.bind(sock, cfg.endpoint, self.env.run_dir, self.env.name)
+        own = direct_replies.ports_of(cfg.endpoint, cfg.grpc_endpoint, cfg.metrics_endpoint, cfg.dashboard_endpoint,
+                                      cfg.replication_endpoint)  # the engine's other listeners, maybe not bound yet
+        direct_replies.bind(sock, cfg.endpoint, self.env.run_dir, self.env.name, own)
         self.direct = sock
         self.readers[sock] = lambda: self.on_direct_readable(sock)
 

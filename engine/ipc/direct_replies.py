@@ -28,6 +28,7 @@ from engine.ipc import endpoints
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".endpoint"
+_RESERVED_RETRIES_MAX = 16
 _PREFIX = "replies-"
 _ANY_HOST = ("*", "0.0.0.0", "[::]", "[*]")
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+|\*)$")
@@ -49,25 +50,53 @@ def bind_addresses(front_endpoint: str, run_dir: Path, actor: str) -> list[str]:
     return [*kept, f"tcp://{host}:*"]
 
 
-def bind(sock: zmq.Socket[bytes], front_endpoint: str, run_dir: Path, actor: str) -> str:
-    """Bind ``sock`` where ``bind_addresses`` says and publish the endpoint it got."""
+def bind(sock: zmq.Socket[bytes], front_endpoint: str, run_dir: Path, actor: str,
+         reserved_ports: frozenset[int] = frozenset()) -> str:
+    """Bind ``sock`` where ``bind_addresses`` says and publish the endpoint it got. A port of
+    ``reserved_ports`` (the engine's own listening ports, which the actors that bind them may
+    not have bound yet) is given back and another taken."""
     *kept, anywhere = bind_addresses(front_endpoint, run_dir, actor)
+    endpoint = ""
     for address in kept:
         try:
             sock.bind(address)
+            endpoint = _last_endpoint(sock)
             break
         except zmq.ZMQError as exc:  # taken by another process since: any port
             log.info("cannot bind %s again (%s): taking another port", address, exc)
-    else:
+    for _ in range(_RESERVED_RETRIES_MAX):
+        if endpoint and _port(endpoint) not in reserved_ports:
+            break
+        if endpoint:
+            sock.unbind(endpoint)
         sock.bind(anywhere)
-    bound = sock.getsockopt(zmq.LAST_ENDPOINT)
-    assert isinstance(bound, bytes)
-    endpoint = bound.decode()
+        endpoint = _last_endpoint(sock)
     path = endpoint_file(run_dir, actor)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(endpoint)
     temporary.replace(path)
     return endpoint
+
+
+def ports_of(*addresses: str) -> frozenset[int]:
+    """The ports of ``addresses`` (``tcp://host:port`` or ``host:port``; "" and ipc have none)."""
+    ports = set()
+    for address in addresses:
+        _, _, port = address.rpartition(":")
+        if port.isdigit():
+            ports.add(int(port))
+    return frozenset(ports)
+
+
+def _last_endpoint(sock: zmq.Socket[bytes]) -> str:
+    bound = sock.getsockopt(zmq.LAST_ENDPOINT)
+    assert isinstance(bound, bytes)
+    return bound.decode()
+
+
+def _port(endpoint: str) -> int:
+    tcp = _TCP.match(endpoint)
+    return int(tcp["port"]) if tcp is not None and tcp["port"] != "*" else -1
 
 
 def advertised(front_endpoint: str, store_host: str, run_dir: Path, actors: list[str]) -> list[str]:
