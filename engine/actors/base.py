@@ -356,10 +356,7 @@ class Runtime:
         if port.reconnect_ivl_ms is not None:
             sock.setsockopt(zmq.RECONNECT_IVL, port.reconnect_ivl_ms)
         if port.curve:  # encryption, and only the clients of the allow-list get in
-            from engine.ipc.curve import CurveServer  # zmq.auth costs every other actor 3 MiB
-
-            self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
-            self.curve.secure(sock)
+            self.secure(sock)
         events = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if port.monitor else 0) \
             | (zmq.EVENT_HANDSHAKE_SUCCEEDED if port.await_peer else 0)
         if events:  # watch before connecting, so the first connection is not missed
@@ -380,6 +377,15 @@ class Runtime:
         elif port.kind != PUB:
             self.readers[sock] = lambda: self.on_readable(port, sock)
 
+    def secure(self, sock: zmq.Socket[bytes]) -> None:
+        """CURVE on ``sock`` with the allow-list of the config: one authenticator for the actor."""
+        if self.curve is None:
+            from engine.ipc.curve import CurveServer  # zmq.auth costs every other actor 3 MiB
+
+            cfg = self.env.config
+            self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
+        self.curve.secure(sock)
+
     def open_direct(self) -> None:
         """The ROUTER of ``channels.replies``: answers to clients connected to it go out on it."""
         channel = channels.replies(self.env.name)
@@ -391,10 +397,7 @@ class Runtime:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a client not connected here: told at once, not dropped
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its id takes its id over
         if cfg.curve_enabled:
-            from engine.ipc.curve import CurveServer  # zmq.auth costs every other actor 3 MiB
-
-            self.curve = CurveServer(self.zctx, cfg.curve_server_secret_key_file, cfg.curve_authorized_keys_dir)
-            self.curve.secure(sock)
+            self.secure(sock)
         endpoints.allow_ipv6(sock, cfg.endpoint)
         own = direct_replies.ports_of(cfg.endpoint, cfg.grpc_endpoint, cfg.metrics_endpoint, cfg.dashboard_endpoint,
                                       cfg.replication_endpoint)  # the engine's other listeners, maybe not bound yet
