@@ -26,7 +26,7 @@ new life's files come once it is gone. A reader outlives the engine's restarts: 
 makes a new shared offsets file and marks the last one's run over (``RUN_OVER``, as does a
 clean stop); a reader that sees the mark lets go of all it knew of the last run and reads
 afresh from the next start's file (the seeded simulation keeps such a reader through kills,
-restarts and deletions, ``engine/simulation``).
+restarts and deletions, ``harness/simulation``).
 """
 
 from __future__ import annotations

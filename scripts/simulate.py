@@ -9,7 +9,7 @@
     python scripts/simulate.py --consumer-group --broker-sets 2  # ... over two broker sets, one failing over
 
 Each seed runs every actor's logic in this process over a simulated network and
-disk (``engine/simulation``): kills, power cuts, torn pages, lost publications
+disk (``harness/simulation``): kills, power cuts, torn pages, lost publications
 and every delivery order come from the seed, so a failing seed replays exactly. So do
 the rates of each fault and the mix of work (``Plan.drawn``): ``--trace`` prints them.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.simulation import Outcome, Plan, simulate
-from engine.simulation.broker_set import SetOutcome, SetPlan, simulate_set
+from harness.simulation import Outcome, Plan, simulate
+from harness.simulation.broker_set import SetOutcome, SetPlan, simulate_set
 from harness.group_simulation import GroupRun, simulate_group
 
 
@@ -46,7 +46,7 @@ def main() -> int:
     parser.add_argument("--broker-set", choices=("ASYNC", "SYNC"),
                         help="replicating so, a broker set of three engines electing their master on a model of "
                              "etcd, with kills of actors and engines, pauses and partitions "
-                             "(engine/simulation/broker_set.py)")
+                             "(harness/simulation/broker_set.py)")
     parser.add_argument("--consumer-group", action="store_true",
                         help="a consumer group's members sharing a topic's queues through the front's membership, "
                              "coming, going, dying and stalling, with lost heartbeats and front restarts "

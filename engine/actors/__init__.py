@@ -3,5 +3,5 @@
 An actor module is its logic as a handler: the ports it takes messages on, the
 messages it handles there and the effects it gives (``effects.py``). ``base.py``
 is the runtime that owns the sockets, shared offsets, clock and threads;
-``engine/simulation`` is another runtime for the same handlers.
+``harness/simulation`` is another runtime for the same handlers.
 """

@@ -2,7 +2,7 @@
 
 A handler never touches a socket: it appends effects to the ``Effects`` it is
 handed, and the runtime (``engine/actors/base.py`` in a process, the
-simulation in ``engine/simulation``) carries them out, in order, once the
+simulation in ``harness/simulation``) carries them out, in order, once the
 handler returns, laying out their frames with ``engine/ipc/wire.py``. Slots of
 the shared offsets and the clock are read (and slots written) through the
 ``Env`` the actor was built with.

@@ -22,7 +22,7 @@ next (lower) wave is signalled once all of them exited. So the dispatcher drains
 owners stop, and the writer's last bytes are flushed at the end.
 
 The table lives in the engine, below the supervisor that runs it, because the simulation
-(``engine/simulation/world.py``) runs the same actors in the same waves.
+(``harness/simulation/world.py``) runs the same actors in the same waves.
 """
 
 from __future__ import annotations

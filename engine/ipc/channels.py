@@ -3,7 +3,7 @@ message types that cross it each way.
 
 The runtime (``engine/actors/base.py``) opens an actor's sockets from these declarations and
 decodes every message it takes against its channel (``engine/ipc/wire.py``); the simulation
-(``engine/simulation``) carries messages over the same declarations and checks each one, so a
+(``harness/simulation``) carries messages over the same declarations and checks each one, so a
 message that a channel does not declare is a failed assertion in both. ``docs/design.md`` §1.2
 holds the table this module prints (``python -m engine.ipc.channels``); a test fails when they
 differ.

@@ -1,7 +1,7 @@
 """Making data files durable: every fsync, fdatasync and msync of the log, the queues and the index.
 
 They all go through here, so that one place knows which bytes are on disk: the
-simulation (``engine/simulation/disk.py``) listens to learn what a power cut may
+simulation (``harness/simulation/disk.py``) listens to learn what a power cut may
 not take away. Files replaced whole (the checkpoint, the JSON tables) are written
 with ``atomic_file`` and are not reported.
 """

@@ -1,4 +1,4 @@
-"""The seeded simulation of a broker set (``engine/simulation/broker_set.py``): three engines elect
+"""The seeded simulation of a broker set (``harness/simulation/broker_set.py``): three engines elect
 their master on a model of etcd while actors and whole engines are killed, engines paused and
 parties partitioned; every seed keeps the invariants, and a replica that skips its truncation
 is caught."""
@@ -10,8 +10,8 @@ import pytest
 from engine.actors.base import Clock
 from engine.coordination.etcd import EtcdUnavailable, absent, put
 from engine.offline import truncate
-from engine.simulation.broker_set import SetPlan, simulate_set
-from engine.simulation.etcd_model import EtcdModel, ModelClient
+from harness.simulation.broker_set import SetPlan, simulate_set
+from harness.simulation.etcd_model import EtcdModel, ModelClient
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from engine.ipc.protocol import encode_request
-from engine.simulation.world import World, sim_config
+from harness.simulation.world import World, sim_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""The seeded simulation with a replica beside the engine (``engine/simulation/pair.py``): seeds pass in
+"""The seeded simulation with a replica beside the engine (``harness/simulation/pair.py``): seeds pass in
 both replication modes with the replica's actors killed and its power cut, and a replica that
 misses its master's deletions, or appends what is not for its log's end, is caught."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from engine.services.log_appends import LogAppends
 from engine.services.log_shipping import LogShipping
-from engine.simulation import Plan, simulate
+from harness.simulation import Plan, simulate
 
 pytestmark = pytest.mark.timeout(300)
 

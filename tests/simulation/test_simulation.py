@@ -1,7 +1,7 @@
 """The seeded simulation: a few hundred seeds pass, a seed replays exactly, and a broken ordering is caught.
 
 Each seed runs every actor's logic in-process over a simulated network and disk,
-with kills, power cuts and torn pages (``engine/simulation``). ``scripts/simulate.py``
+with kills, power cuts and torn pages (``harness/simulation``). ``scripts/simulate.py``
 runs thousands.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from engine.actors.flusher import FlusherActor
 from engine.services.restart_points import checkpoint_dispatched
-from engine.simulation import Plan, simulate
+from harness.simulation import Plan, simulate
 from engine.store.shared_offsets import INDEX_APPLIED, owner_slot
 
 pytestmark = pytest.mark.timeout(300)
@@ -152,7 +152,7 @@ def test_a_seed_replays_exactly() -> None:
 
 _REPLAY = """
 import json, sys
-from engine.simulation import simulate
+from harness.simulation import simulate
 print(json.dumps([[o.flush_mode, o.figures, o.trace] for o in map(simulate, range(40))]))
 """
 

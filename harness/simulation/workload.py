@@ -31,7 +31,7 @@ import msgspec
 from engine import codec
 from engine.ipc.protocol import SendMessage, encode_request
 from engine.local_reads import LocalReads
-from engine.simulation.network import Network
+from harness.simulation.network import Network
 
 TOPICS = {"sim-a": 2, "sim-b": 3}
 TIMER_TOPIC = "sim-t"  # delayed messages only; never deleted

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Literal
 
 from engine.config import StoreConfig
-from engine.simulation.checks import violations
-from engine.simulation.workload import Workload
-from engine.simulation.world import World
+from harness.simulation.checks import violations
+from harness.simulation.workload import Workload
+from harness.simulation.world import World
 from engine.store import sync
 from engine.store.commit_log import CommitLogReader
 from engine.store.shared_offsets import CONFIRMED, WRITTEN

@@ -20,7 +20,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.layout import RecordError
 from engine.offline.check import check_store
-from engine.simulation.workload import TIMER_TOPIC, TRANSACTION_TOPIC, Workload
+from harness.simulation.workload import TIMER_TOPIC, TRANSACTION_TOPIC, Workload
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics

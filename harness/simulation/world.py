@@ -26,9 +26,9 @@ from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.lifecycle import Lifecycle, actor_step
-from engine.simulation.disk import SimDisk
-from engine.simulation.network import Network
-from engine.simulation.workload import FIFO_GROUP
+from harness.simulation.disk import SimDisk
+from harness.simulation.network import Network
+from harness.simulation.workload import FIFO_GROUP
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
     CONFIRMED,

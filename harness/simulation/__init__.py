@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.local_reads import LocalReads
-from engine.simulation.checks import delayed_arrivals, violations
-from engine.simulation.pair import (
+from harness.simulation.checks import delayed_arrivals, violations
+from harness.simulation.pair import (
     disks_listening,
     master_config_for,
     pass_time_pair,
@@ -31,8 +31,8 @@ from engine.simulation.pair import (
     replica_violations,
     settle_pair,
 )
-from engine.simulation.workload import Workload
-from engine.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
+from harness.simulation.workload import Workload
+from harness.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
 from engine.store.shared_offsets import CONFIRMED, FLUSHED
 
 # What an ordinary step does, and how often (weights): the fixed mix every seed ran before the

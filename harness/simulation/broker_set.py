@@ -47,12 +47,12 @@ from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.role import ROLE_FILE, Role
 from engine.ipc.endpoints import CRASH_START_FILE, MASTER_ENDPOINT_FILE
 from engine.offline import truncate
-from engine.simulation.checks import violations
-from engine.simulation.etcd_model import EtcdModel, ModelClient
-from engine.simulation.network import CLIENT, party
-from engine.simulation.pair import replica_violations
-from engine.simulation.workload import TOPICS, Position, Stored, Workload
-from engine.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
+from harness.simulation.checks import violations
+from harness.simulation.etcd_model import EtcdModel, ModelClient
+from harness.simulation.network import CLIENT, party
+from harness.simulation.pair import replica_violations
+from harness.simulation.workload import TOPICS, Position, Stored, Workload
+from harness.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.epoch_file import load_epochs
 from engine.store.shared_offsets import CONFIRMED, EPOCH, IN_SYNC_PUBLISHED, LEASE_DEADLINE, SLOT_COUNT, WRITTEN
