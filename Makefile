@@ -8,35 +8,47 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: start test test-slow test-all lint setup build-tools system-tools clients clean
 
-# Debian packages, installed when we are root and they are missing. BUILD_PACKAGES come before the
-# install below (gcc and zlib's headers compile engine/_codec.c, the hot loops; without them the
-# engine runs on the Python codec, slower). TEST_PACKAGES: libzmq and msgpuck for the C client, node
-# and npm for the Node clients, strace for the fsync-failure tests, Chromium and ChromeDriver for the
-# dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount, etcd-server for the failover tests
-# (a broker set elected on etcd). Without root, what is missing
-# is named and the tests that need it skip.
-BUILD_PACKAGES := gcc libc6-dev zlib1g-dev
-TEST_PACKAGES := $(BUILD_PACKAGES) make pkg-config libzmq3-dev libmsgpuck-dev nodejs npm strace chromium \
-	chromium-driver bindfs fuse3 etcd-server
-define install_missing
-	@if [ -n "$(strip $(1))" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing Debian packages: $(2)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	      $(2) >/dev/null || echo "note: apt-get could not install them all; what needs them is skipped"; \
-	  else \
-	    echo "note: missing $(strip $(1)) (as root: apt-get install $(2)); what needs them is skipped"; \
-	  fi; \
-	fi
-endef
-have = $(shell command -v $(1) >/dev/null 2>&1 || echo $(1))
-have_file = $(shell [ -f $(1) ] || echo $(notdir $(1)))
+# Debian packages, installed when we are root and they are missing, one apt-get call per group so that
+# a group apt refuses does not keep the others out. A package is written PACKAGE=PROOF and asked for
+# only when its proof is missing: a command on PATH, or a file when it starts with /. The build group
+# comes before the install below (gcc and zlib's headers compile engine/_codec.c, the hot loops;
+# without them the engine runs on the Python codec, slower). The others: libzmq and msgpuck for the C
+# client, node and npm for the Node clients, strace for the fsync-failure tests, Chromium and
+# ChromeDriver for the dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount,
+# etcd-server for the failover tests (a broker set elected on etcd). npm has its own call, made only
+# if no npm command exists once nodejs is in: NodeSource's nodejs bundles npm and conflicts with
+# Debian's npm, so asking for both refuses both. Without root, what is missing is named and what
+# needs it is skipped.
+BUILD_PACKAGES := gcc=cc libc6-dev=/usr/include/stdio.h zlib1g-dev=/usr/include/zlib.h
+C_CLIENT_PACKAGES := make=make pkg-config=pkg-config libzmq3-dev=/usr/include/zmq.h \
+	libmsgpuck-dev=/usr/include/msgpuck.h
+BROWSER_PACKAGES := chromium=chromium chromium-driver=chromedriver
+FUSE_PACKAGES := bindfs=bindfs fuse3=fusermount3
+TEST_PACKAGES := $(BUILD_PACKAGES) $(C_CLIENT_PACKAGES) nodejs=node npm=npm strace=strace $(BROWSER_PACKAGES) \
+	$(FUSE_PACKAGES) etcd-server=etcd
+found = $(if $(filter /%,$(1)),$(wildcard $(1)),$(shell command -v $(1) 2>/dev/null))
+missing = $(strip $(foreach p,$(1),$(if $(call found,$(lastword $(subst =, ,$(p)))),,$(firstword $(subst =, ,$(p))))))
+APT := $(if $(filter 0,$(shell id -u)),$(shell command -v apt-get 2>/dev/null))
+# $(call apt_update,PACKAGES): once per target, before its groups, when one of them will be installed.
+apt_update = $(if $(APT),$(if $(call missing,$(1)),apt-get update -qq || echo "note: apt-get update failed"))
+# $(call install_group,PACKAGES,what is skipped without them[,a shell test that must still hold]).
+install_group = $(if $(call missing,$(1)),$(if $(APT),$(3){ echo "installing Debian packages: $(call missing,$(1))" \
+	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(call missing,$(1)) >/dev/null \
+	|| echo "note: apt-get could not install $(call missing,$(1)); $(2)"; },echo "note: missing \
+	$(call missing,$(1)) (as root: apt-get install $(call missing,$(1))); $(2)"))
 build-tools:
-	$(call install_missing,$(call have,cc) $(call have_file,/usr/include/zlib.h),$(BUILD_PACKAGES))
+	@$(call apt_update,$(BUILD_PACKAGES))
+	@$(call install_group,$(BUILD_PACKAGES),engine/_codec.c is not compiled and the Python codec runs)
 system-tools:
-	$(call install_missing,$(foreach c,cc strace chromium chromedriver node npm pkg-config bindfs fusermount3 etcd,$(call have,$(c))) \
-	  $(call have_file,/usr/include/zlib.h) $(call have_file,/usr/include/msgpuck.h) \
-	  $(call have_file,/usr/include/zmq.h),$(TEST_PACKAGES))
+	@$(call apt_update,$(TEST_PACKAGES))
+	@$(call install_group,$(BUILD_PACKAGES),engine/_codec.c is not compiled and the Python codec runs)
+	@$(call install_group,$(C_CLIENT_PACKAGES),the C client is not built)
+	@$(call install_group,nodejs=node,the Node clients are not installed)
+	@$(call install_group,npm=npm,the Node clients are not installed,command -v npm >/dev/null || )
+	@$(call install_group,strace=strace,the fsync-failure tests skip)
+	@$(call install_group,$(BROWSER_PACKAGES),the dashboard's browser test skips)
+	@$(call install_group,$(FUSE_PACKAGES),the tests of a store on a FUSE mount skip)
+	@$(call install_group,etcd-server=etcd,the failover tests skip)
 
 # The build packages come first (order only), so that a fresh machine compiles the codec.
 $(STAMP): pyproject.toml setup.py engine/_codec.c | build-tools
