@@ -39,12 +39,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from engine.actors.effects import Effects, Exit, Publish, Reply, Tell
-from engine.actors.file_syncer import FileSyncer, Syncer
+from engine.actors.file_syncer import FileSyncer
 from engine.config import StoreConfig, decode_config
 from engine.ipc import channels, direct_replies, endpoints, wire
 from engine.ipc.channels import PUBLISH, REQUEST, Channel
@@ -53,6 +53,7 @@ from engine.ipc.messages import DIRECT, Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
 from engine.metrics.report import Figures, Reporter
 from engine.store.shared_offsets import SharedOffsets
+from engine.store.sync import SyncerFactory
 
 if TYPE_CHECKING:
     from engine.ipc.curve import CurveServer
@@ -145,15 +146,6 @@ class Clock:
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000
-
-
-class SyncerFactory(Protocol):
-    """How an actor gets its flush thread (``FileSyncer``; the simulation's runs at its steps):
-    ``on_durable`` is called with each offset made durable, ``on_failure`` (when given) with the
-    reason a flush failed, after which the syncer takes no more work."""
-
-    def __call__(self, name: str, on_durable: Callable[[int], None], *,
-                 on_failure: Callable[[str], None] | None = None) -> Syncer: ...
 
 
 class Waker:

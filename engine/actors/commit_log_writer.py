@@ -108,8 +108,10 @@ class CommitLogWriterActor(Actor):
         self.flushed_offset = 0
         self.sync_flush = cfg.flush_mode == "SYNC_FLUSH"
         self.sync_replication = cfg.sync_replication  # sends wait for the in-sync replicas too
-        self.own_sync = OwnSync(env.syncer, env.waker, env.name, self.segment_path, cfg.segment_size_bytes) \
-            if self.sync_flush else None
+        # rmqpy_flush_seconds under SYNC_FLUSH: each wait for the writer's own sync (``OwnSync``)
+        self.flush_seconds = Histogram.new()
+        self.own_sync = OwnSync(env.syncer, env.waker.wake, env.name, self.segment_path, cfg.segment_size_bytes,
+                                self.flush_seconds.observe) if self.sync_flush else None
         self.preallocations = DiskRefusals("writer: preallocating the next segment", errnos=None,
                                             event_kind="segment.create_failed")
         self.busy_refusals = 0
@@ -383,7 +385,7 @@ class CommitLogWriterActor(Actor):
         return ""
 
     def metrics(self) -> Figures:
-        own_sync = {"rmqpy_flush_seconds": self.own_sync.flush_seconds} if self.own_sync is not None else {}
+        own_sync = {"rmqpy_flush_seconds": self.flush_seconds} if self.own_sync is not None else {}
         return {**own_sync, "rmqpy_queue_sent_messages": per_queue(self.appends.sent_messages),
                 "rmqpy_queue_sent_bytes": per_queue(self.appends.sent_bytes),
                 "rmqpy_send_latency_seconds": self.send_latency,

@@ -19,23 +19,15 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from engine.store import sync
 
 log = logging.getLogger(__name__)
 
 
-class Syncer(Protocol):
-    """What an actor asks of its flush thread (the simulation gives it one without a thread)."""
-
-    def mark(self, path: Path) -> None: ...
-    def request(self, durable_offset: int) -> None: ...
-    def flush_now(self, durable_offset: int) -> None: ...
-    def close(self) -> None: ...
-
-
 class FileSyncer:
+    """The runtime's ``sync.Syncer``: a thread per actor that fdatasyncs the marked files."""
+
     def __init__(self, name: str, on_durable: Callable[[int], None], *,
                  on_failure: Callable[[str], None] | None = None) -> None:
         self.on_durable = on_durable

@@ -27,7 +27,7 @@ from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
-from engine.services.retention import disk_space
+from engine.store.disk_space import disk_space
 from engine.store.shared_offsets import SharedOffsets
 
 log = logging.getLogger(__name__)

@@ -37,9 +37,9 @@ from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc.protocol import SendRequest
 from engine.layout import END_FILE_MIN_BLANK_BYTES, SYSFLAG_TRANSACTION_COMMIT, HostAddress
 from engine.services.delivery_routes import check_plain_records, destination
-from engine.services.retention import disk_space
 from engine.store.commit_log import CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
+from engine.store.disk_space import disk_space
 from engine.store.records import UniqKeys, batch_items, build_items
 from engine.store.system_topics import SYSTEM_PROPERTIES
 

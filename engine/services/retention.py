@@ -26,7 +26,6 @@ import mmap
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 from engine.config import StoreConfig
@@ -45,28 +44,6 @@ class RetentionDecision:
     refuse_sends: bool
     disk_used_ratio: float
     forced: frozenset[int] = frozenset()  # those of ``delete`` that had not expired
-
-
-class DiskSpace(NamedTuple):
-    used_ratio: float  # what `df` prints as Use%: used / (used + available)
-    free_bytes: int  # what `df` prints as Avail: blocks an unprivileged process may still take
-    used_bytes: int
-
-
-def disk_space(path: Path) -> DiskSpace:
-    """The one definition of "disk used" (the writer's DISK_FULL ratio, the metrics, the dashboard).
-
-    ``df``'s: the root-reserved blocks count neither as used nor as available, so on a file
-    system with a large reserve the ratio is what an operator sees with ``df``, not
-    (total - available) / total (which counts the reserve as used)."""
-    stat = os.statvfs(path)
-    used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
-    free = stat.f_bavail * stat.f_frsize
-    return DiskSpace(used / (used + free) if used + free else 0.0, free, used)
-
-
-def disk_used_ratio(path: Path) -> float:
-    return disk_space(path).used_ratio
 
 
 def is_delete_hour(config: StoreConfig, now_s: float) -> bool:

@@ -24,8 +24,9 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.layout import offset_to_file_name
 from engine.logs import event
-from engine.services.retention import SegmentFact, disk_used_ratio, plan_deletions, summarize_segment
+from engine.services.retention import SegmentFact, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
+from engine.store.disk_space import disk_used_ratio
 
 log = logging.getLogger(__name__)
 

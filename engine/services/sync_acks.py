@@ -20,15 +20,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine.errors import PutStatus
 from engine.ipc.wire import Origin
-from engine.metrics.report import Histogram
 from engine.services.log_appends import Stored
-
-if TYPE_CHECKING:
-    from engine.actors.base import SyncerFactory, Waker
+from engine.store.sync import SyncerFactory
 
 
 @dataclass
@@ -82,21 +78,24 @@ class OwnSync:
 
     After each run of appends the writer hands the segments they touched, and the offset they
     reach, to its flush thread (``FileSyncer``, or the simulation's); the thread fdatasyncs them,
-    sets ``synced`` (or ``failure``) and wakes the writer's loop through the waker, which then
-    publishes the flushed offset and answers the sends it covers. A stalled disk stalls the
-    thread, not the loop: the sends' deadlines answer FLUSH_DISK_TIMEOUT meanwhile."""
+    sets ``synced`` (or ``failure``) and wakes the writer's loop (``wake``: the runtime's
+    ``Waker.wake``), which then publishes the flushed offset and answers the sends it covers. A
+    stalled disk stalls the thread, not the loop: the sends' deadlines answer FLUSH_DISK_TIMEOUT
+    meanwhile. ``timed`` is told, from the thread, each wait for a sync: from handing the oldest
+    unsynced run to the thread to the sync that covered it, in seconds (the writer's
+    ``rmqpy_flush_seconds``; a figure is the actor's to report, not this object's)."""
 
-    def __init__(self, syncer: SyncerFactory, waker: Waker, name: str, segment_path: Callable[[int], Path],
-                 segment_size_bytes: int) -> None:
-        self.waker = waker
+    def __init__(self, syncer: SyncerFactory, wake: Callable[[], None], name: str,
+                 segment_path: Callable[[int], Path], segment_size_bytes: int,
+                 timed: Callable[[float], None]) -> None:
+        self.wake = wake
+        self.timed = timed
         self.segment_path = segment_path
         self.segment_size_bytes = segment_size_bytes
         self.requested = 0  # the offset the last request makes durable
         self.synced = 0  # written by the thread: the log is on disk up to here
         self.failure: str | None = None  # written by the thread: why a flush failed
-        # rmqpy_flush_seconds: from handing the oldest unsynced run to the thread to the sync that
-        # covered it (perf_counter seconds; None while everything requested is synced)
-        self.flush_seconds = Histogram.new()
+        # perf_counter seconds when the oldest unsynced run went to the thread (None: all requested is synced)
         self._waiting_since: float | None = None
         self.syncer = syncer(name, self._durable, on_failure=self._failed)
 
@@ -106,12 +105,12 @@ class OwnSync:
         if offset >= self.requested:
             self._waiting_since = None
         if since is not None:
-            self.flush_seconds.observe(time.perf_counter() - since)
-        self.waker.wake()
+            self.timed(time.perf_counter() - since)
+        self.wake()
 
     def _failed(self, reason: str) -> None:  # the flush thread
         self.failure = reason
-        self.waker.wake()
+        self.wake()
 
     def request(self, end: int) -> None:
         """Make the log durable up to ``end``: the segments from the last request's end on."""

@@ -12,6 +12,7 @@ import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 # path, start, end of the range now on disk (end None: the whole file)
 SyncListener = Callable[[Path, int, int | None], None]
@@ -51,3 +52,23 @@ def msync(mm: mmap.mmap, start: int, length: int, path: Path) -> None:
         raise FlushError(exc.errno, f"msync of {path}: {exc.strerror}") from exc
     if _listener is not None:
         _listener(path, start, start + length)
+
+
+class Syncer(Protocol):
+    """What an actor asks of its flush thread (``engine/actors/file_syncer.py``; the simulation
+    gives it one without a thread): the files to sync, and the offset they make durable."""
+
+    def mark(self, path: Path) -> None: ...
+    def request(self, durable_offset: int) -> None: ...
+    def flush_now(self, durable_offset: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class SyncerFactory(Protocol):
+    """How an actor gets its flush thread (``FileSyncer``; the simulation's runs at its steps):
+    ``on_durable`` is called with each offset made durable, ``on_failure`` (when given) with the
+    reason a flush failed, after which the syncer takes no more work. Declared here, beside the
+    syncs, so that the writer's service (``engine/services/sync_acks.py``) names it without the runtime."""
+
+    def __call__(self, name: str, on_durable: Callable[[int], None], *,
+                 on_failure: Callable[[str], None] | None = None) -> Syncer: ...

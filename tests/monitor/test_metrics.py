@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import ConfigError, StoreConfig
-from engine.services.retention import disk_used_ratio
+from engine.store.disk_space import disk_used_ratio
 from tests.helpers import wait_dispatched
 from tests.monitor.conftest import Monitored, monitored_engine, total, value
 
