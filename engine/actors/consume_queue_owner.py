@@ -56,8 +56,11 @@ from engine.ipc.messages import (
     QueueStats,
 )
 from engine.ipc.protocol import (
+    AckRequest,
+    ChangeInvisibleRequest,
     OffsetForTimeRequest,
     PopRequest,
+    PopStatsRequest,
     PullRequest,
     QueueStatsRequest,
     decode_as,
@@ -112,8 +115,10 @@ class ConsumeQueueOwnerActor(Actor):
                                                                                        inbound.payload)),
                 OffsetForTime: serving(lambda _o, inbound, _out: self.reads.queue_question(OffsetForTimeRequest,
                                                                                           inbound.payload)),
-                ChangeInvisible: serving(lambda _o, inbound, _out: self.pops.change_invisible(inbound.payload)),
-                PopStats: serving(lambda _o, inbound, _out: self.pops.stats(inbound.payload)),
+                ChangeInvisible: serving(lambda _o, inbound, _out: self.pops.change_invisible(
+                    decode_as(ChangeInvisibleRequest, inbound.payload))),
+                PopStats: serving(lambda _o, inbound, _out: self.pops.stats(decode_as(PopStatsRequest,
+                                                                                      inbound.payload))),
                 Answered: self.on_writer_answer, DispatchBatch: self.on_batch}
 
     def recover(self, out: Effects) -> None:
@@ -202,7 +207,7 @@ class ConsumeQueueOwnerActor(Actor):
         return reply
 
     def on_ack(self, _order: Ack, inbound: Inbound, out: Effects) -> bytes | None:
-        reply = self.pops.ack(inbound.payload, out)
+        reply = self.pops.ack(decode_as(AckRequest, inbound.payload), out)
         self.wake_unlocked()
         return reply
 

@@ -33,7 +33,6 @@ from engine.ipc.protocol import (
     ChangeInvisibleRequest,
     PopRequest,
     PopStatsRequest,
-    decode_request,
     encode_reply,
 )
 from engine.ipc.wire import Origin
@@ -140,9 +139,7 @@ class OwnerPops:
                              receipt_handles=taken.receipt_handles, attempts=taken.attempts, invisible_ms=invisible_ms)
         return reply, not taken.count
 
-    def ack(self, raw: bytes, out: Effects) -> bytes:
-        request = decode_request("ack", raw)
-        assert isinstance(request, AckRequest)
+    def ack(self, request: AckRequest, out: Effects) -> bytes:
         validate_group(request.group)
         queue = self.queue(request.group, request.topic, request.queue_id)
         tag = self.tags.of(queue)
@@ -159,9 +156,7 @@ class OwnerPops:
             self.unlocked.add((request.topic, request.queue_id))
         return encode_reply(request.id, acked=outcome.acked, failed=outcome.failed)
 
-    def change_invisible(self, raw: bytes) -> bytes:
-        request = decode_request("change_invisible", raw)
-        assert isinstance(request, ChangeInvisibleRequest)
+    def change_invisible(self, request: ChangeInvisibleRequest) -> bytes:
         validate_group(request.group)
         invisible_ms = min(request.invisible_ms, self.config.pop_invisible_ms_max)
         until_ms = self.clock.wall_ms() + invisible_ms
@@ -176,9 +171,7 @@ class OwnerPops:
         return encode_reply(request.id, receipt_handle=encode_handle(request.queue_id, offset, generation, tag),
                             invisible_ms=invisible_ms)
 
-    def stats(self, raw: bytes) -> bytes:
-        request = decode_request("pop_stats", raw)
-        assert isinstance(request, PopStatsRequest)
+    def stats(self, request: PopStatsRequest) -> bytes:
         validate_group(request.group)
         queue = self.indexes.get(request.group, request.topic, request.queue_id)
         cq = self.owned.get(request.topic, request.queue_id)
