@@ -1,4 +1,4 @@
-"""``python -m engine``: see engine/cli.py."""
+"""``python -m engine``: see engine/cli/."""
 
 from engine.cli import main
 

@@ -1,0 +1,176 @@
+"""What every command shares: exit codes, the engine's endpoint and client, output, options."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from engine.client import DEFAULT_ENDPOINT, EngineUnreachable, StoreClient, engine_answers, master_of_set
+from engine.ipc.curve import CurveKeys
+from engine.ipc.endpoints import read_engine_state
+from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
+
+# Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
+# line on stderr saying why (none for a closed pipe: `rmqpy consume ... | head` is not an error).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the engine refused the request, or what was asked is not there (check: findings)
+EXIT_USAGE = 2  # a bad command line (argparse's own code)
+EXIT_NO_ENGINE = 3  # nothing accepts a connection at the endpoint, or no engine runs on --store-dir
+EXIT_TIMEOUT = 4  # the engine took a request but sent no reply before --timeout-ms
+EXIT_OS_ERROR = 5  # a local file or directory could not be read or written
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (128 + SIGPIPE)
+
+
+def engine_endpoint(args: argparse.Namespace) -> str:
+    if args.endpoint:
+        return args.endpoint
+    if args.store_dir:
+        return str(read_engine_state(args.store_dir)["endpoint"])
+    return DEFAULT_ENDPOINT
+
+
+def curve_keys(args: argparse.Namespace) -> CurveKeys | None:
+    if not (args.server_key or args.client_key):
+        return None
+    if not (args.server_key and args.client_key):
+        print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    return CurveKeys.from_files(args.server_key, args.client_key)
+
+
+def connect(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient] = StoreClient) -> StoreClient:
+    curve = curve_keys(args)
+    endpoint = engine_endpoint(args)
+    if "," in endpoint:  # a broker set's engines: the one its route names master
+        members = [part.strip() for part in endpoint.split(",") if part.strip()]
+        endpoint = master_of_set(members) or members[0]
+    try:
+        answers = engine_answers(endpoint)  # at once, rather than at the end of the deadline
+    except zmq.ZMQError as exc:  # not an endpoint ZeroMQ can connect to: "foo", "tcp://host" without a port
+        print(f"error: --endpoint {endpoint!r}: {exc.strerror} (the form is tcp://HOST:PORT or ipc://PATH)",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+    if not answers:
+        raise EngineUnreachable(endpoint)
+
+    def following(master: str) -> None:
+        print(f"note: {endpoint} is a replica; sending to its master, {master}", file=sys.stderr)
+
+    return kind(endpoint, timeout_ms=timeout_ms, curve=curve, on_master=following)
+
+
+def printable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable(v) for v in value]
+    return value
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(printable(data), indent=2) if args.json else text)
+
+
+def message_line(m: dict[str, Any]) -> str:
+    """One message on one line; fields a message does not have (no tags, no keys) are left out."""
+    body = printable(m["body"])
+    shown = body if len(body) <= 60 else body[:57] + "..."
+    where = (f"{m['broker_name']}:" if "broker_name" in m else "") + f"{m['topic']}/{m['queue_id']}"
+    parts = [f"{where}@{m['queue_offset']}", f"id={m['msg_id']}"]
+    if m.get("uniq_key"):
+        parts.append(f"uniq_key={m['uniq_key']}")
+    if m.get("tags") is not None:
+        parts.append(f"tags={m['tags']}")
+    if m.get("keys"):
+        parts.append(f"keys={','.join(m['keys'])}")
+    properties = m.get("properties") or {}
+    if PROPERTY_REAL_TOPIC in properties:  # a delayed or half message waiting in a system topic
+        parts.append(f"waiting for {properties[PROPERTY_REAL_TOPIC]}/{properties.get(PROPERTY_REAL_QID, '?')}")
+    parts.append(f"body={shown!r}")
+    return " ".join(parts)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    cluster = parser.add_argument_group("a cluster of broker sets (docs/cluster.md)")
+    cluster.add_argument("--cluster", metavar="ADDRESS",
+                         help="the cluster instead of one engine: etcd's client endpoints (http://host:port, "
+                              "comma-separated) or any engine of it (tcp://host:port)")
+    cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("engine connection")
+    where.add_argument("--endpoint", metavar="URL", help=f"the engine's client endpoint (default {DEFAULT_ENDPOINT}); "
+                       "a broker set's engines separated by commas: its master")
+    where.add_argument("--store-dir", type=Path, metavar="DIR",
+                       help="reach the engine running on this store directory (its endpoint is read from it)")
+    where.add_argument("--timeout-ms", type=positive, default=10_000, metavar="MS",
+                       help="deadline of each request, in ms (default 10000)")
+    where.add_argument("--server-key", type=Path, metavar="FILE", help="CURVE: the engine's public key file (NAME.key)")
+    where.add_argument("--client-key", type=Path, metavar="FILE",
+                       help="CURVE: this client's secret key file (NAME.key_secret)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout (and no progress bar)")
+
+
+def positive(text: str) -> int:
+    """A count or size: 0 or less is a usage error, caught before anything is sent."""
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number (1 or more)")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An offset, a queue number or a time in ms: 0 or more."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def epoch_ms(text: str) -> int:
+    """A time as epoch ms, from digits or from ISO 8601 (a time without a zone is UTC)."""
+    if text.isascii() and text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither epoch ms nor an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+# Each command's --help keeps its examples' lines as written (%(prog)s is how it was run: "rmqpy
+# produce" or "python -m engine produce").
+HELP_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def add_command(commands: Any, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(name, help=help_text, description=help_text,
+                                                          epilog=examples, formatter_class=HELP_FORMAT)
+    return parser
