@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster is None:
         messages = consume_one(args)
     else:
-        from engine.cli_cluster import cluster_route, consume_sets  # etcd's client only when asked for
+        from engine.cli.cluster import cluster_route, consume_sets  # etcd's client only when asked for
 
         messages = consume_sets(args, cluster_route(args), consume_one)
     if args.pop:

@@ -29,7 +29,7 @@ from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS
 from rmqpy._send import UniqKeys
 
 if TYPE_CHECKING:
-    from engine.cli_cluster import SpreadSends
+    from engine.cli.cluster import SpreadSends
 
 PRODUCE_BAR_COUNT_MIN = 1_000  # produce draws a progress bar (on a terminal) from this many messages on
 
@@ -122,7 +122,7 @@ def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
     """Where ``produce`` sends: one engine, or with ``--cluster`` each batch to a queue of the route."""
     if args.cluster is None:
         return OneEngine(connect(args, timeout_ms=args.timeout_ms), args.queue_id)
-    from engine.cli_cluster import SpreadSends, cluster_route  # etcd's client only when asked for
+    from engine.cli.cluster import SpreadSends, cluster_route  # etcd's client only when asked for
 
     curve = curve_keys(args)
     return SpreadSends(args, cluster_route(args),

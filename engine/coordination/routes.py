@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,16 @@ class TopicRoute:
     def queues(self) -> list[tuple[str, int]]:
         """Every queue of the topic in the cluster, as (broker name, queue id), in a fixed order."""
         return [(b.broker_name, q) for b in self.brokers for q in range(b.queue_count)]
+
+    def send_order(self, sharding_key: str | None, turn: int) -> list[tuple[str, int]]:
+        """Every queue, in the order a send tries them: first the queue ``sharding_key`` hashes to
+        (the same key, the same queue of the same set: per-key order), or without a key the
+        ``turn``-th (round robin over the whole route); then the queues after it, for a send
+        passed over from a set that took nothing. The one queue choice of a cluster's senders."""
+        queues = self.queues
+        assert queues, f"the route of {self.topic!r} has no queue to send to"
+        start = (zlib.crc32(sharding_key.encode()) if sharding_key is not None else turn) % len(queues)
+        return queues[start:] + queues[:start]
 
 
 def is_etcd_address(address: str) -> bool:

@@ -3,9 +3,9 @@
 The address is etcd's client endpoints (``http://host:port``) or any engine of the cluster: the
 topic's route comes from either (``engine.coordination.routes.RouteReader``). ``produce`` sends
 each batch to the next queue of the whole route, or with ``--sharding-key`` always to the queue
-the key hashes to, at that queue's broker set's master. ``consume`` reads each set in turn
-with the single-engine code, at the set's master, until ``--count``: first every set without
-waiting, then, if nothing came, each set for its share of ``--wait-ms``.
+the key hashes to (``TopicRoute.send_order``), at that queue's broker set's master. ``consume``
+reads each set in turn with the single-engine code, at the set's master, until ``--count``:
+first every set without waiting, then, if nothing came, each set for its share of ``--wait-ms``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-import zlib
 from collections.abc import Callable
 from typing import Any
 
-from engine.cli import EXIT_FAILED, EXIT_USAGE
+from engine.cli.common import EXIT_FAILED, EXIT_USAGE
 from engine.client import ClientError, StoreClient
 from engine.coordination.etcd import EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute
@@ -69,9 +68,7 @@ class SpreadSends:
             client.close()
 
     def next(self) -> tuple[StoreClient, int, str]:
-        queues = self.route.queues
-        at = zlib.crc32(self.sharding_key.encode()) if self.sharding_key is not None else next(self.turn)
-        broker, queue_id = queues[at % len(queues)]
+        broker, queue_id = self.route.send_order(self.sharding_key, next(self.turn))[0]
         client = self.clients.get(broker)
         if client is None:
             [master] = [b.master_endpoint for b in self.route.brokers if b.broker_name == broker]
