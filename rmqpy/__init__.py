@@ -14,6 +14,9 @@
 * ``PullConsumer``: a consumer group over every queue of a topic, long polling, tag
   subscriptions, committed offsets.
 * ``PopConsumer``: a worker of a pop group, acking each message.
+* ``Cluster``, and ``ClusterProducer``, ``ClusterPullConsumer``, ``ClusterPopConsumer``: the same
+  over a cluster of broker sets, a client per set (what ``Producer(cluster=...)`` and the
+  consumers given ``cluster=`` return; docs/cluster.md).
 * ``rmqpy.aio``: the same for asyncio, many requests in flight on one socket.
 
 Results are frozen ``msgspec.Struct``s (``Message``, ``SendResult``); refusals raise
@@ -22,6 +25,7 @@ the guide; ``engine.client.StoreClient`` stays the raw, untyped client for tools
 """
 
 from engine.client import DEFAULT_ENDPOINT
+from rmqpy.cluster import Cluster
 from rmqpy.errors import (
     ClientClosed,
     ClientError,
@@ -33,9 +37,9 @@ from rmqpy.errors import (
     RequestTimeout,
 )
 from rmqpy.message import Message, OutgoingMessage, SendResult
-from rmqpy.pop_consumer import PopConsumer
-from rmqpy.producer import Producer
-from rmqpy.pull_consumer import PullConsumer
+from rmqpy.pop_consumer import ClusterPopConsumer, PopConsumer
+from rmqpy.producer import ClusterProducer, Producer
+from rmqpy.pull_consumer import ClusterPullConsumer, PullConsumer
 from rmqpy.retry import RETRIABLE_CODES, RetryPolicy
 
 __all__ = [
@@ -43,6 +47,10 @@ __all__ = [
     "RETRIABLE_CODES",
     "ClientClosed",
     "ClientError",
+    "Cluster",
+    "ClusterPopConsumer",
+    "ClusterProducer",
+    "ClusterPullConsumer",
     "ConnectionLost",
     "EngineError",
     "ErrorCode",

@@ -7,6 +7,9 @@
 
 Thread-safety: a ``Producer`` may be shared by any number of threads.
 
+A cluster of broker sets has its own class, ``ClusterProducer`` (below), made of a ``Producer``
+per set; ``Producer(cluster=...)`` returns one.
+
 * ``send`` and ``send_batch`` go through one ``StoreClient`` socket, one request at a
   time (a lock keeps threads off each other's replies). A thread that waits for a
   retry's pause does not hold the lock.
@@ -25,10 +28,14 @@ every attempt: ``SendResult.uniq_key`` names it, and a consumer can drop duplica
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import logging
 import threading
+import zlib
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -54,19 +61,27 @@ from rmqpy._send import (
     one_message,
 )
 from rmqpy.aio.producer import AsyncProducer
+from rmqpy.cluster import Cluster, opened
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
 from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
 
-if TYPE_CHECKING:
-    from rmqpy.cluster import Cluster, ClusterProducer
+__all__ = ["ClusterProducer", "Producer"]
 
-__all__ = ["Producer"]
-
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class Producer:
+    def __new__(cls, endpoint: str = DEFAULT_ENDPOINT, *, cluster: Cluster | str | None = None,
+                **options: Any) -> Any:
+        """Given ``cluster``, a ``ClusterProducer`` with these options, not a ``Producer``: the same
+        sends, over every broker set. Typed ``Any`` because a type checker takes any instance
+        creation for the class named; code that wants the cluster's type names ``ClusterProducer``."""
+        if cluster is not None:
+            return ClusterProducer(cluster, **options)
+        return super().__new__(cls)
+
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
                  context: zmq.Context | None = None, curve: CurveKeys | None = None,
@@ -86,15 +101,9 @@ class Producer:
         ``cluster``: a cluster of broker sets (``rmqpy.cluster.Cluster``, or its address: etcd's
         ``http://host:port`` or any engine of it) instead of ``endpoint``: each send goes to the next
         queue of the topic's whole route, or to the queue ``sharding_key`` hashes to, at that
-        queue's set (docs/cluster.md); ``queue_id`` is then refused (a set's own queue)."""
-        self._spread: ClusterProducer | None = None
-        if cluster is not None:
-            from rmqpy.cluster import ClusterProducer  # it builds on this class
-
-            self._spread = ClusterProducer(cluster, timeout_ms=timeout_ms, retry=retry, on_retry=on_retry,
-                                           wait_store=wait_store, in_flight_max=in_flight_max, context=context,
-                                           curve=curve)
-            endpoint = self._spread.cluster.address
+        queue's set (docs/cluster.md); ``queue_id`` is then refused (a set's own queue). ``__new__``
+        answers it with a ``ClusterProducer``: this class is one set's."""
+        assert cluster is None, "Producer.__new__ made a ClusterProducer"
         self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
         self.endpoint = self.endpoints[0]
         self.timeout_ms = timeout_ms
@@ -105,8 +114,7 @@ class Producer:
         self._context = context
         self._curve = curve
         self._uniq_keys = UniqKeys()
-        if self._spread is None:  # a cluster's sends go through its sets' producers
-            self._client = self._connect(self.endpoint)
+        self._client = self._connect(self.endpoint)
         self._client_lock = threading.Lock()
         self._async_lock = threading.Lock()  # guards the fields below
         self._loop_thread: LoopThread | None = None
@@ -128,19 +136,13 @@ class Producer:
             self._closed = True
             unfinished = list(self._unfinished)
         concurrent.futures.wait(unfinished, timeout=timeout_s)
-        if self._spread is not None:
-            self._spread.close()
         if self._loop_thread is not None and self._async_producer is not None:
             self._loop_thread.stop(self._async_producer.close(), timeout_s=timeout_s)
         with self._client_lock:
-            if self._spread is None:
-                self._client.close()
+            self._client.close()
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""
-        if self._spread is not None:
-            self._spread.flush(timeout_s)
-            return
         with self._async_lock:
             unfinished = list(self._unfinished)
         concurrent.futures.wait(unfinished, timeout=timeout_s)
@@ -160,10 +162,6 @@ class Producer:
         """
         message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
                               born_timestamp=born_timestamp)
-        if self._spread is not None:
-            [result] = self.send_batch(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
-                                       delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
-            return result
         [result] = self._send_now(topic, [message], self._options(queue_id, sharding_key, delay_ms,
                                                                   deliver_at_ms, delay_level))
         return result
@@ -176,25 +174,8 @@ class Producer:
         A batch of two or more messages may take at most 4 MiB as records (about 180 bytes
         plus body, topic and properties per message; protocol 8.1); split larger ones.
         """
-        if self._spread is not None:
-            self._check_open()
-            return self._spread.send_batch(topic, messages, **self._spread_options(
-                queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         return self._send_now(topic, messages, self._options(queue_id, sharding_key, delay_ms, deliver_at_ms,
                                                              delay_level))
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed("the producer is closed")
-
-    def _spread_options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
-                        deliver_at_ms: int | None, delay_level: int | None) -> dict[str, Any]:
-        """A cluster's send: the options for ``ClusterProducer`` (a set's queue id has no meaning here)."""
-        if queue_id is not None:
-            raise ValueError("a producer on a cluster picks the queue of the route: give sharding_key, or send "
-                             "to one broker set's Producer for one of its queues")
-        return {"sharding_key": sharding_key, "delay_ms": delay_ms, "deliver_at_ms": deliver_at_ms,
-                "delay_level": delay_level}
 
     def _options(self, queue_id: int | None, sharding_key: str | None, delay_ms: int | None,
                  deliver_at_ms: int | None, delay_level: int | None) -> SendOptions:
@@ -261,10 +242,6 @@ class Producer:
         """``send`` without waiting: the future holds the ``SendResult`` or the exception. Any thread."""
         message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
                               born_timestamp=born_timestamp)
-        if self._spread is not None:
-            sent = self.send_batch_async(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
-                                         delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
-            return mapped(sent, lambda results: results[0])
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
 
         async def send_one(producer: AsyncProducer) -> SendResult:
@@ -279,10 +256,6 @@ class Producer:
                          ) -> concurrent.futures.Future[list[SendResult]]:
         """``send_batch`` without waiting. Any thread."""
         batch = list(messages)  # the caller may change its list at once
-        if self._spread is not None:
-            self._check_open()
-            return self._spread.send_batch_async(topic, batch, **self._spread_options(
-                queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
         options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
 
         async def send_all(producer: AsyncProducer) -> list[SendResult]:
@@ -318,3 +291,131 @@ class Producer:
             self._loop_thread = LoopThread(f"rmqpy-producer-{self.endpoint}")
         return self._loop_thread, self._async_producer
 
+
+class ClusterProducer:
+    """Sends to the queues of a topic's whole route (docs/cluster.md, "Clients"): in turn, or by
+    ``sharding_key`` (the same key, the same queue of the same set), through a ``Producer`` per set
+    on the set's address (master, then replicas), so that within a set sends follow a failover as
+    ``Producer`` does. ``queue_id`` is refused (a set's own queue: send to that set's ``Producer``).
+    Options are ``Producer``'s; thread-safe as ``Producer``."""
+
+    def __init__(self, cluster: Cluster | str, **producer_options: Any) -> None:
+        self.cluster, self._owns_cluster = opened(cluster)
+        self.options = producer_options
+        self._producers: dict[str, Producer] = {}  # broker name -> a Producer on its set's address
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __enter__(self) -> ClusterProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Each set's ``Producer.close`` (its async sends under way first), then the routes if opened here."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            producers = list(self._producers.values())
+        for producer in producers:
+            producer.close(timeout_s)
+        if self._owns_cluster:
+            self.cluster.close()
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        with self._lock:
+            producers = list(self._producers.values())
+        for producer in producers:
+            producer.flush(timeout_s)
+
+    def send(self, topic: str, body: bytes, *, keys: Iterable[str] = (), tags: str | None = None,
+             properties: Mapping[str, str] | None = None, flag: int = 0, born_timestamp: int | None = None,
+             queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+             deliver_at_ms: int | None = None, delay_level: int | None = None) -> SendResult:
+        message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
+                              born_timestamp=born_timestamp)
+        [result] = self.send_batch(topic, [message], queue_id=queue_id, sharding_key=sharding_key, delay_ms=delay_ms,
+                                   deliver_at_ms=deliver_at_ms, delay_level=delay_level)
+        return result
+
+    def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *, queue_id: int | None = None,
+                   sharding_key: str | None = None, delay_ms: int | None = None, deliver_at_ms: int | None = None,
+                   delay_level: int | None = None) -> list[SendResult]:
+        """One batch, to one queue of the route; a set that refuses a connection is passed over
+        for the next queue of another set (nothing was stored there)."""
+        self._check(queue_id)
+        batch = list(messages)
+        queues = self.cluster.route(topic).queues
+        start = self._first(sharding_key)
+        tried: set[str] = set()
+        for step in range(len(queues)):
+            broker, set_queue = queues[(start + step) % len(queues)]
+            if broker in tried:
+                continue
+            try:
+                results = self._producer(topic, broker).send_batch(
+                    topic, batch, queue_id=set_queue, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms,
+                    delay_level=delay_level)
+            except (EngineError, EngineUnreachable) as exc:
+                stored_nowhere = isinstance(exc, EngineUnreachable) or exc.code == ErrorCode.SERVICE_NOT_AVAILABLE
+                if not stored_nowhere or sharding_key is not None:
+                    raise
+                log.warning("broker set %r took no send (%s): the next queue of another set", broker, exc)
+                tried.add(broker)
+                self.cluster.route(topic, fresh=True)
+                continue
+            return _named(results, broker)
+        raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
+                          f"no broker set of topic {topic!r} took the send (tried {sorted(tried)})")
+
+    def send_async(self, topic: str, body: bytes, *, keys: Iterable[str] = (), tags: str | None = None,
+                   properties: Mapping[str, str] | None = None, flag: int = 0, born_timestamp: int | None = None,
+                   queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+                   deliver_at_ms: int | None = None, delay_level: int | None = None,
+                   ) -> concurrent.futures.Future[SendResult]:
+        message = one_message(body, keys=keys, tags=tags, properties=properties, flag=flag,
+                              born_timestamp=born_timestamp)
+        sent = self.send_batch_async(topic, [message], queue_id=queue_id, sharding_key=sharding_key,
+                                     delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
+        return mapped(sent, lambda results: results[0])
+
+    def send_batch_async(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *,
+                         queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
+                         deliver_at_ms: int | None = None, delay_level: int | None = None,
+                         ) -> concurrent.futures.Future[list[SendResult]]:
+        """``send_batch`` without waiting, to the next queue of the route (the set's ``Producer``
+        retries there; a set out of reach is not passed over: the future holds the error)."""
+        self._check(queue_id)
+        batch = list(messages)
+        queues = self.cluster.route(topic).queues
+        broker, set_queue = queues[self._first(sharding_key) % len(queues)]
+        sent = self._producer(topic, broker).send_batch_async(
+            topic, batch, queue_id=set_queue, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
+        return mapped(sent, lambda results: _named(results, broker))
+
+    def _check(self, queue_id: int | None) -> None:
+        if self._closed:
+            raise ClientClosed("the producer is closed")
+        if queue_id is not None:
+            raise ValueError("a producer on a cluster picks the queue of the route: give sharding_key, or send "
+                             "to one broker set's Producer for one of its queues")
+
+    def _first(self, sharding_key: str | None) -> int:
+        return zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
+
+    def _producer(self, topic: str, broker: str) -> Producer:
+        with self._lock:  # threads sharing this producer share each set's Producer too
+            if self._closed:
+                raise ClientClosed("the producer is closed")
+            producer = self._producers.get(broker)
+            if producer is None:
+                producer = self._producers[broker] = Producer(self.cluster.set_address(topic, broker),
+                                                              **self.options)
+            return producer
+
+
+def _named(results: list[SendResult], broker: str) -> list[SendResult]:
+    return [msgspec.structs.replace(r, broker_name=broker) for r in results]

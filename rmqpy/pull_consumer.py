@@ -37,6 +37,9 @@ member's queues move within about 4/3 of the engine's ``consumer_session_timeout
 by default), a closed member's within a third of it. With ``queue_ids`` the consumer reads
 those queues and is no member.
 
+Clusters. A consumer of a cluster of broker sets is a class of its own, ``ClusterPullConsumer``
+(below): a ``PullConsumer`` per set, polled in turn; ``PullConsumer(..., cluster=...)`` returns one.
+
 Not thread-safe: use a consumer from one thread at a time.
 """
 
@@ -48,7 +51,7 @@ import random
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import zmq
@@ -59,6 +62,7 @@ from engine.ipc.curve import CurveKeys
 from rmqpy._channel import Channel, Outcome
 from rmqpy._group_member import GroupMember
 from rmqpy._queue_book import QueueBook, assigned_queues, first_offset
+from rmqpy.cluster import Cluster, SetReaders, opened
 from rmqpy.errors import ClientClosed
 from rmqpy.message import Message, messages_from_wire
 from rmqpy.retry import RetryPolicy, call_with_retry
@@ -66,9 +70,8 @@ from rmqpy.subscription import subscription_expression
 
 if TYPE_CHECKING:
     from engine.local_reads import LocalReads
-    from rmqpy.cluster import Cluster, ClusterPullConsumer
 
-__all__ = ["PullConsumer"]
+__all__ = ["ClusterPullConsumer", "PullConsumer"]
 
 log = logging.getLogger(__name__)
 _LOOK_INTERVAL_S = 0.001  # how often the socket is looked at while messages are buffered
@@ -77,6 +80,13 @@ _local_messages = msgspec.msgpack.Decoder(list[Message])  # a local pull's recor
 
 
 class PullConsumer:
+    def __new__(cls, group: str, topic: str, *, cluster: Cluster | str | None = None, **options: Any) -> Any:
+        """Given ``cluster``, a ``ClusterPullConsumer`` with these options, not a ``PullConsumer``
+        (typed ``Any`` as ``Producer.__new__`` is, for the same reason)."""
+        if cluster is not None:
+            return ClusterPullConsumer(cluster, group, topic, **options)
+        return super().__new__(cls)
+
     def __init__(self, group: str, topic: str, *, endpoint: str = DEFAULT_ENDPOINT,
                  subscription: str | Iterable[str] = "*", queue_ids: Iterable[int] | None = None,
                  start_from: Literal["earliest", "latest"] = "earliest", auto_commit: bool = True,
@@ -99,7 +109,9 @@ class PullConsumer:
         ``http://host:port`` or any engine of it) instead of ``endpoint``: this consumer is a member
         of the group on every set serving the topic and reads them all (docs/cluster.md); a set's
         own queues (``queue_ids``, ``seek``, ``lag``, ``positions``) are then a set's consumer's.
+        ``__new__`` answers it with a ``ClusterPullConsumer``: this class is one set's.
         """
+        assert cluster is None, "PullConsumer.__new__ made a ClusterPullConsumer"
         if min(commit_every, batch_size, max_wait_ms) < 1:
             raise ValueError("commit_every, batch_size and max_wait_ms must be >= 1")
         self.group = group
@@ -115,18 +127,6 @@ class PullConsumer:
         self._next_look = 0.0  # when poll next reads the socket while messages are buffered
         self._closed = False
         self.start_from = start_from
-        self._spread: ClusterPullConsumer | None = None
-        if cluster is not None:
-            if queue_ids is not None or store_dir is not None:
-                raise ValueError("a consumer on a cluster reads the group's share of every set: queue_ids and "
-                                 "store_dir are a single set's")
-            from rmqpy.cluster import ClusterPullConsumer  # it builds on this class
-
-            self._spread = ClusterPullConsumer(
-                cluster, group, topic, max_wait_ms=max_wait_ms, subscription=subscription, start_from=start_from,
-                auto_commit=auto_commit, commit_every=commit_every, batch_size=batch_size, timeout_ms=timeout_ms,
-                retry=retry, context=context, curve=curve)
-            return
         self._channel = Channel(endpoint, timeout_ms=timeout_ms, context=context, curve=curve)
         self._local: LocalReads | None = None
         self._member: GroupMember | None = None
@@ -201,10 +201,6 @@ class PullConsumer:
         finished first; leaving ``with`` by an exception does not, so they are read again."""
         if self._closed:
             return
-        if self._spread is not None:
-            self._closed = True
-            self._spread.close(finish=finish)
-            return
         try:
             if finish:
                 self._book.finish()
@@ -221,27 +217,19 @@ class PullConsumer:
     @property
     def socket(self) -> zmq.Socket[bytes]:
         """The socket replies come on: to wait on with others (``zmq.Poller``), then ``poll(0)``."""
-        self._one_set("socket")
         return self._channel._socket
 
     @property
     def queue_ids(self) -> list[int]:
-        self._one_set("queue_ids")
         return self._book.queue_ids
 
     def queues(self) -> dict[str, list[int]]:
         """The queues this member reads now, per broker set (one set: its broker name is "")."""
-        return self._spread.queues() if self._spread is not None else {"": self._book.queue_ids}
+        return {"": self._book.queue_ids}
 
     def positions(self) -> dict[int, int]:
         """Per queue, the first offset not yet finished: what the next commit records."""
-        self._one_set("positions")
         return self._book.positions()
-
-    def _one_set(self, what: str) -> None:
-        if self._spread is not None:
-            raise ClientError(f"{what} names a broker set's own queues: a consumer on a cluster has none of "
-                              f"its own (queues() lists them per set)")
 
     # -- reading -----------------------------------------------------------
 
@@ -265,8 +253,6 @@ class PullConsumer:
         (default ``max_wait_ms``) for the first; [] if none came. Finishes those of the last poll."""
         if self._closed:
             raise ClientClosed("the consumer is closed")
-        if self._spread is not None:
-            return self._spread.poll(timeout_ms, max_messages=max_messages)
         self._book.finish()
         if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
             self._commit()
@@ -355,9 +341,6 @@ class PullConsumer:
         """Count every message handed out as finished and commit the group's positions now."""
         if self._closed:
             raise ClientClosed("the consumer is closed")
-        if self._spread is not None:
-            self._spread.commit()
-            return
         self._book.finish()
         self._commit()
 
@@ -370,12 +353,123 @@ class PullConsumer:
 
     def seek(self, queue_id: int, offset: int) -> None:
         """Read ``queue_id`` from ``offset`` on (for example past a ``MESSAGE_CORRUPT`` record)."""
-        self._one_set("seek")
         self._book.seek(queue_id, offset)
 
     def lag(self) -> dict[int, int]:
         """Per queue, the messages after the group's position (as far as dispatch has come)."""
-        self._one_set("lag")
         positions = self._book.positions()
         return {queue_id: max(0, self._channel.queue_stats(self.topic, queue_id)["max_offset"] - position)
                 for queue_id, position in positions.items()}
+
+
+class ClusterPullConsumer:
+    """A member of ``group`` on every broker set serving ``topic`` (docs/cluster.md, "Clients"): a
+    ``PullConsumer`` per set, on the set's master, polled in turn; messages from all of them.
+    Options are ``PullConsumer``'s, but for what names a single set (``endpoint``, ``queue_ids``,
+    ``store_dir``). ``queues()`` says which queues it reads on each set; what names one set's own
+    queues (``queue_ids``, ``positions``, ``seek``, ``lag``) is refused with ``ClientError``."""
+
+    def __init__(self, cluster: Cluster | str, group: str, topic: str, *, max_wait_ms: int = 5_000,
+                 idle_timeout_ms: int | None = None, **consumer_options: Any) -> None:
+        if {"endpoint", "queue_ids", "store_dir"} & consumer_options.keys():
+            raise ValueError("a consumer on a cluster reads the group's share of every set: endpoint, queue_ids "
+                             "and store_dir are a single set's")
+        self.cluster, self._owns_cluster = opened(cluster)
+        self.group = group
+        self.topic = topic
+        self.max_wait_ms = max_wait_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self._sets = SetReaders(self.cluster, topic, lambda endpoint: PullConsumer(
+            group, topic, endpoint=endpoint, max_wait_ms=max_wait_ms, **consumer_options), _drop_pull)
+        self._turn = 0
+        self._closed = False
+        try:
+            self._sets.follow(fresh=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> ClusterPullConsumer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(finish=exc_type is None)
+
+    def close(self, *, finish: bool = True) -> None:
+        """Each set's ``PullConsumer.close``, then the routes if they were opened here."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in self._sets.consumers():
+            consumer.close(finish=finish)
+        self._sets.readers.clear()
+        if self._owns_cluster:
+            self.cluster.close()
+
+    def queues(self) -> dict[str, list[int]]:
+        """The queues this member reads now, per broker set."""
+        return {broker: consumer.queue_ids for broker, (_e, consumer) in self._sets.readers.items()}
+
+    @property
+    def queue_ids(self) -> list[int]:
+        raise _one_set("queue_ids")
+
+    def positions(self) -> dict[int, int]:
+        raise _one_set("positions")
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        raise _one_set("seek")
+
+    def lag(self) -> dict[int, int]:
+        raise _one_set("lag")
+
+    def __iter__(self) -> Iterator[Message]:
+        idle_since = time.monotonic()
+        while not self._closed:
+            messages = self.poll(self.max_wait_ms if self.idle_timeout_ms is None else
+                                 max(0, int(self.idle_timeout_ms - (time.monotonic() - idle_since) * 1000)),
+                                 max_messages=1)
+            if messages:
+                yield messages[0]
+                idle_since = time.monotonic()
+            elif self.idle_timeout_ms is not None and time.monotonic() - idle_since >= self.idle_timeout_ms / 1000:
+                return
+
+    def poll(self, timeout_ms: int | None = None, *, max_messages: int | None = None) -> list[Message]:
+        """Messages of one broker set (each set in turn), waiting up to ``timeout_ms`` for the first."""
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        deadline = time.monotonic() + (self.max_wait_ms if timeout_ms is None else timeout_ms) / 1000
+        while True:
+            if self._sets.due():
+                self._sets.follow(fresh=True)
+            for _broker, consumer in self._sets.in_turn(self._turn):
+                self._turn += 1
+                messages = consumer.poll(0, max_messages=max_messages)
+                if messages:
+                    return messages
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            poller = zmq.Poller()
+            for consumer in self._sets.consumers():
+                poller.register(consumer.socket, zmq.POLLIN)
+            poller.poll(max(1, int(min(remaining, 0.1) * 1000)))
+
+    def commit(self) -> None:
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        for consumer in self._sets.consumers():
+            consumer.commit()
+
+
+def _one_set(what: str) -> ClientError:
+    return ClientError(f"{what} names a broker set's own queues: a consumer on a cluster has none of "
+                       f"its own (queues() lists them per set)")
+
+
+def _drop_pull(consumer: PullConsumer) -> None:
+    """A set's consumer whose master moved: closed without the commit the old master cannot take (at
+    least once: its last messages are read again)."""
+    consumer.auto_commit = False
+    consumer.close(finish=False)

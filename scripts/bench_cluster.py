@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.config import StoreConfig
 from harness.broker_set import cluster_of_sets
-from rmqpy.cluster import Cluster, ClusterProducer, ClusterPullConsumer
+from rmqpy import Cluster, ClusterProducer, ClusterPullConsumer
 
 TOPIC, QUEUES = "bench", 8
 

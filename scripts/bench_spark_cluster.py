@@ -49,7 +49,7 @@ def job(master: str, etcd: str, runs: int) -> None:
 
 
 def fill(etcd: str, messages: int, size: int) -> None:
-    from rmqpy.cluster import Cluster, ClusterProducer
+    from rmqpy import Cluster, ClusterProducer
 
     cluster = Cluster(etcd)
     cluster.create_topic(TOPIC, queue_count=QUEUES)

@@ -25,8 +25,15 @@ from engine.coordination.routes import routes_prefix
 from engine.errors import ErrorCode
 from harness.broker_set import BrokerSet, cluster_of_sets, wait_in_sync, wait_route_known
 from harness.workload import read_everything, wait_dispatched
-from rmqpy import PopConsumer, Producer, PullConsumer
-from rmqpy.cluster import Cluster, ClusterPopConsumer, ClusterProducer, ClusterPullConsumer
+from rmqpy import (
+    Cluster,
+    ClusterPopConsumer,
+    ClusterProducer,
+    ClusterPullConsumer,
+    PopConsumer,
+    Producer,
+    PullConsumer,
+)
 from supervisor.etcd_server import ETCD
 from tests.helpers import require
 from tests.replication.test_failover import sync_config

@@ -17,7 +17,7 @@ import pytest
 from engine.config import StoreConfig
 from harness.broker_set import BrokerSet, cluster_of_sets
 from harness.spark_cluster import spark_standalone
-from rmqpy.cluster import Cluster, ClusterProducer
+from rmqpy import Cluster, ClusterProducer
 from supervisor.etcd_server import ETCD
 from tests.helpers import require
 
