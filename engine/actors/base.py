@@ -15,8 +15,9 @@ Everything else is here, in one place:
   supervisor every ``heartbeat_interval_ms``; every turn does bounded work (at most 256
   messages a socket, one slice of a backlog), so no flood keeps an actor from its heartbeat;
 * the stop: SIGTERM (also sent by the kernel when the supervisor dies, through
-  PR_SET_PDEATHSIG) ends the loop; the channels named in ``drain_at_stop`` are emptied,
-  then ``shutdown`` leaves files consistent.
+  PR_SET_PDEATHSIG) ends the loop, before it takes another message; the channels named in
+  ``drain_at_stop`` are emptied (a request on them is answered SERVICE_NOT_AVAILABLE,
+  ``Actor.refuse_at_stop``, and a publication handled), then ``shutdown`` leaves files consistent.
 
 Lifecycle: INIT -> RECOVERING -> RUNNING -> STOPPING -> STOPPED, each step checked against the
 table in ``engine/ipc/lifecycle.py`` (a step it does not allow is asserted).
@@ -46,7 +47,7 @@ import zmq
 from engine.actors.effects import Effects, Exit, Publish, Reply, Tell
 from engine.actors.file_syncer import FileSyncer
 from engine.config import StoreConfig, decode_config
-from engine.ipc import channels, direct_replies, endpoints, wire
+from engine.ipc import channels, direct_replies, endpoints, protocol, wire
 from engine.ipc.channels import PUBLISH, REQUEST, Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.ipc.messages import DIRECT, Heartbeat, encoder
@@ -66,6 +67,10 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 _POLL_SLICE_MS = 50
 _DRAIN_MESSAGES_MAX = 256
+# At a stop, a ``drain_at_stop`` channel is read until nothing came for _STOP_QUIET_MS (a request
+# ZeroMQ's I/O thread is still taking in), for at most _STOP_DRAIN_MS_MAX (clients that keep sending).
+_STOP_QUIET_MS = 20
+_STOP_DRAIN_MS_MAX = 500
 _EXIT_LINGER_MS = 1000
 _DIRECT_MESSAGE_BYTES_MAX = 1_024  # what a client may send on a direct-replies ROUTER before it is cut off
 PEER_WAIT_MS_MAX = 2_000  # then RUNNING anyway: a peer that is down is the supervisor's to restart
@@ -239,7 +244,9 @@ class Actor:
     """An actor's logic. Subclasses declare ``ports`` and ``handlers`` and override the hooks they need."""
 
     tick_interval_ms = 100
-    drain_at_stop: tuple[Channel, ...] = ()  # channels whose queued messages are handled before ``shutdown``
+    # Channels whose queued messages are taken before ``shutdown``: a publication is handled, a request
+    # refused (``refuse_at_stop``), so that no client waits out its deadline for an actor that is gone.
+    drain_at_stop: tuple[Channel, ...] = ()
     # Its answers to the front's clients may go to them directly (``engine/ipc/direct_replies.py``).
     answers_directly = False
 
@@ -275,9 +282,19 @@ class Actor:
             inbound = wire.decode(port.channel, port.bind, frames, peer_ip)
         except wire.WireError:
             return
+        if inbound.origin is not None and self.lifecycle is Lifecycle.STOPPING:
+            self.refuse_at_stop(inbound, out)
+            return
         handler = self.handler_table.get(type(inbound.body))
         assert handler is not None, f"{self.env.name} has no handler for {type(inbound.body).__name__}"
         handler(inbound.body, inbound, out)
+
+    def refuse_at_stop(self, inbound: wire.Inbound, out: Effects) -> None:
+        """A request still queued when the actor stopped (``drain_at_stop``): nothing of it is done,
+        and its client hears so at once, SERVICE_NOT_AVAILABLE, instead of waiting out its deadline.
+        An actor whose requester expects a note beside the answer overrides this."""
+        assert inbound.origin is not None
+        out.reply(inbound.origin, protocol.encode_stopping(inbound.payload))
 
     def drained(self, channel: Channel, out: Effects) -> None:
         """Every message queued on ``channel`` for this turn was handled (group commits go here)."""
@@ -470,6 +487,14 @@ class Runtime:
         actor.drained(port.channel, out)
         self.carry_out(out)
 
+    def drain(self, sock: zmq.Socket[bytes]) -> None:
+        """At a stop: take what ``sock`` holds, and what still arrives until it stays quiet for
+        ``_STOP_QUIET_MS`` (at most ``_STOP_DRAIN_MS_MAX`` in all)."""
+        clock = self.env.clock
+        deadline = clock.mono_ms() + _STOP_DRAIN_MS_MAX
+        while clock.mono_ms() < deadline and sock.poll(_STOP_QUIET_MS, zmq.POLLIN):
+            self.readers[sock]()
+
     def open_waker(self) -> None:
         """The eventfd behind ``env.waker``: a wake from the actor's threads makes it readable."""
         fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -567,6 +592,8 @@ class Runtime:
             if not self.readers:  # an empty poll returns at once: wait here instead
                 time.sleep(timeout / 1000)
             for sock, _event in poller.poll(timeout) if self.readers else ():
+                if self.stopping:  # SIGTERM came during the poll: what is queued now is the stop's
+                    break
                 self.readers[sock]()
             if busy:
                 actor.work_backlog(out)
@@ -574,7 +601,7 @@ class Runtime:
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         for channel in actor.drain_at_stop:
-            self.on_readable(ports[channel], self.sockets[channel])
+            self.drain(self.sockets[channel])
         actor.shutdown(out)
         self.carry_out(out)
         if self.curve is not None:

@@ -19,6 +19,10 @@ covers every batch appended meanwhile) and wakes the dispatcher; a send whose
 sync has not come within ``sync_flush_timeout_ms`` is answered
 FLUSH_DISK_TIMEOUT, and a failed sync stops the writer (fsyncgate).
 
+At a stop, the requests still queued are answered SERVICE_NOT_AVAILABLE, nothing of them done
+(``refuse_at_stop``), and every send waiting for the flush or the replicas gets its answer once
+the last flush is made (``answer_waiting_sends``).
+
 This module is the writer's handler glue; its jobs are in ``engine/services/``:
 ``log_appends.py`` (a send checked, given its queue offsets and appended),
 ``sync_acks.py`` (the sends waiting for the flush, and the writer's own sync),
@@ -45,6 +49,7 @@ from engine.ipc.messages import (
     ReplicaAppend,
     ReplicaAppended,
     ReplicaDeletions,
+    TopicDeletion,
     Wake,
     encoder,
 )
@@ -54,6 +59,7 @@ from engine.ipc.protocol import (
     decode_as,
     encode_error,
     encode_reply,
+    encode_stopping,
     safe_request_id,
 )
 from engine.ipc.wire import Inbound
@@ -88,6 +94,7 @@ class CommitLogWriterActor(Actor):
     gives client replies (and ``TopicDeletion``s) on ``requests`` and ``Wake``s on ``announce``."""
 
     answers_directly = True  # its answers to clients skip the front when they can (``direct_replies``)
+    drain_at_stop = (channels.WRITER,)
 
     tick_interval_ms = 100
 
@@ -270,6 +277,32 @@ class CommitLogWriterActor(Actor):
         replicated = self.replicated_offset()
         return self.durable_offset() if replicated is None else min(self.durable_offset(), replicated)
 
+    def refuse_at_stop(self, inbound: Inbound, out: Effects) -> None:
+        """A send or a deletion still queued at a stop: SERVICE_NOT_AVAILABLE, with the note its
+        requester waits for (the front forgets a deletion refused so); a replica's append is refused
+        as one not for the log's end, and its receiver offers it again to the writer that starts next."""
+        assert inbound.origin is not None
+        body = inbound.body
+        if isinstance(body, ReplicaAppend | ReplicaDeletions):
+            out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, "the writer is stopping"))
+        elif isinstance(body, DeleteTopic):
+            topic = decode_as(DeleteTopicRequest, inbound.payload).topic  # the front decoded it before forwarding
+            out.reply(inbound.origin, encode_stopping(inbound.payload), TopicDeletion(topic, recorded=False))
+        else:
+            assert isinstance(body, Append), type(body).__name__
+            out.reply(inbound.origin, encode_stopping(inbound.payload))
+
+    def answer_waiting_sends(self, out: Effects) -> None:
+        """At a stop, after the last flush: every send still waiting gets the answer its deadline would
+        have given it (stored either way): PUT_OK once durable and replicated, else FLUSH_SLAVE_TIMEOUT
+        (or FLUSH_DISK_TIMEOUT)."""
+        self.release_acks(out, self.clock.mono_ms())
+        durable = self.durable_offset()
+        for ack in self.acks.fail():
+            status = PutStatus.FLUSH_SLAVE_TIMEOUT if ack.end_offset <= durable else PutStatus.FLUSH_DISK_TIMEOUT
+            out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,
+                                                                                            status)))
+
     def replica_deletions(self, _order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
         """A replica's deletion table, its master's, before the records past a new deletion."""
         assert inbound.origin is not None
@@ -401,6 +434,7 @@ class CommitLogWriterActor(Actor):
         self.log.flush(max(0, self.log.written_offset - self.config.segment_size_bytes), self.log.written_offset)
         if self.own_sync is not None:
             self.slots.set(FLUSHED, self.log.written_offset)
+        self.answer_waiting_sends(out)
         self.publish_offsets(out)
         self.log.close()
 

@@ -31,6 +31,10 @@ name a topic whose entry is not on disk yet) answered or forwarded. A flood
 of creates costs one write per batch, not one per create, and never keeps
 the loop from its heartbeat.
 
+At a stop, the requests still queued on both client ports, and those that waited for the
+table, are answered SERVICE_NOT_AVAILABLE (``Actor.refuse_at_stop``); an answer a backend makes
+after the front stopped reaches its client only straight from that backend (``direct_replies``).
+
 The client frame is forwarded untouched (bodies are not decoded or copied
 here) behind a ``Routed`` envelope whose order tells the backend what to do
 with it (``engine/ipc/messages.py``); the reply comes back behind an
@@ -51,6 +55,7 @@ from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels, direct_replies
 from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
+from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import (
     INTERNAL,
     Ack,
@@ -73,6 +78,7 @@ from engine.ipc.messages import (
     TransactionChecks,
 )
 from engine.ipc.protocol import (
+    STOPPING_MESSAGE,
     CommitOffsetRequest,
     Envelope,
     FetchOffsetRequest,
@@ -138,6 +144,8 @@ class FrontActor(Actor):
     channels; gives client replies, and requests routed to the backends (``Append``,
     ``DeleteTopic``, ``Pull``, ...)."""
 
+    drain_at_stop = (channels.CLIENTS, channels.FRONT_INTERNAL)
+
     def __init__(self, env: Env) -> None:
         super().__init__(env)
         self.deletions = TopicDeletions()  # forwarded to the writer, not yet answered
@@ -189,12 +197,15 @@ class FrontActor(Actor):
         A write the disk refuses (``TopicRules.save``) refuses every request that waited, and
         announces nothing it asked for: the save is tried again each tick and for the next
         request that needs it (a retried request finds its change made and waits for that save
-        again). The writer's answers to deletions go out either way: on disk in its table."""
+        again). The writer's answers to deletions go out either way: on disk in its table. At a
+        stop, what waited is refused: the front routes nothing more."""
         refusal = None
         if self.topics.unsaved:
             refusal = self.topics.save()
             if refusal is None:
                 self.groups.persist()  # a deletion's dropped offsets go to disk with the table
+        if refusal is None and self.lifecycle is Lifecycle.STOPPING:
+            refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, STOPPING_MESSAGE)
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []

@@ -413,3 +413,12 @@ def safe_request_id(frame: bytes | memoryview) -> int:
         return 0
     request_id = request.get("id") if isinstance(request, dict) else None
     return request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else 0
+
+
+STOPPING_MESSAGE = "the engine is stopping: nothing of this request was done; send it again once the engine runs"
+
+
+def encode_stopping(frame: bytes | memoryview) -> bytes:
+    """The answer to a request still queued when the process that serves it stopped: at once,
+    rather than left to the client's deadline (``Actor.refuse_at_stop``)."""
+    return encode_error(safe_request_id(frame), ErrorCode.SERVICE_NOT_AVAILABLE, STOPPING_MESSAGE)
