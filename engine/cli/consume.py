@@ -22,7 +22,7 @@ from engine.cli.common import (
     positive,
 )
 from engine.client import ClientError
-from rmqpy._channel import Channel
+from rmqpy.raw import Channel
 
 EXAMPLES = """examples:
   %(prog)s --topic orders --queue-id 0 --count 5

@@ -26,7 +26,7 @@ from engine.client import StoreClient
 from engine.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
 from engine.progress import count_bar
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS
-from rmqpy._send import UniqKeys
+from rmqpy.raw import UniqKeys
 
 if TYPE_CHECKING:
     from engine.cli.cluster import SpreadSends
