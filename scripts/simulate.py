@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.group_simulation import GroupRun, simulate_group
 from harness.simulation import Outcome, Plan, simulate
 from harness.simulation.broker_set import SetOutcome, SetPlan, simulate_set
-from harness.group_simulation import GroupRun, simulate_group
 
 
 def main() -> int:

@@ -29,6 +29,7 @@ from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.index_file import INDEX_DIR
 from engine.store.pop_files import POP_DIR
+from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
 from engine.store.timer_files import TIMER_LOG_DIR
 from engine.store.topics import TOPICS_FILE
 
@@ -148,3 +149,28 @@ def last_line(path: Path, offset: int = 0, *, prefix: str = "") -> str:
         return ""
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith(prefix) and line.strip()]
     return lines[-1][:500] if lines else ""
+
+
+def lock_store(store_dir: Path) -> int:
+    """The store's lock, held for the engine's lifetime (the actors inherit the descriptor, so the
+    store stays locked until the last one exits); its file holds the supervisor's pid."""
+    lock_fd = os.open(store_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(lock_fd, 32, 0).decode(errors="replace").strip()
+        os.close(lock_fd)
+        raise held_error(store_dir, int(holder) if holder.isdigit() else 0) from None
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, str(os.getpid()).encode(), 0)
+    return lock_fd
+
+
+def check_file_systems(store_dir: Path) -> None:
+    """Refuse a store (or run directory) whose files the actors could not share through mmap: a
+    FUSE mount with direct_io made the first actor to map a file die with "No such device"."""
+    for directory in (store_dir, endpoints.ensure_run_dir(store_dir)):
+        try:
+            check_shared_mappings(directory)
+        except SharedMappingError as exc:
+            raise EngineError(str(exc)) from None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.local_reads import LocalReads
+from engine.store.shared_offsets import CONFIRMED, FLUSHED
 from harness.simulation.checks import delayed_arrivals, violations
 from harness.simulation.pair import (
     disks_listening,
@@ -33,7 +34,6 @@ from harness.simulation.pair import (
 )
 from harness.simulation.workload import Workload
 from harness.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
-from engine.store.shared_offsets import CONFIRMED, FLUSHED
 
 # What an ordinary step does, and how often (weights): the fixed mix every seed ran before the
 # plan was drawn from the seed, kept for the seeds pinned under it.

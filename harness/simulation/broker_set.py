@@ -41,21 +41,20 @@ import msgspec
 
 from engine.actors.base import Coordination
 from engine.actors.broker_membership import LEASE_FILE
-from engine.actors.specs import MEMBERSHIP, actor_specs
+from engine.actors.specs import MEMBERSHIP
 from engine.config import StoreConfig
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.role import ROLE_FILE, Role
-from engine.ipc.endpoints import CRASH_START_FILE, MASTER_ENDPOINT_FILE
-from engine.offline import truncate
+from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
+from engine.store.commit_log import CommitLogReader, Damage
+from engine.store.epoch_file import load_epochs
+from engine.store.shared_offsets import CONFIRMED, EPOCH, WRITTEN
 from harness.simulation.checks import violations
 from harness.simulation.etcd_model import EtcdModel, ModelClient
 from harness.simulation.network import CLIENT, party
 from harness.simulation.pair import replica_violations
 from harness.simulation.workload import TOPICS, Position, Stored, Workload
 from harness.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
-from engine.store.commit_log import CommitLogReader, Damage
-from engine.store.epoch_file import load_epochs
-from engine.store.shared_offsets import CONFIRMED, EPOCH, IN_SYNC_PUBLISHED, LEASE_DEADLINE, SLOT_COUNT, WRITTEN
 
 SET_SIZE = 3
 ETCD = "etcd"
@@ -73,41 +72,37 @@ def member_config(base: StoreConfig, broker_id: int, mode: Literal["ASYNC", "SYN
 
 
 class Member(World):
-    """One engine of the set and its supervisor's part."""
+    """One engine of the set; its supervisor is production's decisions (``supervision.py``)."""
 
     def __init__(self, root: Path, rng: random.Random, config: StoreConfig, etcd: EtcdModel, *,
                  beside: World | None) -> None:
         broker_id = config.broker_id
         super().__init__(root, rng, config, publication_loss_ratio=0.0, beside=beside, prefix=f"b{broker_id}/")
         self.broker_id = broker_id
-        self.base_config = config
         self.party = f"b{broker_id}"
-        self.role: Role | None = None
         self.told: list[bytes] = []  # RoleChanged messages the membership actor sent its supervisor
         self.coordination = Coordination(lambda cfg: ModelClient(etcd, self.party), self.told.append)
         self.engine_down_since: int | None = None  # the step the whole engine was killed at
         self.paused_until = 0  # clock ms: SIGSTOPped until then
         self.membership = self.prefix + MEMBERSHIP
-        self.specs = {self.membership: self.specs[self.membership]}
-        self.cuts = 0
+
+    @property
+    def role(self) -> Role | None:
+        return self.supervisor.role
 
     @property
     def running(self) -> bool:
         return self.engine_down_since is None and self.clock.mono_ms() >= self.paused_until
 
     def start_engine(self, *, crash_start: bool) -> None:
-        """The supervisor's start: a fresh run directory, the membership actor alone."""
+        """The supervisor's start: a fresh run directory, then what production's decisions say."""
         self.engine_down_since = None
         self.down.clear()
         self.slots.clear()
         for name in (ROLE_FILE, LEASE_FILE, MASTER_ENDPOINT_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
-        self.role, self.config = None, self.base_config
-        self.specs = {self.membership: self.specs[self.membership]}
         self.told.clear()
-        if crash_start:
-            (self.run_dir / CRASH_START_FILE).touch()
-        self.start(self.membership)
+        self.supervisor.start(crash_start=crash_start)
 
     def kill_engine(self) -> None:
         """SIGKILL to the supervisor's process group: every actor, the supervisor too."""
@@ -117,51 +112,21 @@ class Member(World):
         self.engine_down_since = self.counts.steps
 
     def follow_role(self) -> None:
-        """The supervisor's part after a step: take the role the membership actor decided."""
+        """The supervisor's part after a step: the role the membership actor holds, to production's
+        decisions (the first completes the start, a later one replaces the actors)."""
         if self.engine_down_since is not None:
             return
-        membership = self.actors.get(self.membership)
         if self.role is None:
-            if membership is not None and getattr(membership, "started", False):
-                role = Role.load(self.run_dir)
-                assert role is not None
-                self.trace(f"{self.party} enters its role: {role.role} of epoch {role.epoch}")
-                self.enter(role, killing=[])
-            return
-        if not self.told:
+            membership = self.actors.get(self.membership)
+            if membership is None or not getattr(membership, "started", False):
+                return
+        elif not self.told:
             return
         self.told.clear()
         role = Role.load(self.run_dir)
-        if role is None or role == self.role:
-            return
-        if role.is_master and self.role.is_master:  # elected again: no actor changes
-            self.role = role
-            truncate.prepare_for_role(self.store_dir, role)
-            return
-        self.trace(f"{self.party} changes role: {role.role} of epoch {role.epoch}")
-        self.enter(role, killing=[name for name in self.actors if name != self.membership])
-
-    def enter(self, role: Role, *, killing: list[str]) -> None:
-        for name in killing:
-            self.kill(name)
-        self.down = {name: step for name, step in self.down.items() if name == self.membership}
-        if killing:  # every slot as a start finds it, but the membership actor's
-            for slot in range(SLOT_COUNT):
-                if slot not in (EPOCH, LEASE_DEADLINE, IN_SYNC_PUBLISHED):
-                    self.slots.set(slot, 0)
-            (self.run_dir / CRASH_START_FILE).touch()
-        self.role = role
-        self.config = self.base_config.replace(replica_of="" if role.is_master else role.master_replication_endpoint)
-        self.specs = {self.membership: self.specs[self.membership],
-                      **{self.prefix + spec.name: spec for spec in actor_specs(self.config) if spec.name != MEMBERSHIP}}
-        if truncate.prepare_for_role(self.store_dir, role) is not None:
-            self.cuts += 1
-            self.trace(f"{self.party}: its log cut where it forks from epoch {role.epoch}'s")
-            (self.run_dir / CRASH_START_FILE).touch()
-        for name in self.specs:
-            if name != self.membership:
-                self.start(name)
-        (self.run_dir / CRASH_START_FILE).unlink(missing_ok=True)
+        if role is not None and role != self.role:
+            self.trace(f"{self.party} takes its role: {role.role} of epoch {role.epoch}")
+            self.supervisor.role_changed(role)
 
 
 @dataclass
@@ -495,7 +460,7 @@ def simulate_set(seed: int, plan: SetPlan | None = None, *, root: Path | None = 
         figures = {"steps": counts.steps, "sim_ms": run.members[0].clock.mono_ms() - 1_000_000,
                    "kills": counts.kills, "restarts": counts.restarts,
                    "engine_kills": run.engine_kills, "pauses": run.pauses, "partitions": run.partitions,
-                   "cuts": sum(member.cuts for member in run.members), "acked": run.workload.acked,
+                   "cuts": sum(member.supervisor.cuts for member in run.members), "acked": run.workload.acked,
                    "pulled": run.workload.pulled, "epochs": len(run.answered),
                    "partitioned_drops": run.network.partitioned_drops, "etcd_requests": run.etcd.requests}
         return SetOutcome(seed, found, figures, counts.trace)

@@ -20,12 +20,12 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.layout import RecordError
 from engine.offline.check import check_store
-from harness.simulation.workload import TIMER_TOPIC, TRANSACTION_TOPIC, Workload
 from engine.store.commit_log import CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues
 from engine.store.deleted_topics import DeletedTopics
 from engine.store.index_file import IndexService
 from engine.store.system_topics import PROPERTY_TIMER_OUT_MS, SYSTEM_TOPICS, origin_offset
+from harness.simulation.workload import TIMER_TOPIC, TRANSACTION_TOPIC, Workload
 
 _TIME_MAX_MS = 1 << 62
 

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Literal
 
 from engine.config import StoreConfig
-from harness.simulation.checks import violations
-from harness.simulation.workload import Workload
-from harness.simulation.world import World
 from engine.store import sync
 from engine.store.commit_log import CommitLogReader
 from engine.store.shared_offsets import CONFIRMED, WRITTEN
+from harness.simulation.checks import violations
+from harness.simulation.workload import Workload
+from harness.simulation.world import World
 
 REPLICATION_ENDPOINT = "tcp://sim-master:10912"
 SETTLE_ROUNDS_MAX = 400

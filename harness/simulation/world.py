@@ -24,11 +24,7 @@ from engine.actors.base import Actor, Clock, Coordination, Env, Waker
 from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
-from engine.ipc.endpoints import CRASH_START_FILE
 from engine.ipc.lifecycle import Lifecycle, actor_step
-from harness.simulation.disk import SimDisk
-from harness.simulation.network import Network
-from harness.simulation.workload import FIFO_GROUP
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
     CONFIRMED,
@@ -41,6 +37,10 @@ from engine.store.shared_offsets import (
     owner_durable_slot,
     owner_slot,
 )
+from harness.simulation.disk import SimDisk
+from harness.simulation.network import Network
+from harness.simulation.supervision import SimSupervisor
+from harness.simulation.workload import FIFO_GROUP
 
 DELIVERIES_PER_STEP_MAX = 8
 
@@ -168,6 +168,7 @@ class World:
         self.counts: Counts = beside.counts if beside else Counts()
         self.on_kill: Callable[[str], None] = lambda name: None  # the client hears of every death
         self.coordination: Coordination | None = None  # an engine elected on the model of etcd (``broker_set.py``)
+        self.supervisor = SimSupervisor(self, config)  # production's decisions (``supervision.py``)
 
     # -- actors --------------------------------------------------------------------------------
 
@@ -195,8 +196,8 @@ class World:
         self.deliver_wakes()  # a wake during its recovery (the writer's sync of its recovered tail)
 
     def start_all(self) -> None:
-        for name in self.specs:  # the supervisor's order: each recovers before the next starts
-            self.start(name)
+        """The supervisor's first start (``supervisor/decisions.py``): wave by wave."""
+        self.supervisor.start(crash_start=False)
 
     def kill(self, name: str) -> None:
         """SIGKILL: the process and its queues are gone; the page cache keeps what it wrote."""
@@ -234,11 +235,7 @@ class World:
         """The supervisor's next start: an empty run directory, and the crash-start marker while
         every actor recovers if the last stop was not clean (its abort marker stayed)."""
         self.new_offsets()
-        marker = self.run_dir / CRASH_START_FILE
-        if crash_start:
-            marker.touch()
-        self.start_all()
-        marker.unlink(missing_ok=True)  # as the supervisor does once every actor recovered
+        self.supervisor.start(crash_start=crash_start)
 
     def new_offsets(self) -> None:
         """The supervisor starts on an empty run directory: a new shared offsets file, every slot 0
@@ -283,16 +280,7 @@ class World:
         any order, while the actors of earlier waves keep working. True if the stop was clean:
         no actor was down, and the dispatcher had caught up with the log (the abort marker goes)."""
         clean = not self.down
-        waves = sorted({spec.wave for spec in self.specs.values()}, reverse=True)
-        for wave in waves:
-            stopping = [name for name, spec in self.specs.items() if spec.wave == wave and name in self.actors]
-            self.rng.shuffle(stopping)
-            for name in stopping:
-                if name in self.actors:
-                    self.stop(name)
-            for _ in range(self.rng.randrange(8)):  # the next wave works while this one exits
-                if not self.actors or not (self.deliver(may_die=False) or self.job_one()):
-                    break
+        self.supervisor.stop()
         self.counts.clean_stops += 1
         return clean and self.slots.get(DISPATCHED) >= self.slots.get(CONFIRMED)
 
@@ -321,11 +309,8 @@ class World:
             self.trace(f"{name} stops (the supervisor died)")
             self.kill(name)
         self.new_offsets()
-        marker = self.run_dir / CRASH_START_FILE
-        marker.touch()
         self.counts.supervisor_deaths += 1
-        self.start_all()
-        marker.unlink()
+        self.supervisor.start(crash_start=True)
 
     def carry_out(self, name: str, out: Effects, *, may_die: bool = False) -> None:
         """Carry out an actor's effects in order; with ``may_die``, it may be killed part way."""

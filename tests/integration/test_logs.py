@@ -21,7 +21,7 @@ from engine.ipc.control import EventStream
 from engine.logs import LOG_DIR
 from harness.faults import kill_actor
 from supervisor.launcher import EngineProcess, write_config
-from supervisor.supervisor import _rotate_if_full
+from supervisor.processes import rotate_if_full as _rotate_if_full
 
 pytestmark = pytest.mark.timeout(120)
 

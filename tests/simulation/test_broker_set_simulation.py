@@ -1,7 +1,7 @@
 """The seeded simulation of a broker set (``harness/simulation/broker_set.py``): three engines elect
 their master on a model of etcd while actors and whole engines are killed, engines paused and
 parties partitioned; every seed keeps the invariants, and a replica that skips its truncation
-is caught."""
+is caught, as is a bug planted in the supervisor's own change of role."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 
 from engine.actors.base import Clock
 from engine.coordination.etcd import EtcdUnavailable, absent, put
+from engine.coordination.role import Role
 from engine.offline import truncate
 from harness.simulation.broker_set import SetPlan, simulate_set
 from harness.simulation.etcd_model import EtcdModel, ModelClient
+from supervisor.decisions import CutLog, Decisions, Effect
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,3 +76,20 @@ def test_the_model_of_etcd_keeps_revisions_leases_and_partitions() -> None:
     model.leases[lease] = (2_000, 0)  # its time is up: the next request expires it
     assert other.get("/m") is None and not other.keep_alive(lease)
     assert other.transaction([absent("/m")], [put("/m", {"id": 1})])
+
+
+def test_a_promotion_that_keeps_the_replicas_actors_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug in production's change of role (``supervisor/decisions.py``, which the
+    simulation carries out as the supervisor does): a replica elected master is taken for a master
+    elected again, so its replica's actors go on and the master's never start."""
+    real = Decisions.role_changed
+
+    def promotion_kept(self: Decisions, role: Role) -> list[Effect]:
+        if self.role is not None and role.is_master:
+            self.role = role
+            return [CutLog(role)]
+        return real(self, role)
+
+    monkeypatch.setattr(Decisions, "role_changed", promotion_kept)
+    caught = next((seed for seed in range(40) if not simulate_set(seed).ok), None)
+    assert caught is not None, "the simulation missed a promotion that kept the replica's actors"

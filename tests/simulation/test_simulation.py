@@ -16,8 +16,8 @@ import pytest
 
 from engine.actors.flusher import FlusherActor
 from engine.services.restart_points import checkpoint_dispatched
-from harness.simulation import Plan, simulate
 from engine.store.shared_offsets import INDEX_APPLIED, owner_slot
+from harness.simulation import Plan, simulate
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -202,7 +202,7 @@ def test_an_ack_answered_before_its_journal_is_on_disk_is_caught(monkeypatch: py
 def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """FIFO's rule broken on purpose: the owners treat the FIFO group as any other, so a pop gets a
     queue's next message while an earlier one is still invisible."""
-    from engine import simulation
+    from harness import simulation
 
     real = simulation.sim_config
     monkeypatch.setattr(simulation, "sim_config", lambda flush_mode: real(flush_mode).replace(fifo_groups=()))

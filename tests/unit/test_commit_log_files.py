@@ -23,10 +23,10 @@ from engine.layout import (
     tags_code,
 )
 from engine.services.recovery import plan_commit_log_recovery
-from harness.simulation.disk import SimDisk
 from engine.store.checkpoint import Checkpoint, store_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, CommitLogWriter, Damage
 from engine.store.consume_queue import BLANK_UNIT_SIZE, ConsumeQueue, queue_dir
+from harness.simulation.disk import SimDisk
 
 pytestmark = pytest.mark.timeout(30)
 
