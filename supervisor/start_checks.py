@@ -25,6 +25,7 @@ import psutil
 
 from engine.config import StoreConfig
 from engine.ipc import endpoints
+from engine.logs import LOG_DIR
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.index_file import INDEX_DIR
@@ -174,3 +175,23 @@ def check_file_systems(store_dir: Path) -> None:
             check_shared_mappings(directory)
         except SharedMappingError as exc:
             raise EngineError(str(exc)) from None
+
+
+def lock_and_check(store_dir: Path, config: StoreConfig) -> int:
+    """The checks of a start, and the store's lock (its descriptor). Nothing is created before the
+    first two pass (a refused start leaves no trace); the ports are checked again holding the lock
+    (an engine that started meanwhile binds them now); a store that cannot be written is refused."""
+    check_store_free(store_dir)
+    check_ports(config)
+    try:
+        (store_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
+        lock_fd = lock_store(store_dir)
+    except OSError as exc:
+        raise EngineError(f"cannot use the store directory {store_dir}: {exc.strerror or exc}") from None
+    try:
+        check_ports(config)
+        check_store_writable(store_dir)
+    except EngineError:
+        os.close(lock_fd)
+        raise
+    return lock_fd

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import zmq
 
+from engine.actors.specs import MEMBERSHIP
 from engine.config import StoreConfig, encode_config
 from engine.coordination.role import Role
 from engine.ipc import endpoints
@@ -70,15 +71,7 @@ from supervisor.processes import (
     signal_stop,
     wait_stopped,
 )
-from supervisor.start_checks import (
-    EngineError,
-    check_file_systems,
-    check_ports,
-    check_store_free,
-    check_store_writable,
-    last_line,
-    lock_store,
-)
+from supervisor.start_checks import EngineError, check_file_systems, last_line, lock_and_check
 from supervisor.wakeup import drain, signal_wakeup
 from supervisor.watch import Watch
 
@@ -110,19 +103,7 @@ class Supervisor:
         """Check, lock, then start every actor wave by wave. A start that fails its checks (the
         store held by another engine, a port in use, a store directory it cannot write) leaves the
         store as it was: no abort marker, no new file (at most the lock and logs/)."""
-        check_store_free(self.store_dir)  # these two create nothing: a refused start leaves no trace
-        check_ports(self.config)
-        try:
-            (self.store_dir / LOG_DIR).mkdir(parents=True, exist_ok=True)
-            self.lock_fd = lock_store(self.store_dir)
-        except OSError as exc:
-            raise EngineError(f"cannot use the store directory {self.store_dir}: {exc.strerror or exc}") from None
-        try:
-            check_ports(self.config)  # again, holding the lock: an engine that started meanwhile binds them now
-            check_store_writable(self.store_dir)
-        except EngineError:
-            os.close(self.lock_fd)
-            raise
+        self.lock_fd = lock_and_check(self.store_dir, self.config)
         configure_logging("supervisor", self.store_dir / LOG_DIR, self.config, stderr=self.log_stderr)
         # A fatal signal (SIGSEGV, SIGABRT, SIGBUS...) leaves the supervisor's stacks in the store's logs.
         self.faults = (self.store_dir / LOG_DIR / FAULTS_FILE).open("a", encoding="utf-8")
@@ -152,10 +133,8 @@ class Supervisor:
         state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir)}
         (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
         self.carry_out(self.decisions.start(crash_start=crash_start))
-        if self.config.elected:  # the membership actor runs once it holds a role: the others take it
-            role = Role.load(self.run_dir)
-            assert role is not None, "the broker membership actor runs only once it has written the role"
-            self.carry_out(self.decisions.role_changed(role))
+        if self.config.elected:  # the others start in the role the membership actor takes
+            self.carry_out(self.decisions.role_changed(self._await_role()))
         took_ms = monotonic_ms() - started_ms
         reasons = self.watch.reasons()
         log.log(logging.WARNING if reasons else logging.INFO, "engine ready on %s in %d ms (%d actors)%s",
@@ -220,11 +199,10 @@ class Supervisor:
                 self.publish("actor.exited", actor, exit_code=actor.process.wait())
                 actor.process = None
 
-    def _change_role(self) -> None:
+    def _change_role(self, role: Role) -> None:
         """The membership actor holds another role: the new role's actors are spawned (or taken from
         the standby ones), every other is killed, and the new ones let through (``decisions.py``)."""
-        role = Role.load(self.run_dir)
-        if role is None or role == self.decisions.role:
+        if role == self.decisions.role:
             return
         started_ms, self.warm = monotonic_ms(), 0
         effects = self.decisions.role_changed(role)
@@ -245,6 +223,26 @@ class Supervisor:
         log.info("actor %s started (pid %d)", actor.spec.name, actor.pid,
                  extra=event("actor.started", actor_name=actor.spec.name, actor_pid=actor.pid))
         self.publish("actor.started", actor)
+
+    def _await_role(self) -> Role:
+        """The start of an engine elected on etcd: the first role its membership actor tells."""
+        membership = self.actors[MEMBERSHIP]
+        deadline = monotonic_ms() + self.config.actor_start_timeout_ms
+        while monotonic_ms() < deadline:
+            if membership.process is not None and membership.process.poll() is not None:
+                self._await_running(membership)  # says how it ended
+            if self.heartbeats.poll(20):
+                self._drain_heartbeats()
+            if self.control.poll(0):
+                identity, raw = self.control.recv_multipart()
+                request = control_request_decoder.decode(raw)
+                reply = ControlReply(ok=isinstance(request, RoleChanged), message="the engine is starting")
+                self.control.send_multipart([identity, encoder.encode(reply)])
+                if isinstance(request, RoleChanged):
+                    return Role.of(request)
+        self.shutdown()
+        raise EngineError(f"the broker membership actor took no role within {self.config.actor_start_timeout_ms} "
+                          f"ms: {membership.condition or 'etcd did not answer'}")
 
     def _await_running(self, actor: ActorProcess) -> None:
         deadline = monotonic_ms() + self.config.actor_start_timeout_ms
@@ -320,8 +318,8 @@ class Supervisor:
                 self.request_stop()
                 return ControlReply(ok=True, message="stopping")
             case RoleChanged():
-                self._change_role()
-                return ControlReply(ok=True, message="role changed")
+                self._change_role(Role.of(request))
+                return ControlReply(ok=True, message="role taken")
             case KillCommand(name=name):
                 actor = self.actors.get(name)
                 if actor is None or actor.process is None:

@@ -168,12 +168,10 @@ class Waker:
 
 @dataclass(frozen=True)
 class Coordination:
-    """What the simulation gives the broker membership actor in place of etcd's gateway and the
-    supervisor's control socket: a client of its model of etcd, and its own supervisor's ear. An
-    actor given it does not wait for its role in ``recover``; the simulation ticks it until it has one."""
+    """What the simulation gives the broker membership actor in place of etcd's gateway: a client of
+    its model of etcd."""
 
     etcd: Callable[[StoreConfig], Any]
-    tell_supervisor: Callable[[bytes], None]
 
 
 @dataclass(frozen=True)

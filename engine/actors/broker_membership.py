@@ -18,30 +18,36 @@ Then, every tick:
 * a replica watches ``master``: another master (a new epoch) or none (an election, which it
   joins while in the in-sync set) changes its role.
 
-A change of role is written to ``role.json`` and told to the supervisor (``RoleChanged``), which
-stops the other actors, cuts the log where it forks from the new master's (``epochs``), and starts
-them again in the new role. The epoch is in a slot: replication refuses a master or replica of an
-older one.
+A role taken or changed is written to ``role.json`` and told to the supervisor (``RoleChanged`` on
+the ``control`` channel, the role in it), which starts the other actors in it, or kills them, cuts
+the log where it forks from the new master's (``epochs``), and starts them again in the new role.
+The epoch is in a slot: replication refuses a master or replica of an older one.
+
+Every request to etcd is made off the loop (``off_loop.py``): one step at a time in a thread that
+wakes the loop when it is done, so that a slow etcd (up to ``etcd_request_timeout_ms`` a request
+and endpoint) never stalls the loop and its heartbeats. The start does not wait for a role either:
+the actor runs at once, its steps look for one, and the supervisor waits for its ``RoleChanged``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 
-import zmq
+import msgspec
 
-from engine.actors.base import Actor, Env, main
-from engine.actors.effects import Effects
+from engine.actors.base import Actor, Env, Handler, Port, main
+from engine.actors.effects import Effects, Tell
+from engine.actors.off_loop import OffLoop
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
 from engine.coordination.routes import RoutePublisher, read_cluster
 from engine.coordination.routes_mirror import ROUTES_MIRROR_FILE
-from engine.ipc import endpoints
+from engine.ipc.channels import CONTROL, ClientFrame
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
-from engine.ipc.messages import RoleChanged, encoder
+from engine.ipc.messages import ControlReply, encoder
+from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.atomic_file import write_atomically
@@ -49,11 +55,11 @@ from engine.store.shared_offsets import EPOCH, IN_SYNC_IDS, IN_SYNC_PUBLISHED, L
 
 log = logging.getLogger(__name__)
 LEASE_FILE = "lease"  # in the run directory: the member's etcd lease, kept over a restart of this actor
-_DECIDE_POLL_S = 0.05
+_control_reply = msgspec.msgpack.Decoder(ControlReply)
 
 
 class BrokerMembershipActor(Actor):
-    """Talks to etcd only; tells the supervisor ``RoleChanged``."""
+    """Talks to etcd only, off its loop; tells the supervisor ``RoleChanged``."""
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -76,25 +82,36 @@ class BrokerMembershipActor(Actor):
         self.waiting = ""  # why no master is elected, while none is
         self.etcd_down = ""
         self.elections_won = 0
-        self.started = False  # a role taken (or resumed), as ``recover`` waits for
+        self.started = False  # a role taken (or resumed)
         self.start_end_offset = 0
+        self.to_tell: Role | None = None  # a role the supervisor is to hear of (set by a step, told by the loop)
+        self.calls = OffLoop(env.name, env.waker.wake, background=env.background)
 
     # -- start -------------------------------------------------------------
 
+    def ports(self) -> list[Port]:
+        return [Port(CONTROL, bind=False)]
+
+    def handlers(self) -> dict[type, Handler]:
+        return {ClientFrame: self.on_control_reply}
+
     def recover(self, out: Effects) -> None:
-        if self.env.coordination is None:
-            self.control: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-            self.control.setsockopt(zmq.LINGER, 0)
-            self.control.connect(endpoints.ipc(self.env.run_dir, endpoints.SUPERVISOR_CONTROL))
-        deadline = time.monotonic() + (self.config.actor_start_timeout_ms - 2_000) / 1000
+        """Nothing waits here: the steps take the role (``take_role``), the supervisor waits for it."""
         self.start_end_offset = self.log_end_offline() if self.role is None else 0
-        while not self.take_role():
-            if self.env.coordination is not None:
-                return  # the simulation ticks it until it has its role
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no role within {self.config.actor_start_timeout_ms - 2_000} ms: "
-                                   f"{self.waiting or 'etcd did not answer'}")
-            time.sleep(_DECIDE_POLL_S)
+
+    def on_control_reply(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
+        reply = _control_reply.decode(inbound.payload)
+        if not reply.ok:
+            log.error("the supervisor refused the role: %s", reply.message)
+
+    def tell(self, out: Effects) -> None:
+        """What the last step decided, to the supervisor: the role it holds now."""
+        if self.calls.take_done() and self.to_tell is not None:
+            role, self.to_tell = self.to_tell, None
+            out.append(Tell(CONTROL, None, encoder.encode(role.message()), lambda: None))
+
+    def on_thread_wake(self, out: Effects) -> None:
+        self.tell(out)
 
     def take_role(self) -> bool:
         """One try at the start: this engine's role resumed after a restart of this actor, or the
@@ -107,11 +124,13 @@ class BrokerMembershipActor(Actor):
             if self.role is not None:  # this actor restarted: the engine runs in its role
                 self.resume()
                 self.started = True
+                self.to_tell = self.role  # again: a word lost with the last process is not lost for good
             else:
                 role = self.decide(self.start_end_offset)
                 if role is not None:
                     self.hold(role)
                     self.started = True
+                    self.to_tell = role
         except EtcdUnavailable as exc:
             self.waiting = str(exc)
         return self.started
@@ -237,11 +256,7 @@ class BrokerMembershipActor(Actor):
 
     def change(self, role: Role) -> None:
         self.hold(role)
-        message = encoder.encode(RoleChanged(role.role, role.epoch))
-        if self.env.coordination is not None:
-            self.env.coordination.tell_supervisor(message)
-        else:
-            self.control.send(message)
+        self.to_tell = role
 
     def fence_until(self, deadline_ms: int) -> None:
         self.slots.set(LEASE_DEADLINE, deadline_ms)
@@ -249,6 +264,13 @@ class BrokerMembershipActor(Actor):
     # -- every tick ----------------------------------------------------------
 
     def tick(self, out: Effects) -> None:
+        self.tell(out)  # the last step's outcome first: the next step may decide again
+        self.calls.submit(self.step)
+        self.tell(out)  # without a background the step ran already
+
+    def step(self) -> None:
+        """One step of etcd's requests, off the loop: a role looked for, or the lease renewed and the
+        role held or followed."""
         if not self.started:
             self.take_role()
             return
@@ -348,13 +370,14 @@ class BrokerMembershipActor(Actor):
                 "in_sync_published": self.slots.get(IN_SYNC_PUBLISHED), "elections_won": self.elections_won}
 
     def condition(self) -> str:
+        if not self.started and self.role is None:  # one restarted holds its role meanwhile
+            return f"no role yet: {self.waiting or 'etcd did not answer'}"
         if self.etcd_down:
             return f"etcd out of reach: {self.etcd_down}"
         return self.waiting if self.role is not None and self.role.master_id < 0 else ""
 
     def shutdown(self, out: Effects) -> None:
-        if self.env.coordination is None:
-            self.control.close()
+        self.calls.close()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engine.ipc.messages import RoleChanged
+
 ROLE_FILE = "role.json"
 
 
@@ -31,6 +33,16 @@ class Role:
         tmp = run_dir / (ROLE_FILE + ".tmp")
         tmp.write_text(json.dumps(asdict(self)))
         tmp.replace(run_dir / ROLE_FILE)
+
+    def message(self) -> RoleChanged:
+        """The role as the membership actor tells it to the supervisor."""
+        return RoleChanged(self.role, self.epoch, self.master_id, self.master_endpoint,
+                           self.master_replication_endpoint, list(self.history), self.master_grpc_endpoint)
+
+    @classmethod
+    def of(cls, told: RoleChanged) -> Role:
+        return cls(told.role, told.epoch, told.master_id, told.master_endpoint, told.master_replication_endpoint,
+                   [(epoch, start) for epoch, start in told.history], told.master_grpc_endpoint)
 
     @classmethod
     def load(cls, run_dir: Path) -> Role | None:

@@ -344,11 +344,19 @@ class KillCommand(msgspec.Struct, tag="kill"):
 
 
 class RoleChanged(msgspec.Struct, tag="role_changed"):
-    """broker membership -> supervisor: the engine's role in its broker set changed (``role.json`` in
-    the run directory says to what): start the other actors again in it. Reply: ``ControlReply``."""
+    """broker membership -> supervisor: the role the engine holds in its broker set now (the fields of
+    ``engine/coordination/role.py``'s ``Role``, also in ``role.json``): the first completes the
+    start, a later one starts the other actors again in it; the same role again changes nothing
+    (a restarted membership actor tells it once more, in case its last word was lost with it).
+    Reply: ``ControlReply``."""
 
     role: str
     epoch: int
+    master_id: int
+    master_endpoint: str = ""
+    master_replication_endpoint: str = ""
+    history: list[tuple[int, int]] = []
+    master_grpc_endpoint: str = ""
 
 
 ControlRequest = StatusQuery | StopCommand | KillCommand | RoleChanged

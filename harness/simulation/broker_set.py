@@ -80,8 +80,7 @@ class Member(World):
         super().__init__(root, rng, config, publication_loss_ratio=0.0, beside=beside, prefix=f"b{broker_id}/")
         self.broker_id = broker_id
         self.party = f"b{broker_id}"
-        self.told: list[bytes] = []  # RoleChanged messages the membership actor sent its supervisor
-        self.coordination = Coordination(lambda cfg: ModelClient(etcd, self.party), self.told.append)
+        self.coordination = Coordination(lambda cfg: ModelClient(etcd, self.party))
         self.engine_down_since: int | None = None  # the step the whole engine was killed at
         self.paused_until = 0  # clock ms: SIGSTOPped until then
         self.membership = self.prefix + MEMBERSHIP
@@ -101,32 +100,21 @@ class Member(World):
         self.slots.clear()
         for name in (ROLE_FILE, LEASE_FILE, MASTER_ENDPOINT_FILE):
             (self.run_dir / name).unlink(missing_ok=True)
-        self.told.clear()
         self.supervisor.start(crash_start=crash_start)
 
     def kill_engine(self) -> None:
         """SIGKILL to the supervisor's process group: every actor, the supervisor too."""
         for name in list(self.actors):
             self.kill(name)
+        self.supervisor.died()
         self.down.clear()
         self.engine_down_since = self.counts.steps
 
     def follow_role(self) -> None:
-        """The supervisor's part after a step: the role the membership actor holds, to production's
-        decisions (the first completes the start, a later one replaces the actors)."""
-        if self.engine_down_since is not None:
-            return
-        if self.role is None:
-            membership = self.actors.get(self.membership)
-            if membership is None or not getattr(membership, "started", False):
-                return
-        elif not self.told:
-            return
-        self.told.clear()
-        role = Role.load(self.run_dir)
-        if role is not None and role != self.role:
-            self.trace(f"{self.party} takes its role: {role.role} of epoch {role.epoch}")
-            self.supervisor.role_changed(role)
+        """The supervisor's part after a step: what its control socket holds (the role the
+        membership actor tells), to production's decisions."""
+        if self.engine_down_since is None:
+            self.supervisor.take_control()
 
 
 @dataclass

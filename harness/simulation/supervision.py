@@ -16,10 +16,14 @@ from pathlib import Path
 from random import Random
 from typing import Protocol
 
+from engine.actors.base import Port
 from engine.actors.specs import ActorSpec
 from engine.config import StoreConfig
 from engine.coordination.role import Role
+from engine.ipc.channels import CONTROL
+from engine.ipc.messages import ControlReply, RoleChanged, control_request_decoder, encoder
 from engine.store.shared_offsets import SharedOffsets
+from harness.simulation.network import Network
 from supervisor import store_effects
 from supervisor.decisions import (
     CutLog,
@@ -47,6 +51,7 @@ class Host(Protocol):
     store_dir: Path
     run_dir: Path
     slots: SharedOffsets
+    network: Network
     down: dict[str, int]
     rng: Random
 
@@ -75,14 +80,33 @@ class SimSupervisor:
         return self.decisions.role
 
     def start(self, *, crash_start: bool) -> None:
-        """The supervisor's start: the decisions begin afresh, as a new supervisor process's do."""
+        """The supervisor's start: the decisions begin afresh, as a new supervisor process's do, and
+        its control socket listens (the membership actor tells it its role there)."""
         self.decisions = Decisions(self.base_config)
+        self.host.network.attach(self.name, [Port(CONTROL, bind=True)])
         self.host.config = self.base_config
         self.host.specs = self._specs()
         self.carry_out(self.decisions.start(crash_start=crash_start))
 
-    def role_changed(self, role: Role) -> None:
-        self.carry_out(self.decisions.role_changed(role))
+    @property
+    def name(self) -> str:
+        return self.host.prefix + "supervisor"
+
+    def died(self) -> None:
+        """SIGKILL: what was queued on its control socket is lost with it."""
+        self.host.network.detach(self.name)
+
+    def take_control(self) -> None:
+        """What the control socket holds, as the supervisor's loop takes it: a role the membership
+        actor tells (its payload decides), answered as the real supervisor answers."""
+        network = self.host.network
+        for key in [key for key in network.busy() if key[0] == self.name]:
+            for frames in network.take(key, len(network.queues[key])):
+                sender, payload = frames[0].decode(), frames[-1]
+                request = control_request_decoder.decode(payload)
+                assert isinstance(request, RoleChanged), request
+                network.push(sender, CONTROL.name, self.name, [encoder.encode(ControlReply(ok=True))])
+                self.carry_out(self.decisions.role_changed(Role.of(request)))
 
     def stop(self) -> None:
         self.carry_out(self.decisions.stop())
