@@ -5,11 +5,11 @@ already. ``LocalReads`` maps the ConsumeQueues, the CommitLog and the IndexFiles
 the owners and the front do, learns how far it may read from the shared offsets (the run
 directory's ``offsets`` file, mapped read-only), and decodes with the C codec:
 
-* ``pull``: what the owner's ``pull`` answers, from the same ``services/pull.py``, never past
+* ``pull``: what the owner's ``pull`` answers, from the same ``services/owner/pull.py``, never past
   the visible end (confirmed; under SYNC_FLUSH also flushed). With ``max_wait_ms`` it waits for
   new records on the writer's ``confirmed`` channel (a SUB, as the reput dispatcher's), then
   for the queue's owner to have applied them (its slot), instead of asking anyone;
-* ``query_by_key``: ``services/key_lookup.py``, as the front answers it;
+* ``query_by_key``: ``services/front/key_lookup.py``, as the front answers it;
 * ``get_by_id`` / ``get_by_offset``: one record read from the log.
 
 Commits, pops, acks and sends still go through the engine: only the engine writes.
@@ -43,9 +43,9 @@ from engine.config import StoreConfig, decode_config
 from engine.errors import ErrorCode, GetStatus, RequestError
 from engine.ipc import channels, endpoints
 from engine.ipc.protocol import MessageView, PullReply
-from engine.services.key_lookup import KeyLookup
-from engine.services.pull import PullResult, Subscription, pull
-from engine.services.queue_reads import NOTHING_YET, msg_id_offset, read_record
+from engine.services.front.key_lookup import KeyLookup
+from engine.services.owner.pull import PullResult, Subscription, pull
+from engine.services.owner.queue_reads import NOTHING_YET, msg_id_offset, read_record
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics

@@ -1,5 +1,5 @@
 """A seeded simulation of a consumer group sharing a topic's queues over one or more broker sets:
-each set's front's real membership (``engine/services/group_members.py``) and each member's real
+each set's front's real membership (``engine/services/front/group_members.py``) and each member's real
 decisions (``rmqpy/_member_state.py``) on a simulated clock, with members that come, go, die and
 stall, heartbeats lost or late, fronts that restart and forget who reads what, and (with two
 sets) a set that fails over: no master for a while, then a new one.
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import RequestError
-from engine.services.group_members import GroupMembers
+from engine.services.front.group_members import GroupMembers
 from rmqpy._member_state import MemberState
 
 SESSION_MS = 1_500

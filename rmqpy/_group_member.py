@@ -1,7 +1,7 @@
 """``GroupMember``: a consumer's place in a group that shares a topic's queues.
 
 The engine keeps who is in the group and who holds each queue, by heartbeat
-(``engine/services/group_members.py``); the member works out which queues should be its
+(``engine/services/front/group_members.py``); the member works out which queues should be its
 own, by the allocation every member computes alike (``rmqpy/_allocation.py``), and asks
 for them in its heartbeats. A thread of the member's own sends a ``heartbeat`` every third
 of the engine's ``consumer_session_timeout_ms`` on a socket of its own, so a consumer whose

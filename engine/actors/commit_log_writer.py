@@ -23,7 +23,7 @@ At a stop, the requests still queued are answered SERVICE_NOT_AVAILABLE, nothing
 (``refuse_at_stop``), and every send waiting for the flush or the replicas gets its answer once
 the last flush is made (``answer_waiting_sends``).
 
-This module is the writer's handler glue; its jobs are in ``engine/services/``:
+This module is the writer's handler glue; its jobs are in ``engine/services/writer/``:
 ``log_appends.py`` (a send checked, given its queue offsets and appended),
 ``sync_acks.py`` (the sends waiting for the flush, and the writer's own sync),
 ``deletion_records.py`` (the
@@ -66,11 +66,11 @@ from engine.ipc.wire import Inbound
 from engine.layout import IPV4_BYTES, IPV6_BYTES, HostAddress, encode_msg_id, offset_to_file_name
 from engine.logs import event
 from engine.metrics.report import Figures, Histogram, per_queue
-from engine.services.deletion_records import DeletionRecords
-from engine.services.log_appends import LogAppends
 from engine.services.recovery import plan_commit_log_recovery
-from engine.services.retention_rounds import RetentionRounds
-from engine.services.sync_acks import OwnSync, PendingAck, SyncAcks
+from engine.services.writer.deletion_records import DeletionRecords
+from engine.services.writer.log_appends import LogAppends
+from engine.services.writer.retention_rounds import RetentionRounds
+from engine.services.writer.sync_acks import OwnSync, PendingAck, SyncAcks
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import UniqKeys

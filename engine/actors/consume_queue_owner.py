@@ -1,7 +1,7 @@
 """A ConsumeQueue owner: serves the pulls and lookups of the queues it holds.
 
 Owner k holds every (topic, queue_id) with ``owner_of(topic, queue_id) == k``;
-``engine/services/owned_queues.py`` keeps their units equal to the log (dispatch
+``engine/services/owner/owned_queues.py`` keeps their units equal to the log (dispatch
 batches, catch-up, healing, deletions, retention). This module is the owner's
 protocol:
 
@@ -10,7 +10,7 @@ protocol:
 * ``requests`` (ROUTER ``owner-<k>.sock``): ``Pull`` (at once, or parked until a
   matching message arrives: long polling), ``GetById``, ``GetByOffset``,
   ``QueueStats``, ``OffsetForTime`` -> the client reply, sent back through the front
-  (the reads themselves: ``engine/services/queue_reads.py``);
+  (the reads themselves: ``engine/services/owner/queue_reads.py``);
 * ``requests`` also: ``Pop``, ``Ack``, ``ChangeInvisible``, ``PopStats``, served with the
   pop groups' ack state (``engine/actors/owner_pops.py``); a pop that finds nothing parks
   like a pull, on every queue it may take from;
@@ -69,9 +69,9 @@ from engine.ipc.protocol import (
 )
 from engine.ipc.wire import Inbound, Origin
 from engine.metrics.report import Figures, per_queue
-from engine.services.long_poll import LongPolls, ParkedPull
-from engine.services.owned_queues import OwnedQueues, QueueKey
-from engine.services.queue_reads import QueueReads
+from engine.services.owner.long_poll import LongPolls, ParkedPull
+from engine.services.owner.owned_queues import OwnedQueues, QueueKey
+from engine.services.owner.queue_reads import QueueReads
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.shared_offsets import CONFIRMED, MIN_OFFSET, TOPIC_DELETIONS, owner_durable_slot, owner_slot
 

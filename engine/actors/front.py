@@ -3,7 +3,7 @@
 Binds the client ROUTER (default ``tcp://127.0.0.1:10911``). For each frame
 it reads only the envelope (op, id, topic, queue id), checks the topic and
 queue against the topic table it owns (``config/topics.json``, its rules in
-``engine/services/topic_rules.py``), and then, by its routing table:
+``engine/services/front/topic_rules.py``), and then, by its routing table:
 
 * ``send`` -> the writer, with the queue it chose (given, or round robin);
 * ``pull``, ``queue_stats``, ``offset_for_time`` -> the owner of that topic-queue;
@@ -12,16 +12,16 @@ queue against the topic table it owns (``config/topics.json``, its rules in
   turn (``engine/services/pop/fan_out.py``); ``ack``, ``change_invisible``, ``pop_stats`` ->
   the owner of their queue. A group's first pop of a topic creates its dead-letter topic
   ``%DLQ%{group}``. A (group, topic) either pops or commits offsets: the other is refused
-  (GROUP_MODE_CONFLICT, ``engine/services/consumer_groups.py``);
+  (GROUP_MODE_CONFLICT, ``engine/services/front/consumer_groups.py``);
 * ``end_transaction``, ``transaction_checks`` -> the transaction actor;
 * ``query_by_key``, ``query_by_keys``: answered here, from the IndexFiles and the log mapped read-only
-  (``engine/services/key_lookup.py``): the index builder writes them;
+  (``engine/services/front/key_lookup.py``): the index builder writes them;
 * ``delete_topic`` -> the writer, which records where the deletion falls in the
   log; on its answer the topic leaves the table and its consumer offsets go (the
-  deletions not answered yet: ``engine/services/topic_deletions.py``);
-* ``create_topic``, ``list_topics``, ``ping``, ``status`` (``engine/services/front_figures.py``),
+  deletions not answered yet: ``engine/services/front/topic_deletions.py``);
+* ``create_topic``, ``list_topics``, ``ping``, ``status`` (``engine/services/front/figures.py``),
   consumer groups' ``commit_offset`` / ``fetch_offset`` (``config/consumerOffset.json``) and
-  ``heartbeat`` (the members sharing a topic's queues, ``engine/services/group_members.py``):
+  ``heartbeat`` (the members sharing a topic's queues, ``engine/services/front/group_members.py``):
   answered here.
 
 Changes to the topic table are group-committed: requests are handled in
@@ -96,13 +96,13 @@ from engine.ipc.wire import Inbound, Origin
 from engine.layout import decode_msg_id
 from engine.metrics.report import Figures
 from engine.names import dead_letter_topic
-from engine.services.consumer_groups import ConsumerGroups
-from engine.services.front_figures import FrontFigures
-from engine.services.key_lookup import KeyLookup
+from engine.services.front.consumer_groups import ConsumerGroups
+from engine.services.front.figures import FrontFigures
+from engine.services.front.key_lookup import KeyLookup
+from engine.services.front.shipped_config import ShippedConfig
+from engine.services.front.topic_deletions import PendingDeletion, TopicDeletions
+from engine.services.front.topic_rules import TopicRules
 from engine.services.pop.fan_out import PopFanOut, PopOrder
-from engine.services.shipped_config import ShippedConfig
-from engine.services.topic_deletions import PendingDeletion, TopicDeletions
-from engine.services.topic_rules import TopicRules
 from engine.store.records import owner_of
 from engine.store.shared_offsets import LEASE_DEADLINE, MIN_OFFSET, TOPIC_DELETIONS
 

@@ -2,7 +2,7 @@
 
 Applies ``DispatchBatch``es from the reput dispatcher (SUB ``ix``): every
 record's UNIQ_KEY and KEYS become items ``topic#key``. Lookups are answered by
-the front, which maps the files read-only (``engine/services/key_lookup.py``). Records
+the front, which maps the files read-only (``engine/services/front/key_lookup.py``). Records
 of a deleted topic written before its deletion stay in the IndexFiles
 (RocketMQ never drops items); lookups never return them.
 

@@ -38,7 +38,8 @@ from engine.ipc.protocol import (
 from engine.ipc.wire import Origin
 from engine.metrics.report import Figures
 from engine.names import validate_group
-from engine.services.owned_queues import OwnedQueues
+from engine.services.owner.owned_queues import OwnedQueues
+from engine.services.owner.pull import Subscription, message_array
 from engine.services.pop.dead_letters import DeadLetters
 from engine.services.pop.delivery import (
     HandleTags,
@@ -52,7 +53,6 @@ from engine.services.pop.delivery import (
 )
 from engine.services.pop.index_set import IndexSet
 from engine.services.pop.queue_index import QueueIndex
-from engine.services.pull import Subscription, message_array
 from engine.store.pop_files import POP_DIR, Action, State, is_leftover
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from engine.ipc.messages import (
 )
 from engine.ipc.wire import Inbound
 from engine.logs import event
-from engine.services.log_shipping import SHIPPED_CONFIG_FILES
+from engine.services.replication.log_shipping import SHIPPED_CONFIG_FILES
 from engine.store.atomic_file import write_atomically
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.epoch_file import add_epoch, load_epochs

@@ -3,7 +3,7 @@
 Replicas connect to ``replication_endpoint`` (ROUTER, tcp) and report where their logs end
 (``ReplicaReport``); this actor sends each its log from there in chunks of whole records
 (``LogChunk`` and the bytes), as far as the log is confirmed, a few chunks ahead of what
-the replica reported written (``engine/services/log_shipping.py``). The writer's
+the replica reported written (``engine/services/replication/log_shipping.py``). The writer's
 ``confirmed`` wake-ups say when there is more to send; every tick sends what a lost wake-up
 left, the config files that changed (topics, consumers' offsets: ``ConfigSnapshot``) every
 ``replication_config_interval_ms``, and forgets replicas silent for ``replica_silence_ms_max``.
@@ -36,7 +36,7 @@ from engine.ipc.messages import (
 )
 from engine.ipc.wire import Inbound
 from engine.logs import event
-from engine.services.log_shipping import LogShipping, Replica
+from engine.services.replication.log_shipping import LogShipping, Replica
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.shared_offsets import (
     CONFIRMED,

@@ -1,7 +1,7 @@
 """The timer: moves each delayed or timed message to its real topic at its deliver time.
 
 RocketMQ 5's ``TimerMessageStore`` (``docs/design.md`` 5.9). The writer stores a delayed
-send in ``rmq_sys_wheel_timer`` queue 0 (``engine/services/delivery_routes.py``). This
+send in ``rmq_sys_wheel_timer`` queue 0 (``engine/services/writer/delivery_routes.py``). This
 actor, a client of the front on its internal port:
 
 * enqueues: pulls that queue (long polling) and, for each message, writes a 52-byte unit to
@@ -19,8 +19,8 @@ waits until any move still in the writer's queue is stored or refused
 skips every message whose move it finds there. A move whose reply is lost is settled the
 same way. Messages a slot holds are read in memory one slot at a time.
 
-The jobs are plain objects: the enqueue side in ``engine/services/timer_enqueue.py``,
-the delivery side in ``engine/services/timer_delivery.py``; this actor holds the files,
+The jobs are plain objects: the enqueue side in ``engine/services/timer/enqueue.py``,
+the delivery side in ``engine/services/timer/delivery.py``; this actor holds the files,
 the requests to the front and the checkpoint.
 """
 
@@ -34,8 +34,8 @@ from engine.actors.front_requests import FrontRequests, QueueFollower, front_por
 from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.protocol import MessageView, SendMessage, SendReply, SendRequest
 from engine.ipc.wire import Inbound
-from engine.services.timer_delivery import TimerDelivery
-from engine.services.timer_enqueue import TimerEnqueue
+from engine.services.timer.delivery import TimerDelivery
+from engine.services.timer.enqueue import TimerEnqueue
 from engine.store.commit_log import CommitLogReader
 from engine.store.shared_offsets import CONFIRMED, FLUSHED, TIMERS_PENDING
 from engine.store.system_topics import TIMER_TOPIC

@@ -1,7 +1,7 @@
 """The transaction actor: decides half messages and runs RocketMQ's check service.
 
 A transactional send is stored as a half message in ``RMQ_SYS_TRANS_HALF_TOPIC``
-(``engine/services/delivery_routes.py``), invisible to consumers. This actor, a client of
+(``engine/services/writer/delivery_routes.py``), invisible to consumers. This actor, a client of
 the front on its internal port and served by it on ``transactions.sock``:
 
 * ``end_transaction``: appends an op record (``RMQ_SYS_TRANS_OP_HALF_TOPIC``, tag ``d``,
@@ -22,8 +22,8 @@ rest. A decision is never taken twice: a second ``end_transaction`` with the sam
 decision is answered OK, with the other one TRANSACTION_ENDED.
 
 The jobs are plain objects: the undecided halves and their checks in
-``engine/services/transaction_halves.py``, the ops and their decisions in
-``engine/services/transaction_ops.py``; this actor holds the requests (of producers, and
+``engine/services/transactions/halves.py``, the ops and their decisions in
+``engine/services/transactions/ops.py``; this actor holds the requests (of producers, and
 to the front) and the checkpoint.
 """
 
@@ -54,9 +54,9 @@ from engine.ipc.protocol import (
 from engine.ipc.wire import Inbound, Origin
 from engine.layout import Record, RecordError
 from engine.services.moved_records import MoveLook, MoveOutcome, move_outcome, refusal
-from engine.services.transaction_decisions import Admitted, Decision, TransactionDecisions, Waiter, advance_checkpoint
-from engine.services.transaction_halves import TransactionHalves, read_half
-from engine.services.transaction_ops import Op, TransactionOps, commit_request, op_message
+from engine.services.transactions.decisions import Admitted, Decision, TransactionDecisions, Waiter, advance_checkpoint
+from engine.services.transactions.halves import TransactionHalves, read_half
+from engine.services.transactions.ops import Op, TransactionOps, commit_request, op_message
 from engine.store.commit_log import CommitLogReader
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import owner_of

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from engine.client import EngineError, StoreClient
 from engine.layout import RecordError
-from engine.services.queue_queries import offset_for_time
+from engine.services.owner.queue_queries import offset_for_time
 from engine.spark.arrow_rows import MessageColumns
 from engine.spark.store_view import StoreSnapshot, take_snapshot
 from engine.store.commit_log import CommitLogReader

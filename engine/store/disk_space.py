@@ -1,7 +1,7 @@
 """How full the store's file system is: the one figure the writer's DISK_FULL refusals, retention,
 the metrics and the dashboard all use.
 
-A fact of the file system, not a decision: retention (``engine/services/retention.py``) decides
+A fact of the file system, not a decision: retention (``engine/services/writer/retention.py``) decides
 with it, the monitor (``engine/metrics/collector.py``) reports it, so it lives below both.
 """
 

@@ -14,7 +14,7 @@ Invariants:
   kill leaves at most one half-added item, at ``index_count``, which
   ``repair_after_kill`` unlinks;
 * an item is added when the header's count covers it: readers answer only
-  items below the count they loaded (engine/services/key_lookup.py).
+  items below the count they loaded (engine/services/front/key_lookup.py).
 
 Hash collisions are expected: callers must check the stored record's keys.
 """
@@ -124,7 +124,7 @@ class IndexFile:
         among the items the last ``reload_header`` counted."""
         # That reload loaded the count with acquire; the walk answers only items below it, so
         # every item answered is complete while the index builder appends in another process
-        # (engine/services/key_lookup.py).
+        # (engine/services/front/key_lookup.py).
         return index_select(self.mapped.mm, self.hash_slot_count, self.index_count_max, self.index_count,
                             index_key_hash(key), self.begin_timestamp_ms, count_max, begin_ms, end_ms)
 

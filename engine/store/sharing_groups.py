@@ -3,7 +3,7 @@
     {"groups": [["billing", "orders"], ["audit", "events"]]}
 
 Only the (group, topic) pairs, not who reads what: the front keeps that in memory
-(``engine/services/group_members.py``). After a restart it needs to know which groups may
+(``engine/services/front/group_members.py``). After a restart it needs to know which groups may
 still have members reading queues it has forgotten: those wait one session before the
 front grants anything new, while a group it never had may start at once. Written whole
 (temp file, fsync, ``.bak``, rename): at once when a group first has a member, before the

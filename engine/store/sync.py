@@ -68,7 +68,7 @@ class SyncerFactory(Protocol):
     """How an actor gets its flush thread (``FileSyncer``; the simulation's runs at its steps):
     ``on_durable`` is called with each offset made durable, ``on_failure`` (when given) with the
     reason a flush failed, after which the syncer takes no more work. Declared here, beside the
-    syncs, so that the writer's service (``engine/services/sync_acks.py``) names it without the runtime."""
+    syncs, so that the writer's service (``engine/services/writer/sync_acks.py``) names it without the runtime."""
 
     def __call__(self, name: str, on_durable: Callable[[int], None], *,
                  on_failure: Callable[[str], None] | None = None) -> Syncer: ...

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.services.log_appends import LogAppends
-from engine.services.log_shipping import LogShipping
+from engine.services.replication.log_shipping import LogShipping
+from engine.services.writer.log_appends import LogAppends
 from harness.simulation import Plan, simulate
 
 pytestmark = pytest.mark.timeout(300)

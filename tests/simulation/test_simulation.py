@@ -213,7 +213,7 @@ def test_a_fifo_queue_that_does_not_lock_is_caught(monkeypatch: pytest.MonkeyPat
 def test_a_timer_that_forgets_its_moves_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The timer's restart rule broken on purpose: it never looks in the log for the moves it made
     before a kill (or a lost reply), so it delivers some messages twice."""
-    from engine.services.timer_delivery import TimerDelivery
+    from engine.services.timer.delivery import TimerDelivery
 
     def never_look(self: TimerDelivery, confirmed: int, step_bytes: int) -> bool:
         self.look_pending = False

@@ -19,7 +19,7 @@ from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import SendMessage
 from engine.layout import HostAddress
-from engine.services.log_appends import ENGINE_ONLY_PROPERTIES
+from engine.services.writer.log_appends import ENGINE_ONLY_PROPERTIES
 from engine.store.records import UniqKeys, batch_items
 from tests.unit import test_codec_writer
 from tests.unit.test_codec_writer import NOW, c, rand_message, rand_text

@@ -1,4 +1,4 @@
-"""The front's record of consumer group members (engine/services/group_members.py) and the
+"""The front's record of consumer group members (engine/services/front/group_members.py) and the
 allocation every member computes from it (rmqpy/_allocation.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ErrorCode, RequestError
-from engine.services.group_members import GroupMembers
+from engine.services.front.group_members import GroupMembers
 from rmqpy._allocation import allocate_averagely
 
 

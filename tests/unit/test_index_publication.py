@@ -1,4 +1,4 @@
-"""IndexFiles read while they are written: the publication protocol of engine/services/key_lookup.py.
+"""IndexFiles read while they are written: the publication protocol of engine/services/front/key_lookup.py.
 
 The index builder stores an item, its slot (a release store), then the header and its count
 (a release store): the count is the one point where an item is added. The front loads the

@@ -15,8 +15,8 @@ from engine.config import KiB, StoreConfig
 from engine.ipc.channels import REPLICATION
 from engine.ipc.wire import Origin
 from engine.layout import HostAddress, RecordFields, encode_properties
-from engine.services.log_appends import LogAppends
-from engine.services.log_shipping import LogShipping
+from engine.services.replication.log_shipping import LogShipping
+from engine.services.writer.log_appends import LogAppends
 from engine.store.commit_log import CommitLogWriter
 from engine.store.deleted_topics import table_crc
 from engine.store.records import UniqKeys

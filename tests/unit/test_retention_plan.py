@@ -7,7 +7,7 @@ import os
 import pytest
 
 from engine.config import StoreConfig
-from engine.services.retention import SegmentFact, plan_deletions, summarize_segment
+from engine.services.writer.retention import SegmentFact, plan_deletions, summarize_segment
 from engine.store.commit_log import COMMIT_LOG_DIR
 from tests.unit.test_commit_log_files import SEG, build_log
 

@@ -14,7 +14,7 @@ from engine.ipc.messages import PLAIN, Answered, Append, PopElsewhere, Pull, Rou
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where messages between actors are built and taken; engine/ipc/wire.py alone lays out frames.
-ACTOR_CODE = sorted([*ROOT.glob("engine/actors/*.py"), *ROOT.glob("engine/services/*.py")])
+ACTOR_CODE = sorted([*ROOT.glob("engine/actors/*.py"), *ROOT.glob("engine/services/**/*.py")])
 EFFECT_CALLS = {"Port", "Reply", "Tell", "Publish", "reply", "publish", "send", "Send", "Forward"}
 
 pytestmark = pytest.mark.timeout(30)

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from engine.errors import ErrorCode, GetStatus
 from engine.ipc.protocol import ErrorInfo
+from engine.services.owner.pull import PullResult, Subscription
 from engine.services.pop.queue_index import QueueIndex
-from engine.services.pull import PullResult, Subscription
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.pop_files import Action, State
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.services.log_shipping import SHIPPED_CONFIG_FILES
+from engine.services.replication.log_shipping import SHIPPED_CONFIG_FILES
 
 
 class ShippedConfig:

@@ -5,7 +5,7 @@
 Called by the timer actor (``engine/actors/timer.py``): ``take`` with each pulled batch,
 ``enqueue`` every turn, ``recover`` at its start and ``durable`` at each checkpoint. It also
 reads a unit's source record back from the log (``read_source``), for recovery here and for
-delivery (``engine/services/timer_delivery.py``).
+delivery (``engine/services/timer/delivery.py``).
 """
 
 from __future__ import annotations

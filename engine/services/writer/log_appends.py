@@ -6,7 +6,7 @@ engine's own actors, the sender's IP), ``append``:
 * refuses it while retention says the disk is too full (``refuse_sends``, DISK_FULL), or
   when no queue was chosen;
 * rewrites where it is stored (a delayed or transactional send goes to its system topic:
-  ``engine/services/delivery_routes.py``) and builds its records, all or nothing
+  ``engine/services/writer/delivery_routes.py``) and builds its records, all or nothing
   (``engine/store/records.py``), from its messages or from the records the client
   encoded (RocketMQ's MessageBatch body: checked, ids given where they have none); a
   batch larger than ``send_batch_bytes_max`` (or than a segment) is MESSAGE_ILLEGAL;
@@ -36,7 +36,7 @@ from engine.config import StoreConfig
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc.protocol import SendRequest
 from engine.layout import END_FILE_MIN_BLANK_BYTES, SYSFLAG_TRANSACTION_COMMIT, HostAddress
-from engine.services.delivery_routes import check_plain_records, destination
+from engine.services.writer.delivery_routes import check_plain_records, destination
 from engine.store.commit_log import CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.disk_space import disk_space

@@ -2,11 +2,11 @@
 parked until a message arrives), reads of one record by id or by offset, and the queue
 questions (``queue_stats``, ``offset_for_time``).
 
-A pull reads the queue from its offset up to the readable end (``engine/services/pull.py``);
+A pull reads the queue from its offset up to the readable end (``engine/services/owner/pull.py``);
 a unit that leads elsewhere in the log is healed once (``OwnedQueues.heal``) and read
 again, and a message that is still damaged is MESSAGE_CORRUPT with the offset to go on
 from. A pull that finds nothing new (or nothing its subscription matches) and may wait
-is parked (``engine/services/long_poll.py``) and served again when a dispatch touches
+is parked (``engine/services/owner/long_poll.py``) and served again when a dispatch touches
 its queue or its deadline passes; ``final`` answers it with what there is.
 
 Called by the owner (``engine/actors/consume_queue_owner.py``) for each ``Pull``,
@@ -35,10 +35,10 @@ from engine.ipc.protocol import (
 )
 from engine.ipc.wire import Origin
 from engine.layout import RecordError, decode_msg_id
-from engine.services.long_poll import LongPolls
-from engine.services.owned_queues import OwnedQueues, QueueKey
-from engine.services.pull import PullResult, Subscription, pull
-from engine.services.queue_queries import offset_for_time, queue_stats
+from engine.services.owner.long_poll import LongPolls
+from engine.services.owner.owned_queues import OwnedQueues, QueueKey
+from engine.services.owner.pull import PullResult, Subscription, pull
+from engine.services.owner.queue_queries import offset_for_time, queue_stats
 from engine.store.commit_log import CommitLogReader
 from engine.store.consume_queue import ConsumeQueue
 from engine.store.deleted_topics import DeletedTopics
@@ -147,7 +147,7 @@ class QueueReads:
                             max_offset=result.max_offset, messages=result.messages())
 
     def queue_question(self, kind: type[QueueStatsRequest | OffsetForTimeRequest], raw: bytes) -> bytes:
-        """``queue_stats`` or ``offset_for_time`` of one queue (``engine/services/queue_queries.py``)."""
+        """``queue_stats`` or ``offset_for_time`` of one queue (``engine/services/owner/queue_queries.py``)."""
         request = decode_as(kind, raw)
         cq = self.owned.get(request.topic, request.queue_id)
         if isinstance(request, QueueStatsRequest):

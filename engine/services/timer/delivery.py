@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from engine.ipc.protocol import SendMessage, SendReply
 from engine.services.moved_records import MoveOutcome, MoveSearch, as_send_message, move_outcome, refusal
-from engine.services.timer_enqueue import source_move
+from engine.services.timer.enqueue import source_move
 from engine.store.commit_log import CommitLogReader
 from engine.store.timer_files import NO_UNIT, TimerCheckpoint, TimerLog, TimerWheel, Unit
 

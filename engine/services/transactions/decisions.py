@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.wire import Origin
 from engine.layout import Record
-from engine.services.transaction_halves import TransactionHalves
-from engine.services.transaction_ops import TransactionOps
+from engine.services.transactions.halves import TransactionHalves
+from engine.services.transactions.ops import TransactionOps
 from engine.store.transaction_state import TransactionCheckpoint
 
 

@@ -2,7 +2,7 @@
 
 Every ``clean_resource_interval_ms`` (and once at recovery) the writer runs a round: the
 segments' last-modified times and the disk's use go to ``plan_deletions``
-(``engine/services/retention.py``, the decision), and its plan is carried out here: the
+(``engine/services/writer/retention.py``, the decision), and its plan is carried out here: the
 segments it names are deleted, oldest first, and sends are refused (DISK_FULL) or taken
 again as it says. A segment deleted before it expired (``disk_space_clean_forcibly``) is
 logged with what it held, counted in a background thread on a descriptor opened before
@@ -24,7 +24,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.layout import offset_to_file_name
 from engine.logs import event
-from engine.services.retention import SegmentFact, plan_deletions, summarize_segment
+from engine.services.writer.retention import SegmentFact, plan_deletions, summarize_segment
 from engine.store.commit_log import CommitLogWriter
 from engine.store.disk_space import disk_used_ratio
 

@@ -40,7 +40,7 @@ from engine.store.topics import TopicConfig, TopicTable
 
 class TopicRules:
     """The topic table and the rules of the requests that name it. ``deleting``: the topics whose
-    deletion the writer has not answered yet (``engine/services/topic_deletions.py``)."""
+    deletion the writer has not answered yet (``engine/services/front/topic_deletions.py``)."""
 
     def __init__(self, store_dir: Path, config: StoreConfig, deleting: Container[str]) -> None:
         self.table = TopicTable(store_dir)

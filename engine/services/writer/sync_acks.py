@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine.errors import PutStatus
 from engine.ipc.wire import Origin
-from engine.services.log_appends import Stored
+from engine.services.writer.log_appends import Stored
 from engine.store.sync import SyncerFactory
 
 

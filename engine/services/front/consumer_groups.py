@@ -13,7 +13,7 @@ Commits go to memory at once and to the file every ``consumer_offset_persist_int
 (``persist_due``), with the topic table after a topic deletion, and at a clean stop.
 
 A group that commits offsets may also share a topic's queues among its members, by their
-heartbeats (``engine/services/group_members.py``); a pop group has nothing to share.
+heartbeats (``engine/services/front/group_members.py``); a pop group has nothing to share.
 
 Called by the front (``engine/actors/front.py``): ``pop_group`` for every pop, ack,
 change_invisible and pop_stats; ``commit``/``fetch`` for the offset requests; ``heartbeat``;
@@ -29,7 +29,7 @@ from engine.config import StoreConfig
 from engine.errors import ErrorCode, RequestError
 from engine.ipc.protocol import CommitOffsetRequest, Envelope, FetchOffsetRequest, HeartbeatRequest, encode_reply
 from engine.names import validate_group
-from engine.services.group_members import GroupMembers
+from engine.services.front.group_members import GroupMembers
 from engine.store.consumer_offsets import ConsumerOffsets
 from engine.store.pop_files import POP_DIR
 from engine.store.sharing_groups import SharingGroups
