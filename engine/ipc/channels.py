@@ -141,7 +141,8 @@ HEARTBEATS = Channel("heartbeats", PUSH, endpoints.SUPERVISOR_HEARTBEATS, "super
                      (Heartbeat,), (), meaning="lifecycle and figures, every heartbeat_interval_ms")
 CONTROL = Channel("control", REQUEST, endpoints.SUPERVISOR_CONTROL, "supervisor", ("CLI", "tests", "membership"),
                   ControlRequest.__args__, (ControlReply,),
-                  meaning="status, stop, kill; a new role elected on etcd (from the broker membership actor)")
+                  meaning="status, stop, kill; the role the broker membership actor holds, taken or changed "
+                          "(``RoleChanged``)")
 EVENTS = Channel("events", PUBLISH, endpoints.SUPERVISOR_EVENTS, "supervisor", ("CLI", "tests"), (), (Event,),
                  topics=(endpoints.TOPIC_EVENT,), meaning="lifecycle news")
 
