@@ -31,7 +31,6 @@ import concurrent.futures
 import itertools
 import logging
 import threading
-import zlib
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -348,11 +347,8 @@ class ClusterProducer:
         for the next queue of another set (nothing was stored there)."""
         self._check(queue_id)
         batch = list(messages)
-        queues = self.cluster.route(topic).queues
-        start = self._first(sharding_key)
         tried: set[str] = set()
-        for step in range(len(queues)):
-            broker, set_queue = queues[(start + step) % len(queues)]
+        for broker, set_queue in self.cluster.route(topic).send_order(sharding_key, next(self._turn)):
             if broker in tried:
                 continue
             try:
@@ -390,8 +386,7 @@ class ClusterProducer:
         retries there; a set out of reach is not passed over: the future holds the error)."""
         self._check(queue_id)
         batch = list(messages)
-        queues = self.cluster.route(topic).queues
-        broker, set_queue = queues[self._first(sharding_key) % len(queues)]
+        broker, set_queue = self.cluster.route(topic).send_order(sharding_key, next(self._turn))[0]
         sent = self._producer(topic, broker).send_batch_async(
             topic, batch, queue_id=set_queue, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
         return mapped(sent, lambda results: _named(results, broker))
@@ -402,9 +397,6 @@ class ClusterProducer:
         if queue_id is not None:
             raise ValueError("a producer on a cluster picks the queue of the route: give sharding_key, or send "
                              "to one broker set's Producer for one of its queues")
-
-    def _first(self, sharding_key: str | None) -> int:
-        return zlib.crc32(sharding_key.encode()) if sharding_key is not None else next(self._turn)
 
     def _producer(self, topic: str, broker: str) -> Producer:
         with self._lock:  # threads sharing this producer share each set's Producer too
