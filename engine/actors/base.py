@@ -50,7 +50,7 @@ from engine.config import StoreConfig, decode_config
 from engine.ipc import channels, direct_replies, endpoints, protocol, wire
 from engine.ipc.channels import PUBLISH, REQUEST, Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
-from engine.ipc.messages import DIRECT, Heartbeat, encoder
+from engine.ipc.messages import Heartbeat, encoder
 from engine.logs import LOG_DIR, configure_logging
 from engine.metrics.report import Figures, Reporter
 from engine.store.shared_offsets import SharedOffsets
@@ -259,6 +259,10 @@ class Actor:
         """The sockets to open once ``recover`` is done."""
         return []
 
+    def direct_channel(self) -> Channel | None:
+        """The channel of its answers straight to clients (``channels.replies``), when it opens one."""
+        return channels.replies(self.env.name) if self.answers_directly and self.config.direct_replies_enabled else None
+
     def handlers(self) -> dict[type, Handler]:
         """The handler of each type of message the actor takes (orders of ``Routed`` requests,
         ``Answered``, publications, ``ClientFrame``): a message of another type is a bug of the
@@ -422,12 +426,12 @@ class Runtime:
 
     def answered_directly(self, reply: Reply) -> bool:
         """Whether ``reply``, a plain answer to a client of the front, went straight to its client."""
-        origin, payload, note = reply
-        if origin.flag != DIRECT or note is not None or not origin.channel.framed:
-            return False  # a note is for the front; so is the answer to a client ZeroMQ named
+        frames = wire.direct_frames(*reply)
+        if frames is None:
+            return False
         assert self.direct is not None
         try:
-            send_frames(self.direct, [origin.client, payload], _NOBLOCK)
+            send_frames(self.direct, frames, _NOBLOCK)
         except zmq.ZMQError:  # not connected here (EHOSTUNREACH), or its queue is full (EAGAIN)
             return False
         return True
@@ -556,7 +560,7 @@ class Runtime:
         ports = {port.channel: port for port in actor.ports()}
         for port in ports.values():
             self.open(port)
-        if actor.answers_directly and self.env.config.direct_replies_enabled:
+        if actor.direct_channel() is not None:
             self.open_direct()
         self.await_peers(heartbeat)
         self.carry_out(out)

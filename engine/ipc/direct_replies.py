@@ -71,11 +71,16 @@ def bind(sock: zmq.Socket[bytes], front_endpoint: str, run_dir: Path, actor: str
             sock.unbind(endpoint)
         sock.bind(anywhere)
         endpoint = _last_endpoint(sock)
+    publish(run_dir, actor, endpoint)
+    return endpoint
+
+
+def publish(run_dir: Path, actor: str, endpoint: str) -> None:
+    """Where ``actor`` listens, for the front's ``route`` answer (``advertised``), written whole."""
     path = endpoint_file(run_dir, actor)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(endpoint)
     temporary.replace(path)
-    return endpoint
 
 
 def ports_of(*addresses: str) -> frozenset[int]:

@@ -123,6 +123,17 @@ def reply_frames(origin: Origin, payload: bytes, note: object = None) -> list[by
     return [origin.peer, b"", payload] if origin.flag == REQ else [origin.peer, payload]
 
 
+def direct_frames(origin: Origin, payload: bytes, note: object = None) -> list[bytes] | None:
+    """The answer to a request from ``origin`` as the actor that made it sends it straight to the
+    client, on its own ROUTER (``engine/ipc/direct_replies.py``); None when it must go through the
+    front: a note is for the front, and only a client that chose its routing id (``DIRECT``) may be
+    answered past it. Whether that client is connected there is its socket's to say (the runtime's
+    ROUTER_MANDATORY, the simulation's network): when it is not, the answer goes through the front."""
+    if origin.flag != DIRECT or note is not None or not origin.channel.framed:
+        return None
+    return [origin.client, payload]
+
+
 def request_frames(channel: Channel, routed: Routed | None, payload: bytes) -> list[bytes]:
     """A request on ``channel`` from one of its peers: ``routed`` (None on a client channel) and the client frame."""
     if channel.framed:

@@ -43,6 +43,7 @@ FIXED_MIX = (0.003, 0.117, 0.02, 0.01, 0.04, 0.03, 0.08, 0.06, 0.04, 0.6)
 _MIX_FACTORS = {"delete_topic": (0, 0.25, 1, 4), "send": (0.25, 1, 4), "send_delayed": (0, 0.25, 1, 4),
                 "send_half": (0, 0.25, 1, 4), "pull": (0, 0.25, 1, 4), "pop": (0, 0.25, 1, 4, 8),
                 "tick": (0.25, 1, 4), "flush": (0.25, 1, 4), "backlog": (0.25, 1, 4), "deliver": (0.25, 1, 2)}
+DIRECT_CLIENT_SHARE = 0.5  # of drawn plans: a client the writer and the owners answer past the front
 
 
 @dataclass
@@ -74,6 +75,9 @@ class Plan:
     # Off unless asked for (``simulate.py --replica``), so that every seed keeps the run it had.
     replica: bool = False
     replication_mode: Literal["ASYNC", "SYNC"] = "ASYNC"
+    # The client is answered past the front by the writer and the owners (``workload.py``). Off in
+    # ``Plan()``; drawn last in ``Plan.drawn``, so that a seed that draws it off keeps its run.
+    direct_client: bool = False
 
     @classmethod
     def drawn(cls, seed: int, **settled: Any) -> Plan:
@@ -102,6 +106,7 @@ class Plan:
                         "delete_topic": 0}
             plan = replace(plan, cut_after_ack_ratio=round(draw.uniform(0.3, 1.0), 5), pop_topic_ratio=0.9,
                            mix=tuple(hammered.get(work, weight) for work, weight in zip(WORK, plan.mix, strict=True)))
+        plan = replace(plan, direct_client=draw.random() < DIRECT_CLIENT_SHARE)
         return replace(plan, **settled)
 
     def describe(self) -> str:
@@ -112,7 +117,8 @@ class Plan:
                 f"pages written back {self.page_written_back_ratio:.2f}, publications lost "
                 f"{self.publication_loss_ratio}, restart after {self.restart_after_steps} steps, sends to the "
                 f"pop topic {self.pop_topic_ratio}; mix: {mix}"
-                + (f"; a replica ({self.replication_mode})" if self.replica else ""))
+                + (f"; a replica ({self.replication_mode})" if self.replica else "")
+                + ("; a client answered past the front" if self.direct_client else ""))
 
 
 @dataclass
@@ -170,7 +176,7 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
         reader = HostReader(world)
         workload = Workload(rng, world.network, world.config.flush_mode == "SYNC_FLUSH",
                             attempts_max=world.config.max_delivery_attempts, pop_topic_ratio=plan.pop_topic_ratio,
-                            local_reads=reader)
+                            local_reads=reader, direct=plan.direct_client)
         with disks_listening(world, replica), leftover_descriptors_closed():
             try:
                 found = _run(world, workload, rng, plan, replica)
@@ -185,7 +191,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
                    "pages_torn": sum(w.disk.pages_torn for w in (world, replica) if w),
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
                    "pulled": workload.pulled, "local_pulled": workload.local_pulled, "popped": workload.popped,
-                   "pop_acked": workload.pop_acked, "topic_deletions": workload.deletions}
+                   "pop_acked": workload.pop_acked, "topic_deletions": workload.deletions,
+                   "direct_answers": workload.direct_answers}
         return Outcome(seed, flush_mode, found, figures, counts.trace, plan)
     finally:
         quiet.level = level

@@ -14,10 +14,17 @@ Two engines (a master and its replica) share one network: the replica's actors g
 the actors of one engine; a ``tcp://`` endpoint (replication's) joins them across engines.
 A partition between two parties (engines by their prefix, and ``CLIENT``) drops what one sends
 the other until it heals, as a connection that breaks and comes back loses what was in flight.
+
+A client may also connect to the actors that answer it past the front (their ``replies-<actor>``
+ROUTERs, ``engine/ipc/direct_replies.py``): ``connect`` names the endpoints, ``rejoin`` is
+ZeroMQ's reconnection (each one whose actor is up again joins), and an actor's death breaks its
+joins. An answer ``wire.direct_frames`` lets go past the front reaches a client joined at the
+actor's endpoint straight; any other goes through the front, as ROUTER_MANDATORY makes it.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from collections.abc import Callable
@@ -60,6 +67,9 @@ class Network:
         self.publications_lost = 0
         self.partitions: set[frozenset[str]] = set()  # pairs of parties that cannot reach each other
         self.partitioned_drops = 0
+        self.connects: dict[bytes, list[str]] = {}  # a client's routing id -> the direct endpoints it connects to
+        self.joined: dict[bytes, set[str]] = {}  # ... -> those of them it is connected to now
+        self.tcp_ports = itertools.count(40_000)  # the ports "the system gives" (``direct_endpoint``)
 
     def partitioned(self, one: str, other: str) -> bool:
         return frozenset((party(one), party(other))) in self.partitions
@@ -72,10 +82,23 @@ class Network:
         self.up.add(actor)
 
     def detach(self, actor: str) -> None:
-        """The actor's process is gone: what was queued for it is lost."""
+        """The actor's process is gone: what was queued for it is lost, and so are the clients' joins to it."""
         self.up.discard(actor)
         for key in [key for key in self.queues if key[0] == actor]:
             del self.queues[key]
+        bound = {port.endpoint for port in self.ports.get(actor, {}).values() if port.bind}
+        for joined in self.joined.values():
+            joined.difference_update(bound)
+
+    def connect(self, client: bytes, endpoints: list[str]) -> None:
+        """``client``'s socket connects to ``endpoints`` too (its direct answers); they join at ``rejoin``."""
+        known = self.connects.setdefault(client, [])
+        known += [endpoint for endpoint in endpoints if endpoint not in known]
+
+    def rejoin(self, client: bytes) -> None:
+        """ZeroMQ's reconnection: each endpoint ``client`` connects to whose actor is up is joined."""
+        self.joined[client] = {endpoint for endpoint in self.connects.get(client, ())
+                               if self.bound(endpoint, CLIENT) is not None}
 
     def bound(self, endpoint: str, near: str = "") -> Address | None:
         """Who binds ``endpoint`` where ``near`` (an actor) connects: in its engine, unless over tcp."""
@@ -96,6 +119,9 @@ class Network:
         """Deliver one effect of ``sender``, its frames laid out as the runtime lays them
         (``engine/ipc/wire.py``); False if a Tell's peer is down."""
         if isinstance(effect, Reply):
+            direct = wire.direct_frames(*effect)
+            if direct is not None and self.answered_directly(sender, *direct):
+                return True
             channel, frames = effect.origin.channel, wire.reply_frames(*effect)
         elif isinstance(effect, Tell):
             channel, frames = effect.channel, wire.request_frames(*effect[:3])
@@ -130,6 +156,19 @@ class Network:
                             self.publications_lost += 1
                             continue
                         self.push(actor, sub.name, sender, frames)
+        return True
+
+    def answered_directly(self, sender: str, client: bytes, payload: bytes) -> bool:
+        """The answer straight to ``client`` if it is joined at ``sender``'s ``replies`` ROUTER (lost
+        on a partition, as a send on a broken connection is); False: not joined, the front answers."""
+        joined = self.joined.get(client, set())
+        port = self.ports[sender].get(channels.replies(sender.rpartition("/")[2]).name)
+        if port is None or port.endpoint not in joined:
+            return False
+        if self.partitioned(sender, CLIENT):
+            self.partitioned_drops += 1
+        else:
+            self.to_client([payload], sender)
         return True
 
     def from_client(self, front: str, client_id: bytes, frame: bytes) -> bool:

@@ -17,6 +17,13 @@ Delayed sends go to ``TIMER_TOPIC``; each one the flush mode promised must arriv
 (``checks.py`` also finds any move made twice, or before its deliver time, in the log).
 Half messages go to ``TRANSACTION_TOPIC`` and are committed or rolled back at once: each
 decision the flush mode promised holds (a commit arrives once, a rollback never).
+
+The client's socket is a ZeroMQ-named one (its routing id begins with a 0 byte: the front
+answers it) or, with ``direct``, one that chose its id as ``StoreClient`` does: the front marks
+its requests ``DIRECT``, it asks for ``route`` beside its first request and connects to the
+``reply_endpoints`` the answer names, and the writer and the owners answer it past the front
+whenever it is joined to them (``network.py``). Each answer is checked the same, whichever way
+it came; a request in flight when the front dies may still be answered straight.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ TOPICS = {"sim-a": 2, "sim-b": 3}
 TIMER_TOPIC = "sim-t"  # delayed messages only; never deleted
 TRANSACTION_TOPIC = "sim-x"  # transactional messages only; never deleted
 PULL_MESSAGES_MAX = 16
+ROUTE_REQUEST_ID = 2**53  # the ``route`` asked beside the first request, as ``StoreClient`` asks it
+ZEROMQ_NAMED, OWN_ID = b"\0c1", b"c1"  # the client's routing id: not direct, direct (``Workload.direct``)
 POP_TOPIC, POP_GROUP, FIFO_GROUP = "sim-b", "sim-pop", "sim-fifo"
 
 Position = tuple[str, int, int]  # topic, queue id, queue offset
@@ -68,6 +77,9 @@ class Workload:
     # answered, the deletion may still be carried out (the writer takes it from its queue), and what
     # a pull or pop reads of the topic may be what it deletes
     doubtful: dict[str, int] = field(default_factory=dict)
+    # topic -> the same first request id, kept once the doubt is settled: a send of the topic asked
+    # before it was asked before the deletion too, and is promised nothing (a direct answer may come late)
+    asked_before_doubt: dict[str, int] = field(default_factory=dict)
     sent_messages: int = 0
     deletions: int = 0
     acked: int = 0
@@ -89,14 +101,37 @@ class Workload:
     # also read through it, at once, and checked as the engine's answers are. None: no such reader.
     local_reads: Callable[[], LocalReads | None] = lambda: None
     local_pulled: int = 0
+    direct: bool = False  # a client answered past the front when it can (see above)
+    route_asked: bool = False
+    routed: bool = False  # the ``route`` answer came: the client connected to the endpoints it names
+    direct_answers: int = 0
 
     def __post_init__(self) -> None:
         self.network.to_client = self.on_reply
 
+    @property
+    def client_id(self) -> bytes:
+        return OWN_ID if self.direct else ZEROMQ_NAMED
+
     def request(self, op: str, what: tuple, **fields: object) -> None:
+        if self.direct:
+            self.join_direct()
         request_id = next(self.ids)
-        if self.network.from_client(self.front, b"c1", encode_request(op, request_id, **fields)):
+        if self.network.from_client(self.front, self.client_id, encode_request(op, request_id, **fields)):
             self.waiting[request_id] = what
+
+    def join_direct(self) -> None:
+        """``route`` beside the first request (again after a front died before answering it), and
+        ZeroMQ's reconnection to each actor that answers directly and is up (again)."""
+        if not self.route_asked:
+            self.route_asked = self.network.from_client(self.front, self.client_id,
+                                                        encode_request("route", ROUTE_REQUEST_ID))
+        self.network.rejoin(self.client_id)
+
+    def on_route(self, reply: dict) -> None:
+        endpoints = reply.get("reply_endpoints", []) if reply.get("ok") else []
+        self.network.connect(self.client_id, [e for e in endpoints if isinstance(e, str) and "://" in e])
+        self.routed = True
 
     def create_topics(self) -> None:
         for topic, count in [*TOPICS.items(), (TIMER_TOPIC, 1), (TRANSACTION_TOPIC, 1)]:
@@ -210,9 +245,14 @@ class Workload:
 
     def on_reply(self, frames: list[bytes], sender: str = "") -> None:
         reply = msgspec.msgpack.decode(frames[-1])
+        if reply.get("id") == ROUTE_REQUEST_ID:
+            self.on_route(reply)
+            return
+        self.direct_answers += sender not in ("", self.front)
         what = self.waiting.pop(reply.get("id"), None)
         if what is not None and what[0] == "delete" and not reply.get("ok"):
-            self.deleting.discard(what[1])  # refused: the topic stays
+            if ("delete", what[1]) not in self.waiting.values():  # refused, and no other deletion of it asked
+                self.deleting.discard(what[1])  # the topic stays
             return
         if what is None or not reply.get("ok"):
             return  # refused (BUSY, not available, ...): nothing was promised
@@ -224,6 +264,8 @@ class Workload:
         elif what[0] == "send":
             _, topic, messages = what
             self.settle_doubts(reply["id"])
+            if reply["id"] < self.asked_before_doubt.get(topic, 0):
+                return  # stored before a deletion whose answer was lost, and maybe deleted with the topic
             for (body, key), result in zip(messages, reply["results"], strict=True):
                 if result["commit_log_offset"] < self.deleted_below.get(topic, 0):
                     continue  # answered after the deletion, but stored before it: deleted with the topic
@@ -324,14 +366,18 @@ class Workload:
     def kill(self, actor: str) -> None:
         if actor == self.front:  # a writer's death is not enough: the front sends its deletions again
             self.lose_deletion_answers()
-            self.waiting.clear()  # what the front held or was relaying is lost with it
+            self.route_asked = self.routed
+            if self.direct:  # what the front held is lost, what it forwarded may be answered straight
+                self.waiting = {i: what for i, what in self.waiting.items() if what[0] != "delete"}
+            else:
+                self.waiting.clear()  # what the front held or was relaying is lost with it
 
     def lose_deletion_answers(self) -> None:
         """A deletion whose answer is lost may or may not have happened: its topic's messages are
         expected no more, and the topic is created again (a no-op if it was never deleted)."""
         for topic in sorted(self.deleting):
             self.forget_topic(topic, 0)
-            self.doubtful[topic] = next(self.ids)
+            self.doubtful[topic] = self.asked_before_doubt[topic] = next(self.ids)
             self.request("create_topic", ("create",), topic=topic, queue_count=TOPICS[topic])
         self.deleting.clear()
 

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.actors.base import Actor, Clock, Coordination, Env, Waker
+from engine.actors.base import Actor, Clock, Coordination, Env, Port, Waker
 from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
+from engine.ipc import direct_replies
 from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
@@ -185,7 +186,10 @@ class World:
         out = Effects()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RECOVERING)
         actor.recover(out)
-        self.network.attach(name, actor.ports())
+        direct = actor.direct_channel()
+        ports = actor.ports() if direct is None else [*actor.ports(),
+                                                      Port(direct, bind=True, address=self.direct_endpoint(spec.name))]
+        self.network.attach(name, ports)
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.RUNNING)
         self.actors[name] = actor
         if self.down.pop(name, None) is not None:
@@ -194,6 +198,14 @@ class World:
         self.tell_connections(name, up=True)
         self.carry_out(name, out)
         self.deliver_wakes()  # a wake during its recovery (the writer's sync of its recovered tail)
+
+    def direct_endpoint(self, actor: str) -> str:
+        """Where ``actor`` answers clients directly (``direct_replies.bind`` on the simulated network):
+        the endpoint of its last run, else a port the system gives; published for the front's ``route``."""
+        *kept, anywhere = direct_replies.bind_addresses(self.config.endpoint, self.run_dir, actor)
+        endpoint = kept[0] if kept else anywhere.replace(":*", f":{next(self.network.tcp_ports)}")
+        direct_replies.publish(self.run_dir, actor, endpoint)
+        return endpoint
 
     def start_all(self) -> None:
         """The supervisor's first start (``supervisor/decisions.py``): wave by wave."""
