@@ -194,7 +194,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         # One write: whoever waits for "ready " may act on it at once, even kill the process that
         # started us (--die-with-parent), and a second write (print's end, under PYTHONUNBUFFERED)
         # then met a closed pipe; the BrokenPipeError ended the command before the stop below.
-        _say(f"ready {config.endpoint} store={supervisor.store_dir}{degraded_note(supervisor.reasons())}\n")
+        _say(f"ready {config.endpoint} store={supervisor.store_dir}{degraded_note(supervisor.watch.reasons())}\n")
         supervisor.run()
     finally:
         clean = supervisor.shutdown()

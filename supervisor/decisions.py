@@ -115,8 +115,17 @@ class KeepStandby:
 
 
 @dataclass(frozen=True)
+class KeepSpare:
+    """Keep a process of each of these actors spawned and held at its gate, for its next restart:
+    a restart lets the spare through instead of waiting for a new interpreter's imports (the
+    membership actor's take 0.4 s idle and 2 s on a busy master, as long as its etcd lease)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DropStandby:
-    """Let the standby processes go: each exits at its gate."""
+    """Let the standby and spare processes go: each exits at its gate."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ class Publish:
 
 
 Effect = Spawn | StartWave | Kill | StopWave | ResetSlots | WriteSettings | CutLog | CrashStart | KeepStandby \
-    | DropStandby | Publish
+    | KeepSpare | DropStandby | Publish
 
 
 class Decisions:
@@ -178,8 +187,9 @@ class Decisions:
         return effects
 
     def ready(self) -> list[Effect]:
-        """After the start: the standby processes (their imports do not delay the start)."""
-        return self._standby()
+        """After the start: the standby processes, and an elected engine's spare membership actor (whose
+        restart must renew its lease in time); their imports do not delay the start."""
+        return self._standby() + ([KeepSpare((MEMBERSHIP,))] if self.config.elected else [])
 
     def _waves(self, names: list[str]) -> list[Effect]:
         return [*(Spawn(name) for name in names), *self._releases(names)]

@@ -25,6 +25,7 @@ from engine.actors.specs import ActorSpec
 from engine.config import StoreConfig
 from engine.ipc.lifecycle import Lifecycle, supervised_step
 from engine.logs import LOG_DIR, event
+from supervisor.start_checks import last_line
 
 log = logging.getLogger("supervisor")
 
@@ -97,6 +98,31 @@ class Spawner:
         actor.restart_at_ms = None
 
 
+def kill_and_reap(actors: list[ActorProcess]) -> list[tuple[ActorProcess, int]]:
+    """SIGKILL every actor that has a process, then reap each: (actor, exit code)."""
+    running = [actor for actor in actors if actor.process is not None]
+    for actor in running:
+        actor.process.kill()  # type: ignore[union-attr]
+    return [(actor, actor.process.wait()) for actor in running]  # type: ignore[union-attr]
+
+
+def start_failure(actor: ActorProcess, store_dir: Path) -> str:
+    """Why the start failed, for an actor that exited while starting: its raw stderr's last line."""
+    code = actor.process.returncode if actor.process is not None else None
+    logs = store_dir / LOG_DIR / actor.spec.name
+    reason = last_line(logs.with_suffix(".stderr"), actor.stderr_offset)
+    return (f"actor {actor.spec.name} exited with code {code} while starting{': ' + reason if reason else ''}; "
+            f"see {logs}.log and {logs}.stderr")
+
+
+def take_over(actor: ActorProcess, spare: ActorProcess) -> None:
+    """``actor`` restarted as ``spare``, a process of its spec held at its gate: let through now."""
+    actor.process, actor.start_gate, actor.stderr_offset = spare.process, spare.start_gate, spare.stderr_offset
+    actor.lifecycle = supervised_step(actor.lifecycle, Lifecycle.STARTING)
+    actor.restart_at_ms = None
+    release(actor)
+
+
 def release(actor: ActorProcess) -> None:
     """Let a gated actor recover: its wave has come."""
     if actor.start_gate is None:
@@ -122,7 +148,8 @@ def signal_stop(actor: ActorProcess) -> None:
 
 
 class Standby:
-    """A master's actors kept spawned at their gates on a replica, until a promotion takes them."""
+    """Actors' processes kept spawned at their gates, until something takes them: a master's on a
+    replica, for a promotion (``KeepStandby``); a spare for an actor's next restart (``KeepSpare``)."""
 
     def __init__(self, spawner: Callable[[ActorProcess], None], stop_timeout_ms: int) -> None:
         self.spawn = spawner
@@ -135,7 +162,7 @@ class Standby:
             if waiting is None or not waiting.alive:
                 actor = self.waiting[spec.name] = ActorProcess(spec)
                 self.spawn(actor)
-                log.debug("actor %s spawned to wait for a promotion (pid %d)", spec.name, actor.pid)
+                log.debug("actor %s spawned to wait at its gate (pid %d)", spec.name, actor.pid)
 
     def take(self, spec: ActorSpec) -> ActorProcess | None:
         """The waiting process of ``spec``, if one waits alive with the same spec."""

@@ -53,6 +53,7 @@ from supervisor.decisions import (
     Decisions,
     DropStandby,
     Effect,
+    KeepSpare,
     KeepStandby,
     Kill,
     Publish,
@@ -65,13 +66,16 @@ from supervisor.processes import (
     ActorProcess,
     Spawner,
     Standby,
+    kill_and_reap,
     monotonic_ms,
     release,
     resources,
     signal_stop,
+    start_failure,
+    take_over,
     wait_stopped,
 )
-from supervisor.start_checks import EngineError, check_file_systems, last_line, lock_and_check
+from supervisor.start_checks import EngineError, check_file_systems, lock_and_check
 from supervisor.wakeup import drain, signal_wakeup
 from supervisor.watch import Watch
 
@@ -124,9 +128,9 @@ class Supervisor:
         self.config_path = self.run_dir / "config.json"
         self.config_path.write_bytes(encode_config(self.config))
         self.spawner = Spawner(self.store_dir, self.run_dir, self.config, self.config_path, self.lock_fd)
-        self.watch = Watch(self.actors, self.config, lambda actor: self.spawner.spawn(actor, gated=False),
-                           self.publish)
-        self.standby = Standby(lambda actor: self.spawner.spawn(actor, gated=True), self.config.actor_stop_timeout_ms)
+        self.watch = Watch(self.actors, self.config, self._restart, self.publish)
+        self.standby, self.spares = (Standby(lambda actor: self.spawner.spawn(actor, gated=True),
+                                             self.config.actor_stop_timeout_ms) for _ in range(2))
         self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)
         self.events = self._bind(zmq.PUB, endpoints.SUPERVISOR_EVENTS)
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
@@ -171,7 +175,8 @@ class Supervisor:
                     for name in names:
                         self._await_running(self.actors[name])
                 case Kill(names=names):
-                    self._kill([self._retire(name) for name in names if name in self.retiring or name in self.actors])
+                    self._kill([self.retiring.pop(name) if name in self.retiring else self.actors.pop(name)
+                                for name in names if name in self.retiring or name in self.actors])
                 case StopWave(names=names):
                     stopping = [self.actors[name] for name in names if name in self.actors]
                     for actor in stopping:  # an actor's stop waits for nothing of another in its wave
@@ -181,23 +186,18 @@ class Supervisor:
                 case KeepStandby(names=names):
                     master_specs = Decisions(self.config.replace(replica_of="")).specs
                     self.standby.keep([master_specs[name] for name in names])
+                case KeepSpare(names=names):
+                    self.spares.keep([self.decisions.specs[name] for name in names])
                 case DropStandby():
                     self.standby.drop()
+                    self.spares.drop()
                 case Publish(kind=kind):
                     self.publish(kind)
 
-    def _retire(self, name: str) -> ActorProcess:
-        """The running actor ``name`` of the role that ends (a new one may have its name already)."""
-        return self.retiring.pop(name) if name in self.retiring else self.actors.pop(name)
-
     def _kill(self, actors: list[ActorProcess]) -> None:
-        for actor in actors:
-            if actor.process is not None:
-                actor.process.kill()
-        for actor in actors:
-            if actor.process is not None:
-                self.publish("actor.exited", actor, exit_code=actor.process.wait())
-                actor.process = None
+        for actor, code in kill_and_reap(actors):
+            self.publish("actor.exited", actor, exit_code=code)
+            actor.process = None
 
     def _change_role(self, role: Role) -> None:
         """The membership actor holds another role: the new role's actors are spawned (or taken from
@@ -212,6 +212,15 @@ class Supervisor:
             log.warning("now %s of epoch %d (actors started again in %d ms, %d of %d waiting ready)", role.role,
                         role.epoch, monotonic_ms() - started_ms, self.warm, coming,
                         extra=event("role.changed", role=role.role, epoch=role.epoch))
+
+    def _restart(self, actor: ActorProcess) -> None:
+        """A dead actor's next process: its spare, let through, if one waits (then a new spare)."""
+        spare = self.spares.take(actor.spec)
+        if spare is None:
+            self.spawner.spawn(actor, gated=False)
+            return
+        take_over(actor, spare)
+        self.spares.keep([actor.spec])
 
     def _bind(self, kind: int, name: str) -> zmq.Socket[bytes]:
         sock = endpoints.configure(self.zctx.socket(kind), hwm=self.config.socket_hwm_messages)
@@ -248,12 +257,9 @@ class Supervisor:
         deadline = monotonic_ms() + self.config.actor_start_timeout_ms
         while actor.lifecycle != "RUNNING":
             if actor.process is not None and actor.process.poll() is not None:
-                code = actor.process.returncode  # before the shutdown lets the process go
+                failure = start_failure(actor, self.store_dir)  # before the shutdown lets the process go
                 self.shutdown()
-                logs = self.store_dir / LOG_DIR / actor.spec.name
-                reason = last_line(logs.with_suffix(".stderr"), actor.stderr_offset)
-                raise EngineError(f"actor {actor.spec.name} exited with code {code} while starting"
-                                  f"{': ' + reason if reason else ''}; see {logs}.log and {logs}.stderr")
+                raise EngineError(failure)
             if monotonic_ms() > deadline:
                 self.shutdown()
                 raise EngineError(f"actor {actor.spec.name} did not start within "
@@ -326,9 +332,6 @@ class Supervisor:
                     return ControlReply(ok=False, message=f"no actor named {name!r}")
                 actor.process.kill()
                 return ControlReply(ok=True, message=f"killed {name} (pid {actor.pid})")
-
-    def reasons(self) -> list[str]:
-        return self.watch.reasons()
 
     def status(self) -> ControlReply:
         actors = [ActorStatus(a.spec.name, a.pid, Lifecycle.GAVE_UP if a.gave_up else a.lifecycle, a.restarts,

@@ -30,6 +30,7 @@ from supervisor.decisions import (
     Decisions,
     DropStandby,
     Effect,
+    KeepSpare,
     KeepStandby,
     Kill,
     Publish,
@@ -125,7 +126,7 @@ class SimSupervisor:
                 case WriteSettings(config=config):
                     host.config = config
                     host.specs = self._specs()
-                case Spawn() | KeepStandby() | DropStandby():
+                case Spawn() | KeepStandby() | KeepSpare() | DropStandby():
                     pass  # a process held at its gate has not touched the store: nothing to simulate
                 case StartWave(names=names):
                     for name in names:
