@@ -135,7 +135,8 @@ def master_of_set(endpoints: list[str], *, timeout_ms: int = 2_000) -> str | Non
     return None
 
 
-def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context: zmq.Context | None = None) -> bool:
+def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS,
+                   context: zmq.Context[zmq.Socket[bytes]] | None = None) -> bool:
     """True if a connection to ``endpoint`` is made within ``timeout_ms``; False as soon as one is
     refused (nothing listens there: a host's answer, or the socket file missing). A DEALER queues
     requests for an engine that is not there, so a client would learn that nothing runs only when
@@ -158,7 +159,7 @@ def engine_answers(endpoint: str, *, timeout_ms: int = CONNECT_PROBE_MS, context
 
 def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A pop reply's messages, each with its ``receipt_handle`` and ``attempt``."""
-    messages = reply["messages"]
+    messages: list[dict[str, Any]] = reply["messages"]
     for message, handle, attempt in zip(messages, reply["receipt_handles"], reply["attempts"], strict=True):
         message["receipt_handle"] = handle
         message["attempt"] = attempt
@@ -167,7 +168,7 @@ def popped_messages(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None,
                  on_master: Callable[[str], None] | None = None, watch_connection: bool = False,
                  direct_replies: bool = True) -> None:
         """``curve``: the engine's public key and this client's key pair, for an engine with
@@ -189,12 +190,12 @@ class StoreClient:
         self._ids = itertools.count(1)
         self.watch_connection = watch_connection
         self.direct_replies = direct_replies
-        self._monitor: zmq.Socket | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
         self._direct: list[str] = []  # the endpoints this socket connected to for direct answers
         self._route_asked = False
         self._socket = self._connect()
 
-    def _connect(self) -> zmq.Socket:
+    def _connect(self) -> zmq.Socket[bytes]:
         sock = self._context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
@@ -233,7 +234,7 @@ class StoreClient:
     def _take(self, flags: int = 0) -> dict[str, Any] | None:
         """The next reply on the socket, from the front or an actor; None for the ``route`` asked for
         direct answers (taken here). ``zmq.Again`` with NOBLOCK when none is there."""
-        reply = _decoder.decode(self._socket.recv_multipart(flags)[-1])
+        reply: dict[str, Any] = _decoder.decode(self._socket.recv_multipart(flags)[-1])  # a msgpack map
         if isinstance(reply, dict) and reply.get("id") == _ROUTE_REQUEST_ID:
             self._connect_direct(reply)
             return None
@@ -354,7 +355,8 @@ class StoreClient:
         fields.update({name: value for name, value in optional.items() if value is not None})
         if transaction:
             fields["transaction"] = True
-        return self.request("send", **fields)["results"]
+        results: list[dict[str, Any]] = self.request("send", **fields)["results"]
+        return results
 
     def send_one(self, topic: str, body: bytes, *, tags: str | None = None, keys: Iterable[str] = (),
                  properties: Mapping[str, str] | None = None, queue_id: int | None = None) -> dict[str, Any]:
@@ -380,8 +382,10 @@ class StoreClient:
 
     def query_by_key(self, topic: str, key: str, *, begin_timestamp: int = 0,
                      end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64) -> list[dict[str, Any]]:
-        return self.request("query_by_key", topic=topic, key=key, begin_timestamp=begin_timestamp,
-                            end_timestamp=end_timestamp, max_results=max_results)["messages"]
+        messages: list[dict[str, Any]] = self.request(
+            "query_by_key", topic=topic, key=key, begin_timestamp=begin_timestamp, end_timestamp=end_timestamp,
+            max_results=max_results)["messages"]
+        return messages
 
     def query_by_keys(self, topic: str, keys: Sequence[str], *, begin_timestamp: int = 0,
                       end_timestamp: int = 0x7FFFFFFFFFFFFFFF, max_results: int = 64,
@@ -400,7 +404,8 @@ class StoreClient:
         return found
 
     def get_by_id(self, msg_id: str) -> dict[str, Any]:
-        return self.request("get_by_id", msg_id=msg_id)["message"]
+        message: dict[str, Any] = self.request("get_by_id", msg_id=msg_id)["message"]
+        return message
 
     def create_topic(self, topic: str, *, queue_count: int | None = None) -> dict[str, Any]:
         fields: dict[str, Any] = {"topic": topic}
@@ -414,7 +419,8 @@ class StoreClient:
         return self.request("delete_topic", topic=topic)
 
     def list_topics(self) -> list[dict[str, Any]]:
-        return self.request("list_topics")["topics"]
+        topics: list[dict[str, Any]] = self.request("list_topics")["topics"]
+        return topics
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Record that ``group`` will next consume ``offset`` of this queue."""
@@ -422,7 +428,8 @@ class StoreClient:
 
     def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The offset ``group`` committed for this queue, or -1 if none."""
-        return self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id)["offset"]
+        offset: int = self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id)["offset"]
+        return offset
 
     def queue_stats(self, topic: str, queue_id: int) -> dict[str, Any]:
         """min_offset, max_offset, message_count, earliest/latest_store_timestamp (-1 if empty)."""
@@ -431,11 +438,13 @@ class StoreClient:
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int, *, boundary: str = "lower") -> int:
         """The queue offset of the first message stored at or after (``lower``) or the last at or
         before (``upper``) ``timestamp_ms``."""
-        return self.request("offset_for_time", topic=topic, queue_id=queue_id, timestamp=timestamp_ms,
-                            boundary=boundary)["offset"]
+        offset: int = self.request("offset_for_time", topic=topic, queue_id=queue_id, timestamp=timestamp_ms,
+                                   boundary=boundary)["offset"]
+        return offset
 
     def get_by_offset(self, commit_log_offset: int) -> dict[str, Any]:
-        return self.request("get_by_offset", commit_log_offset=commit_log_offset)["message"]
+        message: dict[str, Any] = self.request("get_by_offset", commit_log_offset=commit_log_offset)["message"]
+        return message
 
     def consumer_lag(self, group: str, topic: str) -> dict[int, int]:
         """Messages not yet consumed by ``group`` per queue (max offset - committed offset)."""
@@ -491,8 +500,10 @@ class StoreClient:
     def change_invisible_duration(self, group: str, message: Mapping[str, Any], invisible_ms: int) -> str:
         """Make a popped message invisible for ``invisible_ms`` from now; returns its new receipt
         handle (the old one is stale). 0 makes it visible again at once: a nack."""
-        return self.request("change_invisible", group=group, topic=message["topic"], queue_id=message["queue_id"],
-                            receipt_handle=message["receipt_handle"], invisible_ms=invisible_ms)["receipt_handle"]
+        handle: str = self.request("change_invisible", group=group, topic=message["topic"],
+                                   queue_id=message["queue_id"], receipt_handle=message["receipt_handle"],
+                                   invisible_ms=invisible_ms)["receipt_handle"]
+        return handle
 
     def nack(self, group: str, message: Mapping[str, Any]) -> str:
         """Give a popped message back now: it is redelivered with attempt + 1."""
@@ -510,7 +521,8 @@ class StoreClient:
         fields: dict[str, Any] = {"msg_id": msg_id, "decision": decision}
         if producer_group is not None:
             fields["producer_group"] = producer_group
-        return self.request("end_transaction", **fields)["decision"]
+        standing: str = self.request("end_transaction", **fields)["decision"]
+        return standing
 
     def commit(self, msg_id: str) -> str:
         return self.end_transaction(msg_id, "commit")
@@ -524,8 +536,10 @@ class StoreClient:
         answer each with ``end_transaction`` (its ``msg_id``), or it is asked again, then rolled
         back. Each carries its real ``topic``/``queue_id`` and ``check_times``."""
         timeout_ms = self.timeout_ms + max_wait_ms if max_wait_ms else None
-        return self.request("transaction_checks", timeout_ms=timeout_ms, producer_group=producer_group,
-                            max_messages=max_messages, max_wait_ms=max_wait_ms)["checks"]
+        checks: list[dict[str, Any]] = self.request(
+            "transaction_checks", timeout_ms=timeout_ms, producer_group=producer_group, max_messages=max_messages,
+            max_wait_ms=max_wait_ms)["checks"]
+        return checks
 
     def ping(self) -> bool:
         return bool(self.request("ping").get("pong"))
