@@ -60,7 +60,9 @@ class Refused(Exception):
 
 
 def to_ms(stamp: Timestamp) -> int:
-    return stamp.seconds * 1000 + stamp.nanos // 1_000_000
+    seconds: int = stamp.seconds  # google.protobuf ships no stubs: its fields are Any
+    nanos: int = stamp.nanos
+    return seconds * 1000 + nanos // 1_000_000
 
 
 def timestamp(ms: int) -> Timestamp:
@@ -72,7 +74,9 @@ def duration(ms: int) -> Duration:
 
 
 def duration_ms(value: Duration) -> int:
-    return value.seconds * 1000 + value.nanos // 1_000_000
+    seconds: int = value.seconds
+    nanos: int = value.nanos
+    return seconds * 1000 + nanos // 1_000_000
 
 
 def outgoing(messages: Iterable[definition_pb2.Message], *, body_bytes_max: int) -> Outgoing:
@@ -149,7 +153,8 @@ def _message_type(properties: Mapping[str, str], group: str | None) -> int:
 
 def message_id(message: Mapping[str, Any]) -> str:
     """The id a client knows the message by: its UNIQ_KEY, else the offsetMsgId."""
-    return message.get("uniq_key") or message["msg_id"]
+    known_by: str = message.get("uniq_key") or message["msg_id"]
+    return known_by
 
 
 def incoming(message: Mapping[str, Any], *, invisible_ms: int | None = None) -> definition_pb2.Message:

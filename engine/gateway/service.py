@@ -72,7 +72,7 @@ _DECISIONS = {int(TransactionResolution.COMMIT): "commit", int(TransactionResolu
 _ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION)
 
 
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]  # rocketmq ships no stubs
     def __init__(self, link: EngineLink, config: StoreConfig, broker: definition_pb2.Broker,
                  master_broker: Callable[[], definition_pb2.Broker | None] = lambda: None) -> None:
         """``master_broker``: elected on etcd, the broker set's master when it is another engine (the
@@ -111,7 +111,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if known is not None and time.monotonic() - known[1] < _TOPIC_CACHE_MS / 1000:
             return known[0]
         reply = await self.link.request("list_topics")
-        counts = {entry["topic"]: entry["queue_count"] for entry in reply["topics"]}
+        counts: dict[str, int] = {entry["topic"]: entry["queue_count"] for entry in reply["topics"]}
         count = counts.get(topic)
         if count is None:
             if not (create and self.config.auto_create_topic):
