@@ -20,16 +20,17 @@ from engine.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError
 QueueKey = tuple[str, int]
 Offsets = dict[QueueKey, int]
 Bounds = dict[QueueKey, tuple[int, int]]
+OffsetsJson = dict[str, dict[str, int]]  # topic -> queue id as a string -> offset: Spark's checkpointed form
 
 
-def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
-    result: dict[str, dict[str, int]] = {}
+def to_json(offsets: Offsets) -> OffsetsJson:
+    result: OffsetsJson = {}
     for (topic, queue_id), offset in sorted(offsets.items()):
         result.setdefault(topic, {})[str(queue_id)] = offset
     return result
 
 
-def from_json(data: dict[str, dict[str, int]]) -> Offsets:
+def from_json(data: OffsetsJson) -> Offsets:
     return {(topic, int(queue)): int(offset) for topic, queues in data.items() for queue, offset in queues.items()}
 
 

@@ -51,7 +51,7 @@ from engine.spark.options import (
     get_str,
     get_topics,
 )
-from engine.spark.queue_offsets import Bounds, Offsets
+from engine.spark.queue_offsets import Bounds, Offsets, OffsetsJson
 from engine.spark.record_filter import RecordFilter
 from engine.spark.sink import WRITE_OPTIONS, QueueStreamWriter, QueueWriter
 from engine.spark.transport import CLUSTER_SEPARATOR, ClusterTransport, EndpointTransport, FileTransport, QueueRange
@@ -235,7 +235,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.transport = make_transport(options, fail_on_data_loss=self.settings.fail_on_data_loss)
         self.available_now_target: Offsets | None = None
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> OffsetsJson:
         bounds = current_bounds(self.transport, self.settings.topics, require_topics=False)
         return queue_offsets.to_json(start_offsets(self.settings, self.transport, bounds))
 
@@ -247,7 +247,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = current_bounds(self.transport, self.settings.topics, require_topics=False)
         self.available_now_target = {key: high for key, (_low, high) in bounds.items()}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: OffsetsJson, limit: ReadLimit) -> OffsetsJson:
         begin = queue_offsets.from_json(start)
         if self.available_now_target is not None:
             latest = dict(self.available_now_target)
@@ -260,14 +260,14 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = queue_offsets.rate_limit(begin, latest, limit.max_rows)
         return queue_offsets.to_json(latest)
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: OffsetsJson, end: OffsetsJson) -> Sequence[InputPartition]:
         self.transport.refresh()  # the file transport ships a fresh snapshot with each batch
         return split(queue_offsets.from_json(start), queue_offsets.from_json(end), self.transport, self.settings)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: OffsetsJson) -> None:
         """Nothing to do: Spark's checkpoint, not the engine, records how far the query read."""
 
     def stop(self) -> None:

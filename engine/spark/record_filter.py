@@ -14,7 +14,9 @@ above ``floor(t)``, ``store_timestamp < t`` those below ``ceil(t)``.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pyspark.sql.datasource import EqualTo, Filter, GreaterThan, GreaterThanOrEqual, In, LessThan, LessThanOrEqual
 
@@ -22,6 +24,8 @@ from engine.layout import Record
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,13 @@ def _micros(value: dt.datetime) -> int:
     return (value - _EPOCH) // _US
 
 
-def _intersect(a: frozenset | None, b: frozenset | None) -> frozenset | None:
+def _intersect(a: frozenset[T] | None, b: frozenset[T] | None) -> frozenset[T] | None:
     if a is None:
         return b
     return a if b is None else a & b
 
 
-def _pick(choose, a: int | None, b: int | None) -> int | None:  # choose: max or min
+def _pick(choose: Callable[[int, int], int], a: int | None, b: int | None) -> int | None:  # choose: max or min
     if a is None:
         return b
     return a if b is None else choose(a, b)

@@ -77,7 +77,8 @@ def first_store_timestamp(snapshot: StoreSnapshot, start: int) -> int | None:
     if len(head) < header.size:
         return None
     fields = header.unpack_from(head)
-    magic, physical_offset, store_timestamp = fields[1], fields[6], fields[11]
+    magic, physical_offset = fields[1], fields[6]
+    store_timestamp: int = fields[11]
     if magic not in (MAGIC_V1, MAGIC_V2) or physical_offset != start:
         return None
     return store_timestamp

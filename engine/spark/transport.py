@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -40,6 +40,8 @@ from engine.store.topics import TopicTable
 
 _NO_LIMIT = 1 << 62
 _RETRY_BACKOFF_S_MAX = 0.2
+
+T = TypeVar("T")
 
 
 class DataLossError(RuntimeError):
@@ -227,7 +229,7 @@ class EndpointTransport:
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return self._call(lambda: self.client.offset_for_time(topic, queue_id, timestamp_ms))
 
-    def _call(self, request: Callable[[], Any]) -> Any:
+    def _call(self, request: Callable[[], T]) -> T:
         """A request retried while the engine answers SERVICE_NOT_AVAILABLE (an actor restarting)."""
         deadline = time.monotonic() + self.timeout_ms / 1000
         for attempt in range(1_000_000):
@@ -278,7 +280,8 @@ class EndpointTransport:
             if exc.name == "SERVICE_NOT_AVAILABLE":
                 return offset
             raise
-        status, next_offset = reply["status"], min(reply["next_offset"], task.end)
+        status: str = reply["status"]
+        next_offset: int = min(reply["next_offset"], task.end)
         if status == "FOUND":
             for message in reply["messages"]:
                 if message["queue_offset"] >= task.end:
