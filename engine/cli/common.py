@@ -31,7 +31,8 @@ EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (128 + SIGPIPE)
 
 def engine_endpoint(args: argparse.Namespace) -> str:
     if args.endpoint:
-        return args.endpoint
+        endpoint: str = args.endpoint
+        return endpoint
     if args.store_dir:
         return str(read_engine_state(args.store_dir)["endpoint"])
     return DEFAULT_ENDPOINT

@@ -64,7 +64,8 @@ def _engine_stats(args: argparse.Namespace) -> int:
 def _is_pop_group(client: StoreClient, group: str, topic: str) -> bool:
     """A group pops a topic unless it commits offsets on it (the engine refuses pop_stats then)."""
     try:
-        return client.pop_stats(group, topic, 0)["pop_cursor"] >= 0
+        pop_cursor: int = client.pop_stats(group, topic, 0)["pop_cursor"]
+        return pop_cursor >= 0
     except EngineError as exc:
         if exc.name == "GROUP_MODE_CONFLICT":
             return False
