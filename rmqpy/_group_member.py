@@ -53,7 +53,7 @@ def new_client_id() -> str:
 
 class GroupMember:
     def __init__(self, group: str, topic: str, *, endpoint: str, timeout_ms: int,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None) -> None:
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None) -> None:
         """Joins at once and asks for its share (raises ``EngineError`` if the engine refuses: no such
         topic, a pop group)."""
         self.group = group

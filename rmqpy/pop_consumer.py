@@ -74,7 +74,7 @@ class PopConsumer:
     def __init__(self, group: str, topic: str, *, endpoint: str = DEFAULT_ENDPOINT,
                  subscription: str | Iterable[str] = "*", invisible_ms: int = 30_000, batch_size: int = 16,
                  max_wait_ms: int = 1_000, idle_timeout_ms: int | None = None, timeout_ms: int = 10_000,
-                 retry: RetryPolicy | None = None, context: zmq.Context | None = None,
+                 retry: RetryPolicy | None = None, context: zmq.Context[zmq.Socket[bytes]] | None = None,
                  curve: CurveKeys | None = None, cluster: Cluster | str | None = None) -> None:
         """``invisible_ms``: how long a popped message stays hidden from the group's other pops.
         ``max_wait_ms``: how long one pop waits at the engine for a message (see "Waiting").

@@ -83,7 +83,7 @@ class Producer:
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None,
                  cluster: Cluster | str | None = None) -> None:
         """``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
         "Failover"): sends go to the master; a send that timed out or whose connection broke (raised

@@ -92,7 +92,7 @@ class PullConsumer:
                  start_from: Literal["earliest", "latest"] = "earliest", auto_commit: bool = True,
                  commit_every: int = 100, batch_size: int = 32, max_wait_ms: int = 5_000,
                  idle_timeout_ms: int | None = None, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
-                 context: zmq.Context | None = None, curve: CurveKeys | None = None,
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None,
                  store_dir: str | Path | None = None, cluster: Cluster | str | None = None) -> None:
         """Connect and read the group's committed offsets (raises ``EngineError`` if the topic is missing).
 

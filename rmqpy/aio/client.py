@@ -177,7 +177,7 @@ class AsyncClient:
         try:
             async with asyncio.timeout(timeout / 1000), self._slots:
                 request_id = frame_id
-                future = asyncio.get_running_loop().create_future()
+                future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
                 self._pending[request_id] = future
                 try:
                     await sock.send(frame)
@@ -205,7 +205,8 @@ class AsyncClient:
         optional = {"queue_id": queue_id, "sharding_key": sharding_key, "delay_ms": delay_ms,
                     "deliver_at_ms": deliver_at_ms, "delay_level": delay_level}
         fields.update({name: value for name, value in optional.items() if value is not None})
-        return (await self.request("send", **fields))["results"]
+        results: list[dict[str, Any]] = (await self.request("send", **fields))["results"]
+        return results
 
     async def pull(self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32,
                    max_bytes: int = 4 * 1024 * 1024, max_wait_ms: int = 0, subscription: str = "*") -> dict[str, Any]:
@@ -247,20 +248,23 @@ class AsyncClient:
         reply = await self.request("change_invisible", group=group, topic=message["topic"],
                                    queue_id=message["queue_id"], receipt_handle=message["receipt_handle"],
                                    invisible_ms=invisible_ms)
-        return reply["receipt_handle"]
+        handle: str = reply["receipt_handle"]
+        return handle
 
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         await self.request("commit_offset", group=group, topic=topic, queue_id=queue_id, offset=offset)
 
     async def fetch_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The offset ``group`` committed for this queue, or -1 if none."""
-        return (await self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id))["offset"]
+        offset: int = (await self.request("fetch_offset", group=group, topic=topic, queue_id=queue_id))["offset"]
+        return offset
 
     async def queue_stats(self, topic: str, queue_id: int) -> dict[str, Any]:
         return await self.request("queue_stats", topic=topic, queue_id=queue_id)
 
     async def list_topics(self) -> list[dict[str, Any]]:
-        return (await self.request("list_topics"))["topics"]
+        topics: list[dict[str, Any]] = (await self.request("list_topics"))["topics"]
+        return topics
 
     async def create_topic(self, topic: str, *, queue_count: int | None = None) -> dict[str, Any]:
         fields: dict[str, Any] = {"topic": topic}
@@ -269,10 +273,13 @@ class AsyncClient:
         return await self.request("create_topic", **fields)
 
     async def query_by_key(self, topic: str, key: str, *, max_results: int = 64) -> list[dict[str, Any]]:
-        return (await self.request("query_by_key", topic=topic, key=key, max_results=max_results))["messages"]
+        messages: list[dict[str, Any]] = (await self.request("query_by_key", topic=topic, key=key,
+                                                             max_results=max_results))["messages"]
+        return messages
 
     async def get_by_id(self, msg_id: str) -> dict[str, Any]:
-        return (await self.request("get_by_id", msg_id=msg_id))["message"]
+        message: dict[str, Any] = (await self.request("get_by_id", msg_id=msg_id))["message"]
+        return message
 
     async def ping(self) -> bool:
         return bool((await self.request("ping")).get("pong"))

@@ -11,7 +11,7 @@ From other threads, use ``Producer.send_async``, which runs one of these on a th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import zmq.asyncio
 
@@ -45,9 +45,9 @@ class AsyncProducer:
         The other arguments are ``Producer``'s."""
         self._own_client = client is None
         self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
-        self._open = lambda endpoint: AsyncClient(endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max,
-                                                  context=context, curve=curve,
-                                                  watch_connection=len(self.endpoints) > 1)
+        self._open: Callable[[str], AsyncClient] = lambda endpoint: AsyncClient(
+            endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max, context=context, curve=curve,
+            watch_connection=len(self.endpoints) > 1)
         self.client = client or self._open(self.endpoints[0])
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
