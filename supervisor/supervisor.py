@@ -165,9 +165,12 @@ class Supervisor:
                     if (old := self.actors.get(name)) is not None:
                         self.retiring[name] = old
                     warm = self.standby.take(spec) if standby_ok else None
-                    self.actors[name] = warm or ActorProcess(spec)
+                    actor = self.actors[name] = warm or ActorProcess(spec)
                     if warm is None:
-                        self._spawn(self.actors[name])
+                        self.spawner.spawn(actor, gated=True)
+                        log.info("actor %s started (pid %d)", name, actor.pid,
+                                 extra=event("actor.started", actor_name=name, actor_pid=actor.pid))
+                        self.publish("actor.started", actor)
                     self.warm += warm is not None
                 case StartWave(names=names):
                     for name in names:
@@ -227,19 +230,15 @@ class Supervisor:
         sock.bind(endpoints.ipc(self.run_dir, name))
         return sock
 
-    def _spawn(self, actor: ActorProcess) -> None:
-        self.spawner.spawn(actor, gated=True)
-        log.info("actor %s started (pid %d)", actor.spec.name, actor.pid,
-                 extra=event("actor.started", actor_name=actor.spec.name, actor_pid=actor.pid))
-        self.publish("actor.started", actor)
-
     def _await_role(self) -> Role:
         """The start of an engine elected on etcd: the first role its membership actor tells."""
         membership = self.actors[MEMBERSHIP]
         deadline = monotonic_ms() + self.config.actor_start_timeout_ms
         while monotonic_ms() < deadline:
             if membership.process is not None and membership.process.poll() is not None:
-                self._await_running(membership)  # says how it ended
+                failure = start_failure(membership, self.store_dir)
+                self.shutdown()
+                raise EngineError(failure)
             if self.heartbeats.poll(20):
                 self._drain_heartbeats()
             if self.control.poll(0):
