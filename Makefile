@@ -19,9 +19,12 @@ TEST_STAMP := $(VENV)/.installed-test
 # if no npm command exists once nodejs is in: NodeSource's nodejs bundles npm and conflicts with
 # Debian's npm, so asking for both refuses both. Without root, what is missing is named and what
 # needs it is skipped.
-BUILD_PACKAGES := gcc=cc libc6-dev=/usr/include/stdio.h zlib1g-dev=/usr/include/zlib.h
-C_CLIENT_PACKAGES := make=make pkg-config=pkg-config libzmq3-dev=/usr/include/zmq.h \
-	libmsgpuck-dev=/usr/include/msgpuck.h
+# Where the headers that prove a -dev package are looked for (tests/integration/test_make_setup.py
+# points it at an empty folder to play a fresh machine).
+INCLUDE_DIR ?= /usr/include
+BUILD_PACKAGES := gcc=cc libc6-dev=$(INCLUDE_DIR)/stdio.h zlib1g-dev=$(INCLUDE_DIR)/zlib.h
+C_CLIENT_PACKAGES := make=make pkg-config=pkg-config libzmq3-dev=$(INCLUDE_DIR)/zmq.h \
+	libmsgpuck-dev=$(INCLUDE_DIR)/msgpuck.h
 BROWSER_PACKAGES := chromium=chromium chromium-driver=chromedriver
 FUSE_PACKAGES := bindfs=bindfs fuse3=fusermount3
 TEST_PACKAGES := $(BUILD_PACKAGES) $(C_CLIENT_PACKAGES) nodejs=node npm=npm strace=strace $(BROWSER_PACKAGES) \
