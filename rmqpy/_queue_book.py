@@ -2,7 +2,8 @@
 
 Per queue of the topic the book keeps three offsets:
 
-* ``fetch_offset``: where the next pull starts (the last reply's ``next_offset``);
+* ``fetch_offset``: where the next pull starts (the last reply's ``next_offset``, which with a
+  subscription is past the messages the engine filtered out);
 * ``position``: the first offset the application has not finished; what a commit records;
 * ``committed``: the last position committed (-1: none yet).
 
@@ -15,7 +16,14 @@ A message is *handed out* by ``take`` and *finished* by ``finish``: the consumer
 finishes the messages it handed out when the application comes back for more, commits,
 or closes normally, so a commit never covers a message the application did not finish
 (at least once). Messages the subscription skipped count as finished as soon as the
-queue has nothing before them in hand: the position jumps to ``fetch_offset``.
+queue has nothing before them in hand: the position jumps to ``fetch_offset``, and
+``skipped_since_commit`` counts them, for the consumer to commit them though no message
+it hands out will carry the position past them.
+
+A pull that the engine parks (long polling) may move past filtered-out messages without
+saying so until it is answered: ``caught_up`` tells whether a queue's last pull found
+nothing new where it started, so only then does the consumer let the next one wait at
+the engine; a pull after one that moved on is answered at once with where it got to.
 
 Queues come and go (``add``, ``drop``) as a group's members share a topic's queues out
 again: a dropped queue's pull in flight is ignored when it answers, and its position is
@@ -38,7 +46,8 @@ from rmqpy.message import Message
 
 
 class QueueState:
-    __slots__ = ("buffer", "committed", "failures", "fetch_offset", "in_hand", "position", "pull_token", "retry_at")
+    __slots__ = ("buffer", "caught_up", "committed", "failures", "fetch_offset", "in_hand", "position", "pull_token",
+                 "retry_at")
 
     def __init__(self, position: int, committed: int) -> None:
         self.fetch_offset = position
@@ -49,6 +58,7 @@ class QueueState:
         self.pull_token: int | None = None  # the pull in flight whose reply the book will take
         self.retry_at = 0.0  # monotonic seconds: no pull before this, after a failed one
         self.failures = 0  # failed pulls in a row
+        self.caught_up = False  # the last pull found nothing new where it started
 
 
 class QueueBook:
@@ -65,6 +75,7 @@ class QueueBook:
         self._in_hand: list[Message] = []
         self._tokens = itertools.count(1)
         self.finished_since_commit = 0
+        self.skipped_since_commit = 0  # offsets the positions moved past with no message handed out
 
     @property
     def queue_ids(self) -> list[int]:
@@ -75,6 +86,12 @@ class QueueBook:
 
     def buffered(self) -> int:
         return sum(len(s.buffer) for s in self._queues.values())
+
+    def caught_up(self, queue_id: int) -> bool:
+        """Whether the last pull of ``queue_id`` found nothing new at its offset (no message, the same
+        next offset): the next pull may then wait at the engine for one."""
+        state = self._queues.get(queue_id)
+        return state is not None and state.caught_up
 
     # -- pulls ---------------------------------------------------------------
 
@@ -101,6 +118,7 @@ class QueueBook:
         assert all(m.queue_id == queue_id for m in messages)
         assert [m.queue_offset for m in messages] == sorted(m.queue_offset for m in messages)
         state.buffer.extend(m for m in messages if m.queue_offset >= state.fetch_offset)
+        state.caught_up = not messages and next_offset == state.fetch_offset
         state.fetch_offset = next_offset
         self._settle(state)
         return True
@@ -134,6 +152,7 @@ class QueueBook:
         state.in_hand = 0
         state.pull_token = None
         state.retry_at = 0.0
+        state.caught_up = False
         state.fetch_offset = state.position = offset
 
     def add(self, queue_id: int, position: int, committed: int) -> None:
@@ -185,8 +204,10 @@ class QueueBook:
         return count
 
     def _settle(self, state: QueueState) -> None:
-        """Nothing of the queue buffered or in hand: everything before ``fetch_offset`` is done."""
+        """Nothing of the queue buffered or in hand: everything before ``fetch_offset`` is done (what the
+        subscription skipped, counted in ``skipped_since_commit``)."""
         if not state.buffer and state.in_hand == 0:
+            self.skipped_since_commit += max(0, state.fetch_offset - state.position)
             state.position = state.fetch_offset
 
     # -- commits -------------------------------------------------------------------
@@ -202,6 +223,7 @@ class QueueBook:
 
     def commit_done(self) -> None:
         self.finished_since_commit = 0
+        self.skipped_since_commit = 0
 
 
 # -- where a consumer starts (shared by the blocking and the asyncio consumer) -----------------

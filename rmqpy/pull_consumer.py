@@ -2,7 +2,7 @@
 
     with PullConsumer("billing", "orders", subscription="paid || refunded") as consumer:
         for message in consumer:                 # waits for messages (long polling)
-            handle(message)                      # committed every 100 messages and at the end
+            handle(message)                      # committed every 100 messages, when idle and at the end
 
 How it reads. The consumer keeps one pull in flight per queue, all on one socket,
 each parked at the engine until its queue has a message (long polling, ``max_wait_ms``),
@@ -10,16 +10,22 @@ so a message on any queue is handed out at once, and an idle consumer costs noth
 A queue's next pull is sent once fewer than half a ``batch_size`` of its messages wait
 in the consumer, so the next ones are there before these are handed out. Messages are
 handed out one queue at a time in turn, among the queues that have some, so a queue
-with a backlog never holds up a message that arrives on another.
+with a backlog never holds up a message that arrives on another. With a tag subscription
+a pull waits at the engine only after one that found nothing new: a parked pull moves past
+the messages the engine filters out without saying so until it is answered, so the pulls
+that catch up are answered at once with where they got to.
 
 Offsets. The group starts at its committed offset on each queue; a queue the group
 never committed starts at its oldest message (``start_from="earliest"``) or at the
 next one to come (``"latest"``). A message counts as finished when the application
 comes back for more (the next iteration, ``poll``, ``commit``) or leaves the ``with``
 block normally; only finished messages are committed, so after a crash or an exception
-the group reads again what it had not finished: at least once. With ``auto_commit``
-the consumer commits every ``commit_every`` finished messages and when it closes;
-without, only ``commit()`` commits.
+the group reads again what it had not finished: at least once. Messages the subscription
+filtered out are finished once every message before them is (the position moves to the
+pull's next offset). With ``auto_commit`` the consumer commits every ``commit_every``
+messages finished or filtered out, when a poll finds nothing after the subscription
+filtered some out (so an idle group's lag reaches 0), and when it closes; without, only
+``commit()`` commits.
 
 On the engine's host, ``store_dir`` reads the queues over the engine's own mapped files
 (``engine.local_reads.LocalReads``: no socket per batch, the messages decoded straight from
@@ -66,7 +72,7 @@ from rmqpy.cluster import Cluster, SetReaders, opened
 from rmqpy.errors import ClientClosed
 from rmqpy.message import Message, messages_from_wire
 from rmqpy.retry import RetryPolicy, call_with_retry
-from rmqpy.subscription import subscription_expression
+from rmqpy.subscription import EVERYTHING, subscription_expression
 
 if TYPE_CHECKING:
     from engine.local_reads import LocalReads
@@ -254,7 +260,8 @@ class PullConsumer:
         if self._closed:
             raise ClientClosed("the consumer is closed")
         self._book.finish()
-        if self.auto_commit and self._book.finished_since_commit >= self.commit_every:
+        if self.auto_commit and self._book.finished_since_commit + self._book.skipped_since_commit >= \
+                self.commit_every:
             self._commit()
         now = time.monotonic()
         if self._member is not None and self._member.changed(now):
@@ -277,6 +284,8 @@ class PullConsumer:
                 return taken
             now = time.monotonic()
             if now >= deadline:
+                if self.auto_commit and self._book.skipped_since_commit:
+                    self._commit()  # no message to come would carry the group past what was filtered out
                 return []
             wake = min(deadline, self._book.next_retry_at() or deadline)
             if self._member is not None:
@@ -291,10 +300,17 @@ class PullConsumer:
 
     def _send_pulls(self, now: float) -> None:
         for queue_id, offset, token in self._book.to_pull(now):
+            wait_ms = self._pull_wait_ms(queue_id)
             request_id = self._channel.submit(
-                "pull", wait_ms=self.max_wait_ms, topic=self.topic, queue_id=queue_id, offset=offset,
-                max_messages=self.batch_size, subscription=self.subscription, max_wait_ms=self.max_wait_ms)
+                "pull", wait_ms=wait_ms, topic=self.topic, queue_id=queue_id, offset=offset,
+                max_messages=self.batch_size, subscription=self.subscription, max_wait_ms=wait_ms)
             self._pulls[request_id] = (queue_id, token)
+
+    def _pull_wait_ms(self, queue_id: int) -> int:
+        """How long a pull of ``queue_id`` waits at the engine: ``max_wait_ms``, but with a tag subscription
+        only once the queue's last pull found nothing new (a parked pull moves past what the subscription
+        filters out unseen, and the position could not follow it)."""
+        return self.max_wait_ms if self.subscription == EVERYTHING or self._book.caught_up(queue_id) else 0
 
     def _pull_locally(self, now: float) -> None:
         """Each queue that wants messages reads them from the store's files (``store_dir``); a refusal

@@ -28,7 +28,7 @@ from rmqpy.aio.client import AsyncClient
 from rmqpy.errors import ClientClosed
 from rmqpy.message import Message, messages_from_wire
 from rmqpy.retry import RetryPolicy, call_with_retry_async
-from rmqpy.subscription import subscription_expression
+from rmqpy.subscription import EVERYTHING, subscription_expression
 
 __all__ = ["AsyncPullConsumer"]
 
@@ -178,7 +178,7 @@ class AsyncPullConsumer:
         """As ``PullConsumer.poll``."""
         book = await self._opened()
         book.finish()
-        if self.auto_commit and book.finished_since_commit >= self.commit_every:
+        if self.auto_commit and book.finished_since_commit + book.skipped_since_commit >= self.commit_every:
             await self._commit(book)
         if self._member is not None and self._member.changed(time.monotonic()):
             await self._rebalance(book)
@@ -191,6 +191,8 @@ class AsyncPullConsumer:
                 return taken
             now = time.monotonic()
             if now >= deadline:
+                if self.auto_commit and book.skipped_since_commit:
+                    await self._commit(book)  # no message to come would carry the group past what was filtered out
                 return []
             wake = min(deadline, book.next_retry_at() or deadline)
             if self._member is not None:
@@ -205,8 +207,10 @@ class AsyncPullConsumer:
 
     def _send_pulls(self, book: QueueBook, now: float) -> None:
         for queue_id, offset, token in book.to_pull(now):
+            # As PullConsumer._pull_wait_ms: with a tag subscription, wait at the engine only once caught up.
+            wait_ms = self.max_wait_ms if self.subscription == EVERYTHING or book.caught_up(queue_id) else 0
             pull = self.client.pull(self.topic, queue_id, offset, max_messages=self.batch_size,
-                                    max_wait_ms=self.max_wait_ms, subscription=self.subscription)
+                                    max_wait_ms=wait_ms, subscription=self.subscription)
             self._pulls[asyncio.ensure_future(pull)] = (queue_id, token)
 
     def _take_replies(self, book: QueueBook, done: set[asyncio.Task[dict[str, Any]]]) -> None:

@@ -10,6 +10,8 @@ import pytest
 
 from rmqpy import EngineError, ErrorCode, Message, RequestTimeout
 from rmqpy.aio import AsyncClient, AsyncPopConsumer, AsyncProducer, AsyncPullConsumer
+from supervisor.launcher import EngineProcess
+from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,6 +78,30 @@ def test_the_async_group_commits_and_a_restart_resumes_where_it_committed(endpoi
     first, rest = asyncio.run(main())
     assert len(first) == 60
     assert sorted(first + rest) == sorted(b"q%d-%d" % (q, n) for q in range(4) for n in range(25))
+
+
+def test_the_async_group_with_a_tag_subscription_commits_past_what_it_filtered_out(engine: EngineProcess,
+                                                                                   endpoint: str) -> None:
+    with engine.client() as store:
+        store.send("jobs", [{"body": b"paid-%d" % n, "tags": "paid"} for n in range(10)]
+                   + [{"body": b"shipped-%d" % n, "tags": "shipped"} for n in range(40)], queue_id=0)
+        store.send("jobs", [{"body": b"shipped", "tags": "shipped"}] * 5, queue_id=1)
+        wait_dispatched(store)
+
+    async def main() -> tuple[list[bytes], dict[int, int], list[int]]:
+        async with AsyncClient(endpoint) as client, AsyncPullConsumer(
+                "billing", "jobs", client=client, subscription="paid", batch_size=8, idle_timeout_ms=1_000) as consumer:
+            got = [m.body async for m in consumer]
+            positions = consumer.positions()
+            committed = [await client.fetch_offset("billing", "jobs", queue_id) for queue_id in (0, 1)]
+        return got, positions, committed
+
+    got, positions, committed_while_idle = asyncio.run(main())
+    assert got == [b"paid-%d" % n for n in range(10)]
+    assert positions == {0: 50, 1: 5}, "the position moves past every filtered-out message"
+    assert committed_while_idle == [50, 5], "committed once idle, not only at close"
+    with engine.client() as store:
+        assert store.consumer_lag("billing", "jobs") == {0: 0, 1: 0}
 
 
 def test_two_async_members_of_a_group_share_the_queues_and_read_everything_once(endpoint: str) -> None:

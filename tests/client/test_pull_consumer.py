@@ -121,6 +121,25 @@ def test_a_tag_subscription_delivers_only_its_tags_and_still_moves_past_the_othe
         assert sorted(int(m.body) for m in consumer) == list(range(2, 30, 3))
 
 
+def test_a_tag_subscription_commits_past_the_messages_it_filtered_out(engine: EngineProcess, endpoint: str) -> None:
+    paid = [OutgoingMessage(body=b"paid-%d" % n, tags="paid") for n in range(10)]
+    shipped = [OutgoingMessage(body=b"shipped-%d" % n, tags="shipped") for n in range(40)]
+    with Producer(endpoint) as producer:
+        producer.send_batch("jobs", paid + shipped, queue_id=0)  # a tail of 40 the group filters out
+        producer.send_batch("jobs", shipped[:5], queue_id=1)  # nothing the group takes
+    with engine.client() as client:
+        wait_dispatched(client)
+        # idle_timeout_ms well below max_wait_ms: the lag must not wait for a parked pull's deadline
+        with PullConsumer("billing", "jobs", endpoint=endpoint, subscription="paid", batch_size=8,
+                          idle_timeout_ms=1_000) as consumer:
+            assert [m.body for m in consumer] == [m.body for m in paid]
+            assert consumer.positions() == {0: 50, 1: 5}, "the position moves past every filtered-out message"
+            assert client.consumer_lag("billing", "jobs") == {0: 0, 1: 0}, "committed once idle, not only at close"
+        committed = [client.fetch_offset("billing", "jobs", queue_id) for queue_id in (0, 1)]
+        assert committed == [client.queue_stats("jobs", queue_id)["max_offset"] for queue_id in (0, 1)] == [50, 5]
+        assert client.consumer_lag("billing", "jobs") == {0: 0, 1: 0}
+
+
 @pytest.mark.parametrize("on_the_host", [False, True], ids=["socket", "store_dir"])
 def test_a_waiting_poll_is_answered_by_the_arrival_not_the_deadline(engine: EngineProcess, endpoint: str,
                                                                     on_the_host: bool) -> None:

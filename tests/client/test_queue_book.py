@@ -50,6 +50,24 @@ def test_only_finished_messages_move_the_position_and_skipped_ones_count_as_fini
     assert book.to_commit() == {}
 
 
+def test_skipped_messages_are_counted_for_the_commit_and_a_queue_waits_only_once_caught_up() -> None:
+    book = QueueBook({0: (0, -1), 1: (0, -1)})
+    assert not book.caught_up(0), "the first pull says where the queue stands before any waits"
+    pull_everything(book, {0: [0]}, {0: 8, 1: 5})  # queue 0: one message, then 7 filtered out; queue 1: 5
+    assert book.skipped_since_commit == 5, "queue 1's five, at once: nothing of it is in hand"
+    assert not book.caught_up(0) and not book.caught_up(1), "both moved on: the next pulls are answered at once"
+    book.take(1)
+    book.finish()
+    assert book.positions() == {0: 8, 1: 5}
+    assert (book.finished_since_commit, book.skipped_since_commit) == (1, 12)
+    pull_everything(book, {}, {})  # nothing new where they start
+    assert book.caught_up(0) and book.caught_up(1), "now a pull may wait at the engine"
+    book.commit_done()
+    assert (book.finished_since_commit, book.skipped_since_commit) == (0, 0)
+    book.seek(1, 0)
+    assert not book.caught_up(1)
+
+
 def test_a_seek_drops_the_buffer_and_the_reply_of_the_pull_in_flight() -> None:
     book = QueueBook({0: (0, -1)})
     [(_, _, stale)] = book.to_pull(now=0.0)
