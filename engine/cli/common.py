@@ -15,6 +15,7 @@ import zmq
 from engine.client import DEFAULT_ENDPOINT, EngineUnreachable, StoreClient, engine_answers, master_of_set
 from engine.ipc.curve import CurveKeys
 from engine.ipc.endpoints import read_engine_state
+from engine.ipc.protocol import INT32_MAX, INT64_MAX
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 
 # Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
@@ -122,7 +123,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
                        "a broker set's engines separated by commas: its master")
     where.add_argument("--store-dir", type=Path, metavar="DIR",
                        help="reach the engine running on this store directory (its endpoint is read from it)")
-    where.add_argument("--timeout-ms", type=positive, default=10_000, metavar="MS",
+    where.add_argument("--timeout-ms", type=deadline_ms, default=10_000, metavar="MS",
                        help="deadline of each request, in ms (default 10000)")
     where.add_argument("--server-key", type=Path, metavar="FILE", help="CURVE: the engine's public key file (NAME.key)")
     where.add_argument("--client-key", type=Path, metavar="FILE",
@@ -130,40 +131,78 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout (and no progress bar)")
 
 
+# The integer options are checked where they are parsed, against what the wire takes
+# (engine/ipc/protocol.py): a value past it is a usage error naming the bound, not an
+# OverflowError from msgpack, nor a refusal of the engine after the connection.
+# A wait of the client's own (--timeout-ms, --wait-ms) ends in one ZeroMQ poll, whose timeout is
+# a C int; a request waits --timeout-ms plus --wait-ms, so each stays within half of it.
+WAIT_MS_MAX = INT32_MAX // 2  # 1073741823 ms, about 12 days
+
+
 def positive(text: str) -> int:
     """A count or size: 0 or less is a usage error, caught before anything is sent."""
-    value = _integer(text)
+    value = _integer(text, INT64_MAX)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive number (1 or more)")
     return value
 
 
 def non_negative(text: str) -> int:
-    """An offset, a queue number or a time in ms: 0 or more."""
-    value = _integer(text)
+    """An offset or a time in ms: 0 or more, and a signed 64-bit integer (the wire's Int64)."""
+    value = _integer(text, INT64_MAX)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
     return value
 
 
-def _integer(text: str) -> int:
+def queue_number(text: str) -> int:
+    """A queue's number: 0 or more, and a signed 32-bit integer (the wire's Int32)."""
+    value = _integer(text, INT32_MAX)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def deadline_ms(text: str) -> int:
+    """A deadline of the client's own, in ms: 1 to WAIT_MS_MAX."""
+    value = wait_time_ms(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number (1 or more)")
+    return value
+
+
+def wait_time_ms(text: str) -> int:
+    """How long to wait for a message, in ms: 0 to WAIT_MS_MAX."""
+    value = _integer(text, WAIT_MS_MAX, unit=" ms (about 12 days)")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _integer(text: str, most: int, *, unit: str = "") -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value > most:
+        raise argparse.ArgumentTypeError(f"{text} is too large (at most {most}{unit})")
+    return value
 
 
 def epoch_ms(text: str) -> int:
-    """A time as epoch ms, from digits or from ISO 8601 (a time without a zone is UTC)."""
+    """A time as epoch ms, from digits or from ISO 8601 (a time without a zone is UTC), from 1970 on."""
     if text.isascii() and text.isdigit():
-        return int(text)
+        return _integer(text, INT64_MAX)
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is neither epoch ms nor an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
-    return int(moment.timestamp() * 1000)
+    value = int(moment.timestamp() * 1000)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is before 1970 (epoch ms are 0 or more)")
+    return value
 
 
 # Each command's --help keeps its examples' lines as written (%(prog)s is how it was run: "rmqpy

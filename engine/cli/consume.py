@@ -20,6 +20,8 @@ from engine.cli.common import (
     non_negative,
     plural,
     positive,
+    queue_number,
+    wait_time_ms,
 )
 from engine.client import ClientError
 from rmqpy.raw import Channel
@@ -181,7 +183,7 @@ def add(commands: Any) -> None:
                           EXAMPLES)
     add_connection_options(consume)
     consume.add_argument("--topic", required=True, help="the topic to read")
-    consume.add_argument("--queue-id", type=non_negative, metavar="Q",
+    consume.add_argument("--queue-id", type=queue_number, metavar="Q",
                          help="one queue (default: all queues of the topic)")
     consume.add_argument("--offset", type=non_negative, default=0, metavar="N",
                          help="the queue offset to start at (default 0; a group's committed offset wins)")
@@ -193,7 +195,7 @@ def add(commands: Any) -> None:
     consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
     consume.add_argument("--subscription", default="*", metavar="EXPR",
                          help='tags to receive: "*" or "tagA || tagB" (default *)')
-    consume.add_argument("--wait-ms", type=non_negative, default=0, metavar="MS",
+    consume.add_argument("--wait-ms", type=wait_time_ms, default=0, metavar="MS",
                          help="long polling: when no queue has a message, wait this long for the first one "
                               "on any queue (default 0)")
     consume.add_argument("--pop", action="store_true",

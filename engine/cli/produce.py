@@ -21,6 +21,7 @@ from engine.cli.common import (
     non_negative,
     plural,
     positive,
+    queue_number,
 )
 from engine.client import StoreClient
 from engine.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
@@ -187,7 +188,7 @@ def add(commands: Any) -> None:
                          help="the size of the generated body when --body is not given (default 256)")
     produce.add_argument("--batch-size", type=positive, default=1, metavar="N",
                          help="messages per send request (default 1)")
-    produce.add_argument("--queue-id", type=non_negative, metavar="Q",
+    produce.add_argument("--queue-id", type=queue_number, metavar="Q",
                          help="send to this queue (default: the engine picks)")
     produce.add_argument("--sharding-key", metavar="KEY",
                          help="messages with one key go to one queue (per-key order)")

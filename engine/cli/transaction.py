@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.cli.common import add_command, add_connection_options, connect, emit, non_negative, printable
+from engine.cli.common import add_command, add_connection_options, connect, emit, printable, wait_time_ms
 
 EXAMPLES = """examples:
   %(prog)s --commit 7F00000100002A9F00000000000A1B2C
@@ -38,6 +38,6 @@ def add(commands: Any) -> None:
                         help="list the half messages of --producer-group waiting for a decision")
     transaction.add_argument("--producer-group", default="cli-producers", metavar="GROUP",
                              help="with --checks: the producer group whose halves to list (default cli-producers)")
-    transaction.add_argument("--wait-ms", type=non_negative, default=0, metavar="MS",
+    transaction.add_argument("--wait-ms", type=wait_time_ms, default=0, metavar="MS",
                              help="with --checks: wait this long for one (default 0)")
     transaction.set_defaults(handler=run)

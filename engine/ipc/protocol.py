@@ -26,9 +26,11 @@ OPS = ("send", "pull", "query_by_key", "query_by_keys", "get_by_id", "create_top
        "pop", "ack", "change_invisible", "pop_stats", "end_transaction", "transaction_checks", "route",
        "heartbeat")
 
-Int32 = Annotated[int, Meta(ge=0, le=0x7FFFFFFF)]
-Int64 = Annotated[int, Meta(ge=0, le=0x7FFFFFFFFFFFFFFF)]
-SignedInt32 = Annotated[int, Meta(ge=-0x80000000, le=0x7FFFFFFF)]
+INT32_MAX = 0x7FFFFFFF  # a queue id, a flag: Java's int
+INT64_MAX = 0x7FFFFFFFFFFFFFFF  # an offset, a time in ms: Java's long
+Int32 = Annotated[int, Meta(ge=0, le=INT32_MAX)]
+Int64 = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+SignedInt32 = Annotated[int, Meta(ge=-0x80000000, le=INT32_MAX)]
 TopicName = Annotated[str, Meta(max_length=255)]
 GroupName = Annotated[str, Meta(max_length=255)]
 

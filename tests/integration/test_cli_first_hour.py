@@ -72,6 +72,37 @@ def test_bad_numbers_are_usage_errors_before_anything_is_sent(bad: list[str]) ->
     assert f"argument {bad[0]}" in result.stderr and ("positive" in result.stderr or "negative" in result.stderr)
 
 
+# Each a number past what its field takes on the wire (engine/ipc/protocol.py: a queue id is an Int32,
+# an offset or a time an Int64) or past what the client can wait (one ZeroMQ poll's C int): the
+# last line of stderr names the option and its bound.
+TOO_LARGE = [
+    (["consume", "--topic", "t", "--since-ms", "99999999999999999999"], "at most 9223372036854775807"),
+    (["consume", "--topic", "t", "--offset", str(2**63)], "at most 9223372036854775807"),
+    (["consume", "--topic", "t", "--queue-id", str(2**31)], "at most 2147483647"),
+    (["consume", "--topic", "t", "--wait-ms", str(2**31)], "at most 1073741823 ms"),
+    (["consume", "--topic", "t", "--pop", "--group", "g", "--invisible-ms", str(2**64)], "at most 9223372036854775807"),
+    (["produce", "--topic", "t", "--queue-id", str(2**31)], "at most 2147483647"),
+    (["produce", "--topic", "t", "--delay-ms", str(2**64)], "at most 9223372036854775807"),
+    (["produce", "--topic", "t", "--deliver-at", str(2**64)], "at most 9223372036854775807"),
+    (["query", "--offset", str(2**64)], "at most 9223372036854775807"),
+    (["query", "--topic", "t", "--key", "k", "--end", str(2**64)], "at most 9223372036854775807"),
+    (["stats", "--timeout-ms", str(2**31)], "at most 1073741823 ms"),
+    (["transaction", "--checks", "--wait-ms", str(2**63)], "at most 1073741823 ms"),
+]
+
+
+def test_numbers_too_large_for_the_wire_are_usage_errors_naming_the_bound(engine: EngineProcess) -> None:
+    """Against a live engine, so that a number the parser let through would reach msgpack (an
+    OverflowError's traceback) or the engine (a refusal, status 1)."""
+    ok("produce", "--endpoint", engine.endpoint, "--topic", "t", "--body", "b")
+    for args, bound in TOO_LARGE:
+        result = run(*args, "--endpoint", engine.endpoint)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        assert result.returncode == EXIT_USAGE, (args, result.returncode, result.stderr)
+        last = result.stderr.strip().splitlines()[-1]
+        assert f"argument {args[-2]}: {args[-1]} is too large ({bound}" in last, (args, last)
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("endpoint", ["foo", "tcp://127.0.0.1"])
 def test_an_endpoint_zeromq_cannot_read_is_a_usage_error(endpoint: str) -> None:
