@@ -102,7 +102,11 @@ log_files_kept in the config file), raw stderr of each process in STORE/logs/<ac
     "start": """examples:
   %(prog)s                                          # ./store on tcp://127.0.0.1:10911; Ctrl-C stops it
   %(prog)s --store-dir /var/lib/rmqpy --config /etc/rmqpy/engine.toml --detach
-  %(prog)s --endpoint tcp://127.0.0.1:10912 --store-dir /tmp/second-store
+  %(prog)s --endpoint tcp://127.0.0.1:10912 --metrics-endpoint 127.0.0.1:9109 --store-dir /tmp/second-store
+
+A second engine on this machine needs ports of its own: its client endpoint and its metrics
+(--metrics-endpoint, or metrics_endpoint in its config file; "" for none), and any other port
+its config file turns on (dashboard_endpoint, grpc_endpoint: docs/configuration.md).
 
 Prints "ready <endpoint> store=<dir>" once every actor serves (with --detach, once the
 supervisor this start began answers on that endpoint). In the foreground, log lines also go
@@ -138,6 +142,9 @@ def build_parser(prog: str = "python -m supervisor") -> argparse.ArgumentParser:
     _add_store(start)
     start.add_argument("--endpoint", metavar="URL", help="client endpoint (default tcp://127.0.0.1:10911, or the "
                                                          "config file's endpoint)")
+    start.add_argument("--metrics-endpoint", metavar="HOST:PORT",
+                       help="where Prometheus' /metrics is served (default 127.0.0.1:9108, or the config file's "
+                            "metrics_endpoint; \"\" for none)")
     start.add_argument("--config", type=Path, metavar="FILE", help="TOML file of settings (see docs/configuration.md)")
     mode = start.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="run in the background; return once ready")
@@ -160,8 +167,14 @@ def _command(commands: Any, name: str, help_text: str) -> argparse.ArgumentParse
     return parser
 
 
+def start_config(args: argparse.Namespace) -> StoreConfig:
+    """The settings ``start`` runs with: the config file's, then the command line's (store_port follows
+    the endpoint)."""
+    return StoreConfig.load(args.config, endpoint=args.endpoint, metrics_endpoint=args.metrics_endpoint)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
-    config = StoreConfig.load(args.config, endpoint=args.endpoint)  # store_port follows the endpoint
+    config = start_config(args)
     if config.curve_enabled:  # fail here, with the reason, rather than in the front's restarts
         # zmq.auth loads asyncio: imported only here, it costs the other starts nothing
         from engine.ipc.curve import check_authorized_keys_dir, load_server_keys, secret_keys_in
@@ -259,6 +272,8 @@ def _start_detached(args: argparse.Namespace, config: StoreConfig) -> int:
     command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(store_dir), "--detached-child"]
     if args.endpoint:
         command += ["--endpoint", args.endpoint]
+    if args.metrics_endpoint is not None:
+        command += ["--metrics-endpoint", args.metrics_endpoint]
     if args.config:
         command += ["--config", str(args.config.resolve())]
     log_path = store_dir / LOG_DIR / "supervisor.log"  # written by the child; its raw stderr beside it
@@ -362,11 +377,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     role = _role(reply.actors, offsets)
     if args.json:
         print(json.dumps({"state": reply.state, "role": role, "reasons": reply.reasons, "endpoint": reply.endpoint,
-                          "store_dir": str(store_dir), "offsets": offsets,
+                          "store_dir": str(store_dir), "pid": pid, "offsets": offsets,
                           "actors": [{"name": a.name, "pid": a.pid, "state": a.lifecycle, "restarts": a.restarts,
                                       "condition": a.condition, **a.detail} for a in reply.actors]}, indent=2))
         return EXIT_OK
-    print(f"engine {reply.state} on {reply.endpoint} store={store_dir} role={role}")
+    print(f"engine {reply.state} on {reply.endpoint} store={store_dir} pid={pid} role={role}")
     for reason in reply.reasons:
         print(f"  degraded: {reason}")
     width = max(10, *(len(a.name) for a in reply.actors))

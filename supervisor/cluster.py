@@ -4,7 +4,8 @@
 ``--port``, its replication endpoint on the port after it, replica ``k`` on ``--port + 10 k``
 following it) and starts each engine in the background (``start --detach``), the master first;
 ``cluster.json`` in ``D`` names them. ``cluster status`` prints each engine's role and how far its
-log is behind the master's; ``cluster stop`` stops the replicas, then the master.
+log is behind the master's, with its supervisor's pid (``--json``: the same, as JSON); ``cluster stop``
+stops the replicas, then the master.
 
 Roles are fixed (a replica is promoted by hand), unless ``--etcd``: then etcd is started too
 (one member, in ``D/etcd``), every engine listens for replicas, and etcd elects the master among
@@ -24,39 +25,61 @@ import argparse
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.ipc.control import ControlTimeout, NotRunning, control
+from engine.ipc.control import ControlTimeout, NotRunning, control, supervisor_state
 from engine.ipc.messages import StatusQuery
 from supervisor.etcd_server import EtcdCluster, EtcdNotInstalled, EtcdPortInUse, stop_pids
 from supervisor.launcher import write_config
 
 CLUSTER_FILE = "cluster.json"
 EXIT_OK, EXIT_FAILED = 0, 1
+BROKER_SETS_MAX = 26  # broker-a ... broker-z
+
+
+def _whole(least: int, most: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``least`` to ``most``, else a usage error (status 2)
+    naming the bounds, before anything is written or started."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"{text} is not from {least} to {most}")
+        return value
+    return parse
+
+
+_REPLICAS = _whole(0, 9)  # replica k listens on --port + 10 k: the next broker set's ports start at + 100
+_PORT = _whole(1, 65535)
 
 
 def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
     text = "a master and its replicas on this machine (start, status, stop)"
     cluster = commands.add_parser("cluster", help=text, description=text, formatter_class=formatter,
                                   epilog="examples:\n  %(prog)s start --dir cluster --replicas 2\n"
-                                         "  %(prog)s status --dir cluster\n  %(prog)s stop --dir cluster\n")
+                                         "  %(prog)s status --dir cluster [--json]\n  %(prog)s stop --dir cluster\n")
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="write the configs and start every engine")
-    start.add_argument("--replicas", type=int, default=2, help="replicas of the master (default 2)")
-    start.add_argument("--port", type=int, default=10911, help="the master's client port (default 10911)")
+    start.add_argument("--replicas", type=_REPLICAS, default=2, help="replicas of the master (default 2)")
+    start.add_argument("--port", type=_PORT, default=10911, help="the master's client port (default 10911)")
     start.add_argument("--replication-mode", choices=("ASYNC", "SYNC"), default="ASYNC",
                        help="SYNC: a send is answered once the in-sync replicas hold it (default ASYNC)")
     start.add_argument("--etcd", action="store_true",
                        help="start etcd too (Debian's etcd-server) and let the engines elect their master there")
-    start.add_argument("--etcd-port", type=int, default=2379, help="etcd's client port (peer: the next; default 2379)")
-    start.add_argument("--broker-sets", type=int, default=1,
+    start.add_argument("--etcd-port", type=_whole(1, 65534), default=2379,
+                       help="etcd's client port (peer: the next; default 2379)")
+    start.add_argument("--broker-sets", type=_whole(1, BROKER_SETS_MAX), default=1,
                        help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
     add = actions.add_parser("add", help="one more broker set on the cluster's etcd (a cluster started with --etcd)")
-    add.add_argument("--replicas", type=int, default=None,
+    add.add_argument("--replicas", type=_REPLICAS, default=None,
                      help="replicas of the new set's master (default: as many as the first set has)")
-    for action in (start, add, actions.add_parser("status", help="each engine's role and lag"),
-                   actions.add_parser("stop", help="stop the replicas, then the master")):
+    status = actions.add_parser("status", help="each engine's state, role, supervisor pid, log end and lag")
+    status.add_argument("--json", action="store_true", help="machine-readable output (the same figures)")
+    for action in (start, add, status, actions.add_parser("stop", help="stop the replicas, then the master")):
         action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
 
 
@@ -75,9 +98,6 @@ def _engines(directory: Path) -> list[dict[str, str]]:
 def _start(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    if args.broker_sets < 1 or args.replicas < 0:
-        print("error: --broker-sets must be at least 1 and --replicas at least 0", file=sys.stderr)
-        return EXIT_FAILED
     elected = args.etcd or args.broker_sets > 1
     replication = f"tcp://127.0.0.1:{args.port + 1}"
     etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if elected else None
@@ -133,9 +153,6 @@ def _add(args: argparse.Namespace) -> int:
     brokers = sorted({engine["broker_name"] for engine in engines})
     replicas = args.replicas if args.replicas is not None else \
         sum(engine["broker_name"] == brokers[0] for engine in engines) - 1
-    if replicas < 0:
-        print("error: --replicas must be at least 0", file=sys.stderr)
-        return EXIT_FAILED
     added = _write_set(directory, cluster, len(brokers), replicas, alone=False)
     cluster["engines"] = engines + added  # named before they start: `cluster stop` stops them whatever happens
     (directory / CLUSTER_FILE).write_text(json.dumps(cluster, indent=2) + "\n")
@@ -186,27 +203,53 @@ def _start_engines(directory: Path, engines: list[dict[str, str]]) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    rows = _status_rows(args.dir.resolve())
+    if args.json:
+        print(json.dumps({"dir": str(args.dir.resolve()), "engines": rows}, indent=2))
+        return EXIT_OK
+    for row in rows:
+        where = f"{row['name']:<10} {row['endpoint']:<24}"
+        if row["state"] == "STOPPED":
+            print(f"{where} not running ({row['reason']})")
+            continue
+        epoch = f" epoch={row['epoch']}" if "epoch" in row else ""
+        lag = f" in_sync_replicas={row['in_sync_replicas']}" if row["role"] == "master" else \
+            f" behind_bytes={row['behind_bytes']}"
+        print(f"{where} {row['state']:<9} {row['role']:<8} pid={row['pid']} log_end={row['log_end']}{epoch}{lag}")
+    return EXIT_OK
+
+
+def _status_rows(directory: Path) -> list[dict[str, object]]:
+    """What ``cluster status`` shows of each engine, its text and its ``--json`` alike: state ``STOPPED``
+    with the reason, or the state, the role, the supervisor's pid (its state file's), the log's end, and
+    a master's in-sync replicas or a replica's bytes behind its set's master."""
+    rows: list[dict[str, object]] = []
     master_end = None
     broker_name = None
-    for engine in _engines(args.dir.resolve()):
+    for engine in _engines(directory):
         if engine.get("broker_name") != broker_name:  # a set's master comes first: the others' lag is to it
             broker_name, master_end = engine.get("broker_name"), None
+        row: dict[str, object] = {"name": engine["name"], "endpoint": engine["endpoint"],
+                                  "store_dir": engine["store_dir"], "broker_name": engine.get("broker_name")}
+        rows.append(row)
         try:
+            pid = supervisor_state(Path(engine["store_dir"]))["pid"]
             reply = control(Path(engine["store_dir"]), StatusQuery(), timeout_ms=2_000)
         except (NotRunning, ControlTimeout) as exc:
-            print(f"{engine['name']:<10} {engine['endpoint']:<24} not running ({exc})")
+            row.update(state="STOPPED", reason=str(exc))
             continue
         end = reply.offsets.get("written_offset", 0)
         if master_end is None:
             master_end = end
-        names = {actor.name for actor in reply.actors}
-        role = "replica" if "replication-receiver" in names else "master"
-        in_sync = f" in_sync_replicas={reply.offsets.get('in_sync_replicas', 0)}" if role == "master" else \
-            f" behind_bytes={max(0, master_end - end)}"
-        epoch = f" epoch={reply.offsets['epoch']}" if reply.offsets.get("epoch") else ""
-        print(f"{engine['name']:<10} {engine['endpoint']:<24} {reply.state:<9} {role:<8} log_end={end}{epoch}"
-              f"{in_sync}")
-    return EXIT_OK
+        role = "replica" if "replication-receiver" in {actor.name for actor in reply.actors} else "master"
+        row.update(state=reply.state, role=role, pid=pid, log_end=end)
+        if reply.offsets.get("epoch"):
+            row["epoch"] = reply.offsets["epoch"]
+        if role == "master":
+            row["in_sync_replicas"] = reply.offsets.get("in_sync_replicas", 0)
+        else:
+            row["behind_bytes"] = max(0, master_end - end)
+    return rows
 
 
 def _stop(args: argparse.Namespace) -> int:

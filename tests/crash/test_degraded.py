@@ -125,7 +125,8 @@ def test_a_disk_that_fills_while_running_degrades_the_engine_until_space_is_free
             shown = subprocess.run([sys.executable, "-m", "supervisor", "status", "--store-dir", str(engine.store_dir)],
                                    capture_output=True, text=True, check=False, timeout=30)
             first = shown.stdout.splitlines()[0]
-            assert first == f"engine DEGRADED on {engine.endpoint} store={engine.store_dir} role=standalone", \
+            assert first == (f"engine DEGRADED on {engine.endpoint} store={engine.store_dir} pid={engine.process.pid} "
+                             f"role=standalone"), \
                 shown.stdout
             assert any(line.startswith("  degraded: writer: cannot append: disk full (need ")
                        for line in shown.stdout.splitlines()[1:]), shown.stdout

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from engine.client import StoreClient
@@ -98,3 +99,51 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
 def rmqpy_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=60,
                           check=False)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", [["start", "--broker-sets", "0"], ["start", "--broker-sets", "-3"],
+                                 ["start", "--broker-sets", "abc"], ["start", "--replicas", "-1"],
+                                 ["add", "--replicas", "-1"]])
+def test_a_bad_count_is_a_usage_error_before_anything_is_written(tmp_path: Path, bad: list[str]) -> None:
+    directory = tmp_path / "cluster"
+    refused = cluster(bad[0], "--dir", str(directory), *bad[1:])
+    assert refused.returncode == 2, (refused.returncode, refused.stderr)  # argparse's, as every command's
+    assert "Traceback" not in refused.stderr
+    assert f"argument {bad[1]}: " in refused.stderr.strip().splitlines()[-1], refused.stderr
+    assert not directory.exists()
+
+
+def supervisor_of(store_dir: str) -> int:
+    """The pid of the background supervisor `start --detach` began on ``store_dir``, found among the processes."""
+    [pid] = [p.pid for p in psutil.process_iter(["cmdline"])
+             if (cmdline := p.info["cmdline"] or [])[1:4] == ["-m", "supervisor", "start"]
+             and "--detached-child" in cmdline and cmdline[cmdline.index("--store-dir") + 1] == store_dir]
+    return pid
+
+
+def test_cluster_status_shows_each_supervisor_pid_and_says_the_same_in_json(tmp_path: Path) -> None:
+    port = free_port()
+    directory = tmp_path / "cluster"
+    started = cluster("start", "--dir", str(directory), "--replicas", "1", "--port", str(port))
+    try:
+        assert started.returncode == 0, started.stderr
+        engines = json.loads((directory / "cluster.json").read_text())["engines"]
+        pids = [supervisor_of(engine["store_dir"]) for engine in engines]
+        shown = cluster("status", "--dir", str(directory), "--json")
+        assert shown.returncode == 0, shown.stderr
+        rows = json.loads(shown.stdout)["engines"]
+        assert [(r["name"], r["endpoint"], r["state"], r["role"], r["pid"]) for r in rows] == [
+            ("master", f"tcp://127.0.0.1:{port}", "RUNNING", "master", pids[0]),
+            ("replica-1", f"tcp://127.0.0.1:{port + 10}", "RUNNING", "replica", pids[1])]
+        text = cluster("status", "--dir", str(directory))
+        assert [line.split()[:6] for line in text.stdout.splitlines()] == [
+            [r["name"], r["endpoint"], r["state"], r["role"], f"pid={r['pid']}", f"log_end={r['log_end']}"]
+            for r in rows], text.stdout
+        stopped = subprocess.run([sys.executable, "-m", "supervisor", "stop", "--store-dir", engines[1]["store_dir"]],
+                                 capture_output=True, text=True, timeout=90, check=False)
+        assert stopped.returncode == 0, stopped.stderr
+        gone = json.loads(cluster("status", "--dir", str(directory), "--json").stdout)["engines"][1]
+        assert (gone["name"], gone["state"]) == ("replica-1", "STOPPED") and "no engine is running" in gone["reason"]
+    finally:
+        cluster("stop", "--dir", str(directory))

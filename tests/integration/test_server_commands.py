@@ -8,7 +8,9 @@ a traceback, and "ready" must mean that this start's own supervisor serves.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -27,7 +29,9 @@ from engine.config import StoreConfig
 from engine.ipc import endpoints
 from engine.ipc.control import EventStream, control
 from engine.ipc.messages import KillCommand
+from supervisor.__main__ import build_parser, start_config
 from supervisor.launcher import EngineProcess, free_port, write_config
+from supervisor.start_checks import listening_addresses
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +190,7 @@ def test_status_and_stop_find_the_engine_from_another_directory(tmp_path: Path, 
         assert took_s < 3, f"'no engine' took {took_s:.1f} s"
         found = server("status", "--endpoint", endpoint, cwd=elsewhere, run_root=run_root)
         assert found.returncode == 0, found.stderr
-        assert found.stdout.splitlines()[0] == f"engine RUNNING on {endpoint} store={store} role=standalone"
+        assert found.stdout.splitlines()[0] == f"engine RUNNING on {endpoint} store={store} pid={pid} role=standalone"
         here = server("status", cwd=tmp_path, run_root=run_root)  # ./store
         assert here.returncode == 0 and f"store={store}" in here.stdout
     finally:
@@ -265,3 +269,40 @@ def test_message_ids_carry_the_port_of_the_endpoint_set_in_the_config_file(tmp_p
     finally:
         assert server("stop", "--store-dir", str(store)).returncode == 0
     assert result["msg_id"][8:16] == f"{port:08X}", result["msg_id"]  # STOREHOST: 4 bytes of IP, 4 of port
+
+
+def test_status_shows_the_pid_of_the_running_supervisor(engine: EngineProcess) -> None:
+    """The supervisor's pid (its state file's): what to signal, or to look for in ps, with no
+    other file to read; the same in the text and in --json."""
+    text = server("status", "--store-dir", str(engine.store_dir))
+    assert text.returncode == 0, text.stderr
+    first = text.stdout.splitlines()[0]
+    assert first == f"engine RUNNING on {engine.endpoint} store={engine.store_dir} pid={engine.process.pid} " \
+                    f"role=standalone", text.stdout
+    shown = server("status", "--store-dir", str(engine.store_dir), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["pid"] == engine.process.pid
+    assert psutil.Process(engine.process.pid).cmdline()[1:4] == ["-m", "supervisor", "start"]
+
+
+def start_example(line: str) -> StoreConfig:
+    """The settings a `start --help` example line runs with, read as `start` reads them."""
+    words = shlex.split(line, comments=True)
+    assert words[:4] == ["python", "-m", "supervisor", "start"], line
+    return start_config(build_parser().parse_args(words[3:]))
+
+
+@pytest.mark.timeout(30)
+def test_the_help_examples_of_a_first_and_a_second_store_can_run_together() -> None:
+    """`start --help` shows a start of ./store with every default and one of a second store on the same
+    machine: the second must bind none of the first's ports (every one a start checks, in
+    start_checks.listening_addresses), or it fails while the first runs."""
+    shown = server("start", "--help")
+    assert shown.returncode == 0, shown.stderr
+    examples = shown.stdout.split("examples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    first = start_example(next(line for line in examples if "--store-dir" not in line))
+    second = start_example(next(line for line in examples if "second-store" in line))
+    first_ports = {address for _, address in listening_addresses(first)}
+    second_ports = {address for _, address in listening_addresses(second)}
+    assert {"127.0.0.1:10911", "127.0.0.1:9108"} <= first_ports  # the defaults, metrics on
+    assert not first_ports & second_ports, (first_ports, second_ports)
