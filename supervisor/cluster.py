@@ -169,7 +169,9 @@ def _add(args: argparse.Namespace) -> int:
 def _write_set(directory: Path, layout: dict[str, object], index: int, replicas: int, *,
                alone: bool) -> list[dict[str, str]]:
     """The configs of broker set ``index`` (``broker-a``, ``broker-b``...): engines that elect their
-    master on the cluster's etcd, each listening for replicas."""
+    master on the cluster's etcd, each listening for replicas. A send creates no topic there
+    (``auto_create_topic = false``, docs/cluster.md): it would create it on whichever set took it,
+    so topics are created over the sets (``rmqpy topics --cluster ETCD --create``)."""
     broker_name = f"broker-{chr(ord('a') + index)}"
     engines = []
     for k in range(replicas + 1):
@@ -177,7 +179,7 @@ def _write_set(directory: Path, layout: dict[str, object], index: int, replicas:
         role: dict[str, object] = {"replication_endpoint": f"tcp://127.0.0.1:{port + 1}",
                                    "replication_mode": layout["replication_mode"],
                                    "etcd_endpoints": layout["etcd_endpoints"], "broker_id": k,
-                                   "broker_name": broker_name}
+                                   "broker_name": broker_name, "auto_create_topic": False}
         engines.append(_write_engine(directory, f"broker-{k}" if alone else f"{broker_name}-{k}", port, broker_name,
                                      role))
     return engines

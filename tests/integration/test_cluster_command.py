@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine.client import StoreClient
+from engine.client import EngineError, StoreClient
+from engine.errors import ErrorCode
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import free_port
 from tests.helpers import require
@@ -65,6 +66,9 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
         assert started.returncode == 0, started.stderr
         names = [line.split()[0] for line in started.stdout.splitlines()[:3]]
         assert names == ["etcd", "broker-a-0", "broker-b-0"], started.stdout
+        with StoreClient(f"tcp://127.0.0.1:{port}") as broker_a, pytest.raises(EngineError) as refused:
+            broker_a.send("orders", [{"body": b"before its creation"}])  # a send creates no topic on the set it reaches
+        assert refused.value.code == ErrorCode.TOPIC_NOT_FOUND, refused.value
         etcd = f"http://127.0.0.1:{etcd_port}"
         created = rmqpy_cli("topics", "--cluster", etcd, "--create", "orders", "--queues", "6")
         assert created.returncode == 0, created.stderr
@@ -90,6 +94,8 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
         sent = rmqpy_cli("produce", "--cluster", etcd, "--topic", "orders", "--count", "8", "--json")
         assert sent.returncode == 0, sent.stderr
         assert {r["broker_name"] for r in json.loads(sent.stdout)["results"]} == {"broker-a", "broker-b", "broker-c"}
+        for engine in json.loads((directory / "cluster.json").read_text())["engines"]:  # those added too
+            assert "auto_create_topic = false" in (directory / f"{engine['name']}.toml").read_text().splitlines()
     finally:
         stopped = cluster("stop", "--dir", str(directory))
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
