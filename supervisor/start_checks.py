@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import sys
 from pathlib import Path
 
 import psutil
@@ -31,6 +32,7 @@ from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.index_file import INDEX_DIR
 from engine.store.pop_files import POP_DIR
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
+from engine.store.store_settings import SETTINGS_FILE, record_settings
 from engine.store.timer_files import TIMER_LOG_DIR
 from engine.store.topics import TOPICS_FILE
 
@@ -180,7 +182,9 @@ def check_file_systems(store_dir: Path) -> None:
 def lock_and_check(store_dir: Path, config: StoreConfig) -> int:
     """The checks of a start, and the store's lock (its descriptor). Nothing is created before the
     first two pass (a refused start leaves no trace); the ports are checked again holding the lock
-    (an engine that started meanwhile binds them now); a store that cannot be written is refused."""
+    (an engine that started meanwhile binds them now); a store that cannot be written is refused.
+    Once all pass, the store keeps the settings it starts with (``config/settings.json``), which
+    the offline ``check`` reads when it is not given ``--config``."""
     check_store_free(store_dir)
     check_ports(config)
     try:
@@ -194,4 +198,9 @@ def lock_and_check(store_dir: Path, config: StoreConfig) -> int:
     except EngineError:
         os.close(lock_fd)
         raise
+    try:
+        record_settings(store_dir, config)
+    except OSError as exc:  # a full disk: the engine starts all the same (DEGRADED), the last copy stays
+        print(f"warning: cannot keep the settings in {store_dir / SETTINGS_FILE} ({exc.strerror or exc}): "
+              f"give `check` the store's --config", file=sys.stderr)
     return lock_fd

@@ -66,13 +66,13 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from engine.config import StoreConfig
     from engine.offline.check import check_store
+    from engine.store.store_settings import settings_for
 
     if not args.store_dir:
         print("error: check reads a store directory offline; give --store-dir", file=sys.stderr)
         return 2
-    config = StoreConfig.load(args.config)
+    config = settings_for(args.store_dir, args.config)  # --config, else the settings of the store's last start
     if args.repair:
         from engine.offline.repair import StoreBusy, rebuild_derived
         from engine.offline.store_dir import engine_running, require_store
@@ -113,7 +113,9 @@ def add(commands: Any) -> None:
     inspect = add_command(commands, "inspect", "dump a store directory offline: segments, records, queues, index, "
                           "checkpoint", INSPECT_EXAMPLES)
     inspect.add_argument("--store-dir", type=Path, metavar="DIR", help="the store directory to read")
-    inspect.add_argument("--config", type=Path, metavar="FILE", help="the TOML the store was written with")
+    inspect.add_argument("--config", type=Path, metavar="FILE",
+                         help="the TOML the store was written with (default: the settings of its last start, "
+                              "config/settings.json)")
     inspect.add_argument("--segment-size-bytes", type=positive, metavar="BYTES",
                          help="override the segment size (default: the size of the files)")
     inspect.add_argument("--records", type=non_negative, default=20, metavar="N",
@@ -123,7 +125,9 @@ def add(commands: Any) -> None:
     check = add_command(commands, "check", "verify a store offline (CRCs, queues, index, checkpoint)",
                         CHECK_EXAMPLES)
     check.add_argument("--store-dir", type=Path, metavar="DIR", help="the store directory to verify")
-    check.add_argument("--config", type=Path, metavar="FILE", help="the TOML the store was written with")
+    check.add_argument("--config", type=Path, metavar="FILE",
+                       help="the TOML the store was written with (default: the settings of its last start, "
+                            "config/settings.json)")
     check.add_argument("--json", action="store_true", help="machine-readable output (and no progress bars)")
     check.add_argument("--repair", action="store_true",
                        help="first rebuild queues and index from the log (the store must be stopped)")

@@ -25,6 +25,7 @@ from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from engine.store.index_file import INDEX_DIR
 from engine.store.mapped_file import list_files
+from engine.store.store_settings import settings_for
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes
 PROGRESS_STEP_BYTES = 16 << 20  # a long read of the log reports this often
@@ -53,7 +54,7 @@ def detect_config(store_dir: Path, config: StoreConfig, *, segment_size_bytes: i
 def inspect_store(store_dir: Path, *, segment_size_bytes: int | None = None, records_max: int = 20,
                   config_path: Path | None = None, progress: Progress = _quiet) -> dict[str, Any]:
     """``progress("log", bytes read, bytes to read)`` is called as the log is read (a bar on a terminal)."""
-    config = detect_config(store_dir, StoreConfig.load(config_path), segment_size_bytes=segment_size_bytes)
+    config = detect_config(store_dir, settings_for(store_dir, config_path), segment_size_bytes=segment_size_bytes)
     segments = list_files(store_dir / COMMIT_LOG_DIR)
     size = config.segment_size_bytes
     report: dict[str, Any] = {"store_dir": str(store_dir), "segment_size_bytes": size,

@@ -18,7 +18,9 @@ import pytest
 
 from engine.cli import EXIT_FAILED, EXIT_OS_ERROR
 from engine.config import GiB, StoreConfig
+from engine.layout import index_file_bytes
 from engine.offline.store_dir import LIVE_WARNING
+from engine.store.index_file import INDEX_DIR
 from supervisor.launcher import EngineProcess, write_config
 from tests.helpers import wait_dispatched
 
@@ -73,6 +75,33 @@ def test_a_healthy_store_with_1_gib_segments_is_read_to_its_end_only(store_dir: 
     assert "no problems found" in out
     assert peak < RSS_BYTES_MAX, f"check peaked at {peak >> 20} MiB resident"
     assert took < 15, f"check took {took:.1f} s"
+
+
+@pytest.mark.timeout(90)
+def test_a_store_is_checked_and_repaired_with_the_settings_of_its_last_start_without_its_config(
+        store_dir: Path) -> None:
+    """The sizes of IndexFiles are settings the files do not say: ``check`` without ``--config`` took
+    the defaults and found every IndexFile of a store started otherwise (a cluster's engine's, whose
+    TOML ``cluster start`` wrote) of the wrong size. The store keeps the settings of its last start."""
+    config = StoreConfig.test_min().replace(index_hash_slot_count=777, index_item_count_max=3_000)  # not the defaults
+    assert (config.index_hash_slot_count, config.index_item_count_max) != \
+        (StoreConfig().index_hash_slot_count, StoreConfig().index_item_count_max)
+    with EngineProcess(store_dir, config=config) as engine:
+        client = engine.client()
+        client.send("orders", [{"body": b"keyed", "keys": [f"k{n}"]} for n in range(50)])
+        wait_dispatched(client)
+        client.close()
+    index_files = sorted((store_dir / INDEX_DIR).iterdir())
+    assert index_files
+    size = index_file_bytes(hash_slot_count=777, index_count=3_000)
+    assert [path.stat().st_size for path in index_files] == [size] * len(index_files)
+
+    checked = run("check", "--store-dir", str(store_dir))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "no problems found" in checked.stdout
+    repaired = run("check", "--repair", "--store-dir", str(store_dir))  # rebuilt with the same sizes
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert [path.stat().st_size for path in sorted((store_dir / INDEX_DIR).iterdir())] == [size] * len(index_files)
 
 
 @pytest.mark.timeout(60)
