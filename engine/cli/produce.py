@@ -23,7 +23,7 @@ from engine.cli.common import (
     positive,
     queue_number,
 )
-from engine.client import StoreClient
+from engine.client import ClientError, StoreClient
 from engine.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
 from engine.progress import count_bar
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     interrupted = False
     started = time.perf_counter()
     with _send_targets(args) as targets, bar:
-        existed = targets.client is None or args.topic in {t["topic"] for t in targets.client.list_topics()}
+        existed = targets.client is None or _exists_where_sent(targets.client, args.topic)
         try:
             while sent < args.count:
                 n = min(args.batch_size, args.count - sent)
@@ -128,6 +128,23 @@ def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
     curve = curve_keys(args)
     return SpreadSends(args, cluster_route(args),
                        lambda master: StoreClient(master, timeout_ms=args.timeout_ms, curve=curve))
+
+
+def _exists_where_sent(client: StoreClient, topic: str) -> bool:
+    """Whether ``topic`` exists at the engine that will take the sends: a replica refuses them and
+    its client follows to the master (``NOT_MASTER``), and a replica's topic table is its master's
+    of up to ``replication_config_interval_ms`` ago (shipped, docs/replication.md): a topic just
+    created there is not in it yet. So a replica's master is asked. Unknown (the master does not
+    answer): True, so that no creation is claimed."""
+    route = client.route()
+    master = route.get("master_endpoint")
+    if route.get("role") != "replica" or not isinstance(master, str) or not master or master == client.endpoint:
+        return topic in {t["topic"] for t in client.list_topics()}
+    try:
+        with StoreClient(master, timeout_ms=client.timeout_ms, curve=client.curve, direct_replies=False) as at_master:
+            return topic in {t["topic"] for t in at_master.list_topics()}
+    except ClientError:
+        return True
 
 
 def _say_created(client: StoreClient, topic: str) -> None:

@@ -286,6 +286,30 @@ def test_grpc_routes_name_the_master_of_the_set(tmp_path: Path) -> None:
             assert addresses == {master.config.grpc_endpoint}
 
 
+def test_a_produce_through_a_replica_says_it_created_a_topic_only_when_it_did(tmp_path: Path) -> None:
+    """``rmqpy produce --endpoint REPLICA`` sends at the master. It looked the topic up in the
+    replica's table, its master's of up to ``replication_config_interval_ms`` ago, and said
+    "created topic ... (auto-create)" of a topic created meanwhile; it now asks the master."""
+    config = StoreConfig.test_min().replace(replication_config_interval_ms=600_000)  # no table shipped in the test
+    with broker_set(tmp_path, config, engines=2) as brokers:
+        master = brokers.wait_master()
+        replica = next(engine for engine in brokers.engines if engine is not master)
+        wait_in_sync(master, 1)
+        with master.client() as client:
+            client.create_topic("orders", queue_count=2)
+        with replica.client() as client:
+            assert "orders" not in {t["topic"] for t in client.list_topics()}
+        for topic, created in (("orders", False), ("fresh", True)):
+            produced = subprocess.run([sys.executable, "-m", "engine", "produce", "--endpoint", replica.endpoint,
+                                       "--topic", topic, "--count", "2"], capture_output=True, text=True,
+                                      check=False, timeout=60)
+            assert produced.returncode == 0, produced.stderr
+            assert f"is a replica; sending to its master, {master.endpoint}" in produced.stderr
+            assert ("(auto-create)" in produced.stderr) is created, (topic, produced.stderr)
+        with master.client() as client:
+            assert {t["topic"] for t in client.list_topics()} >= {"orders", "fresh"}
+
+
 def test_the_official_python_clients_keep_sending_and_receiving_across_a_failover(tmp_path: Path) -> None:
     """The official producer and simple consumer, given every engine's gRPC endpoint: sends go on
     after the master's kill, and every message with a receipt is received (at least once: a
