@@ -27,12 +27,12 @@ import psutil
 from engine.config import StoreConfig
 from engine.ipc import endpoints
 from engine.logs import LOG_DIR
+from engine.offline.store_settings import SETTINGS_FILE, record_settings
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.index_file import INDEX_DIR
 from engine.store.pop_files import POP_DIR
 from engine.store.shared_mapping_check import SharedMappingError, check_shared_mappings
-from engine.store.store_settings import SETTINGS_FILE, record_settings
 from engine.store.timer_files import TIMER_LOG_DIR
 from engine.store.topics import TOPICS_FILE
 

@@ -67,7 +67,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     from engine.offline.check import check_store
-    from engine.store.store_settings import settings_for
+    from engine.offline.store_settings import settings_for
 
     if not args.store_dir:
         print("error: check reads a store directory offline; give --store-dir", file=sys.stderr)

@@ -19,13 +19,13 @@ from engine.config import StoreConfig
 from engine.layout import CQ_UNIT_BYTES, INDEX_HEADER, Record
 from engine.names import is_decimal
 from engine.offline.log_scan import scan_log
+from engine.offline.store_settings import settings_for
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogReader, Damage
 from engine.store.consume_queue import ConsumeQueue, list_queues, queue_dir
 from engine.store.index_file import INDEX_DIR
 from engine.store.mapped_file import list_files
-from engine.store.store_settings import settings_for
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "log" in bytes
 PROGRESS_STEP_BYTES = 16 << 20  # a long read of the log reports this often

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.store.store_settings import SETTINGS_FILE, record_settings, recorded_settings, settings_for
+from engine.offline.store_settings import SETTINGS_FILE, record_settings, recorded_settings, settings_for
 from supervisor.launcher import write_config
 
 
