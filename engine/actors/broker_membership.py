@@ -124,7 +124,6 @@ class BrokerMembershipActor(Actor):
             if self.role is not None:  # this actor restarted: the engine runs in its role
                 self.resume()
                 self.started = True
-                self.to_tell = self.role  # again: a word lost with the last process is not lost for good
             else:
                 role = self.decide(self.start_end_offset)
                 if role is not None:

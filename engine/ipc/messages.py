@@ -346,8 +346,7 @@ class KillCommand(msgspec.Struct, tag="kill"):
 class RoleChanged(msgspec.Struct, tag="role_changed"):
     """broker membership -> supervisor: the role the engine holds in its broker set now (the fields of
     ``engine/coordination/role.py``'s ``Role``, also in ``role.json``): the first completes the
-    start, a later one starts the other actors again in it; the same role again changes nothing
-    (a restarted membership actor tells it once more, in case its last word was lost with it).
+    start, a later one starts the other actors again in it; the same role again changes nothing.
     Reply: ``ControlReply``."""
 
     role: str
