@@ -30,11 +30,6 @@ class OffLoop:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    @property
-    def busy(self) -> bool:
-        with self._cond:
-            return self._call is not None
-
     def submit(self, call: Callable[[], None]) -> bool:
         """Run ``call`` off the loop; False (and nothing run) while the last one still runs."""
         with self._cond:

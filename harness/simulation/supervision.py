@@ -11,7 +11,7 @@ order while the earlier waves keep working. The effects on the store and the run
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from random import Random
 from typing import Protocol
@@ -73,7 +73,6 @@ class SimSupervisor:
         self.host = host
         self.base_config = config
         self.decisions = Decisions(config)
-        self.on_publish: Callable[[str], None] = lambda kind: None
         self.cuts = 0  # logs cut at a change of role
 
     @property
@@ -140,7 +139,6 @@ class SimSupervisor:
                     self._stop_wave([prefix + name for name in names if prefix + name in host.actors])
                 case Publish(kind=kind):
                     host.trace(f"{prefix}supervisor: {kind}")
-                    self.on_publish(kind)
 
     def _stop_wave(self, names: list[str]) -> None:
         host = self.host
