@@ -3,7 +3,8 @@
 Sources, none of which the monitor waits on for long:
 
 * the actors' reports (``report.py``), at most ``metrics_report_interval_ms`` old;
-* the shared offsets of the log (``engine/store/shared_offsets.py``), read as they are;
+* the shared offsets of the log and of the broker set (``engine/store/shared_offsets.py``), read
+  as they are;
 * the supervisor's status (actors, states, restarts, memory), one control request;
 * the store's file system (``statvfs``).
 
@@ -14,6 +15,7 @@ less the group's committed offset (the front's).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
 from engine.store.disk_space import disk_space
-from engine.store.shared_offsets import SharedOffsets
+from engine.store.shared_offsets import IN_SYNC_REPLICAS, LEASE_DEADLINE, SharedOffsets
 
 log = logging.getLogger(__name__)
 _STATUS_TIMEOUT_MS = 2_000
@@ -70,6 +72,7 @@ def gather(store_dir: Path, run_dir: Path, config: StoreConfig, offsets: SharedO
             labels: list[str] = [config.flush_mode] if family == "rmqpy_send_latency_seconds" else []
             view.histograms.setdefault(family, []).append((labels, histogram))
     _add_log(view, offsets.snapshot(0))
+    _add_broker(view, config, offsets)
     _add_lag(view)
     space = disk_space(store_dir)  # the writer's DISK_FULL ratio is the same figure
     view.add("rmqpy_disk_used_ratio", space.used_ratio)
@@ -89,6 +92,19 @@ def _add_log(view: View, slots: dict[str, int]) -> None:
     view.add("rmqpy_log_behind_bytes", "index", max(0, confirmed - slots["index_applied_offset"]))
     view.add("rmqpy_timers_pending_messages", slots["timers_pending"])
     view.add("rmqpy_transaction_halves_pending_messages", slots["halves_pending"])
+
+
+def _add_broker(view: View, config: StoreConfig, offsets: SharedOffsets) -> None:
+    """This engine's place in its broker set: master or not, as the writer decides (an elected engine
+    takes writes while its lease, the membership actor's deadline in the slots, runs); and a master's
+    in-sync replicas, with the floor below which a SYNC master refuses sends."""
+    now_ms = time.monotonic_ns() // 1_000_000  # the writer's clock and test (CLOCK_MONOTONIC, one per host)
+    master = now_ms <= offsets.get(LEASE_DEADLINE) if config.elected else not config.is_replica
+    view.add("rmqpy_broker_master", config.broker_name, int(master))
+    if master and config.replication_endpoint:
+        view.add("rmqpy_replication_in_sync_replicas", config.broker_name, offsets.get(IN_SYNC_REPLICAS))
+        if config.sync_replication:
+            view.add("rmqpy_replication_min_in_sync_replicas", config.broker_name, config.min_in_sync_replicas)
 
 
 def _add_lag(view: View) -> None:

@@ -11,7 +11,8 @@ Who reports what (``report.py`` carries it to the monitor):
     owners        queue offsets, pulled messages and bytes, pop groups' state
     flusher       flush rounds and fdatasync times
     front         requests by op, refusals, committed offsets and members of consumer groups
-    monitor       log offsets (shared slots), actors (supervisor), disk, group lag
+    monitor       log offsets and the broker set's role and in-sync replicas (shared slots), actors
+                  (supervisor), disk, group lag
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ FAMILIES = {f.name: f for f in [
                                             "confirmed offset", ("stage",)),
     Family("rmqpy_timers_pending_messages", GAUGE, "Delayed messages stored and not delivered yet"),
     Family("rmqpy_transaction_halves_pending_messages", GAUGE, "Half messages without a decision"),
+    # the broker set (replication)
+    Family("rmqpy_broker_master", GAUGE, "1 while this engine takes writes as its broker set's master: a fixed "
+                                         "master, or one elected on etcd that holds its lease", ("broker_name",)),
+    Family("rmqpy_replication_in_sync_replicas", GAUGE, "Replicas in sync with this master (a master with a "
+                                                        "replication endpoint)", ("broker_name",)),
+    Family("rmqpy_replication_min_in_sync_replicas", GAUGE, "min_in_sync_replicas of a SYNC master: below it, "
+                                                            "sends that wait for the replicas are refused",
+           ("broker_name",)),
     # the host and the actors
     Family("rmqpy_disk_used_ratio", GAUGE, "Used share of the store's file system"),
     Family("rmqpy_disk_free_bytes", GAUGE, "Free bytes on the store's file system"),
