@@ -15,7 +15,9 @@ TEST_STAMP := $(VENV)/.installed-test
 # without them the engine runs on the Python codec, slower). The others: libzmq and msgpuck for the C
 # client, node and npm for the Node clients, strace for the fsync-failure tests, Chromium and
 # ChromeDriver for the dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount,
-# etcd-server for the failover tests (a broker set elected on etcd). npm has its own call, made only
+# etcd-server for the failover tests (a broker set elected on etcd), prometheus (with promtool) for
+# the alerting rules' tests; its own service is masked first, so that no Prometheus of the package
+# holds port 9090 (the tests start their own). npm has its own call, made only
 # if no npm command exists once nodejs is in: NodeSource's nodejs bundles npm and conflicts with
 # Debian's npm, so asking for both refuses both. Without root, what is missing is named and what
 # needs it is skipped.
@@ -28,13 +30,13 @@ C_CLIENT_PACKAGES := make=make pkg-config=pkg-config libzmq3-dev=$(INCLUDE_DIR)/
 BROWSER_PACKAGES := chromium=chromium chromium-driver=chromedriver
 FUSE_PACKAGES := bindfs=bindfs fuse3=fusermount3
 TEST_PACKAGES := $(BUILD_PACKAGES) $(C_CLIENT_PACKAGES) nodejs=node npm=npm strace=strace $(BROWSER_PACKAGES) \
-	$(FUSE_PACKAGES) etcd-server=etcd
+	$(FUSE_PACKAGES) etcd-server=etcd prometheus=promtool
 found = $(if $(filter /%,$(1)),$(wildcard $(1)),$(shell command -v $(1) 2>/dev/null))
 missing = $(strip $(foreach p,$(1),$(if $(call found,$(lastword $(subst =, ,$(p)))),,$(firstword $(subst =, ,$(p))))))
 APT := $(if $(filter 0,$(shell id -u)),$(shell command -v apt-get 2>/dev/null))
 # $(call apt_update,PACKAGES): once per target, before its groups, when one of them will be installed.
 apt_update = $(if $(APT),$(if $(call missing,$(1)),apt-get update -qq || echo "note: apt-get update failed"))
-# $(call install_group,PACKAGES,what is skipped without them[,a shell test that must still hold]).
+# $(call install_group,PACKAGES,what is skipped without them[,a shell test that must still hold, or a step first]).
 install_group = $(if $(call missing,$(1)),$(if $(APT),$(3){ echo "installing Debian packages: $(call missing,$(1))" \
 	&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(call missing,$(1)) >/dev/null \
 	|| echo "note: apt-get could not install $(call missing,$(1)); $(2)"; },echo "note: missing \
@@ -52,6 +54,7 @@ system-tools:
 	@$(call install_group,$(BROWSER_PACKAGES),the dashboard's browser test skips)
 	@$(call install_group,$(FUSE_PACKAGES),the tests of a store on a FUSE mount skip)
 	@$(call install_group,etcd-server=etcd,the failover tests skip)
+	@$(call install_group,prometheus=promtool,the Prometheus tests skip,systemctl mask -q prometheus 2>/dev/null; )
 
 # The build packages come first (order only), so that a fresh machine compiles the codec.
 $(STAMP): pyproject.toml setup.py engine/_codec.c | build-tools

@@ -67,9 +67,9 @@ def test_each_group_of_packages_is_asked_for_on_its_own_and_npm_apart_from_nodej
     calls = installs(lines)
     assert sum("apt-get update" in line for line in lines) == 1, lines
     wanted = {"nodejs", "npm", "libzmq3-dev", "libmsgpuck-dev", "zlib1g-dev", "strace", "chromium", "chromium-driver",
-              "bindfs", "fuse3", "etcd-server"}
+              "bindfs", "fuse3", "etcd-server", "prometheus"}
     assert wanted <= set().union(*calls), calls
-    assert len(calls) >= 8, calls  # build, C client, nodejs, npm, strace, browser, FUSE, etcd
+    assert len(calls) >= 9, calls  # build, C client, nodejs, npm, strace, browser, FUSE, etcd, prometheus
     assert {"npm"} in calls and not any("npm" in call and len(call) > 1 for call in calls), calls
     npm_line = next(line for line in lines if "DEBIAN_FRONTEND" in line and installs([line]) == [{"npm"}])
     assert "command -v npm" in npm_line, "npm is asked for only if nodejs did not bring it"
@@ -84,7 +84,7 @@ def test_a_machine_with_node_and_npm_from_nodesource_is_asked_for_neither(tmp_pa
 
 def test_a_machine_that_has_everything_is_asked_for_nothing(tmp_path: Path) -> None:
     commands = ("cc", "make", "pkg-config", "node", "npm", "strace", "chromium", "chromedriver", "bindfs",
-                "fusermount3", "etcd")
+                "fusermount3", "etcd", "promtool")
     lines = dry_run(tmp_path, "system-tools", has=commands)
     asked = set().union(*installs(lines))
     assert asked == {"libc6-dev", "zlib1g-dev", "libzmq3-dev", "libmsgpuck-dev"}, asked  # the headers only
