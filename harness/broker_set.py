@@ -196,7 +196,8 @@ def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: 
     """A cluster: ``sets`` broker sets (``broker-a``, ``broker-b``, ...) of ``engines`` engines each (or
     each its own count), on one etcd; each set's engines start in broker_id order (the first is elected
     master). One set keeps the store directories ``broker-<id>`` (``broker_set``); more get
-    ``<broker name>-<id>``."""
+    ``<broker name>-<id>``. With a ``metrics_endpoint`` in ``config``, each engine serves its metrics
+    on a free port of its own."""
     counts = [engines] * sets if isinstance(engines, int) else list(engines)
     assert len(counts) == sets, (sets, engines)
     etcd = EtcdCluster(root / "etcd", [(free_port(), free_port()) for _ in range(etcd_members)])
@@ -211,7 +212,8 @@ def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: 
                 store = root / (f"broker-{broker_id}" if sets == 1 else f"{name}-{broker_id}")
                 engine = EngineProcess(store, config=config.replace(
                     etcd_endpoints=etcd.endpoints, broker_id=broker_id, broker_name=name,
-                    replication_endpoint=f"tcp://127.0.0.1:{free_port()}", grpc_endpoint=f"127.0.0.1:{free_port()}"))
+                    replication_endpoint=f"tcp://127.0.0.1:{free_port()}", grpc_endpoint=f"127.0.0.1:{free_port()}",
+                    metrics_endpoint=f"127.0.0.1:{free_port()}" if config.metrics_endpoint else ""))
                 engine.start()
                 started.append(engine)
                 members.append(engine)
