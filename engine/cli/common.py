@@ -50,6 +50,17 @@ def curve_keys(args: argparse.Namespace) -> CurveKeys | None:
 
 def connect(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient] = StoreClient) -> StoreClient:
     curve = curve_keys(args)
+    endpoint = reachable_endpoint(args)
+
+    def following(master: str) -> None:
+        print(f"note: {endpoint} is a replica; sending to its master, {master}", file=sys.stderr)
+
+    return kind(endpoint, timeout_ms=timeout_ms, curve=curve, on_master=following)
+
+
+def reachable_endpoint(args: argparse.Namespace) -> str:
+    """The endpoint of the engine the options name (a broker set's: its master), once it accepts a
+    connection; ``EngineUnreachable`` if nothing does, a usage error if it is no endpoint at all."""
     endpoint = engine_endpoint(args)
     if "," in endpoint:  # a broker set's engines: the one its route names master
         members = [part.strip() for part in endpoint.split(",") if part.strip()]
@@ -62,11 +73,7 @@ def connect(args: argparse.Namespace, *, timeout_ms: int, kind: type[StoreClient
         raise SystemExit(EXIT_USAGE) from None
     if not answers:
         raise EngineUnreachable(endpoint)
-
-    def following(master: str) -> None:
-        print(f"note: {endpoint} is a replica; sending to its master, {master}", file=sys.stderr)
-
-    return kind(endpoint, timeout_ms=timeout_ms, curve=curve, on_master=following)
+    return endpoint
 
 
 def printable(value: Any) -> Any:

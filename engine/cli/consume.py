@@ -1,4 +1,5 @@
-"""``consume``: pull messages (every queue long-polled at once), or pop and ack them for a group."""
+"""``consume``: pull messages (every queue long-polled at once), as a member of a group
+(``engine/cli/group_consume.py``), or pop and ack them for a group."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ from engine.cli.common import (
     queue_number,
     wait_time_ms,
 )
+from engine.cli.group_consume import consume_as_member
 from engine.client import ClientError
 from rmqpy.raw import Channel
 
 EXAMPLES = """examples:
   %(prog)s --topic orders --queue-id 0 --count 5
   %(prog)s --topic orders --group billing --subscription "paid || refunded" --wait-ms 5000
+  %(prog)s --topic orders --group billing --count 500   # run it twice at once: each reads its share of the queues
   %(prog)s --topic jobs --group workers --pop --ack --count 500 --wait-ms 1000"""
 
 
@@ -36,7 +39,12 @@ def run(args: argparse.Namespace) -> int:
     if args.pop and not args.group:
         print("error: --pop needs --group", file=sys.stderr)
         return EXIT_USAGE
-    gather = _pop_messages if args.pop else _pull_messages
+    member = bool(args.group) and not args.pop and args.queue_id is None
+    if member and (args.offset or args.since_ms is not None):
+        print("error: a member of --group starts each queue at the group's committed offset (or its first "
+              "message): --offset and --since-ms need --queue-id", file=sys.stderr)
+        return EXIT_USAGE
+    gather = _pop_messages if args.pop else consume_as_member if member else _pull_messages
     errors: list[str] = []  # printed after the messages
 
     def consume_one(one: argparse.Namespace) -> list[dict[str, Any]]:
@@ -192,7 +200,10 @@ def add(commands: Any) -> None:
                               "group's committed offset wins)")
     consume.add_argument("--count", type=positive, default=100, metavar="N",
                          help="the most messages to print (default 100)")
-    consume.add_argument("--group", help="consumer group: start at its committed offset, commit where it stopped")
+    consume.add_argument("--group",
+                         help="consumer group: start at its committed offset, commit where it stopped; without "
+                              "--queue-id (and --pop) a member of the group, like rmqpy's PullConsumer: consumes "
+                              "run at once share the queues, and none prints a message another printed")
     consume.add_argument("--subscription", default="*", metavar="EXPR",
                          help='tags to receive: "*" or "tagA || tagB" (default *)')
     consume.add_argument("--wait-ms", type=wait_time_ms, default=0, metavar="MS",
