@@ -134,7 +134,8 @@ class Supervisor:
         self.control = self._bind(zmq.ROUTER, endpoints.SUPERVISOR_CONTROL)
         self.events = self._bind(zmq.PUB, endpoints.SUPERVISOR_EVENTS)
         self.heartbeats = self._bind(zmq.PULL, endpoints.SUPERVISOR_HEARTBEATS)
-        state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir)}
+        state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir),
+                 **endpoints.namespaces()}
         (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
         self.carry_out(self.decisions.start(crash_start=crash_start))
         if self.config.elected:  # the others start in the role the membership actor takes

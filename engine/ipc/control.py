@@ -65,14 +65,18 @@ def find_engine(store_dir: Path | None, endpoint: str | None, *, default_store: 
     engine runs there (on ``endpoint``, if given); else the engine serving
     ``endpoint`` (default: the clients' default endpoint), as the client
     commands find it: every run directory under ``RUN_DIR_ROOT`` holds the
-    state file of the engine it serves. NotRunning names the paths looked at.
+    state file of the engine it serves. Without ``--store-dir`` only an engine
+    of this process's network and pid namespaces is found: the run directories
+    may be shared with other namespaces, whose ``127.0.0.1`` and pids are not
+    ours (a bare ``stop`` must not stop another namespace's engine). NotRunning
+    names the paths looked at.
     """
     if store_dir is not None:
         return store_dir.resolve(), supervisor_state(store_dir)
     looked = default_store.resolve()
     try:
         state = supervisor_state(default_store)
-        if endpoint is None or state.get("endpoint") == endpoint:
+        if (endpoint is None or state.get("endpoint") == endpoint) and endpoints.in_these_namespaces(state):
             return looked, state
     except NotRunning:
         pass
@@ -84,8 +88,8 @@ def find_engine(store_dir: Path | None, endpoint: str | None, *, default_store: 
         except (OSError, ValueError, KeyError, TypeError):
             continue  # another user's (mode 0700), or one being written
         pid = state.get("pid")
-        if state.get("endpoint") == wanted and isinstance(pid, int) and _alive(pid) \
-                and endpoints.run_dir_for(store) == path.parent:
+        if state.get("endpoint") == wanted and endpoints.in_these_namespaces(state) and isinstance(pid, int) \
+                and _alive(pid) and endpoints.run_dir_for(store) == path.parent:
             return store, state
     raise NotRunning(f"no engine is running on {looked}, nor any serving {wanted}")
 

@@ -96,6 +96,26 @@ class NotRunning(RuntimeError):
     """No engine runs on this store directory."""
 
 
+def namespaces() -> dict[str, int]:
+    """The network and pid namespaces of this process, by the inode of ``/proc/self/ns/*`` (none
+    without /proc): the state file records them, so that a search of ``RUN_DIR_ROOT``, which
+    processes of other namespaces share, takes only the engines this process can reach (a
+    namespace's 127.0.0.1 is its own, and a pid names another process in another pid namespace)."""
+    found = {}
+    for key, name in (("net_ns", "net"), ("pid_ns", "pid")):
+        try:
+            found[key] = os.stat(f"/proc/self/ns/{name}").st_ino
+        except OSError:
+            continue
+    return found
+
+
+def in_these_namespaces(state: dict[str, object]) -> bool:
+    """Whether the engine of ``state`` runs in this process's namespaces (one whose state file
+    records none, written before they were recorded, is taken to)."""
+    return all(state.get(key, inode) == inode for key, inode in namespaces().items())
+
+
 def read_engine_state(store_dir: Path) -> dict[str, object]:
     """pid, endpoint and store of the engine running on ``store_dir``; NotRunning if none."""
     try:
