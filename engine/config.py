@@ -152,6 +152,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     replication_chunks_in_flight_max: int = 4  # sent to a replica and not yet reported written by it
     replication_report_interval_ms: int = 1_000  # a replica reports its end at least this often
     replication_config_interval_ms: int = 1_000  # how often a master sends changed topics and offsets files
+    # A replica whose connection breaks leaves its master's in-sync set at once (the master's socket
+    # monitor). ZMTP heartbeats (a ping every quarter of it) close a link that stays silent this long
+    # at both ends: a replica paused or cut off leaves the set within it. replica_silence_ms_max is for
+    # a replica whose link lives but that stops reporting (its supervisor kills an actor that hangs).
+    replication_heartbeat_timeout_ms: int = 1_000
     replica_silence_ms_max: int = 10_000  # a replica not heard from for this long is dropped by its master
     # "SYNC": a send is answered once every in-sync replica holds it (FLUSH_SLAVE_TIMEOUT after
     # sync_flush_timeout_ms), and refused (SLAVE_NOT_AVAILABLE) while fewer than min_in_sync_replicas
@@ -470,6 +475,7 @@ _MINIMUMS: dict[str, int] = {
     "replication_chunk_bytes_max": 1, "replication_chunks_in_flight_max": 1, "replication_report_interval_ms": 1,
     "replication_config_interval_ms": 1,
     "replica_silence_ms_max": 1, "min_in_sync_replicas": 1, "replica_lag_max_ms": 1,
+    "replication_heartbeat_timeout_ms": 1,
     "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
     "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
     "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted

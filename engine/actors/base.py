@@ -214,6 +214,13 @@ class Port:
     await_peer: bool = False
     curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
     peer_address: bool = False  # ROUTER: each message comes with its sender's IP (``Inbound.peer_ip``)
+    # ROUTER: a peer whose connection breaks is named to the actor (``Actor.peer_lost``), as
+    # ZMQ_ROUTER_NOTIFY would (a draft option this libzmq lacks): each peer's connection is known by
+    # the descriptor its last message came on (ZMQ_SRCFD), and the monitor names the one that closed
+    peers_monitored: bool = False
+    # ZMTP heartbeats (ZMQ_HEARTBEAT_IVL, a quarter of it, and ZMQ_HEARTBEAT_TIMEOUT): a connection
+    # that carries nothing for this long, not even a ping's answer, is closed (0: none)
+    heartbeat_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         assert self.address or not self.channel.endpoint.startswith("<config."), self.channel.name
@@ -306,6 +313,9 @@ class Actor:
     def connection(self, channel: Channel, up: bool) -> None:
         """A monitored port connected to (or lost) its peer."""
 
+    def peer_lost(self, channel: Channel, peer: bytes, out: Effects) -> None:
+        """The connection of ``peer`` (its routing id) to a ``peers_monitored`` port broke."""
+
     def on_thread_wake(self, out: Effects) -> None:
         """One of the actor's own threads called ``env.waker.wake()`` (one call for any number of wakes)."""
 
@@ -356,6 +366,7 @@ class Runtime:
         self.monitors: list[zmq.Socket[bytes]] = []  # the sockets reporting the ports' connections
         self.unconnected: set[Channel] = set()  # ports with ``await_peer`` not yet connected
         self.direct: zmq.Socket[bytes] | None = None  # the ROUTER of answers straight to clients
+        self.peer_fds: dict[Channel, dict[bytes, int]] = {}  # ``peers_monitored``: routing id -> descriptor
 
     def open(self, port: Port) -> None:
         assert port.channel.opened_by(self.env.name, bind=port.bind), f"{self.env.name} may not open {port.name}"
@@ -370,7 +381,10 @@ class Runtime:
             sock.setsockopt(zmq.RECONNECT_IVL, port.reconnect_ivl_ms)
         if port.curve:  # encryption, and only the clients of the allow-list get in
             self.secure(sock)
-        events = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if port.monitor else 0) \
+        if port.heartbeat_timeout_ms:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, port.heartbeat_timeout_ms // 4))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, port.heartbeat_timeout_ms)
+        events = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED if port.monitor or port.peers_monitored else 0) \
             | (zmq.EVENT_HANDSHAKE_SUCCEEDED if port.await_peer else 0)
         if events:  # watch before connecting, so the first connection is not missed
             monitor = sock.get_monitor_socket(events)
@@ -385,7 +399,10 @@ class Runtime:
         else:
             sock.connect(address)
         self.sockets[port.channel] = sock
-        if port.peer_address:
+        if port.peers_monitored:
+            self.peer_fds[port.channel] = {}
+            self.readers[sock] = lambda: self.on_readable_noting_peers(port, sock)
+        elif port.peer_address:
             self.readers[sock] = lambda: self.on_readable_from(port, sock)
         elif port.kind != PUB:
             self.readers[sock] = lambda: self.on_readable(port, sock)
@@ -491,6 +508,27 @@ class Runtime:
         actor.drained(port.channel, out)
         self.carry_out(out)
 
+    def on_readable_noting_peers(self, port: Port, sock: zmq.Socket[bytes]) -> None:
+        """``on_readable`` for a ``peers_monitored`` port: each peer's descriptor noted (ZMQ_SRCFD of
+        the frame after its routing id), for ``on_monitor`` to name the peer whose connection closed.
+        A descriptor closed is reused only after the monitor said so, and the monitor is read first."""
+        actor, out, fds = self.actor, Effects(), self.peer_fds[port.channel]
+        for _ in range(_DRAIN_MESSAGES_MAX):
+            try:
+                frames = [_raw_recv(sock, _NOBLOCK)]
+            except zmq.Again:
+                break
+            while sock.get(_RCVMORE):
+                frame = _raw_recv(sock, 0, copy=False)
+                if len(frames) == 1:
+                    fds[frames[0]] = frame.get(zmq.SRCFD)
+                frames.append(frame.bytes)
+            actor.take(port, frames, out)
+            if out:
+                self.carry_out(out)
+        actor.drained(port.channel, out)
+        self.carry_out(out)
+
     def drain(self, sock: zmq.Socket[bytes]) -> None:
         """At a stop: take what ``sock`` holds, and what still arrives until it stays quiet for
         ``_STOP_QUIET_MS`` (at most ``_STOP_DRAIN_MS_MAX`` in all)."""
@@ -524,8 +562,18 @@ class Runtime:
                 return
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # with IMMEDIATE, sends are taken from now on
                 self.unconnected.discard(port.channel)
+            elif port.peers_monitored and event["event"] == zmq.EVENT_DISCONNECTED:
+                self.peers_lost(port, int(event["value"]))
             elif port.monitor and event["event"] in (zmq.EVENT_CONNECTED, zmq.EVENT_DISCONNECTED):
                 self.actor.connection(port.channel, event["event"] == zmq.EVENT_CONNECTED)
+
+    def peers_lost(self, port: Port, fd: int) -> None:
+        """The connection on descriptor ``fd`` closed: the peers whose last message came on it are lost."""
+        fds, out = self.peer_fds[port.channel], Effects()
+        for peer in [peer for peer, peer_fd in fds.items() if peer_fd == fd]:
+            del fds[peer]
+            self.actor.peer_lost(port.channel, peer, out)
+        self.carry_out(out)
 
     def await_peers(self, heartbeat: zmq.Socket[bytes]) -> None:
         """Until every ``await_peer`` port is connected, or ``PEER_WAIT_MS_MAX`` passed; only the

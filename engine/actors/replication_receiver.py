@@ -72,7 +72,8 @@ class ReplicationReceiverActor(Actor):
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=False, address=self.config.replica_of, monitor=True,
-                     max_message_bytes=self.config.client_frame_bytes_max + self.config.segment_size_bytes),
+                     max_message_bytes=self.config.client_frame_bytes_max + self.config.segment_size_bytes,
+                     heartbeat_timeout_ms=self.config.replication_heartbeat_timeout_ms),
                 Port(channels.WRITER, bind=False, immediate=True, reconnect_ivl_ms=10, await_peer=True)]
 
     def handlers(self) -> dict[type, Handler]:

@@ -7,6 +7,8 @@ the replica reported written (``engine/services/replication/log_shipping.py``). 
 ``confirmed`` wake-ups say when there is more to send; every tick sends what a lost wake-up
 left, the config files that changed (topics, consumers' offsets: ``ConfigSnapshot``) every
 ``replication_config_interval_ms``, and forgets replicas silent for ``replica_silence_ms_max``.
+A replica whose connection breaks is forgotten at once (``peer_lost``: the socket's monitor; ZMTP
+heartbeats close a link silent for ``replication_heartbeat_timeout_ms``, a replica paused or cut off).
 
 Under SYNC replication it keeps the in-sync set (``LogShipping.in_sync``) and publishes how
 many replicas are in it and what all of them hold (the ``replicated`` slot), waking the writer
@@ -24,6 +26,7 @@ from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.coordination.role import Role, mask, members_of
 from engine.ipc import channels, endpoints
+from engine.ipc.channels import Channel
 from engine.ipc.messages import (
     ConfigSnapshot,
     ConfirmOffset,
@@ -66,7 +69,8 @@ class ReplicationSenderActor(Actor):
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
-                     max_message_bytes=self.config.client_frame_bytes_max),
+                     max_message_bytes=self.config.client_frame_bytes_max, peers_monitored=True,
+                     heartbeat_timeout_ms=self.config.replication_heartbeat_timeout_ms),
                 Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)),
                 Port(channels.REPLICATED, bind=True)]
 
@@ -101,6 +105,15 @@ class ReplicationSenderActor(Actor):
             self.send_config(replica, out)
         self.send_log(replica, out)
         self.publish_in_sync(out)
+
+    def peer_lost(self, channel: Channel, peer: bytes, out: Effects) -> None:
+        """A replica's connection broke (it died, or its link was silent past the heartbeat timeout):
+        out of the in-sync set now, not after ``replica_silence_ms_max``."""
+        replica = self.shipping.forget(peer)
+        if replica is not None:
+            log.warning("a replica's connection broke (last at %d): out of the in-sync set until it reports again",
+                        replica.reported, extra=event("replication.replica_lost", broker_id=replica.broker_id))
+            self.publish_in_sync(out)
 
     def publish_in_sync(self, out: Effects) -> None:
         """The in-sync set's count and what all of it holds, into the slots; the writer is woken

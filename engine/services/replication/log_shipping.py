@@ -186,6 +186,11 @@ class LogShipping:
         return [replica for replica in self.replicas.values()
                 if replica.caught_up_ms is not None and now_ms - replica.caught_up_ms <= lag_max]
 
+    def forget(self, peer: bytes) -> Replica | None:
+        """Forget the replica of connection ``peer`` (it broke): out of the in-sync set at once; it
+        reconnects with a report."""
+        return self.replicas.pop(peer, None)
+
     def drop_silent(self, now_ms: int) -> list[Replica]:
         """Forget the replicas not heard from for ``replica_silence_ms_max``: they reconnect with a report."""
         silent = [r for r in self.replicas.values() if now_ms - r.heard_ms > self.config.replica_silence_ms_max]
