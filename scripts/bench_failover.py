@@ -2,6 +2,7 @@
 
     python scripts/bench_failover.py                 # 5 kills under SYNC, 5 under ASYNC
     python scripts/bench_failover.py --kills 20
+    python scripts/bench_failover.py --modes SYNC --kills 0 --replica-losses 10   # replicas lost instead
 
 An etcd of one member and three engines on this machine (docs/replication.md, "Failover").
 A producer (rmqpy, the set's address, batches of 10 one at a time) runs throughout; each
@@ -14,11 +15,17 @@ in sync. Printed per mode:
   (ms), its timeout on the dead master included (3 s here);
 * the loss window: acknowledged messages missing from the new master's queues, and the time
   between the first of them being acknowledged and the kill (ms). SYNC must lose none.
+
+With ``--replica-losses N`` (SYNC), N rounds each lose one replica of two, SIGKILLed or paused
+(SIGSTOP) in turn, under the same producer, and print the longest time without an
+acknowledgement around the loss (ms): the master must take the lost replica out of its in-sync
+set before the sends wait for it (docs/replication.md, "Leaving the in-sync set").
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -107,6 +114,60 @@ def round_of(brokers: BrokerSet, load: Load) -> tuple[float, float, int, float]:
     return elected_ms, served_ms, len(lost), window_ms
 
 
+def longest_ack_gap(load: Load, moment: float, *, acks_after: int = 20, timeout_s: float = 30.0) -> float:
+    """The longest time without an acknowledgement from the last one before ``moment`` to the
+    ``acks_after``-th after it (s)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        acks = sorted(acked for _began, acked, _by in list(load.acks_by))
+        after = [acked for acked in acks if acked >= moment]
+        if len(after) >= acks_after or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)  # the producer's thread records them
+    times = [*[acked for acked in acks if acked < moment][-1:], *after[:acks_after]]
+    return max((later - earlier for earlier, later in itertools.pairwise(times)), default=float("inf"))
+
+
+def replica_round(brokers: BrokerSet, load: Load, *, pause: bool) -> float:
+    """One replica of two lost (SIGKILLed, or paused until the sends flow again), then back in sync."""
+    master = brokers.wait_master()
+    wait_in_sync(master, 2)
+    time.sleep(1.0)  # a second of load before the loss
+    replica = next(engine for engine in brokers.engines if engine is not master)
+    lost_at = time.monotonic()
+    if pause:
+        with brokers.paused(replica):
+            gap = longest_ack_gap(load, lost_at)
+    else:
+        replica.kill()
+        gap = longest_ack_gap(load, lost_at)
+        replica.start()
+    wait_in_sync(master, 2)
+    return gap * 1000
+
+
+def bench_replica_losses(losses: int) -> None:
+    config = StoreConfig.test_min().replace(replication_mode="SYNC", replication_report_interval_ms=200)
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
+            broker_set(Path(tmp), config, engines=3) as brokers:
+        with brokers.wait_master().client() as client:
+            client.create_topic(TOPIC, queue_count=QUEUES)
+        load = Load(brokers.endpoints)
+        load.thread.start()
+        try:
+            gaps = {pause: [replica_round(brokers, load, pause=pause) for _ in range(losses) if _ % 2 == pause]
+                    for pause in (False, True)}
+        finally:
+            load.stop.set()
+            load.thread.join(30)
+            load.producer.close()
+    for pause, label in ((False, "killed"), (True, "paused")):
+        values = gaps[pause]
+        if values:
+            print(f"SYNC: one replica of two {label}: the longest time without an acknowledgement: median "
+                  f"{statistics.median(values):.0f} ms, max {max(values):.0f} ({len(values)} rounds)", flush=True)
+
+
 def bench(mode: str, kills: int) -> None:
     config = StoreConfig.test_min().replace(replication_mode=mode, replica_lag_max_ms=2_000,
                                             replication_report_interval_ms=200, replication_config_interval_ms=200)
@@ -134,9 +195,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--modes", default="SYNC,ASYNC")
+    parser.add_argument("--replica-losses", type=int, default=0, help="rounds that lose a replica (SYNC)")
     args = parser.parse_args()
-    for mode in args.modes.split(","):
-        bench(mode, args.kills)
+    if args.kills:
+        for mode in args.modes.split(","):
+            bench(mode, args.kills)
+    if args.replica_losses:
+        bench_replica_losses(args.replica_losses)
 
 
 if __name__ == "__main__":
