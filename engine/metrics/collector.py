@@ -100,11 +100,12 @@ def _add_broker(view: View, config: StoreConfig, offsets: SharedOffsets) -> None
     in-sync replicas, with the floor below which a SYNC master refuses sends."""
     now_ms = time.monotonic_ns() // 1_000_000  # the writer's clock and test (CLOCK_MONOTONIC, one per host)
     master = now_ms <= offsets.get(LEASE_DEADLINE) if config.elected else not config.is_replica
-    view.add("rmqpy_broker_master", config.broker_name, int(master))
+    broker_set = (config.cluster_name, config.broker_name)
+    view.add("rmqpy_broker_master", *broker_set, int(master))
     if master and config.replication_endpoint:
-        view.add("rmqpy_replication_in_sync_replicas", config.broker_name, offsets.get(IN_SYNC_REPLICAS))
+        view.add("rmqpy_replication_in_sync_replicas", *broker_set, offsets.get(IN_SYNC_REPLICAS))
         if config.sync_replication:
-            view.add("rmqpy_replication_min_in_sync_replicas", config.broker_name, config.min_in_sync_replicas)
+            view.add("rmqpy_replication_min_in_sync_replicas", *broker_set, config.min_in_sync_replicas)
 
 
 def _add_lag(view: View) -> None:

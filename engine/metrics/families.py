@@ -22,6 +22,7 @@ from dataclasses import dataclass
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 QUEUE = ("topic", "queue_id")
 GROUP_QUEUE = ("group", "topic", "queue_id")
+BROKER_SET = ("cluster_name", "broker_name")  # a broker set is named within its cluster
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ FAMILIES = {f.name: f for f in [
     Family("rmqpy_transaction_halves_pending_messages", GAUGE, "Half messages without a decision"),
     # the broker set (replication)
     Family("rmqpy_broker_master", GAUGE, "1 while this engine takes writes as its broker set's master: a fixed "
-                                         "master, or one elected on etcd that holds its lease", ("broker_name",)),
+                                         "master, or one elected on etcd that holds its lease", BROKER_SET),
     Family("rmqpy_replication_in_sync_replicas", GAUGE, "Replicas in sync with this master (a master with a "
-                                                        "replication endpoint)", ("broker_name",)),
+                                                        "replication endpoint)", BROKER_SET),
     Family("rmqpy_replication_min_in_sync_replicas", GAUGE, "min_in_sync_replicas of a SYNC master: below it, "
                                                             "sends that wait for the replicas are refused",
-           ("broker_name",)),
+           BROKER_SET),
     # the host and the actors
     Family("rmqpy_disk_used_ratio", GAUGE, "Used share of the store's file system"),
     Family("rmqpy_disk_free_bytes", GAUGE, "Free bytes on the store's file system"),
