@@ -3,13 +3,16 @@
 ``cluster start --dir D --replicas N`` writes one config per engine into ``D`` (a master on
 ``--port``, its replication endpoint on the port after it, replica ``k`` on ``--port + 10 k``
 following it) and starts each engine in the background (``start --detach``), the master first;
-``cluster.json`` in ``D`` names them. ``cluster status`` prints each engine's role and how far its
-log is behind the master's, with its supervisor's pid (``--json``: the same, as JSON); ``cluster stop``
-stops the replicas, then the master.
+``cluster.json`` in ``D`` names them. ``cluster status`` prints each engine's role, epoch, master
+and how far its log is behind the master's, with its supervisor's pid, and each etcd member's
+health (``cluster_status.py``; ``--json``: the same, as JSON); ``cluster stop`` stops the replicas,
+then the master. ``cluster start`` refuses a directory whose cluster runs.
 
 Roles are fixed (a replica is promoted by hand), unless ``--etcd``: then etcd is started too
-(one member, in ``D/etcd``), every engine listens for replicas, and etcd elects the master among
-them, again when it is lost (docs/replication.md, "Failover"); ``cluster stop`` stops etcd last.
+(``--etcd-members``, three by default: a quorum that loses nothing when one member is lost; in
+``D/etcd``, client and peer ports from ``--etcd-port`` on), every engine listens for replicas and
+is given every member's client endpoint, and etcd elects the master among them, again when it is
+lost (docs/replication.md, "Failover"); ``cluster stop`` stops etcd last.
 
 ``--broker-sets N`` (etcd implied): N broker sets (``broker-a``, ``broker-b``, ...) of a master
 and ``--replicas`` replicas each, on one etcd: a cluster (docs/cluster.md). Set ``s``'s engine
@@ -17,26 +20,38 @@ and ``--replicas`` replicas each, on one etcd: a cluster (docs/cluster.md). Set 
 ``rmqpy topics --cluster``. ``cluster add --dir D`` grows such a cluster by one broker set (the
 next name, the next ports, ``--replicas`` as given), started on the same etcd; existing queues
 stay where they are.
+
+``cluster start-engine NAME`` and ``cluster stop-engine NAME`` start (detached, on its own config)
+or stop one engine of the cluster, by the name ``cluster status`` prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import StoreConfig
-from engine.ipc.control import ControlTimeout, NotRunning, control, supervisor_state
-from engine.ipc.messages import StatusQuery
-from supervisor.etcd_server import EtcdCluster, EtcdNotInstalled, EtcdPortInUse, stop_pids
+from supervisor.cluster_engines import (
+    EXIT_FAILED,
+    EXIT_NOT_RUNNING,
+    EXIT_OK,
+    EXIT_RUNNING,
+    EXIT_USAGE,
+    running,
+    start_engine,
+    start_engines,
+    stop_engine,
+    stop_one,
+)
+from supervisor.cluster_status import CLUSTER_FILE, engine_rows, etcd_rows, read_cluster, status_lines
+from supervisor.etcd_server import EtcdCluster, EtcdNotInstalled, EtcdPortInUse, member_ports, stop_pids
 from supervisor.launcher import write_config
 
-CLUSTER_FILE = "cluster.json"
-EXIT_OK, EXIT_FAILED = 0, 1
 BROKER_SETS_MAX = 26  # broker-a ... broker-z
+ETCD_MEMBERS_MAX = 7  # etcd's own advice: more members only slow its writes
 
 
 def _whole(least: int, most: int) -> Callable[[str], int]:
@@ -57,11 +72,25 @@ _REPLICAS = _whole(0, 9)  # replica k listens on --port + 10 k: the next broker 
 _PORT = _whole(1, 65535)
 
 
+def _etcd_members(text: str) -> int:
+    """An argparse type: an odd count of etcd members from 1 to 7 (an even count tolerates no more
+    lost members than the odd count below it, and needs one more for its quorum)."""
+    value = _whole(1, ETCD_MEMBERS_MAX)(text)
+    if value % 2 == 0:
+        raise argparse.ArgumentTypeError(f"{value} is even: {value} members lose their quorum with as few members "
+                                         f"lost as {value - 1} do (1, 3, 5 or 7)")
+    return value
+
+
 def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter]) -> None:
-    text = "a master and its replicas on this machine (start, status, stop)"
+    text = "a master and its replicas, or broker sets, on this machine (start, add, status, stop, start-engine, " \
+           "stop-engine)"
     cluster = commands.add_parser("cluster", help=text, description=text, formatter_class=formatter,
                                   epilog="examples:\n  %(prog)s start --dir cluster --replicas 2\n"
-                                         "  %(prog)s status --dir cluster [--json]\n  %(prog)s stop --dir cluster\n")
+                                         "  %(prog)s status --dir cluster [--json]\n"
+                                         "  %(prog)s stop-engine broker-1 --dir cluster\n"
+                                         "  %(prog)s start-engine broker-1 --dir cluster\n"
+                                         "  %(prog)s stop --dir cluster\n")
     actions = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="write the configs and start every engine")
     start.add_argument("--replicas", type=_REPLICAS, default=2, help="replicas of the master (default 2)")
@@ -70,37 +99,59 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
                        help="SYNC: a send is answered once the in-sync replicas hold it (default ASYNC)")
     start.add_argument("--etcd", action="store_true",
                        help="start etcd too (Debian's etcd-server) and let the engines elect their master there")
-    start.add_argument("--etcd-port", type=_whole(1, 65534), default=2379,
-                       help="etcd's client port (peer: the next; default 2379)")
+    start.add_argument("--etcd-port", type=_whole(1, 65535 - 2 * ETCD_MEMBERS_MAX + 1), default=2379,
+                       help="etcd's first client port: member k's client port is this + 2 k, its peer port the "
+                            "next (default 2379)")
+    start.add_argument("--etcd-members", type=_etcd_members, default=3,
+                       help="etcd members (odd, 1 to 7; default 3: one can be lost; 1: no member can)")
     start.add_argument("--broker-sets", type=_whole(1, BROKER_SETS_MAX), default=1,
                        help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
     add = actions.add_parser("add", help="one more broker set on the cluster's etcd (a cluster started with --etcd)")
     add.add_argument("--replicas", type=_REPLICAS, default=None,
                      help="replicas of the new set's master (default: as many as the first set has)")
-    status = actions.add_parser("status", help="each engine's state, role, supervisor pid, log end and lag")
+    status = actions.add_parser("status", help="each engine's state, role, supervisor pid, epoch, master and "
+                                               "lag, and each etcd member's health")
     status.add_argument("--json", action="store_true", help="machine-readable output (the same figures)")
-    for action in (start, add, status, actions.add_parser("stop", help="stop the replicas, then the master")):
+    starting = actions.add_parser("start-engine", help="start one stopped engine again (detached)")
+    stopping = actions.add_parser("stop-engine", help="stop one engine")
+    for one in (starting, stopping):
+        one.add_argument("name", metavar="NAME", help="the engine, as `cluster status` names it")
+    for action in (start, add, status, actions.add_parser("stop", help="stop the replicas, then the master, then etcd"),
+                   starting, stopping):
         action.add_argument("--dir", type=Path, default=Path("cluster"), help="the cluster's directory")
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    return {"start": _start, "add": _add, "status": _status, "stop": _stop}[args.action](args)
+    return {"start": _start, "add": _add, "status": _status, "stop": _stop, "start-engine": start_engine,
+            "stop-engine": stop_engine}[args.action](args)
 
 
 def _engines(directory: Path) -> list[dict[str, str]]:
-    try:
-        engines: list[dict[str, str]] = json.loads((directory / CLUSTER_FILE).read_text())["engines"]
-    except FileNotFoundError:
-        raise SystemExit(f"error: no cluster in {directory} (cluster start --dir {directory})") from None
+    engines: list[dict[str, str]] = read_cluster(directory)["engines"]
     return engines
 
 
 def _start(args: argparse.Namespace) -> int:
     directory: Path = args.dir.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
+    runs = running(directory)
+    if runs:
+        print(f"error: the cluster in {directory} is running ({runs}): `cluster status --dir {args.dir}` shows "
+              f"it, `cluster stop --dir {args.dir}` stops it; `cluster start-engine NAME` starts one stopped engine",
+              file=sys.stderr)
+        return EXIT_RUNNING
     elected = args.etcd or args.broker_sets > 1
+    try:
+        etcd = EtcdCluster(directory / "etcd", member_ports(args.etcd_port, args.etcd_members)) if elected else None
+    except EtcdNotInstalled as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    before = read_cluster(directory).get("etcd_endpoints") if (directory / CLUSTER_FILE).exists() else None
+    if etcd is not None and before and before != etcd.endpoints:  # its members' data holds their first layout
+        print(f"error: the cluster in {directory} was started on etcd members {before}, not {etcd.endpoints}: "
+              f"start it with the same --etcd-port and --etcd-members, or in a new directory", file=sys.stderr)
+        return EXIT_USAGE
+    directory.mkdir(parents=True, exist_ok=True)
     replication = f"tcp://127.0.0.1:{args.port + 1}"
-    etcd = EtcdCluster(directory / "etcd", [(args.etcd_port, args.etcd_port + 1)]) if elected else None
     layout = {"port": args.port, "replication_mode": args.replication_mode,
               "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
     engines = []
@@ -117,16 +168,18 @@ def _start(args: argparse.Namespace) -> int:
     if etcd is not None:
         try:
             etcd.start()
-        except (EtcdNotInstalled, EtcdPortInUse, TimeoutError) as exc:
+        except (EtcdPortInUse, TimeoutError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             etcd.stop()
             return EXIT_FAILED
-        print(f"etcd       {etcd.endpoints:<24} pid={etcd.pids()[0]}", flush=True)
+        for member in etcd.members:
+            assert member.process is not None
+            print(f"{member.name:<10} {member.client_url:<24} pid={member.process.pid}", flush=True)
     (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, **layout,
                                                       "engines": engines,
                                                       "etcd_pids": etcd.pids() if etcd else []},
                                                      indent=2) + "\n")
-    code = _start_engines(directory, engines)
+    code = start_engines(directory, engines)
     if code != EXIT_OK:
         _stop(args)
         return code
@@ -156,7 +209,7 @@ def _add(args: argparse.Namespace) -> int:
     added = _write_set(directory, cluster, len(brokers), replicas, alone=False)
     cluster["engines"] = engines + added  # named before they start: `cluster stop` stops them whatever happens
     (directory / CLUSTER_FILE).write_text(json.dumps(cluster, indent=2) + "\n")
-    code = _start_engines(directory, added)
+    code = start_engines(directory, added)
     if code != EXIT_OK:
         return code
     broker_name = added[0]["broker_name"]
@@ -192,77 +245,25 @@ def _write_engine(directory: Path, name: str, port: int, broker_name: str, role:
     return {"name": name, "endpoint": endpoint, "store_dir": str(directory / name), "broker_name": broker_name}
 
 
-def _start_engines(directory: Path, engines: list[dict[str, str]]) -> int:
-    for engine in engines:
-        started = subprocess.run([sys.executable, "-m", "supervisor", "start", "--config",
-                                  str(directory / f"{engine['name']}.toml"), "--store-dir", engine["store_dir"],
-                                  "--detach"], capture_output=True, text=True, check=False)
-        if started.returncode != 0:
-            print(f"error: {engine['name']} did not start: {started.stderr.strip()}", file=sys.stderr)
-            return started.returncode
-        print(f"{engine['name']:<10} {engine['endpoint']:<24} store={engine['store_dir']}", flush=True)
-    return EXIT_OK
-
-
 def _status(args: argparse.Namespace) -> int:
-    rows = _status_rows(args.dir.resolve())
+    directory: Path = args.dir.resolve()
+    cluster = read_cluster(directory)
+    engines, etcd = engine_rows(cluster["engines"]), etcd_rows(cluster)
     if args.json:
-        print(json.dumps({"dir": str(args.dir.resolve()), "engines": rows}, indent=2))
-        return EXIT_OK
-    for row in rows:
-        where = f"{row['name']:<10} {row['endpoint']:<24}"
-        if row["state"] == "STOPPED":
-            print(f"{where} not running ({row['reason']})")
-            continue
-        epoch = f" epoch={row['epoch']}" if "epoch" in row else ""
-        lag = f" in_sync_replicas={row['in_sync_replicas']}" if row["role"] == "master" else \
-            f" behind_bytes={row['behind_bytes']}"
-        print(f"{where} {row['state']:<9} {row['role']:<8} pid={row['pid']} log_end={row['log_end']}{epoch}{lag}")
+        print(json.dumps({"dir": str(directory), "engines": engines, "etcd": etcd}, indent=2))
+    else:
+        print("\n".join(status_lines(engines, etcd)))
     return EXIT_OK
-
-
-def _status_rows(directory: Path) -> list[dict[str, object]]:
-    """What ``cluster status`` shows of each engine, its text and its ``--json`` alike: state ``STOPPED``
-    with the reason, or the state, the role, the supervisor's pid (its state file's), the log's end, and
-    a master's in-sync replicas or a replica's bytes behind its set's master."""
-    rows: list[dict[str, object]] = []
-    master_end = None
-    broker_name = None
-    for engine in _engines(directory):
-        if engine.get("broker_name") != broker_name:  # a set's master comes first: the others' lag is to it
-            broker_name, master_end = engine.get("broker_name"), None
-        row: dict[str, object] = {"name": engine["name"], "endpoint": engine["endpoint"],
-                                  "store_dir": engine["store_dir"], "broker_name": engine.get("broker_name")}
-        rows.append(row)
-        try:
-            pid = supervisor_state(Path(engine["store_dir"]))["pid"]
-            reply = control(Path(engine["store_dir"]), StatusQuery(), timeout_ms=2_000)
-        except (NotRunning, ControlTimeout) as exc:
-            row.update(state="STOPPED", reason=str(exc))
-            continue
-        end = reply.offsets.get("written_offset", 0)
-        if master_end is None:
-            master_end = end
-        role = "replica" if "replication-receiver" in {actor.name for actor in reply.actors} else "master"
-        row.update(state=reply.state, role=role, pid=pid, log_end=end)
-        if reply.offsets.get("epoch"):
-            row["epoch"] = reply.offsets["epoch"]
-        if role == "master":
-            row["in_sync_replicas"] = reply.offsets.get("in_sync_replicas", 0)
-        else:
-            row["behind_bytes"] = max(0, master_end - end)
-    return rows
 
 
 def _stop(args: argparse.Namespace) -> int:
     code = EXIT_OK
     for engine in reversed(_engines(args.dir.resolve())):
-        stopped = subprocess.run([sys.executable, "-m", "supervisor", "stop", "--store-dir", engine["store_dir"]],
-                                 capture_output=True, text=True, check=False)
-        print(f"{engine['name']:<10} {(stopped.stdout or stopped.stderr).strip()}")
-        code = code or (stopped.returncode if stopped.returncode not in (0, 3) else 0)
-    pids = json.loads((args.dir.resolve() / CLUSTER_FILE).read_text()).get("etcd_pids", [])
+        returned = stop_one(engine)
+        code = code or (returned if returned not in (EXIT_OK, EXIT_NOT_RUNNING) else EXIT_OK)
+    cluster = read_cluster(args.dir.resolve())
+    pids: list[int] = cluster.get("etcd_pids", [])
     if pids:
-        stop_pids(pids)
+        stop_pids(pids, str(cluster["etcd_endpoints"]).split(","))  # written together by `cluster start`
         print(f"etcd       stopped (pid {', '.join(map(str, pids))})")
     return code

@@ -3,11 +3,13 @@
 
 A member listens for clients on ``client_port`` and for its peers on ``peer_port``, all on
 loopback; ``--initial-cluster`` names every member, so three started together form one etcd
-cluster of three (it answers while two of them run).
+cluster of three (it answers while two of them run). ``member_health`` asks one member, started
+here or not, whether it answers, has a leader and is the leader (``cluster status``).
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -16,12 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.error import URLError
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import psutil
 
 ETCD = "etcd"
 _READY_POLL_S = 0.05
+HEALTH_TIMEOUT_S = 1.0  # one member's answer to /health or maintenance/status; a member that takes longer is down
 
 
 class EtcdNotInstalled(RuntimeError):
@@ -54,6 +57,39 @@ class EtcdMember:
                 "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                 "--initial-cluster", initial_cluster, "--initial-cluster-state", state,
                 "--heartbeat-interval", "100", "--election-timeout", "1000"]
+
+
+def member_ports(first_port: int, members: int) -> list[tuple[int, int]]:
+    """The (client, peer) ports of ``members`` members from ``first_port`` on: member k's client port is
+    ``first_port + 2 k``, its peer port the next (one member: 2379 and 2380, etcd's own)."""
+    assert members >= 1 and first_port + 2 * members - 1 <= 65535, (first_port, members)
+    return [(first_port + 2 * k, first_port + 2 * k + 1) for k in range(members)]
+
+
+@dataclass(frozen=True)
+class MemberHealth:
+    """One member as it answers: ``up`` (it answered), ``healthy`` (its ``/health``: it has a leader
+    and serves), ``leader`` (it is the Raft leader), or the reason it did not answer."""
+    endpoint: str
+    up: bool
+    healthy: bool = False
+    leader: bool = False
+    reason: str = ""
+
+
+def member_health(client_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> MemberHealth:
+    """``client_url``'s ``/health``, then its ``maintenance/status`` through the JSON gateway (its
+    own member id and the leader's: the same when it leads)."""
+    try:
+        with urlopen(client_url + "/health", timeout=timeout_s) as reply:
+            healthy = json.loads(reply.read()).get("health") == "true"
+        request = Request(client_url + "/v3/maintenance/status", data=b"{}", method="POST")
+        with urlopen(request, timeout=timeout_s) as reply:
+            status = json.loads(reply.read())
+    except (URLError, OSError, ValueError) as exc:
+        return MemberHealth(client_url, up=False, reason=str(getattr(exc, "reason", exc)))
+    leader = str(status.get("leader", "")) == str(status.get("header", {}).get("member_id", "-"))
+    return MemberHealth(client_url, up=True, healthy=healthy, leader=leader)
 
 
 class EtcdCluster:
@@ -123,30 +159,31 @@ class EtcdCluster:
             self.members[k].process = None
 
     def stop(self) -> None:
-        for member in self.members:
-            if member.process is not None and member.process.poll() is None:
-                member.process.terminate()
+        """Every member, one after another, the leader last (``stop_pids``)."""
+        running = [m for m in self.members if m.process is not None and m.process.poll() is None]
+        stop_pids([m.process.pid for m in running if m.process is not None], [m.client_url for m in running])
         for member in self.members:
             if member.process is not None:
-                try:
-                    member.process.wait(10)
-                except subprocess.TimeoutExpired:
-                    member.process.kill()
-                    member.process.wait()
+                member.process.wait()
                 member.process = None
 
 
-def stop_pids(pids: list[int], timeout_s: float = 10.0) -> None:
-    """Stop etcd members started by an earlier command (``cluster stop``): SIGTERM, then SIGKILL."""
-    processes = []
-    for pid in pids:
+def stop_pids(pids: list[int], endpoints: list[str] | None = None, timeout_s: float = 10.0) -> None:
+    """Stop etcd members (``cluster stop``: started by an earlier command): SIGTERM, then SIGKILL after
+    ``timeout_s``, one after another and the leader last. A leader told to stop first hands its
+    leadership to a follower and waits for it, up to etcd's request timeout (7 s here) when the
+    followers are stopping too; stopped last, it has no follower left to hand it to and stops at
+    once. ``endpoints``: each member's client URL, to find the leader (none: in the order given)."""
+    leaders = {pid for pid, url in zip(pids, endpoints, strict=True) if member_health(url).leader} if endpoints \
+        else set()
+    for pid in sorted(pids, key=lambda pid: pid in leaders):
         try:
             process = psutil.Process(pid)
-            if process.name() == ETCD:
-                process.terminate()
-                processes.append(process)
+            if process.name() != ETCD:
+                continue
+            process.terminate()
+            process.wait(timeout_s)
+        except psutil.TimeoutExpired:
+            process.kill()
         except psutil.Error:
             continue
-    _gone, alive = psutil.wait_procs(processes, timeout=timeout_s)
-    for process in alive:
-        process.kill()

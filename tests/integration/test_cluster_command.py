@@ -1,6 +1,8 @@
 """``rmqpy-server cluster``: a master and two replicas started by one command, their roles and lag
 shown, a message sent to the master read from a replica, and all of it stopped by one command; a
-cluster of two broker sets, grown by a third with ``cluster add``."""
+cluster of two broker sets on an etcd of three members, grown by a third with ``cluster add``; one
+engine stopped and started again by name, and what ``cluster status`` says of the engines and of
+each etcd member meanwhile."""
 
 from __future__ import annotations
 
@@ -64,8 +66,11 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
                       "--etcd-port", str(etcd_port))
     try:
         assert started.returncode == 0, started.stderr
-        names = [line.split()[0] for line in started.stdout.splitlines()[:3]]
-        assert names == ["etcd", "broker-a-0", "broker-b-0"], started.stdout
+        names = [line.split()[0] for line in started.stdout.splitlines()[:5]]
+        assert names == ["etcd-0", "etcd-1", "etcd-2", "broker-a-0", "broker-b-0"], started.stdout
+        etcd_endpoints = ",".join(f"http://127.0.0.1:{etcd_port + 2 * k}" for k in range(3))
+        for engine in ("broker-a-0", "broker-b-0"):  # every member, so that any one can be lost
+            assert f'etcd_endpoints = "{etcd_endpoints}"' in (directory / f"{engine}.toml").read_text()
         with StoreClient(f"tcp://127.0.0.1:{port}") as broker_a, pytest.raises(EngineError) as refused:
             broker_a.send("orders", [{"body": b"before its creation"}])  # a send creates no topic on the set it reaches
         assert refused.value.code == ErrorCode.TOPIC_NOT_FOUND, refused.value
@@ -110,7 +115,8 @@ def rmqpy_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("bad", [["start", "--broker-sets", "0"], ["start", "--broker-sets", "-3"],
                                  ["start", "--broker-sets", "abc"], ["start", "--replicas", "-1"],
-                                 ["add", "--replicas", "-1"]])
+                                 ["add", "--replicas", "-1"], ["start", "--etcd-members", "2"],
+                                 ["start", "--etcd-members", "0"], ["start", "--etcd-members", "9"]])
 def test_a_bad_count_is_a_usage_error_before_anything_is_written(tmp_path: Path, bad: list[str]) -> None:
     directory = tmp_path / "cluster"
     refused = cluster(bad[0], "--dir", str(directory), *bad[1:])
@@ -153,3 +159,65 @@ def test_cluster_status_shows_each_supervisor_pid_and_says_the_same_in_json(tmp_
         assert (gone["name"], gone["state"]) == ("replica-1", "STOPPED") and "no engine is running" in gone["reason"]
     finally:
         cluster("stop", "--dir", str(directory))
+
+
+@pytest.mark.timeout(240)  # three etcd members, two engines, one of them started twice: 40 s here
+def test_one_engine_stopped_and_started_by_name_while_status_shows_roles_lag_and_etcd_members(tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    port, etcd_port = free_port(), free_port()
+    directory = tmp_path / "cluster"
+    started = cluster("start", "--dir", str(directory), "--etcd", "--replicas", "1", "--port", str(port),
+                      "--etcd-port", str(etcd_port))
+    try:
+        assert started.returncode == 0, started.stderr
+        again = cluster("start", "--dir", str(directory), "--etcd", "--port", str(port), "--etcd-port", str(etcd_port))
+        assert again.returncode == 4, (again.returncode, again.stderr)  # as `start` on a store in use
+        assert f"the cluster in {directory} is running" in again.stderr and "cluster stop --dir" in again.stderr
+        with StoreClient(f"tcp://127.0.0.1:{port}") as master:
+            master.create_topic("demo", queue_count=1)
+            master.send("demo", [{"body": b"x" * 1000}])
+        shown = status_json(directory)
+        assert [(r["name"], r["role"], r["epoch"], r["master"]) for r in shown["engines"]] == [
+            ("broker-0", "master", 1, "broker-0"), ("broker-1", "replica", 1, "broker-0")]
+        assert {r["state"] for r in shown["engines"]} <= {"RUNNING", "DEGRADED"}  # DEGRADED: a slow etcd answer
+        assert all(isinstance(r["behind_bytes"], int) and r["behind_bytes"] >= 0 for r in shown["engines"])
+        assert shown["engines"][0]["behind_bytes"] == 0
+        etcd = shown["etcd"]
+        assert [(r["name"], r["endpoint"], r["up"], r["healthy"]) for r in etcd] == [
+            (f"etcd-{k}", f"http://127.0.0.1:{etcd_port + 2 * k}", True, True) for k in range(3)]
+        assert sum(bool(r["leader"]) for r in etcd) == 1
+
+        unknown = cluster("stop-engine", "broker-9", "--dir", str(directory))
+        assert unknown.returncode == 2 and "broker-0, broker-1" in unknown.stderr, unknown.stderr
+        stopped = cluster("stop-engine", "broker-1", "--dir", str(directory))
+        assert stopped.returncode == 0 and stopped.stdout.split()[:2] == ["broker-1", "stopped"], stopped
+        again = cluster("stop-engine", "broker-1", "--dir", str(directory))
+        assert again.returncode == 3 and "not running" in again.stdout, again  # as `stop` of no engine
+        assert status_json(directory)["engines"][1]["state"] == "STOPPED"
+        restarted = cluster("start-engine", "broker-1", "--dir", str(directory))
+        assert restarted.returncode == 0, restarted.stderr
+        assert restarted.stdout.split()[:2] == ["broker-1", f"tcp://127.0.0.1:{port + 10}"]
+        again = cluster("start-engine", "broker-1", "--dir", str(directory))
+        assert again.returncode == 4 and "broker-1 is already running" in again.stderr, again
+        back = status_json(directory)["engines"][1]
+        assert (back["role"], back["master"], back["pid"]) == ("replica", "broker-0", supervisor_of(back["store_dir"]))
+
+        killed = json.loads((directory / "cluster.json").read_text())["etcd_pids"][1]
+        psutil.Process(killed).kill()
+        psutil.Process(killed).wait(10)
+        etcd = status_json(directory)["etcd"]
+        assert [(r["up"], r["pid"]) for r in etcd][1] == (False, killed)
+        assert [r["up"] and r["healthy"] for r in etcd] == [True, False, True]  # two of three: a quorum
+        text = cluster("status", "--dir", str(directory)).stdout.splitlines()
+        assert text[3].split()[:3] == ["etcd-1", f"http://127.0.0.1:{etcd_port + 2}", "down"], text
+    finally:
+        stopped = cluster("stop", "--dir", str(directory))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert stopped.stdout.splitlines()[-1].startswith("etcd       stopped")
+
+
+def status_json(directory: Path) -> dict[str, list[dict[str, object]]]:
+    shown = cluster("status", "--dir", str(directory), "--json")
+    assert shown.returncode == 0, shown.stderr
+    answer: dict[str, list[dict[str, object]]] = json.loads(shown.stdout)
+    return answer
