@@ -221,3 +221,17 @@ def status_json(directory: Path) -> dict[str, list[dict[str, object]]]:
     assert shown.returncode == 0, shown.stderr
     answer: dict[str, list[dict[str, object]]] = json.loads(shown.stdout)
     return answer
+
+
+@pytest.mark.timeout(30)
+def test_a_stopped_cluster_is_not_started_on_other_etcd_members_than_its_own(tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    directory = tmp_path / "cluster"
+    directory.mkdir()
+    recorded = {"etcd_endpoints": "http://127.0.0.1:2379", "etcd_pids": [], "engines": []}  # one member, stopped
+    (directory / "cluster.json").write_text(json.dumps(recorded))
+    refused = cluster("start", "--dir", str(directory), "--etcd", "--etcd-members", "3", "--etcd-port", "2379")
+    assert refused.returncode == 2, (refused.returncode, refused.stderr)
+    assert "was started on etcd members http://127.0.0.1:2379, not http://127.0.0.1:2379,http://127.0.0.1:2381," \
+           in refused.stderr, refused.stderr
+    assert sorted(path.name for path in directory.iterdir()) == ["cluster.json"]  # nothing written, nothing started

@@ -27,7 +27,8 @@ from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
 from harness.broker_set import broker_set, wait_in_sync
-from supervisor.etcd_server import ETCD, EtcdMember, member_health
+from supervisor.etcd_server import ETCD, EtcdCluster, EtcdMember, member_health, member_ports
+from supervisor.launcher import free_port
 from tests.helpers import require
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # three etcd members and two engines: 40-90 s each here
@@ -160,3 +161,16 @@ def test_a_majority_of_members_lost_writes_stop_within_the_lease_and_the_same_ma
         kept = brokers.role(master)
         assert brokers.master() is master
         assert kept is not None and kept.is_master and kept.epoch == role.epoch, (role, kept)
+
+
+@pytest.mark.timeout(60)
+def test_three_members_stop_within_seconds_the_leader_last(tmp_path: Path) -> None:
+    """Stopped all at once, the leader hands its leadership to a follower that is stopping too and
+    waits etcd's request timeout for it (7.0 s, measured); stopped last, it has no one to hand it to."""
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    etcd = EtcdCluster(tmp_path / "etcd", member_ports(free_port(), 3))
+    etcd.start()
+    began = time.monotonic()
+    etcd.stop()
+    assert time.monotonic() - began < 5.0
+    assert etcd.pids() == []
