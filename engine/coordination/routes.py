@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout, StoreClient
+from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout, StoreClient, engine_answers
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.etcd import Etcd, delete
 from engine.errors import ErrorCode
@@ -171,8 +171,10 @@ def create_spread_topic(etcd: Etcd, cluster_name: str, topic: str, queue_count: 
                         brokers: Iterable[str] | None = None, timeout_ms: int = 3_000,
                         wait_ms: int = 10_000) -> TopicRoute:
     """Spread ``queue_count`` queues of ``topic`` over ``brokers`` (default: every set with a master) as
-    evenly as can be, by ``create_topic`` on each set's master, and wait until the route says so. A
-    set that has the topic already keeps its queues if it has more (they only grow)."""
+    evenly as can be, by ``create_topic`` on each set's master, and wait until the route says so: in
+    etcd, then in the routes every engine of the cluster mirrors (``wait_mirrored``), so that a route
+    read from any engine right after is whole. A set that has the topic already keeps its queues if
+    it has more (they only grow)."""
     masters = broker_masters(etcd, cluster_name)
     chosen = sorted(masters if brokers is None else set(brokers))
     missing = [name for name in chosen if name not in masters]
@@ -192,11 +194,52 @@ def create_spread_topic(etcd: Etcd, cluster_name: str, topic: str, queue_count: 
         route = topic_route(etcd, cluster_name, topic)
         counts = {b.broker_name: b.queue_count for b in route.brokers}
         if all(counts.get(name, 0) >= share for name, share in shares.items()):
+            wait_mirrored(cluster_engines(etcd, cluster_name), route, deadline, timeout_ms=timeout_ms)
             return route
         if time.monotonic() > deadline:
             raise EngineError(ErrorCode.TIMEOUT, ErrorCode.TIMEOUT.name,
                               f"topic {topic!r} created, but its route in etcd says {counts}, not {shares}")
         time.sleep(0.05)
+
+
+def cluster_engines(etcd: Etcd, cluster_name: str) -> list[str]:
+    """The client endpoint of every engine of the cluster whose membership lease is alive."""
+    prefix = f"/rmqpy/{cluster_name}/"
+    return sorted({entry.value["endpoint"] for entry in etcd.get_prefix(prefix)
+                   if entry.key[len(prefix):].partition("/")[2].startswith("members/")})
+
+
+def wait_mirrored(engines: Iterable[str], route: TopicRoute, deadline: float, *, timeout_ms: int) -> None:
+    """Until each of ``engines`` answers ``route`` op for the topic with at least the queues of every
+    set ``route`` names. Each engine mirrors etcd's routes every ``cluster_routes_refresh_ms``
+    (``routes_mirror.py``), and one read meanwhile named only the sets its mirror had (a consume
+    read one set of two, silently). An engine that does not answer is left out: it reads the
+    routes again as it starts. TIMEOUT past ``deadline`` (monotonic seconds), naming the engines."""
+    wanted = {b.broker_name: b.queue_count for b in route.brokers}
+    pending: dict[str, StoreClient] = {}
+    try:
+        for endpoint in engines:
+            if engine_answers(endpoint):
+                pending[endpoint] = StoreClient(endpoint, timeout_ms=timeout_ms)
+        while pending:
+            for endpoint, client in list(pending.items()):
+                try:
+                    served = client.request("route", topic=route.topic).get("topic_route", [])
+                except (EngineUnreachable, RequestTimeout) as exc:
+                    log.warning("%s left out of the wait for the route of %r: %s", endpoint, route.topic, exc)
+                    served = None
+                counts = {r["broker_name"]: r["queues"] for r in served or []}
+                if served is None or all(counts.get(name, 0) >= queues for name, queues in wanted.items()):
+                    pending.pop(endpoint).close()
+            if pending and time.monotonic() > deadline:
+                raise EngineError(ErrorCode.TIMEOUT, ErrorCode.TIMEOUT.name,
+                                  f"topic {route.topic!r} created and in etcd, but engines {sorted(pending)} do not "
+                                  f"route it to every set yet")
+            if pending:
+                time.sleep(0.05)  # the engines' mirrors catch up within cluster_routes_refresh_ms
+    finally:
+        for client in pending.values():
+            client.close()
 
 
 class RoutePublisher:
