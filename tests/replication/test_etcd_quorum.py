@@ -26,6 +26,8 @@ import rmqpy
 from engine.client import EngineError
 from engine.config import StoreConfig
 from engine.errors import ErrorCode
+from engine.ipc.control import control
+from engine.ipc.messages import StatusQuery
 from harness.broker_set import broker_set, wait_in_sync
 from supervisor.etcd_server import ETCD, EtcdCluster, EtcdMember, member_health, member_ports
 from supervisor.launcher import free_port
@@ -146,6 +148,13 @@ def test_a_majority_of_members_lost_writes_stop_within_the_lease_and_the_same_ma
                 except EngineError as exc:
                     refused = exc
             assert refused.code == ErrorCode.NOT_MASTER, refused
+            deadline = time.monotonic() + 15
+            shown = control(master.store_dir, StatusQuery())
+            while not any(reason.startswith("membership: etcd out of reach") for reason in shown.reasons):
+                assert time.monotonic() < deadline, shown.reasons  # said once its requests to every member failed
+                time.sleep(0.1)  # polls the supervisor's status: the membership actor is another process
+                shown = control(master.store_dir, StatusQuery())
+            assert shown.state == "DEGRADED"
             assert client.pull(TOPIC, 0, 0, max_messages=1)["messages"][0]["body"] == b"before"  # reads go on
             for k in lost:
                 brokers.etcd.start_member(brokers.etcd.members[k])
