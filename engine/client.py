@@ -53,6 +53,11 @@ FRAME_BYTES_MAX = 4 * 1024 * 1024 + 64 * 1024
 MESSAGE_BODY_BYTES_MAX = 4 * 1024 * 1024
 MESSAGE_ILLEGAL_CODE = 8  # engine.errors.ErrorCode.MESSAGE_ILLEGAL
 CONNECT_PROBE_MS = 1_000  # how long engine_answers waits for a connection
+# A watched connection (a broker set's client) sends ZMTP heartbeats: an engine that answers none for
+# HEARTBEAT_TIMEOUT_MS (paused, or cut off by the network; its TCP connection stays up) is dropped as a
+# broken one, and so is a new connection whose handshake takes as long (an engine paused before it).
+HEARTBEAT_IVL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1_000
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
@@ -170,15 +175,20 @@ class StoreClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None,
                  on_master: Callable[[str], None] | None = None, watch_connection: bool = False,
-                 direct_replies: bool = True) -> None:
+                 unreachable_ms: int | None = None, direct_replies: bool = True) -> None:
         """``curve``: the engine's public key and this client's key pair, for an engine with
         ``curve_enabled``. A key the engine does not allow gets no reply at all: a timeout.
         ``on_master``: follow a replica's ``NOT_MASTER`` to the master it names (the request goes
         again there, and so do the next ones); called with the master's endpoint when it does.
         Without it, ``NOT_MASTER`` is raised as any refusal.
-        ``watch_connection``: a request whose connection breaks before its reply raises
-        ``ConnectionLost`` at once instead of waiting out its deadline (a broker set's client
-        moves on to the next engine; one more socket per client, and a poll of two).
+        ``watch_connection``: a request whose connection breaks before its reply (the engine died, or
+        answered no heartbeat for ``HEARTBEAT_TIMEOUT_MS``: paused or cut off) raises ``ConnectionLost``
+        at once instead of waiting out its deadline, and one sent while the connection is refused
+        (nothing listens) raises ``EngineUnreachable``: a broker set's client moves on to another
+        engine (one more socket per client, and a poll of two).
+        ``unreachable_ms``: without ``watch_connection``, a request raises ``EngineUnreachable`` once
+        the connection has been refused for this long (an engine's front restarting is waited for
+        that long; None: for the whole deadline, as ZeroMQ queues requests for a peer to come).
         ``direct_replies``: let the actors that make the answers send them straight here (see above)."""
         self.endpoint = endpoint
         self.on_master = on_master
@@ -189,8 +199,10 @@ class StoreClient:
         self._context = context or zmq.Context.instance()
         self._ids = itertools.count(1)
         self.watch_connection = watch_connection
+        self.unreachable_ms = 0 if watch_connection else unreachable_ms
         self.direct_replies = direct_replies
         self._monitor: zmq.Socket[bytes] | None = None
+        self._refused_since: float | None = None  # monotonic time of the first refusal since a connection
         self._direct: list[str] = []  # the endpoints this socket connected to for direct answers
         self._route_asked = False
         self._socket = self._connect()
@@ -205,7 +217,13 @@ class StoreClient:
         if self.curve is not None:
             self.curve.apply(sock)
         if self.watch_connection:
-            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, HEARTBEAT_TIMEOUT_MS)
+        if self.watch_connection or self.unreachable_ms is not None:
+            self._monitor = sock.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._refused_since = None
         sock.setsockopt(zmq.CONNECT_ROUTING_ID, _FRONT)  # the connection's queue exists from now: sends wait in it
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
         self._direct = []
@@ -253,17 +271,30 @@ class StoreClient:
         self._socket.close()
 
     def _disconnected(self) -> bool:
-        """Whether the monitor told of a broken connection since it was last asked."""
+        """Whether the monitor told of a broken connection to the front since it was last asked; it
+        also keeps when the front's connection was first refused (``_refused_since``)."""
         broken = False
         while self._monitor is not None and self._monitor.poll(0):
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)
-            front = event["endpoint"].decode() not in self._direct  # a direct connection's break loses nothing
-            broken |= event["event"] == zmq.EVENT_DISCONNECTED and front
+            if event["endpoint"].decode() in self._direct:  # a direct connection's break loses nothing
+                continue
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                broken = True
+            elif event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                self._refused_since = self._refused_since or time.monotonic()
+            elif event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._refused_since = None
         return broken
+
+    def _unreachable(self) -> bool:
+        """Whether the front's connection has been refused for ``unreachable_ms``."""
+        return (self.unreachable_ms is not None and self._refused_since is not None
+                and (time.monotonic() - self._refused_since) * 1000 >= self.unreachable_ms)
 
     def _await_reply(self, op: str, remaining_ms: int) -> bool:
         """Whether a reply frame came within ``remaining_ms`` (False also after a monitor event that was
-        not a break: the caller looks again); ``ConnectionLost`` if the connection broke first."""
+        not a break: the caller looks again); ``ConnectionLost`` if the connection broke first,
+        ``EngineUnreachable`` if it has been refused for ``unreachable_ms``."""
         if self._monitor is None:
             return bool(self._socket.poll(remaining_ms))
         poller = zmq.Poller()
@@ -272,9 +303,14 @@ class StoreClient:
         ready = dict(poller.poll(remaining_ms))
         if self._socket in ready:
             return True
-        if self._monitor in ready and self._disconnected():
-            self._reconnect()
-            raise ConnectionLost(f"the connection to {self.endpoint} broke before the reply to {op!r}")
+        if self._monitor in ready:
+            broken = self._disconnected()
+            if broken and self.watch_connection:
+                self._reconnect()
+                raise ConnectionLost(f"the connection to {self.endpoint} broke before the reply to {op!r}")
+            if self._unreachable():
+                self._reconnect()
+                raise EngineUnreachable(self.endpoint)
         return False
 
     def __enter__(self) -> StoreClient:

@@ -21,9 +21,6 @@ from engine.client import EngineError
 from engine.errors import ErrorCode
 from rmqpy.message import OutgoingMessage, outgoing_to_wire
 
-FOLLOW_PROBE_MS = 500  # a master a replica names must accept a connection this soon, or it is taken for gone
-
-
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -42,11 +39,6 @@ def mapped(future: concurrent.futures.Future[A], change: Callable[[A], B]) -> co
     future.add_done_callback(done)
     return changed
 
-
-def endpoints_after(endpoints: list[str], current: str) -> list[str]:
-    """A broker set's engines in the order a producer tries them after ``current``, ``current`` last."""
-    start = endpoints.index(current) + 1 if current in endpoints else 0
-    return [endpoints[(start + k) % len(endpoints)] for k in range(len(endpoints))]
 
 UNIQ_KEY = "UNIQ_KEY"
 

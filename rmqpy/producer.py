@@ -10,7 +10,7 @@ Thread-safety: a ``Producer`` may be shared by any number of threads.
 A cluster of broker sets has its own class, ``ClusterProducer`` (below), made of a ``Producer``
 per set; ``Producer(cluster=...)`` returns one.
 
-* ``send`` and ``send_batch`` go through one ``StoreClient`` socket, one request at a
+* ``send`` and ``send_batch`` go through one ``SetClient`` socket, one request at a
   time (a lock keeps threads off each other's replies). A thread that waits for a
   retry's pause does not hold the lock.
 * ``send_async`` and ``send_batch_async`` hand the send to a background thread that
@@ -18,11 +18,13 @@ per set; ``Producer(cluster=...)`` returns one.
   flight together there, so this is the fast path for many threads or many messages.
   The thread and its socket are made at the first async send.
 
-Retries: a send refused with ``BUSY`` or ``SERVICE_NOT_AVAILABLE`` (nothing was stored)
-is sent again after a growing pause (``RetryPolicy``); any other refusal is raised at
-once as ``EngineError``, and a ``RequestTimeout`` is never retried (the messages may
-have been stored). Each message carries a ``UNIQ_KEY`` the producer made, the same on
-every attempt: ``SendResult.uniq_key`` names it, and a consumer can drop duplicates by it.
+Retries: a send refused with ``BUSY``, ``SERVICE_NOT_AVAILABLE`` or ``SLAVE_NOT_AVAILABLE``
+(nothing was stored) is sent again after a growing pause (``RetryPolicy``); on a broker set's
+address, one whose master died, went silent or is being elected is sent to the next master
+(``SetClient``). Any other refusal is raised at once as ``EngineError``, and a
+``RequestTimeout`` is not retried (the master may have stored the messages). Each message
+carries a ``UNIQ_KEY`` the producer made, the same on every attempt: ``SendResult.uniq_key``
+names it, and a consumer can drop duplicates by it.
 """
 
 from __future__ import annotations
@@ -38,32 +40,18 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine.client import (
-    DEFAULT_ENDPOINT,
-    EngineError,
-    EngineUnreachable,
-    RequestTimeout,
-    StoreClient,
-    engine_answers,
-)
+from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError, EngineUnreachable
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
+from rmqpy._failover import NoMaster, PassedOver
 from rmqpy._loop_thread import LoopThread
-from rmqpy._send import (
-    FOLLOW_PROBE_MS,
-    SendOptions,
-    UniqKeys,
-    batch_fields,
-    endpoints_after,
-    mapped,
-    master_named,
-    one_message,
-)
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, mapped, one_message
+from rmqpy._set_client import SetClient
 from rmqpy.aio.producer import AsyncProducer
 from rmqpy.cluster import Cluster, opened
 from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
-from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry
+from rmqpy.retry import OnRetry, RetryPolicy
 
 __all__ = ["ClusterProducer", "Producer"]
 
@@ -85,13 +73,14 @@ class Producer:
                  on_retry: OnRetry | None = None, wait_store: bool = True, in_flight_max: int = 256,
                  context: zmq.Context[zmq.Socket[bytes]] | None = None, curve: CurveKeys | None = None,
                  cluster: Cluster | str | None = None) -> None:
-        """``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
-        "Failover"): sends go to the master; a send that timed out or whose connection broke (raised
-        as ``ConnectionLost``, a ``RequestTimeout``: it may have been stored), or that an engine
-        refused naming no master that answers (an election is under way), moves the producer to the
-        next engine of the list that accepts a connection.
-        ``timeout_ms``: the deadline of each attempt; keep it above the engine's
-        ``sync_flush_timeout_ms`` (5 s) under ``SYNC_FLUSH``.
+        r"""``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
+        "Clients"): sends go to the master and follow it. A send whose engine died (its connection
+        broke or is refused), went silent (no heartbeat for ``HEARTBEAT_TIMEOUT_MS``: paused, cut off)
+        or refused it during an election (``NOT_MASTER``) is sent again, with the same ``UNIQ_KEY``\ s,
+        to the master the set's engines name, as soon as one does (``rmqpy/_failover.py``); the
+        application sees an error only when no master serves before the deadline.
+        ``timeout_ms``: the deadline of each send, retries and failover included; keep it above the
+        engine's ``sync_flush_timeout_ms`` (5 s) under ``SYNC_FLUSH``.
         ``retry``: when to retry (default ``RetryPolicy()``: up to 5 retries, 20 ms to 2 s apart);
         ``RetryPolicy.never()`` raises every refusal. ``on_retry(error, retry, pause_ms)`` is told
         of each retry, from the thread that sends (the background thread for async sends).
@@ -103,8 +92,6 @@ class Producer:
         queue's set (docs/cluster.md); ``queue_id`` is then refused (a set's own queue). ``__new__``
         answers it with a ``ClusterProducer``: this class is one set's."""
         assert cluster is None, "Producer.__new__ made a ClusterProducer"
-        self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
-        self.endpoint = self.endpoints[0]
         self.timeout_ms = timeout_ms
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
@@ -113,8 +100,9 @@ class Producer:
         self._context = context
         self._curve = curve
         self._uniq_keys = UniqKeys()
-        self._client = self._connect(self.endpoint)
-        self._client_lock = threading.Lock()
+        self._client = SetClient(endpoint, timeout_ms=timeout_ms, retry=self.retry, on_retry=on_retry,
+                                 context=context, curve=curve)
+        self.endpoints = self._client.endpoints
         self._async_lock = threading.Lock()  # guards the fields below
         self._loop_thread: LoopThread | None = None
         self._async_producer: AsyncProducer | None = None
@@ -137,8 +125,12 @@ class Producer:
         concurrent.futures.wait(unfinished, timeout=timeout_s)
         if self._loop_thread is not None and self._async_producer is not None:
             self._loop_thread.stop(self._async_producer.close(), timeout_s=timeout_s)
-        with self._client_lock:
-            self._client.close()
+        self._client.close()
+
+    @property
+    def endpoint(self) -> str:
+        """The engine the blocking sends go to now (the set's master, as last found)."""
+        return self._client.endpoint
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""
@@ -181,55 +173,17 @@ class Producer:
         return SendOptions(queue_id=queue_id, sharding_key=sharding_key, delay_ms=delay_ms,
                            deliver_at_ms=deliver_at_ms, delay_level=delay_level, wait_store=self.wait_store)
 
-    def _send_now(self, topic: str, messages: Iterable[OutgoingMessage | bytes],
-                  options: SendOptions) -> list[SendResult]:
+    def _send_now(self, topic: str, messages: Iterable[OutgoingMessage | bytes], options: SendOptions, *,
+                  wait_for_master: bool = True) -> list[SendResult]:
+        """One send over the set's engines until its deadline (``SetClient``). Without
+        ``wait_for_master``, ``NoMaster`` is raised after the first round of looking that found none
+        (a cluster's producer then sends elsewhere)."""
+        if self._closed:
+            raise ClientClosed("the producer is closed")
         batch, uniq_keys = batch_fields(messages, self._uniq_keys, options)
-        fields = {**options.fields(), **batch}
-
-        def attempt() -> list[SendResult]:
-            with self._client_lock:
-                if self._closed:
-                    raise ClientClosed("the producer is closed")
-                try:
-                    results = self._client.request("send", topic=topic, **fields)["results"]
-                except EngineError as exc:  # a replica: it names its master, where this producer goes now
-                    master = master_named(exc, self.endpoint)
-                    if master is not None and not engine_answers(master, timeout_ms=FOLLOW_PROBE_MS,
-                                                                 context=self._context):
-                        master = None  # the master it names is gone: an election is under way
-                    if master is None:
-                        if exc.code == ErrorCode.NOT_MASTER:  # nobody named (an election): the next engine
-                            self._move_to(self._next_endpoint())
-                        raise
-                    self._move_to(master)
-                    results = self._client.request("send", topic=topic, **fields)["results"]
-                except (RequestTimeout, EngineUnreachable):  # maybe a master gone: the next request elsewhere
-                    self._move_to(self._next_endpoint())
-                    raise
-            return send_results_from_wire(topic, results, uniq_keys)
-
-        return call_with_retry(self.retry, attempt, on_retry=self.on_retry)
-
-    def _next_endpoint(self) -> str:
-        """The engine of the broker set after the current one that accepts a connection (a master
-        just killed does not; the current one if it is alone, or if none does)."""
-        following = endpoints_after(self.endpoints, self.endpoint)
-        if len(following) == 1:
-            return following[0]
-        return next((endpoint for endpoint in following if engine_answers(endpoint, timeout_ms=FOLLOW_PROBE_MS,
-                                                                           context=self._context)), following[0])
-
-    def _move_to(self, endpoint: str) -> None:
-        if endpoint == self.endpoint:
-            return
-        self._client.close()
-        self.endpoint = endpoint
-        self._client = self._connect(endpoint)
-
-    def _connect(self, endpoint: str) -> StoreClient:
-        """A broker set's producer learns at once that its engine's connection broke (a master gone)."""
-        return StoreClient(endpoint, timeout_ms=self.timeout_ms, context=self._context, curve=self._curve,
-                           watch_connection=len(self.endpoints) > 1)
+        reply = self._client.request("send", wait_for_master=wait_for_master, topic=topic,
+                                     **options.fields(), **batch)
+        return send_results_from_wire(topic, reply["results"], uniq_keys)
 
     # -- async sends -------------------------------------------------------
 
@@ -254,11 +208,13 @@ class Producer:
                          deliver_at_ms: int | None = None, delay_level: int | None = None,
                          ) -> concurrent.futures.Future[list[SendResult]]:
         """``send_batch`` without waiting. Any thread."""
-        batch = list(messages)  # the caller may change its list at once
-        options = self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level)
+        return self._send_batch_later(topic, list(messages),  # the caller may change its list at once
+                                      self._options(queue_id, sharding_key, delay_ms, deliver_at_ms, delay_level))
 
+    def _send_batch_later(self, topic: str, batch: list[OutgoingMessage | bytes], options: SendOptions, *,
+                          wait_for_master: bool = True) -> concurrent.futures.Future[list[SendResult]]:
         async def send_all(producer: AsyncProducer) -> list[SendResult]:
-            return await producer.send_with_options(topic, batch, options)
+            return await producer.send_with_options(topic, batch, options, wait_for_master=wait_for_master)
 
         return self._send_later(send_all)
 
@@ -305,6 +261,7 @@ class ClusterProducer:
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._closed = False
+        self._passed_over = PassedOver(self._master_found, curve=producer_options.get("curve"))
 
     def __enter__(self) -> ClusterProducer:
         return self
@@ -319,6 +276,7 @@ class ClusterProducer:
                 return
             self._closed = True
             producers = list(self._producers.values())
+        self._passed_over.close()
         for producer in producers:
             producer.close(timeout_s)
         if self._owns_cluster:
@@ -343,29 +301,54 @@ class ClusterProducer:
     def send_batch(self, topic: str, messages: Iterable[OutgoingMessage | bytes], *, queue_id: int | None = None,
                    sharding_key: str | None = None, delay_ms: int | None = None, deliver_at_ms: int | None = None,
                    delay_level: int | None = None) -> list[SendResult]:
-        """One batch, to one queue of the route; a set that refuses a connection is passed over
-        for the next queue of another set (nothing was stored there)."""
+        """One batch, to one queue of the route. Without ``sharding_key``, a set that has no master
+        (``NoMaster``: it did not wait for one) or refuses a connection is passed over for the next
+        queue of another set, and later keyless sends pass it over until it has a master again; with
+        it, the key's queue waits for its set's master as ``Producer`` does, and fails alone."""
         self._check(queue_id)
         batch = list(messages)
         tried: set[str] = set()
-        for broker, set_queue in self.cluster.route(topic).send_order(sharding_key, next(self._turn)):
+        for broker, set_queue in self._send_order(topic, sharding_key):
             if broker in tried:
                 continue
+            producer = self._producer(topic, broker)
+            options = producer._options(set_queue, None, delay_ms, deliver_at_ms, delay_level)
             try:
-                results = self._producer(topic, broker).send_batch(
-                    topic, batch, queue_id=set_queue, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms,
-                    delay_level=delay_level)
-            except (EngineError, EngineUnreachable) as exc:
-                stored_nowhere = isinstance(exc, EngineUnreachable) or exc.code == ErrorCode.SERVICE_NOT_AVAILABLE
-                if not stored_nowhere or sharding_key is not None:
+                results = producer._send_now(topic, batch, options, wait_for_master=sharding_key is not None)
+            except (EngineError, EngineUnreachable, NoMaster) as exc:
+                if sharding_key is not None or not self._passes_over(topic, broker, producer, exc):
                     raise
-                log.warning("broker set %r took no send (%s): the next queue of another set", broker, exc)
                 tried.add(broker)
-                self.cluster.route(topic, fresh=True)
                 continue
             return _named(results, broker)
         raise EngineError(ErrorCode.SERVICE_NOT_AVAILABLE, ErrorCode.SERVICE_NOT_AVAILABLE.name,
                           f"no broker set of topic {topic!r} took the send (tried {sorted(tried)})")
+
+    def _send_order(self, topic: str, sharding_key: str | None) -> list[tuple[str, int]]:
+        """The queues to try, in turn: the route's order, the sets passed over last."""
+        order = self.cluster.route(topic).send_order(sharding_key, next(self._turn))
+        if sharding_key is not None:
+            return order[:1]
+        return sorted(order, key=lambda queue: queue[0] in self._passed_over)  # a stable sort
+
+    def _passes_over(self, topic: str, broker: str, producer: Producer, error: ClientError) -> bool:
+        """Whether a keyless send refused with ``error`` goes to another set (nothing was stored, or
+        the set lost its master); a set without a master is passed over until it has one again."""
+        if isinstance(error, NoMaster):
+            self._passed_over.mark(broker, producer.endpoints, producer.endpoint)
+        elif not (isinstance(error, EngineUnreachable) or
+                  (isinstance(error, EngineError) and error.code == ErrorCode.SERVICE_NOT_AVAILABLE)):
+            return False
+        log.warning("broker set %r took no send (%s): the next queue of another set", broker, error)
+        self.cluster.route(topic, fresh=True)
+        return True
+
+    def _master_found(self, broker: str, master: str) -> None:
+        """A set passed over has a master again: its producer goes there before the next send."""
+        with self._lock:
+            producer = self._producers.get(broker)
+        if producer is not None:
+            producer._client.move_to(master)
 
     def send_async(self, topic: str, body: bytes, *, keys: Iterable[str] = (), tags: str | None = None,
                    properties: Mapping[str, str] | None = None, flag: int = 0, born_timestamp: int | None = None,
@@ -382,14 +365,39 @@ class ClusterProducer:
                          queue_id: int | None = None, sharding_key: str | None = None, delay_ms: int | None = None,
                          deliver_at_ms: int | None = None, delay_level: int | None = None,
                          ) -> concurrent.futures.Future[list[SendResult]]:
-        """``send_batch`` without waiting, to the next queue of the route (the set's ``Producer``
-        retries there; a set out of reach is not passed over: the future holds the error)."""
+        """``send_batch`` without waiting, to the next queue of the route, passing over the sets
+        without a master as ``send_batch`` does (the future holds the last error if none took it)."""
         self._check(queue_id)
         batch = list(messages)
-        broker, set_queue = self.cluster.route(topic).send_order(sharding_key, next(self._turn))[0]
-        sent = self._producer(topic, broker).send_batch_async(
-            topic, batch, queue_id=set_queue, delay_ms=delay_ms, deliver_at_ms=deliver_at_ms, delay_level=delay_level)
-        return mapped(sent, lambda results: _named(results, broker))
+        order = self._send_order(topic, sharding_key)
+        sent: concurrent.futures.Future[list[SendResult]] = concurrent.futures.Future()
+
+        def attempt(tried: frozenset[str]) -> None:
+            broker, set_queue = next(queue for queue in order if queue[0] not in tried)
+            producer = self._producer(topic, broker)
+            options = producer._options(set_queue, None, delay_ms, deliver_at_ms, delay_level)
+            future = producer._send_batch_later(topic, batch, options, wait_for_master=sharding_key is not None)
+
+            def done(finished: concurrent.futures.Future[list[SendResult]]) -> None:
+                error = finished.exception()
+                if error is None:
+                    sent.set_result(_named(finished.result(), broker))
+                    return
+                passed = tried | {broker}
+                try:
+                    if (sharding_key is not None or not isinstance(error, ClientError)
+                            or not any(queue[0] not in passed for queue in order)
+                            or not self._passes_over(topic, broker, producer, error)):
+                        sent.set_exception(error)
+                        return
+                    attempt(passed)
+                except Exception as exc:  # ClientClosed, a route out of reach: the caller's future holds it
+                    sent.set_exception(exc)
+
+            future.add_done_callback(done)
+
+        attempt(frozenset())
+        return sent
 
     def _check(self, queue_id: int | None) -> None:
         if self._closed:

@@ -17,17 +17,18 @@ from engine.cli.common import (
     connect,
     curve_keys,
     emit,
+    engine_endpoint,
     epoch_ms,
     non_negative,
     plural,
     positive,
     queue_number,
 )
-from engine.client import ClientError, StoreClient
+from engine.client import ClientError, EngineUnreachable, StoreClient, engine_answers
 from engine.layout import PROPERTY_UNIQ_KEY as UNIQ_KEY
 from engine.progress import count_bar
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_TIMER_OUT_MS
-from rmqpy.raw import UniqKeys
+from rmqpy.raw import SetClient, UniqKeys
 
 if TYPE_CHECKING:
     from engine.cli.cluster import SpreadSends
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     # The results shown name each message by its uniq key, the id consumers get (the same across a
     # delay or a transaction): made here, as rmqpy's producer does. Unshown, the engine makes them.
     shown = args.json or args.count <= 20
+    on_a_set = "," in engine_endpoint(args) and args.cluster is None
+    keyed = shown or on_a_set  # a send again after a failover carries the same ids: a copy can be told
     uniq_keys = UniqKeys()
     sent = 0
     results: list[dict[str, Any]] = []
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 batch = []
                 for i in range(sent, sent + n):
                     message: dict[str, Any] = {"body": body}
-                    if shown:
+                    if keyed:
                         message["properties"] = {UNIQ_KEY: uniq_keys.next()}
                     if args.keys:
                         message["keys"] = [f"{args.key_prefix}{i}"]
@@ -121,6 +124,11 @@ class OneEngine:
 
 def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
     """Where ``produce`` sends: one engine, or with ``--cluster`` each batch to a queue of the route."""
+    if args.cluster is None and "," in engine_endpoint(args):  # a broker set: its master, across a failover
+        address = engine_endpoint(args)
+        if not any(engine_answers(member.strip()) for member in address.split(",") if member.strip()):
+            raise EngineUnreachable(address)
+        return OneEngine(SetClient(address, timeout_ms=args.timeout_ms, curve=curve_keys(args)), args.queue_id)
     if args.cluster is None:
         return OneEngine(connect(args, timeout_ms=args.timeout_ms), args.queue_id)
     from engine.cli.cluster import SpreadSends, cluster_route  # etcd's client only when asked for

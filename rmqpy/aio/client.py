@@ -36,7 +36,10 @@ import zmq.asyncio
 from engine.client import (
     DEFAULT_ENDPOINT,
     FRAME_BYTES_MAX,
+    HEARTBEAT_IVL_MS,
+    HEARTBEAT_TIMEOUT_MS,
     ConnectionLost,
+    EngineUnreachable,
     RequestTimeout,
     encode_request,
     popped_messages,
@@ -56,11 +59,13 @@ ACK_HANDLES_MAX = 1024  # receipt handles one ack request may carry (protocol 4.
 class AsyncClient:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout_ms: int = 10_000, in_flight_max: int = 256,
                  context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None,
-                 watch_connection: bool = False) -> None:
+                 watch_connection: bool = False, unreachable_ms: int | None = None) -> None:
         """``timeout_ms``: each call's deadline (long polls get their wait on top).
         ``curve``: the engine's public key and this client's key pair, for an engine with CURVE.
-        ``watch_connection``: calls waiting when the connection breaks raise ``ConnectionLost`` at once
-        (``StoreClient``'s, for a broker set's producer)."""
+        ``watch_connection``: calls waiting when the connection breaks (or answers no heartbeat) raise
+        ``ConnectionLost`` at once, and those waiting while it is refused ``EngineUnreachable``
+        (``StoreClient``'s, for a broker set's producer). ``unreachable_ms``: without it, calls waiting
+        while the connection has been refused this long raise ``EngineUnreachable``."""
         if in_flight_max < 1:
             raise ValueError("in_flight_max must be >= 1")
         self.endpoint = endpoint
@@ -77,6 +82,7 @@ class AsyncClient:
         self._closed = False
         self._broken: ClientClosed | None = None  # why the reader stopped, if it stopped by itself
         self.watch_connection = watch_connection
+        self.unreachable_ms = 0 if watch_connection else unreachable_ms
         self._watcher: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:
@@ -121,7 +127,13 @@ class AsyncClient:
             sock.setsockopt(zmq.LINGER, 0)
             if self.curve is not None:
                 self.curve.apply(sock)
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if self.watch_connection else None
+            if self.watch_connection:
+                sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+                sock.setsockopt(zmq.HANDSHAKE_IVL, HEARTBEAT_TIMEOUT_MS)
+            watched = self.watch_connection or self.unreachable_ms is not None
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+                                              | zmq.EVENT_HANDSHAKE_SUCCEEDED) if watched else None
             sock.connect(self.endpoint)
             self._socket = sock
             loop = asyncio.get_running_loop()
@@ -132,12 +144,23 @@ class AsyncClient:
         return self._socket
 
     async def _watch(self, monitor: zmq.asyncio.Socket) -> None:
-        """Each break of the connection fails the calls waiting on it: their replies went with it."""
+        """Each break of the connection fails the calls waiting on it (their replies went with it), and
+        each refusal past ``unreachable_ms`` the calls waiting for a connection. A call failed so may
+        still sit in the socket's queue, to be sent when a connection is made: its owner closes
+        this client and opens another (``AsyncProducer`` does)."""
+        refused_since: float | None = None
         try:
             while True:
                 event = zmq.utils.monitor.parse_monitor_message(await monitor.recv_multipart())
-                if event["event"] == zmq.EVENT_DISCONNECTED:
+                if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    refused_since = None
+                elif event["event"] == zmq.EVENT_DISCONNECTED and self.watch_connection:
                     self._fail_pending(ConnectionLost(f"the connection to {self.endpoint} broke before the reply"))
+                elif event["event"] == zmq.EVENT_CONNECT_RETRIED and self.unreachable_ms is not None:
+                    now = asyncio.get_running_loop().time()
+                    refused_since = refused_since if refused_since is not None else now
+                    if (now - refused_since) * 1000 >= self.unreachable_ms and self._pending:
+                        self._fail_pending(EngineUnreachable(self.endpoint))
         finally:
             monitor.close(linger=0)
 

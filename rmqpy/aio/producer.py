@@ -15,21 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 
 import zmq.asyncio
 
-from engine.client import DEFAULT_ENDPOINT, EngineError, EngineUnreachable, RequestTimeout, engine_answers
-from engine.errors import ErrorCode
+from engine.client import CONNECT_PROBE_MS, DEFAULT_ENDPOINT, ClientError, EngineUnreachable
 from engine.ipc.curve import CurveKeys
-from rmqpy._send import (
-    FOLLOW_PROBE_MS,
-    SendOptions,
-    UniqKeys,
-    batch_fields,
-    endpoints_after,
-    master_named,
-    one_message,
-)
+from rmqpy._failover import Follow, NoMaster, Pause, Raise, SetSend, find_master, master_role
+from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
 from rmqpy.aio.client import AsyncClient
+from rmqpy.errors import ClientClosed
 from rmqpy.message import OutgoingMessage, SendResult, send_results_from_wire
-from rmqpy.retry import OnRetry, RetryPolicy, call_with_retry_async
+from rmqpy.retry import OnRetry, RetryPolicy
 
 __all__ = ["AsyncProducer"]
 
@@ -45,10 +38,14 @@ class AsyncProducer:
         The other arguments are ``Producer``'s."""
         self._own_client = client is None
         self.endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
+        one_engine = len(self.endpoints) == 1
         self._open: Callable[[str], AsyncClient] = lambda endpoint: AsyncClient(
             endpoint, timeout_ms=timeout_ms, in_flight_max=in_flight_max, context=context, curve=curve,
-            watch_connection=len(self.endpoints) > 1)
+            watch_connection=not one_engine, unreachable_ms=CONNECT_PROBE_MS if one_engine else None)
         self.client = client or self._open(self.endpoints[0])
+        self.timeout_ms = timeout_ms
+        self._curve = curve
+        self._looking: asyncio.Future[str | None] | None = None  # the look for the master under way
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
         self.wait_store = wait_store
@@ -85,48 +82,76 @@ class AsyncProducer:
         return await self.send_with_options(topic, messages, options)
 
     async def send_with_options(self, topic: str, messages: Iterable[OutgoingMessage | bytes],
-                                options: SendOptions) -> list[SendResult]:
-        """The send all the others make: one request, retried as ``retry`` says."""
+                                options: SendOptions, *, wait_for_master: bool = True) -> list[SendResult]:
+        """The send all the others make: one request over the set's engines until its deadline, as
+        ``Producer._send_now`` (``rmqpy/_failover.py``); many sends at once share one look for the master."""
         batch, uniq_keys = batch_fields(messages, self._uniq_keys, options)
         fields = {**options.fields(), **batch}
-
-        async def attempt() -> list[SendResult]:
+        way = SetSend(self.timeout_ms, self.retry, one_engine=len(self.endpoints) == 1 or not self._own_client)
+        while True:
+            client = self.client
             try:
-                results = (await self.client.request("send", topic=topic, **fields))["results"]
-            except EngineError as exc:  # a replica names its master: an own client goes there
-                master = master_named(exc, self.client.endpoint)
-                if master is not None and self._own_client and not await _answers(master):
-                    master = None  # the master it names is gone: an election is under way
-                if master is None and exc.code == ErrorCode.NOT_MASTER:  # nobody named: an election
-                    await self._move_to(await self._next_endpoint())
-                if master is None or not self._own_client:
+                results = (await client.request("send", timeout_ms=way.remaining_ms(), topic=topic,
+                                                **fields))["results"]
+                return send_results_from_wire(topic, results, uniq_keys)
+            except ClientClosed:
+                if self.client is client:
                     raise
+                continue  # another send moved this producer and closed the client this one waited on
+            except ClientError as exc:
+                step = way.after(exc, client.endpoint)
+                if isinstance(exc, EngineUnreachable) and way.one_engine and self._own_client:
+                    await self._replace(client)  # its socket may still hold the request: it must not go later
+            if isinstance(step, Raise):
+                raise step.error
+            if isinstance(step, Pause):
+                if step.pause_ms >= way.remaining_ms():
+                    raise step.error
+                if self.on_retry is not None:
+                    self.on_retry(step.error, step.retry, step.pause_ms)
+                await asyncio.sleep(step.pause_ms / 1000)
+                continue
+            if self.client is not client:  # another send already moved this producer: go there
+                continue
+            master = step.master if isinstance(step, Follow) else None
+            if master is not None and self._own_client and not await self._is_master(master):
+                master = None  # the master named is gone: an election is under way
+            if master is None and not way.one_engine:
+                master = await self._look_for_master(client.endpoint, way, wait_for_master)
+            if master is None or not self._own_client:
+                raise way.failure()
+            if self.client is client:
                 await self._move_to(master)
-                results = (await self.client.request("send", topic=topic, **fields))["results"]
-            except (RequestTimeout, EngineUnreachable):  # maybe a master gone: the next request elsewhere
-                await self._move_to(await self._next_endpoint())
-                raise
-            return send_results_from_wire(topic, results, uniq_keys)
 
-        return await call_with_retry_async(self.retry, attempt, on_retry=self.on_retry)
+    async def _look_for_master(self, failed: str, way: SetSend, wait_for_master: bool) -> str:
+        """The set's master, asked of its engines in rounds until the send's deadline; the sends that
+        fail together wait for one look (in a worker thread: the probes block)."""
+        while True:
+            if self._looking is None or self._looking.done():
+                self._looking = asyncio.ensure_future(asyncio.to_thread(find_master, self.endpoints, failed,
+                                                                        curve=self._curve))
+            master = await asyncio.shield(self._looking)
+            if master is not None:
+                return master
+            if not wait_for_master:
+                raise NoMaster(self.endpoints, way.failure())
+            pause_ms = way.look_pause_ms()
+            if pause_ms >= way.remaining_ms():
+                raise way.failure()
+            await asyncio.sleep(pause_ms / 1000)
 
-    async def _next_endpoint(self) -> str:
-        """The engine of the set after the current one that accepts a connection (``Producer``'s)."""
-        following = endpoints_after(self.endpoints, self.client.endpoint)
-        if len(following) > 1:
-            for endpoint in following:
-                if await _answers(endpoint):
-                    return endpoint
-        return following[0]
+    async def _is_master(self, endpoint: str) -> bool:
+        return await asyncio.to_thread(master_role, endpoint, curve=self._curve) is not None
 
     async def _move_to(self, endpoint: str) -> None:
         """An own client only: a shared one stays where its owner put it."""
         if endpoint == self.client.endpoint or not self._own_client:
             return
-        await self.client.close()
-        self.client = self._open(endpoint)
+        old, self.client = self.client, self._open(endpoint)
+        await old.close()
 
-
-async def _answers(endpoint: str) -> bool:
-    """``engine_answers`` in a worker thread: the probe blocks (at most ``FOLLOW_PROBE_MS``)."""
-    return await asyncio.to_thread(engine_answers, endpoint, timeout_ms=FOLLOW_PROBE_MS)
+    async def _replace(self, client: AsyncClient) -> None:
+        """A fresh client on the same engine (an own client only), once per failed client."""
+        if self.client is client:
+            self.client = self._open(client.endpoint)
+            await client.close()
