@@ -11,7 +11,9 @@
  * Beyond the table of clients/conformance.md: `route` (result: the route reply's fields,
  * protocol 4.14) and `endpoint` (no request; result: `endpoint`, where the client's requests
  * go now, which moves to the master when a replica refuses a write with NOT_MASTER);
- * `topic_route` and `cluster_send`, through the cluster client (rmq_cluster.c).
+ * `topic_route` and `cluster_send`, through the cluster client (rmq_cluster.c); `send_loop`,
+ * paced single sends timed one by one (for the failover tests: ENDPOINT may be a broker set's
+ * address).
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -20,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base64.h"
 #include "json.h"
@@ -388,6 +392,7 @@ static void run_cluster_send(FILE *out, rmq_client *client, const json_value *cm
     (void)client;
     const char *topic = string_field(cmd, "topic", 1);
     int32_t count = int32_field(cmd, "count", 0, 1);
+    const char *sharding_key = string_field(cmd, "sharding_key", 0);
     const char *body = string_field(cmd, "body_b64", 1);
     unsigned char *bytes = NULL;
     size_t body_len = 0;
@@ -408,7 +413,10 @@ static void run_cluster_send(FILE *out, rmq_client *client, const json_value *cm
     for (int32_t i = 0; i < count && !failed; i++) {
         rmq_send_result result;
         char broker[RMQ_BROKER_NAME_MAX + 1];
-        if (rmq_cluster_send(cluster_client, topic, &message, &result, broker, &err) != 0) {
+        int rc = sharding_key != NULL
+                     ? rmq_cluster_send_keyed(cluster_client, topic, sharding_key, &message, &result, broker, &err)
+                     : rmq_cluster_send(cluster_client, topic, &message, &result, broker, &err);
+        if (rc != 0) {
             failed = 1;
             break;
         }
@@ -421,6 +429,66 @@ static void run_cluster_send(FILE *out, rmq_client *client, const json_value *cm
     else fprintf(out, "{\"ok\":true,\"sent\":[%s]}", sent);
     free(sent);
     free(bytes);
+}
+
+static int64_t monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* `count` sends of one message each ("<body_prefix><i>"), `interval_ms` apart, none started
+ * `duration_ms` after the first or once `stop_file` exists, whatever each answers: each send's outcome, where the client was after it, and when it started and ended
+ * (CLOCK_MONOTONIC ms, the clock of Python's time.monotonic). After each send a line
+ * "sent <i> <ok>" goes to stderr, so that a test can act while the loop runs. */
+static void run_send_loop(FILE *out, rmq_client *client, const json_value *cmd) {
+    const char *topic = string_field(cmd, "topic", 1);
+    const char *prefix = string_field(cmd, "body_prefix", 1);
+    int32_t count = int32_field(cmd, "count", 1, 0);
+    int32_t interval_ms = int32_field(cmd, "interval_ms", 0, 0);
+    int32_t duration_ms = int32_field(cmd, "duration_ms", 0, INT32_MAX);
+    const char *stop_file = string_field(cmd, "stop_file", 0);
+    if (count < 1 || interval_ms < 0 || duration_ms < 1) {
+        die("'send_loop' needs count >= 1, interval_ms >= 0 and duration_ms >= 1");
+    }
+    int64_t stop_at = monotonic_ms() + duration_ms;
+    fputs("{\"ok\":true,\"sends\":[", out);
+    for (int32_t i = 0; i < count && (i == 0 || monotonic_ms() < stop_at); i++) {
+        if (stop_file != NULL && access(stop_file, F_OK) == 0) break;
+        char body[512];
+        int len = snprintf(body, sizeof body, "%s%" PRId32, prefix, i);
+        if (len < 0 || (size_t)len >= sizeof body) die("'body_prefix' is too long");
+        rmq_outgoing_message message = {.body = body, .body_len = (size_t)len};
+        rmq_send_result result;
+        rmq_error err;
+        int64_t started = monotonic_ms();
+        int rc = rmq_send(client, topic, NULL, &message, &result, &err);
+        int64_t ended = monotonic_ms();
+        fprintf(out, "%s{\"i\":%" PRId32 ",\"started_ms\":%" PRId64 ",\"ended_ms\":%" PRId64 ",\"endpoint\":",
+                i > 0 ? "," : "", i, started, ended);
+        write_str(out, rmq_endpoint(client));
+        if (rc != 0) {
+            fprintf(out, ",\"ok\":false,\"code\":%d,\"name\":", err.code);
+            write_str(out, err.name);
+            fputs(",\"message\":", out);
+            write_str(out, err.message);
+        } else {
+            fputs(",\"ok\":true,\"msg_id\":", out);
+            write_str(out, result.msg_id);
+            fputs(",\"uniq_key\":", out);
+            write_str(out, result.uniq_key);
+            fprintf(out, ",\"queue_id\":%" PRId32 ",\"queue_offset\":%" PRId64, result.queue_id,
+                    result.queue_offset);
+        }
+        fputc('}', out);
+        fprintf(stderr, "sent %" PRId32 " %d\n", i, rc == 0);
+        fflush(stderr);
+        if (interval_ms > 0 && i + 1 < count) {
+            struct timespec pause = {interval_ms / 1000, (long)(interval_ms % 1000) * 1000000L};
+            nanosleep(&pause, NULL);
+        }
+    }
+    fputs("]}", out);
 }
 
 /* Not a request: where the client's requests go now (it moves to the master a NOT_MASTER names). */
@@ -580,6 +648,7 @@ static const struct {
     {"endpoint", run_endpoint},
     {"topic_route", run_topic_route},
     {"cluster_send", run_cluster_send},
+    {"send_loop", run_send_loop},
 };
 
 static void run_command(FILE *out, rmq_client *client, const json_value *cmd, size_t index) {

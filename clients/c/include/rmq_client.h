@@ -41,6 +41,21 @@
  * served by replicas too and never move the client. rmq_route_get asks an engine where the
  * master is without writing anything.
  *
+ * A broker set's address ("tcp://h:10911,tcp://h:10921,tcp://h:10931"). The client starts on
+ * the first engine and follows the set's master through a failover within each call's
+ * deadline (timeout_ms from the call, for the whole call): its socket sends heartbeats, and a
+ * connection that breaks (the engine died), is refused (nothing listens) or goes silent for
+ * RMQ_HEARTBEAT_TIMEOUT_MS (a paused engine) is noticed at once, not at the deadline. The
+ * client then asks every engine its `route` (each within RMQ_ROUTE_PROBE_MS), moves to the
+ * one that is master and sends the same request again: the same bytes, so each message keeps
+ * the UNIQ_KEY the client gave it, and a consumer drops a duplicate by it (a request sent when
+ * the connection broke may have been stored). A NOT_MASTER naming the master is followed at
+ * once, one naming none makes the client look; BUSY, SERVICE_NOT_AVAILABLE and
+ * SLAVE_NOT_AVAILABLE are sent again on the same engine after a pause. With no master by the
+ * deadline the last error is returned (NOT_MASTER, or RMQ_ERR_CONNECTION_LOST); a request that
+ * gets no answer while its connection stays up is RMQ_ERR_TIMEOUT, never sent again. A call
+ * takes at most its timeout_ms plus RMQ_ROUTE_PROBE_MS.
+ *
  * Threads. A client is not thread-safe: use one client per thread, or a lock.
  * Different clients are independent.
  */
@@ -60,6 +75,9 @@ extern "C" {
 #define RMQ_ERR_BAD_REPLY (-3)        /* "BAD_REPLY": the reply could not be decoded */
 #define RMQ_ERR_TRANSPORT (-4)        /* "TRANSPORT": a ZeroMQ call failed (e.g. bad endpoint) */
 #define RMQ_ERR_NO_MEMORY (-5)        /* "NO_MEMORY": an allocation failed */
+/* "CONNECTION_LOST": on a broker set's address, the engine's connection broke, was refused or
+ * went silent, and no master was found before the deadline; a send may or may not be stored. */
+#define RMQ_ERR_CONNECTION_LOST (-6)
 
 /* A request frame larger than this is refused locally, before sending, with the engine's
  * MESSAGE_ILLEGAL (8), the code of a body too large: the engine would drop the frame and the
@@ -68,6 +86,20 @@ extern "C" {
 #define RMQ_MESSAGE_BODY_BYTES_MAX 4194304u /* the engine's default message_body_bytes_max */
 #define RMQ_MESSAGE_ILLEGAL 8               /* engine ErrorCode MESSAGE_ILLEGAL */
 #define RMQ_NOT_MASTER 27                   /* engine ErrorCode NOT_MASTER: a replica refused a write */
+#define RMQ_BUSY 20                         /* engine ErrorCode BUSY: the writer is overloaded, nothing stored */
+#define RMQ_SLAVE_NOT_AVAILABLE 28          /* engine ErrorCode SLAVE_NOT_AVAILABLE: too few replicas in sync */
+
+/* A broker set's address: its engines separated by commas, at most this many. */
+#define RMQ_SET_ENGINES_MAX 8
+/* On a set's address the socket sends a ZMTP PING every RMQ_HEARTBEAT_IVL_MS, and a connection
+ * that answers nothing for RMQ_HEARTBEAT_TIMEOUT_MS is taken as broken (a paused engine). */
+#define RMQ_HEARTBEAT_IVL_MS 250
+#define RMQ_HEARTBEAT_TIMEOUT_MS 1000
+/* The longest a `route` asked while looking for the master may take. */
+#define RMQ_ROUTE_PROBE_MS 500
+/* The pause between rounds of looking for the master: the first, doubling up to the last. */
+#define RMQ_LOOK_PAUSE_MS_MIN 50
+#define RMQ_LOOK_PAUSE_MS_MAX 500
 
 /* The longest endpoint the client reads ("tcp://[IPv6 address]:port" is at most 59 bytes). */
 #define RMQ_ENDPOINT_MAX 255
@@ -141,6 +173,9 @@ typedef struct rmq_send_result {
     int64_t queue_offset;
     int64_t commit_log_offset;
     int64_t store_timestamp;  /* ms since the epoch */
+    char uniq_key[65];        /* the message's UNIQ_KEY when the client sent one (on a broker set's
+                                 address it gives each message one; or the message's own property);
+                                 "" when the engine made it (or the application's is over 64 bytes) */
 } rmq_send_result;
 
 /* A stored message: the 19 fields of the message object (protocol 6.1).
@@ -192,10 +227,11 @@ typedef struct rmq_pull_result {
     rmq_message_list messages; /* empty unless status is FOUND */
 } rmq_pull_result;
 
-/* Connects a client. `endpoint` is e.g. "tcp://127.0.0.1:10911"; `timeout_ms`
- * (> 0) is the deadline of every call; `curve` is NULL for no encryption.
+/* Connects a client. `endpoint` is e.g. "tcp://127.0.0.1:10911", or a broker set's address:
+ * its engines separated by commas (at most RMQ_SET_ENGINES_MAX), see "A broker set's address"
+ * above. `timeout_ms` (> 0) is the deadline of every call; `curve` is NULL for no encryption.
  * Returns NULL on failure (with *err filled). The connection itself is made in
- * the background: an engine that is not there shows up as RMQ_ERR_TIMEOUT on
+ * the background: on one endpoint, an engine that is not there shows up as RMQ_ERR_TIMEOUT on
  * the first call, not here. */
 rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err);
 
@@ -383,9 +419,20 @@ rmq_cluster *rmq_cluster_connect(const char *endpoint, int timeout_ms, const rmq
 void rmq_cluster_close(rmq_cluster *cluster);
 
 /* Sends one message to the topic's next queue over the whole route; *result says where in its
- * set, broker_name which set. The route is asked again after 30 s or after a failed send. */
+ * set, broker_name which set. The route is asked again after 30 s or after a failed send. A set
+ * with no master now (its connection lost and one look found none, or NOT_MASTER naming none) is
+ * passed over: the message goes to the next queue of another set, with the same UNIQ_KEY, and
+ * later sends pass that set over until it has a master again (looked at again at most once a
+ * second). Each set's client is on the master the route names: the route names no replicas. */
 int rmq_cluster_send(rmq_cluster *cluster, const char *topic, const rmq_outgoing_message *message,
                      rmq_send_result *result, char broker_name[RMQ_BROKER_NAME_MAX + 1], rmq_error *err);
+
+/* Sends one message to the queue `sharding_key` hashes to (zlib's crc32 over the route's queues,
+ * as every client does: the same key, the same queue of the same set). It waits for that set's
+ * master until its deadline, or fails alone: other sets' sends are not held up. */
+int rmq_cluster_send_keyed(rmq_cluster *cluster, const char *topic, const char *sharding_key,
+                           const rmq_outgoing_message *message, rmq_send_result *result,
+                           char broker_name[RMQ_BROKER_NAME_MAX + 1], rmq_error *err);
 
 void rmq_message_free(rmq_message *message);
 void rmq_message_list_free(rmq_message_list *list);

@@ -8,6 +8,13 @@
  * closed (linger 0) and a new one is connected, so a reply that arrives late can
  * never be read by a later call. A refusal NOT_MASTER that names the master moves
  * the client to the master, where the same request goes once more (see call()).
+ *
+ * On a broker set's address (engines separated by commas) the client is watched: its
+ * socket sends ZMTP heartbeats, and a socket monitor (an inproc PAIR socket) tells it at
+ * once that the connection broke, was refused, or went silent. A call then keeps one
+ * deadline, looks for the master with `route` (look_for_master) and sends the same frame
+ * again there (call_on_set; the behaviour every client shares is in clients/c/README.md,
+ * "A broker set's address").
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -20,20 +27,43 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <msgpuck.h>
 #include <zmq.h>
 
 #include "rmq_codec.h"
+#include "rmq_set.h"
 
 #define PROTOCOL_VERSION 1
 #define Z85_KEY_CHARS 40
 #define REPLY_FIELDS_MAX 12
+#define UNIQ_PREFIX_CHARS 16
+#define BUSY_BACKOFF_MS_MIN 20   /* the first pause before a BUSY send goes again; it doubles */
+#define BUSY_BACKOFF_MS_MAX 2000
+
+/* The monitor events that mean a watched socket's engine is out of reach. libzmq 4.3 reports a
+ * connection that broke (a reset, a close, a heartbeat or a handshake left unanswered) as
+ * DISCONNECTED, and a connection attempt that failed (refused: nothing listens) as CLOSED then
+ * CONNECT_RETRIED. */
+#define CONNECTION_LOST_EVENTS (ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED | ZMQ_EVENT_CONNECT_RETRIED)
+
+/* exchange's outcome when a watched socket lost its connection; never returned to a caller. */
+#define LINK_LOST (-100)
 
 struct rmq_client {
     void *context;
-    void *socket; /* NULL after a failed reconnect; the next call retries */
-    char *endpoint;
+    void *socket;  /* NULL after a failed reconnect; the next call retries */
+    void *monitor; /* a watched client: the PAIR socket reading `socket`'s connection events */
+    int lost;      /* a watched client: `socket`'s connection was lost since it was opened */
+    char *endpoint; /* the engine requests go to now */
+    char *set[RMQ_SET_ENGINES_MAX]; /* the engines of the address given (set_count 1: one endpoint) */
+    size_t set_count;
+    int watched;   /* heartbeats, a monitor and call_on_set: a set's address, or rmq_connect_watched */
+    int one_round; /* a watched client's call ends when one look finds no master (rmq_set_one_round) */
+    uint64_t monitor_count; /* numbers the monitors' inproc addresses */
+    char uniq_prefix[UNIQ_PREFIX_CHARS + 1]; /* the UNIQ_KEYs the client makes: this, then uniq_count */
+    uint64_t uniq_count;
     int timeout_ms;
     int use_curve;
     char server_public_key[Z85_KEY_CHARS + 1];
@@ -84,10 +114,45 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int open_socket(rmq_client *c, rmq_error *err) {
-    assert(c->socket == NULL);
+static void sleep_ms(int64_t ms) {
+    if (ms <= 0) return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Sets a watched socket's heartbeats and hands its connection events to a new PAIR socket
+ * (*monitor). A paused engine keeps its TCP connection but answers no PING: libzmq drops the
+ * connection after RMQ_HEARTBEAT_TIMEOUT_MS. Its listen queue still takes a new connection
+ * whose handshake never ends: the handshake gets the same bound. */
+static int watch(rmq_client *c, void *s, void **monitor) {
+    int ivl = RMQ_HEARTBEAT_IVL_MS, timeout = RMQ_HEARTBEAT_TIMEOUT_MS, unbounded = 0, linger = 0;
+    char address[64];
+    snprintf(address, sizeof address, "inproc://rmq-monitor-%llu", (unsigned long long)c->monitor_count++);
+    int rc = zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    if (rc == 0) rc = zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
+    if (rc == 0) rc = zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &timeout, sizeof timeout);
+    if (rc == 0) rc = zmq_socket_monitor(s, address, CONNECTION_LOST_EVENTS);
+    if (rc != 0) return rc;
+    void *m = zmq_socket(c->context, ZMQ_PAIR);
+    if (m == NULL) return -1;
+    /* RCVHWM 0: the monitor's pipe never fills, so libzmq never waits to report an event. */
+    rc = zmq_setsockopt(m, ZMQ_RCVHWM, &unbounded, sizeof unbounded);
+    if (rc == 0) rc = zmq_setsockopt(m, ZMQ_LINGER, &linger, sizeof linger);
+    if (rc == 0) rc = zmq_connect(m, address);
+    if (rc != 0) {
+        zmq_close(m);
+        return rc;
+    }
+    *monitor = m;
+    return 0;
+}
+
+/* A DEALER connected to `endpoint` (and, when watched, its monitor) into *socket, *monitor. */
+static int open_link(rmq_client *c, const char *endpoint, void **socket, void **monitor, rmq_error *err) {
     void *s = zmq_socket(c->context, ZMQ_DEALER);
     if (s == NULL) return transport_error(err, "zmq_socket");
+    *monitor = NULL;
     int linger = 0;
     int rc = zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     if (rc == 0 && c->use_curve) {
@@ -100,18 +165,63 @@ static int open_socket(rmq_client *c, rmq_error *err) {
         zmq_close(s);
         return code;
     }
-    if (zmq_connect(s, c->endpoint) != 0) {
-        int code = transport_error(err, "zmq_connect");
+    if (c->watched && watch(c, s, monitor) != 0) {
+        int code = transport_error(err, "zmq_socket_monitor");
         zmq_close(s);
         return code;
     }
-    c->socket = s;
+    if (zmq_connect(s, endpoint) != 0) {
+        int code = transport_error(err, "zmq_connect");
+        zmq_close(s);
+        if (*monitor != NULL) zmq_close(*monitor);
+        *monitor = NULL;
+        return code;
+    }
+    *socket = s;
     return 0;
 }
 
+static void close_link(void *socket, void *monitor) {
+    if (socket != NULL) zmq_close(socket); /* first: the monitor stops with its socket */
+    if (monitor != NULL) zmq_close(monitor);
+}
+
+static int open_socket(rmq_client *c, rmq_error *err) {
+    assert(c->socket == NULL);
+    c->lost = 0;
+    return open_link(c, c->endpoint, &c->socket, &c->monitor, err);
+}
+
 static void drop_socket(rmq_client *c) {
-    if (c->socket != NULL) zmq_close(c->socket);
+    close_link(c->socket, c->monitor);
     c->socket = NULL;
+    c->monitor = NULL;
+}
+
+/* Reads a monitor's pending events (each: a 6-byte frame, event id first, then the address):
+ * 1 if one of them says the connection was lost. */
+static int events_say_lost(void *monitor) {
+    int lost = 0;
+    for (;;) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&part);
+            return lost;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&part) >= sizeof event) memcpy(&event, zmq_msg_data(&part), sizeof event);
+        lost |= (event & CONNECTION_LOST_EVENTS) != 0;
+        while (zmq_msg_more(&part) && zmq_msg_recv(&part, monitor, ZMQ_DONTWAIT) >= 0) {
+        }
+        zmq_msg_close(&part);
+    }
+}
+
+/* Whether a watched client's connection was lost since its socket was opened. */
+static int connection_lost(rmq_client *c) {
+    if (c->monitor != NULL && !c->lost) c->lost = events_say_lost(c->monitor);
+    return c->lost;
 }
 
 static int check_curve_key(const char *key, const char *what, rmq_error *err) {
@@ -137,9 +247,51 @@ static int copy_curve_keys(rmq_client *c, const rmq_curve_keys *curve, rmq_error
     return 0;
 }
 
-rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err) {
+/* Splits an address into c->set: one endpoint, or a broker set's engines separated by commas. */
+static int split_address(rmq_client *c, const char *address, rmq_error *err) {
+    const char *p = address;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len > RMQ_ENDPOINT_MAX) {
+            return invalid_argument(err, "an engine of the address is empty or over RMQ_ENDPOINT_MAX bytes");
+        }
+        if (c->set_count == RMQ_SET_ENGINES_MAX) {
+            return invalid_argument(err, "a broker set's address names more than RMQ_SET_ENGINES_MAX engines");
+        }
+        if ((c->set[c->set_count] = strndup(p, len)) == NULL) {
+            return set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the client");
+        }
+        c->set_count++;
+        if (comma == NULL) return 0;
+        p = comma + 1;
+    }
+}
+
+/* The prefix of the client's UNIQ_KEYs: the process id's low 16 bits and 6 random bytes, in
+ * hex (the shape rmqpy's producers use): two clients' keys never meet. */
+static void make_uniq_prefix(rmq_client *c) {
+    unsigned char bytes[8];
+    unsigned pid = (unsigned)getpid() & 0xFFFFu;
+    bytes[0] = (unsigned char)(pid >> 8);
+    bytes[1] = (unsigned char)pid;
+    FILE *random = fopen("/dev/urandom", "rb");
+    if (random == NULL || fread(bytes + 2, 1, 6, random) != 6) {
+        uint64_t mix = (uint64_t)now_ms() ^ ((uint64_t)(uintptr_t)c << 16) ^ (uint64_t)clock();
+        for (int i = 2; i < 8; i++) bytes[i] = (unsigned char)(mix >> (8 * i));
+    }
+    if (random != NULL) fclose(random);
+    for (int i = 0; i < 8; i++) snprintf(c->uniq_prefix + 2 * i, 3, "%02X", bytes[i]);
+}
+
+void rmq_next_uniq_key(rmq_client *c, char key[RMQ_UNIQ_KEY_MAX + 1]) {
+    snprintf(key, RMQ_UNIQ_KEY_MAX + 1, "%s%016llX", c->uniq_prefix, (unsigned long long)c->uniq_count++);
+}
+
+static rmq_client *connect_client(const char *address, int timeout_ms, const rmq_curve_keys *curve, int watched,
+                                  rmq_error *err) {
     clear_error(err);
-    if (endpoint == NULL) {
+    if (address == NULL) {
         invalid_argument(err, "endpoint is NULL");
         return NULL;
     }
@@ -148,13 +300,19 @@ rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_ke
         return NULL;
     }
     rmq_client *c = calloc(1, sizeof *c);
-    if (c == NULL || (c->endpoint = strdup(endpoint)) == NULL) {
-        free(c);
+    if (c == NULL) {
         set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the client");
         return NULL;
     }
     c->timeout_ms = timeout_ms;
     c->next_request_id = 1;
+    make_uniq_prefix(c);
+    if (split_address(c, address, err) != 0 || (c->endpoint = strdup(c->set[0])) == NULL) {
+        if (err != NULL && err->code == 0) set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the client");
+        rmq_close(c);
+        return NULL;
+    }
+    c->watched = watched || c->set_count > 1;
     if (curve != NULL && copy_curve_keys(c, curve, err) != 0) {
         rmq_close(c);
         return NULL;
@@ -172,6 +330,18 @@ rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_ke
     return c;
 }
 
+rmq_client *rmq_connect(const char *endpoint, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err) {
+    return connect_client(endpoint, timeout_ms, curve, 0, err);
+}
+
+rmq_client *rmq_connect_watched(const char *address, int timeout_ms, const rmq_curve_keys *curve, rmq_error *err) {
+    return connect_client(address, timeout_ms, curve, 1, err);
+}
+
+void rmq_set_one_round(rmq_client *client, int one_round) {
+    client->one_round = one_round;
+}
+
 void rmq_close(rmq_client *client) {
     if (client == NULL) return;
     drop_socket(client);
@@ -181,6 +351,7 @@ void rmq_close(rmq_client *client) {
     }
     /* The secret key should not outlive the client in freed memory. */
     memset(client->client_secret_key, 0, sizeof client->client_secret_key);
+    for (size_t i = 0; i < client->set_count; i++) free(client->set[i]);
     free(client->endpoint);
     free(client);
 }
@@ -215,30 +386,36 @@ static int send_frame(rmq_client *c, const rmq_buf *req, int64_t deadline, rmq_e
     for (;;) {
         if (zmq_send(c->socket, req->data, req->len, ZMQ_DONTWAIT) >= 0) return 0;
         if (zmq_errno() != EAGAIN && zmq_errno() != EINTR) return transport_error(err, "zmq_send");
+        if (connection_lost(c)) return LINK_LOST;
         /* The outgoing queue is full (the engine is away): wait for room until the deadline. */
         int64_t remaining = deadline - now_ms();
         if (remaining <= 0) return RMQ_ERR_TIMEOUT;
-        zmq_pollitem_t item = {c->socket, 0, ZMQ_POLLOUT, 0};
-        if (zmq_poll(&item, 1, (long)remaining) < 0 && zmq_errno() != EINTR) return transport_error(err, "zmq_poll");
+        zmq_pollitem_t items[2] = {{c->socket, 0, ZMQ_POLLOUT, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, c->monitor != NULL ? 2 : 1, (long)remaining) < 0 && zmq_errno() != EINTR) {
+            return transport_error(err, "zmq_poll");
+        }
     }
 }
 
-/* Reads the next frame into *frame: 1 if one was read, 0 if none before the deadline, < 0 on error. */
+/* Reads the next frame into *frame: 1 if one was read, 0 if none before the deadline,
+ * LINK_LOST when a watched socket's connection was lost first, < 0 on error. A frame
+ * already received is read before a loss is looked at: an answer that came is an answer. */
 static int receive_frame(rmq_client *c, zmq_msg_t *frame, int64_t deadline, rmq_error *err) {
     for (;;) {
+        if (zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) >= 0) {
+            if (!zmq_msg_more(frame)) return 1;
+            /* Replies are single frames; drop a multi-part message whole. */
+            while (zmq_msg_more(frame) && zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) >= 0) {
+            }
+            continue;
+        }
+        if (zmq_errno() != EAGAIN && zmq_errno() != EINTR) return transport_error(err, "zmq_msg_recv");
+        if (connection_lost(c)) return LINK_LOST;
         int64_t remaining = deadline - now_ms();
         if (remaining <= 0) return 0;
-        zmq_pollitem_t item = {c->socket, 0, ZMQ_POLLIN, 0};
-        int ready = zmq_poll(&item, 1, (long)remaining);
-        if (ready < 0 && zmq_errno() != EINTR) return transport_error(err, "zmq_poll");
-        if (ready <= 0) continue;
-        if (zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) < 0) {
-            if (zmq_errno() == EAGAIN || zmq_errno() == EINTR) continue;
-            return transport_error(err, "zmq_msg_recv");
-        }
-        if (!zmq_msg_more(frame)) return 1;
-        /* Replies are single frames; drop a multi-part message whole. */
-        while (zmq_msg_more(frame) && zmq_msg_recv(frame, c->socket, ZMQ_DONTWAIT) >= 0) {
+        zmq_pollitem_t items[2] = {{c->socket, 0, ZMQ_POLLIN, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, c->monitor != NULL ? 2 : 1, (long)remaining) < 0 && zmq_errno() != EINTR) {
+            return transport_error(err, "zmq_poll");
         }
     }
 }
@@ -291,18 +468,17 @@ static void read_master_endpoint(const char *reply, char master[RMQ_ENDPOINT_MAX
 }
 
 /*
- * Sends the request once and waits for its reply. On success (`ok: true`) returns 0,
- * leaves the reply in *frame (the caller closes it) and points values[i] at the
- * reply's field names[i] (NULL if absent). Otherwise returns the error code with
- * *err filled and *frame closed; a refusal's master_endpoint goes to master[] (else "").
- * The request stays in *req, so that it can be sent again.
+ * Sends the request once and waits for its reply until `deadline`. On success (`ok: true`)
+ * returns 0, leaves the reply in *frame (the caller closes it) and points values[i] at the
+ * reply's field names[i] (NULL if absent). Otherwise returns the error code with *err filled
+ * (RMQ_ERR_TIMEOUT and LINK_LOST leave it to the caller) and *frame closed; a refusal's
+ * master_endpoint goes to master[] (else ""). The request stays in *req, to be sent again.
  */
-static int exchange(rmq_client *c, const rmq_buf *req, int64_t request_id, int64_t timeout_ms,
-                    const char *const *names, size_t count, const char **values, zmq_msg_t *frame,
-                    char master[RMQ_ENDPOINT_MAX + 1], rmq_error *err) {
+static int exchange_until(rmq_client *c, const rmq_buf *req, int64_t request_id, int64_t deadline,
+                          const char *const *names, size_t count, const char **values, zmq_msg_t *frame,
+                          char master[RMQ_ENDPOINT_MAX + 1], rmq_error *err) {
     assert(count + REPLY_ENVELOPE_FIELDS <= REPLY_FIELDS_MAX);
     master[0] = '\0';
-    int64_t deadline = now_ms() + timeout_ms;
     int rc = c->socket == NULL ? open_socket(c, err) : 0;
     if (rc == 0) rc = send_frame(c, req, deadline, err);
     zmq_msg_init(frame);
@@ -332,18 +508,28 @@ static int exchange(rmq_client *c, const rmq_buf *req, int64_t request_id, int64
         }
     }
     zmq_msg_close(frame);
-    if (rc == RMQ_ERR_TIMEOUT) {
-        /* A late reply must not reach a later call, and unsent frames must go: start afresh. */
-        drop_socket(c);
-        rmq_error reopen_err;
-        (void)open_socket(c, &reopen_err); /* on failure the next call retries */
-        set_error(err, RMQ_ERR_TIMEOUT, "TIMEOUT", "no reply from %s within %lld ms", c->endpoint,
-                  (long long)timeout_ms);
-    }
     return rc;
 }
 
-/* Points the client at `endpoint` for this and every later call: a new socket connected there.
+/* After a timeout: a late reply must not reach a later call, and unsent frames must go. */
+static int timed_out(rmq_client *c, int64_t timeout_ms, rmq_error *err) {
+    drop_socket(c);
+    rmq_error reopen_err;
+    (void)open_socket(c, &reopen_err); /* on failure the next call retries */
+    return set_error(err, RMQ_ERR_TIMEOUT, "TIMEOUT", "no reply from %s within %lld ms", c->endpoint,
+                     (long long)timeout_ms);
+}
+
+/* exchange_until with a deadline timeout_ms from now, and a timeout's socket replaced. */
+static int exchange(rmq_client *c, const rmq_buf *req, int64_t request_id, int64_t timeout_ms,
+                    const char *const *names, size_t count, const char **values, zmq_msg_t *frame,
+                    char master[RMQ_ENDPOINT_MAX + 1], rmq_error *err) {
+    int rc = exchange_until(c, req, request_id, now_ms() + timeout_ms, names, count, values, frame, master, err);
+    return rc == RMQ_ERR_TIMEOUT ? timed_out(c, timeout_ms, err) : rc;
+}
+
+/* Points the client at `endpoint` for this and every later call: a new socket connected there
+ * (on the same endpoint too: a watched socket whose connection was lost starts afresh).
  * Returns 0, or nonzero (the client left where it was) when ZeroMQ cannot connect to it. */
 static int move_to(rmq_client *c, const char *endpoint) {
     char *moved = strdup(endpoint);
@@ -362,20 +548,184 @@ static int move_to(rmq_client *c, const char *endpoint) {
     return RMQ_ERR_TRANSPORT;
 }
 
+/* ---- a broker set's address: looking for the master --------------------------------- */
+
+/* Reads a probe's reply: 1 if it answers `id`, with *master set when it says role "master". */
+static int read_probe_reply(const zmq_msg_t *frame, int64_t id, int *master, int64_t *epoch) {
+    static const char *const names[] = {"id", "ok", "role", "epoch"};
+    const char *v[4];
+    const char *data = zmq_msg_data((zmq_msg_t *)frame);
+    const char *p = data;
+    int64_t got = 0;
+    int ok = 0;
+    char role[16];
+    if (zmq_msg_size((zmq_msg_t *)frame) == 0 || mp_check(&p, data + zmq_msg_size((zmq_msg_t *)frame)) != 0) return 0;
+    p = data;
+    if (rmq_map_lookup(&p, names, 4, v) != 0 || rmq_read_int64(v[0], &got) != 0 || got != id) return 0;
+    *master = rmq_read_bool(v[1], &ok) == 0 && ok && rmq_read_str_into(v[2], role, sizeof role) == 0 &&
+              strcmp(role, "master") == 0 && rmq_read_int64(v[3], epoch) == 0;
+    return 1;
+}
+
+typedef struct probe {
+    void *socket, *monitor;
+    int64_t id;
+    int done; /* answered, refused, lost or never sent */
+} probe;
+
+/* Reads what came on a probe's socket and monitor; the master's index and epoch into *best. */
+static void read_probe(probe *pr, size_t i, size_t *best, int64_t *best_epoch) {
+    zmq_msg_t frame;
+    zmq_msg_init(&frame);
+    while (!pr->done && zmq_msg_recv(&frame, pr->socket, ZMQ_DONTWAIT) >= 0) {
+        int master = 0;
+        int64_t epoch = 0;
+        if (!zmq_msg_more(&frame) && read_probe_reply(&frame, pr->id, &master, &epoch)) {
+            pr->done = 1;
+            if (master && epoch > *best_epoch) {
+                *best = i;
+                *best_epoch = epoch;
+            }
+        }
+    }
+    zmq_msg_close(&frame);
+    if (!pr->done && pr->monitor != NULL && events_say_lost(pr->monitor)) pr->done = 1;
+}
+
 /*
- * Sends the request and waits for its reply (as exchange, then frees *req). A replica, or a
- * master that lost its lease, refuses every write with NOT_MASTER naming the master: the
+ * One round of looking for the master, at most RMQ_ROUTE_PROBE_MS: `route` is asked of every
+ * engine of the set at once, each on a fresh socket (one that refuses the connection drops
+ * out at once, one that does not answer in time is skipped). The engine the client is on (the
+ * one that just failed) is waited for only while no other engine says it is master. The
+ * master is the engine whose own route answers role "master", of the highest epoch if two do
+ * (an old master not yet told). Returns its index in c->set, or c->set_count if none.
+ */
+static size_t look_for_master(rmq_client *c) {
+    probe probes[RMQ_SET_ENGINES_MAX];
+    memset(probes, 0, sizeof probes);
+    size_t n = c->set_count, best = n;
+    int64_t best_epoch = -1;
+    int64_t deadline = now_ms() + RMQ_ROUTE_PROBE_MS;
+    for (size_t i = 0; i < n; i++) {
+        rmq_error ignored;
+        rmq_buf req;
+        probe *pr = &probes[i];
+        pr->done = open_link(c, c->set[i], &pr->socket, &pr->monitor, &ignored) != 0;
+        if (pr->done) continue;
+        begin_request(c, &req, "route", 0, &pr->id);
+        pr->done = req.failed != RMQ_BUF_OK || zmq_send(pr->socket, req.data, req.len, ZMQ_DONTWAIT) < 0;
+        rmq_buf_free(&req);
+    }
+    for (;;) {
+        int other = 0, current = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!probes[i].done) *(strcmp(c->set[i], c->endpoint) == 0 ? &current : &other) = 1;
+        }
+        int64_t remaining = deadline - now_ms();
+        if (!other && (!current || best < n)) break;
+        if (remaining <= 0) break;
+        zmq_pollitem_t items[2 * RMQ_SET_ENGINES_MAX];
+        size_t owner[2 * RMQ_SET_ENGINES_MAX], k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (probes[i].done) continue;
+            items[k] = (zmq_pollitem_t){probes[i].socket, 0, ZMQ_POLLIN, 0};
+            owner[k++] = i;
+            if (probes[i].monitor == NULL) continue;
+            items[k] = (zmq_pollitem_t){probes[i].monitor, 0, ZMQ_POLLIN, 0};
+            owner[k++] = i;
+        }
+        if (zmq_poll(items, (int)k, (long)remaining) < 0 && zmq_errno() != EINTR) break;
+        for (size_t j = 0; j < k; j++) {
+            if (items[j].revents & ZMQ_POLLIN) read_probe(&probes[owner[j]], owner[j], &best, &best_epoch);
+        }
+    }
+    for (size_t i = 0; i < n; i++) close_link(probes[i].socket, probes[i].monitor);
+    return best;
+}
+
+int rmq_look_for_master(rmq_client *c) {
+    size_t found = look_for_master(c);
+    return found < c->set_count && move_to(c, c->set[found]) == 0;
+}
+
+static int retried_on_the_same_engine(int code) {
+    return code == RMQ_BUSY || code == RMQ_SERVICE_NOT_AVAILABLE || code == RMQ_SLAVE_NOT_AVAILABLE;
+}
+
+/*
+ * A watched client's call (the behaviour of "A broker set's address", clients/c/README.md):
+ * one deadline for the whole call. The same frame (the same request id, the same UNIQ_KEYs)
+ * goes again after a NOT_MASTER naming the master (at once, there), after BUSY and its kin
+ * (on the same engine, after a pause), and after a NOT_MASTER naming none or a lost
+ * connection (to the master a look finds; the looks pause 50 ms, doubling to 500 ms). The
+ * error of the last attempt is raised when the deadline passes with no master; a timeout
+ * (no answer, the connection up) is raised at once and never sent again.
+ */
+static int call_on_set(rmq_client *c, const rmq_buf *req, int64_t request_id, int64_t timeout_ms,
+                       const char *const *names, size_t count, const char **values, zmq_msg_t *frame,
+                       rmq_error *err) {
+    rmq_error own;
+    rmq_error *e = err != NULL ? err : &own;
+    int64_t deadline = now_ms() + timeout_ms;
+    int busy_retries = 0;
+    for (;;) {
+        char master[RMQ_ENDPOINT_MAX + 1];
+        clear_error(e);
+        int rc = exchange_until(c, req, request_id, deadline, names, count, values, frame, master, e);
+        if (rc == 0) return 0;
+        if (rc == RMQ_ERR_TIMEOUT) return timed_out(c, timeout_ms, e);
+        if (rc == RMQ_NOT_MASTER && master[0] != '\0' && strcmp(master, c->endpoint) != 0 && move_to(c, master) == 0) {
+            continue; /* the refusing engine stored nothing */
+        }
+        if (retried_on_the_same_engine(rc)) {
+            int shift = busy_retries < 7 ? busy_retries++ : 7;
+            int64_t pause = (int64_t)BUSY_BACKOFF_MS_MIN << shift;
+            pause = pause < BUSY_BACKOFF_MS_MAX ? pause : BUSY_BACKOFF_MS_MAX;
+            if (now_ms() + pause >= deadline) return rc;
+            sleep_ms(pause);
+            continue;
+        }
+        if (rc == LINK_LOST) {
+            rc = set_error(e, RMQ_ERR_CONNECTION_LOST, "CONNECTION_LOST",
+                           "the connection to %s broke, was refused or went silent, and no master of the "
+                           "broker set was found within %lld ms", c->endpoint, (long long)timeout_ms);
+        } else if (rc != RMQ_NOT_MASTER) {
+            return rc; /* any other refusal, at once */
+        }
+        int64_t pause = RMQ_LOOK_PAUSE_MS_MIN;
+        for (;;) {
+            size_t found = look_for_master(c);
+            if (found < c->set_count && now_ms() < deadline && move_to(c, c->set[found]) == 0) break;
+            if (c->one_round || now_ms() >= deadline) return rc;
+            int64_t remaining = deadline - now_ms();
+            sleep_ms(pause < remaining ? pause : remaining);
+            pause = pause * 2 < RMQ_LOOK_PAUSE_MS_MAX ? pause * 2 : RMQ_LOOK_PAUSE_MS_MAX;
+            if (now_ms() >= deadline) return rc;
+        }
+    }
+}
+
+/*
+ * Sends the request and waits for its reply (then frees *req). On one endpoint: a replica, or
+ * a master that lost its lease, refuses every write with NOT_MASTER naming the master: the
  * client moves there for good and sends the request again, once. The refusing engine did
  * nothing with the request, so the second send cannot store anything twice. The resend has a
- * deadline of its own, and goes on a new socket, so reusing the request id is safe.
+ * deadline of its own, and goes on a new socket, so reusing the request id is safe. A watched
+ * client follows its broker set instead (call_on_set).
  */
 static int call(rmq_client *c, rmq_buf *req, int64_t request_id, int64_t timeout_ms, const char *const *names,
                 size_t count, const char **values, zmq_msg_t *frame, rmq_error *err) {
-    char master[RMQ_ENDPOINT_MAX + 1];
-    int rc = exchange(c, req, request_id, timeout_ms, names, count, values, frame, master, err);
-    if (rc == RMQ_NOT_MASTER && master[0] != '\0' && strcmp(master, c->endpoint) != 0 && move_to(c, master) == 0) {
-        clear_error(err);
+    int rc = 0;
+    if (c->watched) {
+        rc = call_on_set(c, req, request_id, timeout_ms, names, count, values, frame, err);
+    } else {
+        char master[RMQ_ENDPOINT_MAX + 1];
         rc = exchange(c, req, request_id, timeout_ms, names, count, values, frame, master, err);
+        if (rc == RMQ_NOT_MASTER && master[0] != '\0' && strcmp(master, c->endpoint) != 0 &&
+            move_to(c, master) == 0) {
+            clear_error(err);
+            rc = exchange(c, req, request_id, timeout_ms, names, count, values, frame, master, err);
+        }
     }
     rmq_buf_free(req);
     return rc;
@@ -403,8 +753,18 @@ static int check_message(const rmq_outgoing_message *m, rmq_error *err) {
     return 0;
 }
 
-static void put_message(rmq_buf *req, const rmq_outgoing_message *m) {
-    uint32_t fields = 1 + (m->tags != NULL) + (m->key_count > 0) + (m->property_count > 0) + (m->flag != 0);
+/* The message's own UNIQ_KEY property, or NULL. */
+static const char *own_uniq_key(const rmq_outgoing_message *m) {
+    for (size_t k = 0; k < m->property_count; k++) {
+        if (strcmp(m->properties[k].name, "UNIQ_KEY") == 0) return m->properties[k].value;
+    }
+    return NULL;
+}
+
+/* A message's map; `uniq_key` (NULL: none) is added as its UNIQ_KEY property. */
+static void put_message(rmq_buf *req, const rmq_outgoing_message *m, const char *uniq_key) {
+    size_t property_count = m->property_count + (uniq_key != NULL);
+    uint32_t fields = 1 + (m->tags != NULL) + (m->key_count > 0) + (property_count > 0) + (m->flag != 0);
     rmq_put_map(req, fields);
     rmq_put_str(req, "body");
     rmq_put_bin(req, m->body, m->body_len);
@@ -417,12 +777,16 @@ static void put_message(rmq_buf *req, const rmq_outgoing_message *m) {
         rmq_put_array(req, (uint32_t)m->key_count);
         for (size_t k = 0; k < m->key_count; k++) rmq_put_str(req, m->keys[k]);
     }
-    if (m->property_count > 0) {
+    if (property_count > 0) {
         rmq_put_str(req, "properties");
-        rmq_put_map(req, (uint32_t)m->property_count);
+        rmq_put_map(req, (uint32_t)property_count);
         for (size_t k = 0; k < m->property_count; k++) {
             rmq_put_str(req, m->properties[k].name);
             rmq_put_str(req, m->properties[k].value);
+        }
+        if (uniq_key != NULL) {
+            rmq_put_str(req, "UNIQ_KEY");
+            rmq_put_str(req, uniq_key);
         }
     }
     if (m->flag != 0) {
@@ -484,19 +848,37 @@ int rmq_send_batch(rmq_client *c, const char *topic, const rmq_send_options *opt
         rmq_put_str(&req, "producer_group");
         rmq_put_str(&req, o->producer_group);
     }
+    /* On a set's address each message carries a UNIQ_KEY made here, in the frame every attempt
+     * sends, so a message stored twice (sent again after a lost connection) has one key. */
+    char (*made)[RMQ_UNIQ_KEY_MAX + 1] = NULL;
+    if (c->watched && count > 0 && (made = calloc(count, sizeof *made)) == NULL) {
+        rmq_buf_free(&req);
+        return set_error(err, RMQ_ERR_NO_MEMORY, "NO_MEMORY", "cannot allocate the request");
+    }
     rmq_put_str(&req, "messages");
     rmq_put_array(&req, (uint32_t)count);
-    for (size_t i = 0; i < count; i++) put_message(&req, &messages[i]);
+    for (size_t i = 0; i < count; i++) {
+        int make = made != NULL && own_uniq_key(&messages[i]) == NULL;
+        if (make) rmq_next_uniq_key(c, made[i]);
+        put_message(&req, &messages[i], make ? made[i] : NULL);
+    }
 
     static const char *const names[] = {"results"};
     const char *v[1];
     zmq_msg_t frame;
     int rc = call(c, &req, id, c->timeout_ms, names, 1, v, &frame, err);
-    if (rc != 0) return rc;
     const char *why = NULL;
-    rc = rmq_decode_send_results(v[0], results, count, &why);
-    zmq_msg_close(&frame);
-    return rc == 0 ? 0 : bad_reply(err, why);
+    if (rc == 0) {
+        rc = rmq_decode_send_results(v[0], results, count, &why);
+        zmq_msg_close(&frame);
+    }
+    for (size_t i = 0; rc == 0 && i < count; i++) {
+        const char *key = made != NULL && made[i][0] != '\0' ? made[i] : own_uniq_key(&messages[i]);
+        if (key != NULL && strlen(key) < sizeof results[i].uniq_key) strcpy(results[i].uniq_key, key);
+    }
+    free(made);
+    if (rc == 0 || why == NULL) return rc;
+    return bad_reply(err, why);
 }
 
 int rmq_send(rmq_client *c, const char *topic, const rmq_send_options *options, const rmq_outgoing_message *message,
