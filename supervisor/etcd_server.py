@@ -16,15 +16,16 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
-from urllib.error import URLError
+from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
 import psutil
 
 ETCD = "etcd"
 _READY_POLL_S = 0.05
-HEALTH_TIMEOUT_S = 1.0  # one member's answer to /health or maintenance/status; a member that takes longer is down
+HEALTH_TIMEOUT_S = 2.0  # one answer of a member; longer: down (a /health just after a quorum is lost takes 1 s)
 
 
 class EtcdNotInstalled(RuntimeError):
@@ -78,11 +79,16 @@ class MemberHealth:
 
 
 def member_health(client_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> MemberHealth:
-    """``client_url``'s ``/health``, then its ``maintenance/status`` through the JSON gateway (its
-    own member id and the leader's: the same when it leads)."""
+    """``client_url``'s ``/health`` (503 when it has no leader), then its ``maintenance/status``
+    through the JSON gateway (its own member id and the leader's: the same when it leads)."""
     try:
-        with urlopen(client_url + "/health", timeout=timeout_s) as reply:
-            healthy = json.loads(reply.read()).get("health") == "true"
+        try:
+            with urlopen(client_url + "/health", timeout=timeout_s) as reply:
+                healthy = json.loads(reply.read()).get("health") == "true"
+        except HTTPError as exc:  # 503 and {"health": "false"}: it answers, without a leader
+            if exc.code != HTTPStatus.SERVICE_UNAVAILABLE:
+                raise
+            healthy = False
         request = Request(client_url + "/v3/maintenance/status", data=b"{}", method="POST")
         with urlopen(request, timeout=timeout_s) as reply:
             status = json.loads(reply.read())

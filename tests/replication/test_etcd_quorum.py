@@ -183,3 +183,22 @@ def test_three_members_stop_within_seconds_the_leader_last(tmp_path: Path) -> No
     etcd.stop()
     assert time.monotonic() - began < 5.0
     assert etcd.pids() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_member_without_a_quorum_is_up_but_not_healthy(tmp_path: Path) -> None:
+    """Its ``/health`` answers 503 (``{"health": "false"}``): up, with no leader, not down."""
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    etcd = EtcdCluster(tmp_path / "etcd", member_ports(free_port(), 3))
+    etcd.start()
+    try:
+        etcd.kill_member(0)
+        etcd.kill_member(1)
+        deadline = time.monotonic() + 20
+        while not ((health := member_health(etcd.members[2].client_url)).up and not health.healthy):
+            assert time.monotonic() < deadline, health
+            time.sleep(0.1)  # polls etcd: it notices the lost quorum after its election timeout
+        assert (health.leader, health.reason) == (False, "")
+        assert not member_health(etcd.members[0].client_url).up
+    finally:
+        etcd.stop()
