@@ -212,12 +212,35 @@ const OPERATIONS = {
     const sets = await client.topicRoute(c.topic);
     return { sets: sets.map((s) => ({ broker_name: s.broker_name, queues: s.queues, master_endpoint: s.master_endpoint })) };
   },
+  // One send after another, each of one message `${body_prefix}${n}`, until `count` are done or
+  // `duration_ms` has passed; each answers when it started (ms since the epoch), how long it
+  // took, where it went and its outcome. Sent ones make no error of the command.
+  async send_loop(client, c) {
+    const sends = [];
+    const until = Date.now() + (c.duration_ms ?? 60_000);
+    for (let n = 0; n < (c.count ?? 1) && Date.now() < until; n++) {
+      const started = Date.now();
+      const outcome = await run(client, {
+        op: "send", topic: c.topic, queue_id: c.queue_id,
+        messages: [{ body_b64: Buffer.from(`${c.body_prefix ?? ""}${n}`).toString("base64") }],
+      });
+      const sent = { n, started_ms: started, took_ms: Date.now() - started, ok: outcome.ok, endpoint: client.endpoint };
+      if (outcome.ok) {
+        const [result] = outcome.results;
+        Object.assign(sent, { queue_id: result.queue_id, queue_offset: result.queue_offset, msg_id: result.msg_id });
+      } else {
+        Object.assign(sent, { code: outcome.code, name: outcome.name, message: outcome.message });
+      }
+      sends.push(sent);
+    }
+    return { sends };
+  },
   // `count` messages of body_b64, each to the next queue of the topic's whole route.
   async cluster_send(client, c) {
     cluster ??= new ClusterClient(client.endpoint, { timeoutMs: client.timeoutMs });
     const sent = [];
     for (let i = 0; i < (c.count ?? 1); i++) {
-      const result = await cluster.send(c.topic, { body: Buffer.from(c.body_b64, "base64") });
+      const result = await cluster.send(c.topic, { body: Buffer.from(c.body_b64, "base64") }, { shardingKey: c.sharding_key });
       sent.push({ broker_name: result.broker_name, queue_id: result.queue_id });
     }
     return { sent };

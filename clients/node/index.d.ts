@@ -19,6 +19,8 @@ export declare const ClientErrorCode: Readonly<{
   CLOSED: -2;
   BAD_REPLY: -3;
   SEND_FAILED: -4;
+  /** The connection broke, was refused or went silent before the reply (a watched client). */
+  CONNECTION_LOST: -6;
 }>;
 
 /** An integer: a safe-integer number, or a BigInt for anything larger. */
@@ -154,6 +156,17 @@ export interface StoreClientOptions {
   maxInFlight?: number;
   /** The largest request sent (default FRAME_BYTES_MAX, the engine's default client_frame_bytes_max). */
   frameBytesMax?: number;
+  /**
+   * With one endpoint: a call whose connection breaks, is refused or goes silent fails at once
+   * with CONNECTION_LOST (-6) instead of at its deadline (default false). Always so on a broker
+   * set's address, where the call is sent again to the master instead.
+   */
+  watchConnection?: boolean;
+}
+
+export interface ClusterSendOptions extends CallOptions {
+  /** The same key, the same queue of the same set; without one, the next queue of the route. */
+  shardingKey?: string | null;
 }
 
 export interface PopOptions extends CallOptions {
@@ -240,8 +253,17 @@ export interface TopicRouteSet {
 }
 
 export declare class StoreClient {
+  /**
+   * `endpoint`: one engine, or a broker set's address (its engines separated by commas): then
+   * each call keeps one deadline through a failover: a NOT_MASTER naming the master is followed,
+   * a connection that breaks, is refused or goes silent (heartbeats every 250 ms, 1000 ms without
+   * an answer) has the master looked for (`route` of each engine) and the same request sent there
+   * (a send's messages keep their UNIQ_KEYs); the last error is thrown only at the deadline.
+   */
   constructor(endpoint?: string, options?: StoreClientOptions);
-  /** Where requests go now: the endpoint given, or the master a NOT_MASTER refusal named since. */
+  /** The engines of the address given: one, or a broker set's. */
+  readonly endpoints: string[];
+  /** Where requests go now: the (first) engine given, or the master followed since. */
   readonly endpoint: string;
   readonly timeoutMs: number;
   readonly maxInFlight: number;
@@ -308,7 +330,12 @@ export declare class StoreClient {
 /** A client of a cluster of broker sets: sends spread over every queue of a topic's route. */
 export declare class ClusterClient {
   constructor(endpoint?: string, options?: StoreClientOptions);
-  /** One message to the topic's next queue; the result names the set that stored it. */
-  send(topic: string, message: Message): Promise<SendResult & { broker_name: string }>;
+  /**
+   * One message to the topic's next queue, or to the queue `shardingKey` hashes to; the result
+   * names the set that stored it. Without a key, a set with no master now is passed over for the
+   * next queue of another set (the same UNIQ_KEY), and by later sends until it has one again
+   * (looked at again at most once a second); with a key, the send waits for its set's master.
+   */
+  send(topic: string, message: Message | Body, options?: ClusterSendOptions): Promise<SendResult & { broker_name: string }>;
   close(): void;
 }

@@ -20,6 +20,11 @@
 // that endpoint for good (`endpoint` changes; later calls go there) and sends the same request
 // there once more: the refusing engine did nothing with it, so nothing is stored twice.
 //
+// A broker set's address (its engines separated by commas) makes the client follow a failover
+// (docs/replication.md, "Failover"): each call keeps one deadline, a connection that breaks, is
+// refused or goes silent (heartbeats, failover.mjs) sends the call again, with the same UNIQ_KEYs,
+// to the master that `route` names, and the caller sees an error only once the deadline passes.
+//
 // Integers: replies are decoded with 64-bit integers as BigInt and then narrowed, so every
 // integer within Number.MAX_SAFE_INTEGER (all offsets, ids and timestamps in practice) is a
 // plain number, and a larger one stays a BigInt instead of silently losing precision.
@@ -27,6 +32,10 @@
 
 import { Dealer, curveKeyPair } from "zeromq";
 import { Decoder, Encoder } from "@msgpack/msgpack";
+import zlib from "node:zlib";
+import {
+  BROKEN_EVENTS, ROUTE_PROBE_MS, UniqKeys, WATCHED_SOCKET_OPTIONS, askRoute, endpointsOf, findMaster, nextPauseMs,
+} from "./failover.mjs";
 
 export { curveKeyPair };
 
@@ -43,6 +52,8 @@ export const FRAME_BYTES_MAX = 4 * 1024 * 1024 + 64 * 1024;
 export const MESSAGE_BODY_BYTES_MAX = 4 * 1024 * 1024;
 const MESSAGE_ILLEGAL = 8;
 const NOT_MASTER = 27;
+/** Refusals of a moment (SLAVE_NOT_AVAILABLE, SERVICE_NOT_AVAILABLE, BUSY): on a set, tried again on the same engine. */
+const REFUSED_FOR_NOW = new Set([14, 20, 28]);
 
 /** Codes of failures raised by the client itself; the engine's own codes are all positive. */
 export const ClientErrorCode = Object.freeze({
@@ -50,6 +61,7 @@ export const ClientErrorCode = Object.freeze({
   CLOSED: -2,
   BAD_REPLY: -3,
   SEND_FAILED: -4,
+  CONNECTION_LOST: -6,
 });
 
 const encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
@@ -273,6 +285,17 @@ function skipValues(bytes, view, pos, count) {
   return pos;
 }
 
+function pause(ms) {
+  return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
+}
+
+/** A message's wire map with a UNIQ_KEY property: its own if it has one, else the next of `uniqKeys`. */
+function withUniqKey(wire, uniqKeys) {
+  const properties = wire.properties ?? {};
+  if (typeof properties.UNIQ_KEY === "string" && properties.UNIQ_KEY !== "") return wire;
+  return { ...wire, properties: { ...properties, UNIQ_KEY: uniqKeys.next() } };
+}
+
 function envelopeless(reply) {
   const { v, id, ok, ...fields } = reply;
   return fields;
@@ -297,12 +320,17 @@ function masterNamed(reply, endpoint) {
 
 // -- connections ------------------------------------------------------------------
 
-/** One DEALER socket, its send queue and the number of calls waiting for a reply on it. */
+/**
+ * One DEALER socket, its send queue and the number of calls waiting for a reply on it. A watched
+ * one (on a broker set's address) sends heartbeats, and its events are read while calls wait.
+ */
 class Connection {
-  constructor(endpoint, socketOptions) {
+  constructor(endpoint, socketOptions, { watched = false } = {}) {
     this.endpoint = endpoint;
-    this.socket = new Dealer(socketOptions);
+    this.socket = new Dealer(watched ? { ...socketOptions, ...WATCHED_SOCKET_OPTIONS } : socketOptions);
     this.socket.connect(endpoint);
+    this.watched = watched;
+    this.watching = false;
     this.pending = 0;
     this.reading = false;
     this.retired = false;
@@ -322,24 +350,36 @@ class Connection {
 
 export class StoreClient {
   /**
-   * @param {string} endpoint e.g. "tcp://127.0.0.1:10911"
+   * @param {string} endpoint e.g. "tcp://127.0.0.1:10911", or a broker set's address: its engines
+   *   separated by commas, and the client follows the set's failovers (see `request`)
    * @param {object} [options]
    * @param {number} [options.timeoutMs=5000] deadline of every call, unless the call gives its own
    * @param {{serverKey: string, publicKey: string, secretKey: string}} [options.curve] CURVE keys, Z85
    * @param {number} [options.maxInFlight=256] calls sent and not yet answered; more wait their turn
    * @param {number} [options.frameBytesMax=FRAME_BYTES_MAX] the largest request sent: the engine's
    *   client_frame_bytes_max (raise it only with the engine's)
+   * @param {boolean} [options.watchConnection=false] with one endpoint: a call whose connection breaks,
+   *   is refused or goes silent fails at once with CONNECTION_LOST (-6) instead of at its deadline
+   *   (always so on a broker set's address, where the call is sent again to the master)
    */
   constructor(endpoint = DEFAULT_ENDPOINT, options = {}) {
     checkString("endpoint", endpoint);
     const { timeoutMs = DEFAULT_TIMEOUT_MS, curve, maxInFlight = DEFAULT_MAX_IN_FLIGHT,
-      frameBytesMax = FRAME_BYTES_MAX } = options;
+      frameBytesMax = FRAME_BYTES_MAX, watchConnection = false } = options;
+    checkBoolean("watchConnection", watchConnection);
     checkTimeout("timeoutMs", timeoutMs);
     if (!Number.isSafeInteger(maxInFlight) || maxInFlight < 1) {
       throw new TypeError(`maxInFlight must be a positive integer, not ${describe(maxInFlight)}`);
     }
-    this.endpoint = endpoint;
+    /** The engines of the address given: one, or a broker set's. */
+    this.endpoints = endpointsOf(endpoint);
+    /** The engine calls go to now. */
+    this.endpoint = this.endpoints[0];
     this.timeoutMs = timeoutMs;
+    this._onSet = this.endpoints.length > 1;
+    this._watched = this._onSet || watchConnection;
+    this._uniqKeys = this._onSet ? new UniqKeys() : null;
+    this._search = undefined; // the round of looking for the master under way, shared by the calls that wait for it
     this.maxInFlight = maxInFlight;
     this.frameBytesMax = frameBytesMax;
     this._socketOptions = { linger: 0 };
@@ -385,6 +425,7 @@ export class StoreClient {
     const timeout = timeoutMs ?? this.timeoutMs;
     checkTimeout("timeoutMs", timeout);
     const wireFields = widenIntegers(fields);
+    if (this._onSet) return this._requestOnSet(op, wireFields, timeout);
     const first = await this._exchange(op, wireFields, timeout);
     let reply = first.reply;
     const master = masterNamed(reply, first.endpoint);
@@ -395,6 +436,74 @@ export class StoreClient {
     }
     if (reply.ok !== true) throw refusal(reply, op);
     return reply;
+  }
+
+  /**
+   * A request on a broker set's address, within one deadline of `timeout` ms: a NOT_MASTER naming
+   * another engine is followed at once; one naming none, or a connection that broke, was refused
+   * or went silent, has the master looked for (`route` of every engine, failover.mjs) and the same
+   * request sent there; SLAVE_NOT_AVAILABLE, SERVICE_NOT_AVAILABLE and BUSY are tried again on the
+   * same engine after a pause. At the deadline the last error is thrown; a timeout with no broken
+   * connection is thrown as it is (a busy master may have carried the request out).
+   */
+  async _requestOnSet(op, wireFields, timeout) {
+    const deadline = performance.now() + timeout;
+    let lastError;
+    let pauseMs;
+    let followed; // the master a NOT_MASTER named, followed at once (once per master)
+    for (;;) {
+      const remaining = Math.ceil(deadline - performance.now());
+      if (remaining <= 0) {
+        throw lastError ?? new StoreTimeoutError(`no reply to ${op} from ${this.endpoint} within ${timeout} ms`, op);
+      }
+      let outcome;
+      try {
+        outcome = await this._exchange(op, wireFields, remaining);
+      } catch (err) {
+        if (!(err instanceof StoreError) || err.code !== ClientErrorCode.CONNECTION_LOST) throw err;
+        lastError = err;
+        pauseMs = await this._lookForMaster(err.details.endpoint, deadline, pauseMs);
+        continue;
+      }
+      const { reply, endpoint } = outcome;
+      if (reply.ok === true) return reply;
+      const code = reply.error?.code;
+      if (code === NOT_MASTER) {
+        lastError = refusal(reply, op);
+        const master = masterNamed(reply, endpoint);
+        if (master !== undefined && master !== followed) {
+          followed = master; // the refusing engine stored nothing: sent again there at once
+          this._moveTo(master);
+        } else {
+          pauseMs = await this._lookForMaster(endpoint, deadline, pauseMs);
+        }
+      } else if (REFUSED_FOR_NOW.has(code)) {
+        lastError = refusal(reply, op);
+        pauseMs = nextPauseMs(pauseMs);
+        await pause(Math.min(pauseMs, deadline - performance.now()));
+      } else {
+        throw refusal(reply, op);
+      }
+    }
+  }
+
+  /**
+   * One round of looking for the master, `failed` (the engine that just failed) asked last; the
+   * client moves to the master found. When none is, a pause (after `pauseMs`, the last one) that
+   * ends by the deadline. Resolves to the pause taken, or undefined when a master was found.
+   */
+  async _lookForMaster(failed, deadline, pauseMs) {
+    this._search ??= findMaster(this.endpoints, failed, this._socketOptions).finally(() => {
+      this._search = undefined;
+    });
+    const master = await this._search;
+    if (master !== undefined && !this._closed) {
+      this._moveTo(master);
+      return undefined;
+    }
+    const next = nextPauseMs(pauseMs);
+    await pause(Math.min(next, deadline - performance.now()));
+    return next;
   }
 
   /**
@@ -447,6 +556,8 @@ export class StoreClient {
     checkOptional(checkString, "producerGroup", producerGroup);
     const batch = Array.isArray(messages);
     const fields = { topic, messages: (batch ? messages : [messages]).map(toWireMessage) };
+    // On a set a send may go out more than once: each message keeps one UNIQ_KEY through all.
+    if (this._uniqKeys !== null) fields.messages = fields.messages.map((m) => withUniqKey(m, this._uniqKeys));
     if (queueId !== undefined && queueId !== null) fields.queue_id = queueId;
     if (shardingKey !== undefined && shardingKey !== null) fields.sharding_key = shardingKey;
     if (waitStore !== undefined && waitStore !== null) fields.wait_store = waitStore;
@@ -759,7 +870,7 @@ export class StoreClient {
 
   _currentConnection() {
     if (this._connection === null) {
-      this._connection = new Connection(this.endpoint, this._socketOptions);
+      this._connection = new Connection(this.endpoint, this._socketOptions, { watched: this._watched });
       this._connections.add(this._connection);
     }
     return this._connection;
@@ -786,6 +897,46 @@ export class StoreClient {
           `could not send ${call.op} to ${this.endpoint}: ${err.message}`, call.op));
       });
     this._read(connection);
+    if (connection.watched) this._watch(connection);
+  }
+
+  /**
+   * The events of a watched socket while calls wait on it: a break, a refusal or silent
+   * heartbeats fail those calls with CONNECTION_LOST at once (a set's calls go out again).
+   * A pending read of events keeps Node running, so an idle watched socket is closed (`_settle`).
+   */
+  async _watch(connection) {
+    if (connection.watching) return;
+    connection.watching = true;
+    try {
+      while (connection.pending > 0 && !connection.closed) {
+        let event;
+        try {
+          event = await connection.socket.events.receive();
+        } catch {
+          return; // the socket closed
+        }
+        if (BROKEN_EVENTS.has(event.type) && !connection.closed) {
+          this._broken(connection, event.type);
+          return;
+        }
+      }
+    } finally {
+      connection.watching = false;
+    }
+  }
+
+  /** A watched socket whose connection broke (`disconnect`) or was refused (`connect:retry`). */
+  _broken(connection, eventType) {
+    this._retire(connection);
+    const what = eventType === "disconnect" ? "broke (closed, reset or silent)" : "was refused";
+    for (const call of [...this._pending.values()]) {
+      if (call.connection === connection && this._settle(call)) {
+        call.reject(new StoreError(ClientErrorCode.CONNECTION_LOST, "CONNECTION_LOST",
+          `the connection to ${connection.endpoint} ${what} before the reply to ${call.op}`, call.op,
+          { endpoint: connection.endpoint }));
+      }
+    }
   }
 
   async _read(connection) {
@@ -882,6 +1033,12 @@ export class StoreClient {
     connection.pending -= 1;
     this._inFlight -= 1;
     if (connection.retired && connection.pending === 0) this._closeConnection(connection);
+    if (connection.watched && connection.pending === 0) {
+      // Idle: closed unless a call starts on it first (the next call of a loop does, at once).
+      setImmediate(() => {
+        if (connection.pending === 0 && !connection.closed) this._retire(connection);
+      });
+    }
     while (this._waiting.length > 0 && this._inFlight < this.maxInFlight && !this._closed) {
       this._start(this._waiting.shift());
     }
@@ -898,12 +1055,25 @@ if (typeof Symbol.dispose === "symbol") {
 
 
 const ROUTE_TTL_MS = 30_000;
+/** A broker set passed over (no master) is looked at again at most this often. */
+const PASSED_OVER_LOOK_MS = 1000;
+
+/** Whether a failed send says its set has no master now (nothing was stored there). */
+function noMaster(err) {
+  return err instanceof StoreError && (err.code === ClientErrorCode.CONNECTION_LOST || err.code === NOT_MASTER);
+}
 
 /**
  * A client of a cluster of broker sets (docs/cluster.md). Routes are asked of the engine given;
- * each send goes to the next queue of the topic's whole route (in turn), through a client of
- * that set's master (which follows its set's NOT_MASTER by itself). The route is asked again
- * after 30 s, after a failed send, and a set whose master moved gets a new client.
+ * each send goes to the next queue of the topic's whole route (in turn), or to the queue its
+ * `shardingKey` hashes to, through a client of that set's master (which follows its set's
+ * NOT_MASTER by itself, and learns at once that its connection broke). The route is asked again
+ * after 30 s and after a failed send, and a set whose master moved gets a new client.
+ *
+ * A set with no master now (its connection broke, was refused or went silent, or it answered
+ * NOT_MASTER) is passed over: a send without a key goes to the next queue of another set, with
+ * the same UNIQ_KEYs, and later ones pass the set over until it has a master again (looked at
+ * again at most once a second). A send with a key waits for its own set's master, up to its deadline.
  */
 export class ClusterClient {
   /** @param {string} endpoint any engine of the cluster; options as StoreClient's */
@@ -912,15 +1082,31 @@ export class ClusterClient {
     this.first = new StoreClient(endpoint, options);
     this._sets = new Map(); // broker name -> StoreClient of its master
     this._routes = new Map(); // topic -> { sets, at }
+    this._passedOver = new Map(); // broker name -> when it was last looked at (ms), while it has no master
+    this._uniqKeys = new UniqKeys();
     this._turn = 0;
   }
 
   async _route(topic) {
     const known = this._routes.get(topic);
     if (known !== undefined && Date.now() - known.at < ROUTE_TTL_MS) return known.sets;
-    const sets = await this.first.topicRoute(topic);
-    this._routes.set(topic, { sets, at: Date.now() });
-    return sets;
+    return this._freshRoute(topic);
+  }
+
+  /** The topic's route asked again: of the engine given, else of another set's master. */
+  async _freshRoute(topic) {
+    const askers = [this.first, ...this._sets.values()];
+    let lastError;
+    for (const client of askers) {
+      try {
+        const sets = await client.topicRoute(topic, { timeoutMs: ROUTE_PROBE_MS });
+        this._routes.set(topic, { sets, at: Date.now() });
+        return sets;
+      } catch (err) {
+        lastError = err;
+      }
+    }
+    throw lastError;
   }
 
   _client(set) {
@@ -930,41 +1116,109 @@ export class ClusterClient {
       client = undefined;
     }
     if (client === undefined) {
-      client = new StoreClient(set.master_endpoint, this.options);
+      client = new StoreClient(set.master_endpoint, { ...this.options, watchConnection: true });
       this._sets.set(set.broker_name, client);
     }
     return client;
   }
 
   /**
-   * Send one message (`{body, tags?, keys?, properties?}`) to the topic's next queue over the
-   * whole route. Resolves to the send's result with `broker_name`, the set that stored it.
+   * Whether a send may go to `set` now: not passed over, or passed over and found again with a
+   * master (its engine answering `route` as master) when its once-a-second look is due.
    */
-  async send(topic, message) {
+  async _hasMaster(topic, set) {
+    const lookedAt = this._passedOver.get(set.broker_name);
+    if (lookedAt === undefined) {
+      if (set.master_endpoint !== "") return true;
+      this._passedOver.set(set.broker_name, Date.now()); // electing its master: looked at again later
+      return false;
+    }
+    if (Date.now() - lookedAt < PASSED_OVER_LOOK_MS) return false;
+    this._passedOver.set(set.broker_name, Date.now());
+    let fresh;
+    try {
+      fresh = (await this._freshRoute(topic)).find((s) => s.broker_name === set.broker_name);
+    } catch {
+      return false;
+    }
+    if (fresh === undefined || fresh.master_endpoint === "") return false;
+    const route = await askRoute(fresh.master_endpoint, this.first._socketOptions);
+    if (route?.role !== "master") return false;
+    this._passedOver.delete(set.broker_name);
+    Object.assign(set, fresh);
+    return true;
+  }
+
+  /**
+   * Send one message (`{body, tags?, keys?, properties?}`) to the topic's next queue over the
+   * whole route, or with `shardingKey` to the queue it hashes to (the same key, the same queue of
+   * the same set). Resolves to the send's result with `broker_name`, the set that stored it.
+   */
+  async send(topic, message, { shardingKey, timeoutMs } = {}) {
+    checkOptional(checkString, "shardingKey", shardingKey);
+    const timeout = timeoutMs ?? this.options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    checkTimeout("timeoutMs", timeout);
+    const deadline = performance.now() + timeout;
     const sets = await this._route(topic);
-    const total = sets.reduce((sum, set) => sum + set.queues, 0);
-    if (total === 0) {
+    const queues = sets.flatMap((set) => Array.from({ length: set.queues }, (_, queueId) => ({ set, queueId })));
+    if (queues.length === 0) {
       this._routes.delete(topic);
       throw new StoreError(6, "TOPIC_NOT_FOUND", `no broker set of the cluster serves topic ${topic}`, "send");
     }
-    let k = this._turn++ % total;
-    let set = sets[0];
-    for (const candidate of sets) {
-      set = candidate;
-      if (k < candidate.queues) break;
-      k -= candidate.queues;
+    // Every attempt, at any set, carries the same UNIQ_KEY.
+    const wire = withUniqKey(toWireMessage(message), this._uniqKeys);
+    const start = shardingKey === undefined || shardingKey === null
+      ? this._turn++ % queues.length : zlib.crc32(Buffer.from(shardingKey, "utf8")) % queues.length;
+    if (shardingKey !== undefined && shardingKey !== null) {
+      return this._sendKeyed(topic, wire, queues[start], deadline);
     }
-    if (set.master_endpoint === "") {
-      this._routes.delete(topic);
-      throw new StoreError(14, "SERVICE_NOT_AVAILABLE", `broker set ${set.broker_name} is electing its master`, "send");
+    let lastError;
+    const tried = new Set();
+    for (const { set, queueId } of [...queues.slice(start), ...queues.slice(0, start)]) {
+      if (tried.has(set.broker_name)) continue;
+      tried.add(set.broker_name);
+      if (!(await this._hasMaster(topic, set))) {
+        lastError ??= new StoreError(14, "SERVICE_NOT_AVAILABLE", `broker set ${set.broker_name} has no master now`, "send");
+        continue;
+      }
+      try {
+        return await this._sendTo(topic, wire, set, queueId, deadline);
+      } catch (err) {
+        this._routes.delete(topic); // the set may have a new master: ask for the route again
+        if (!noMaster(err)) throw err;
+        this._passedOver.set(set.broker_name, Date.now());
+        lastError = err;
+      }
     }
-    try {
-      const [result] = await this._client(set).send(topic, [message], { queueId: k });
-      return { ...result, broker_name: set.broker_name };
-    } catch (err) {
-      this._routes.delete(topic); // the set may have a new master: ask for the route again
-      throw err;
+    throw lastError;
+  }
+
+  /** A keyed send: its own queue's set only, waited for (its master looked for) up to the deadline. */
+  async _sendKeyed(topic, wire, { set, queueId }, deadline) {
+    let lastError;
+    let pauseMs;
+    while (performance.now() < deadline) {
+      if (await this._hasMaster(topic, set)) {
+        try {
+          return await this._sendTo(topic, wire, set, queueId, deadline);
+        } catch (err) {
+          this._routes.delete(topic);
+          if (!noMaster(err)) throw err;
+          this._passedOver.set(set.broker_name, Date.now());
+          lastError = err;
+        }
+      }
+      lastError ??= new StoreError(14, "SERVICE_NOT_AVAILABLE", `broker set ${set.broker_name} has no master now`, "send");
+      pauseMs = nextPauseMs(pauseMs);
+      await pause(Math.min(pauseMs, deadline - performance.now()));
     }
+    throw lastError ?? new StoreTimeoutError(`no broker set took the send to ${topic} in time`, "send");
+  }
+
+  async _sendTo(topic, wire, set, queueId, deadline) {
+    const remaining = Math.max(1, Math.ceil(deadline - performance.now()));
+    const [result] = await this._client(set).send(topic, [wire], { queueId, timeoutMs: remaining });
+    return { ...result, broker_name: set.broker_name };
   }
 
   close() {
