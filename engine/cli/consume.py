@@ -194,10 +194,11 @@ def add(commands: Any) -> None:
     consume.add_argument("--queue-id", type=queue_number, metavar="Q",
                          help="one queue (default: all queues of the topic)")
     consume.add_argument("--offset", type=non_negative, default=0, metavar="N",
-                         help="the queue offset to start at (default 0; a group's committed offset wins)")
+                         help="the queue offset to start at (default 0; a group's committed offset wins; with "
+                              "--group only with --queue-id)")
     consume.add_argument("--since-ms", type=non_negative, metavar="MS",
                          help="start at the first message stored at or after this time (ms since the epoch; a "
-                              "group's committed offset wins)")
+                              "group's committed offset wins; with --group only with --queue-id)")
     consume.add_argument("--count", type=positive, default=100, metavar="N",
                          help="the most messages to print (default 100)")
     consume.add_argument("--group",
