@@ -8,6 +8,9 @@ engine's ``route`` until the new master answers and sends the same request there
 returns an error, the first answer after the kill comes well before the request's deadline, and
 every acknowledged message is stored on the new master. SIGSTOP of the master (its TCP
 connection stays up): unanswered heartbeats break the connection, with the same outcome.
+
+ClusterClient over two sets, one of them without a master: sends without a key pass it over for
+the other set; a send keyed to it fails alone, at its deadline.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import shutil
 import subprocess
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +28,12 @@ import pytest
 
 from engine.client import StoreClient
 from engine.config import StoreConfig
-from harness.broker_set import BrokerSet, broker_set, wait_in_sync
+from harness.broker_set import BrokerSet, broker_set, cluster_of_sets, wait_in_sync, wait_route_known
 from harness.workload import read_everything, wait_dispatched
+from rmqpy.cluster import Cluster
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import EngineProcess
-from tests.conformance.test_clients import DRIVERS, ROOT
+from tests.conformance.test_clients import DRIVERS, ROOT, b64, drive
 from tests.helpers import require
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # etcd and three engines per test
@@ -164,3 +169,48 @@ def test_sends_on_the_set_address_reach_the_new_master_past_a_sigstop_of_the_mas
     print(f"SIGSTOP: the new master serves {serving_s:.2f} s after the pause, its first answer to the client "
           f"{first_s:.2f} s after, slowest send {slowest_s:.2f} s, {len(sends)} sends")
 
+
+def key_of_set(queues_a: int, queues: int, *, in_a: bool) -> str:
+    """A sharding key whose queue (its CRC-32 among the route's queues, broker-a's first) is in
+    broker-a's share of the route, or in broker-b's."""
+    for n in range(1000):
+        key = f"key-{n}"
+        if (zlib.crc32(key.encode()) % queues < queues_a) == in_a:
+            return key
+    raise AssertionError("no key found")
+
+
+@pytest.fixture
+def two_sets(tmp_path: Path) -> Iterator[list[BrokerSet]]:
+    require(shutil.which("node") is not None and (ROOT / "clients" / "node" / "node_modules" / "zeromq").is_dir(),
+            "node and clients/node/node_modules (make clients)")
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    with cluster_of_sets(tmp_path, StoreConfig.test_min().replace(auto_create_topic=False), sets=2) as sets:
+        for one in sets:
+            one.wait_master()
+        Cluster(sets[0].etcd.endpoints).create_topic(TOPIC, queue_count=2 * QUEUES)
+        for one in sets:
+            wait_route_known(one.engines[0], TOPIC, 2)
+        yield sets
+
+
+def test_the_cluster_client_passes_a_set_without_master_over_and_a_keyed_send_fails_alone(
+        two_sets: list[BrokerSet]) -> None:
+    """broker-b's only engine killed: sends without a key all go to broker-a, with no error; a send
+    keyed to one of broker-b's queues fails alone at its deadline, and the sends after it go on."""
+    a, b = (one.engines[0] for one in two_sets)
+    body = b64(b"spread")
+    b.kill()
+    try:
+        keyless, keyed, after = drive("node", a.endpoint, [
+            {"op": "cluster_send", "topic": TOPIC, "count": 8, "body_b64": body},
+            {"op": "cluster_send", "topic": TOPIC, "body_b64": body,
+             "sharding_key": key_of_set(QUEUES, 2 * QUEUES, in_a=False)},
+            {"op": "cluster_send", "topic": TOPIC, "count": 4, "body_b64": body}], timeout_ms=3_000)
+    finally:
+        b.start()  # its run directory goes with the cluster's stop
+    assert keyless["ok"] and after["ok"], (keyless, after)
+    assert {s["broker_name"] for s in keyless["sent"] + after["sent"]} == {"broker-a"}
+    assert (keyed["ok"], keyed["name"]) in {(False, "CONNECTION_LOST"), (False, "SERVICE_NOT_AVAILABLE")}, keyed
+    with a.client() as client:
+        assert sum(client.queue_stats(TOPIC, q)["max_offset"] for q in range(QUEUES)) == 12
