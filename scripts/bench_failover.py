@@ -12,7 +12,7 @@ in sync. Printed per mode:
 
 * a new master serves: from the kill until another engine's actors run as master's (ms);
 * the producer's view: from the kill to the acknowledgement of the first send begun after it
-  (ms), its timeout on the dead master included (3 s here);
+  (ms);
 * the loss window: acknowledged messages missing from the new master's queues, and the time
   between the first of them being acknowledged and the kill (ms). SYNC must lose none.
 
@@ -20,6 +20,18 @@ With ``--replica-losses N`` (SYNC), N rounds each lose one replica of two, SIGKI
 (SIGSTOP) in turn, under the same producer, and print the longest time without an
 acknowledgement around the loss (ms): the master must take the lost replica out of its in-sync
 set before the sends wait for it (docs/replication.md, "Leaving the in-sync set").
+
+With ``--pauses N`` (SYNC), N rounds each pause the master (SIGSTOP) past its lease until another
+engine serves, then resume it: from the election to the producer's first acknowledgement by the
+new master (ms), and whether the old master acknowledged anything after that first one.
+With ``--etcd-losses N`` (SYNC, three etcd members), N rounds each SIGKILL one etcd member (each
+in turn) and start it again: the longest time without an acknowledgement around the loss (ms).
+With ``--cluster-kills N`` (SYNC), a cluster of three broker sets (one of three engines, two of
+one) under one ``ClusterProducer`` without sharding keys: N rounds each SIGKILL the first set's
+master; the other sets' acknowledgements per second from the kill until the set serves again,
+beside the 2 s before the kill.
+
+The producers' deadline is ``--timeout-ms`` (10 s): a client stuck on a dead master would show it.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import rmqpy
 from engine.client import ClientError, StoreClient
 from engine.config import StoreConfig
-from harness.broker_set import BrokerSet, broker_set, wait_in_sync
+from harness.broker_set import BrokerSet, broker_set, cluster_of_sets, wait_in_sync, wait_route_known
 from harness.replication import offsets
 from harness.workload import read_everything
 
@@ -49,8 +61,8 @@ TOPIC, QUEUES, BATCH = "bench", 4, 10
 class Load:
     """Sends batches to the set until stopped; keeps each acknowledged message's body and time."""
 
-    def __init__(self, endpoints: str) -> None:
-        self.producer = rmqpy.Producer(endpoints, timeout_ms=3_000)
+    def __init__(self, endpoints: str, timeout_ms: int) -> None:
+        self.producer = rmqpy.Producer(endpoints, timeout_ms=timeout_ms)
         self.acked: dict[bytes, tuple[float, float]] = {}  # body -> (when its send began, when acked)
         self.acks_by: list[tuple[float, float, str]] = []  # (began, acked, the engine that acked) of each send
         self.lost: set[bytes] = set()  # found lost by an earlier round
@@ -146,17 +158,19 @@ def replica_round(brokers: BrokerSet, load: Load, *, pause: bool) -> float:
     return gap * 1000
 
 
-def bench_replica_losses(losses: int) -> None:
+def bench_replica_losses(losses: int, timeout_ms: int) -> None:
     config = StoreConfig.test_min().replace(replication_mode="SYNC", replication_report_interval_ms=200)
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
             broker_set(Path(tmp), config, engines=3) as brokers:
         with brokers.wait_master().client() as client:
             client.create_topic(TOPIC, queue_count=QUEUES)
-        load = Load(brokers.endpoints)
+        load = Load(brokers.endpoints, timeout_ms)
         load.thread.start()
+        gaps: dict[bool, list[float]] = {False: [], True: []}
         try:
-            gaps = {pause: [replica_round(brokers, load, pause=pause) for _ in range(losses) if _ % 2 == pause]
-                    for pause in (False, True)}
+            for round_index in range(losses):  # killed, paused, killed, ...
+                pause = round_index % 2 == 1
+                gaps[pause].append(replica_round(brokers, load, pause=pause))
         finally:
             load.stop.set()
             load.thread.join(30)
@@ -168,14 +182,14 @@ def bench_replica_losses(losses: int) -> None:
                   f"{statistics.median(values):.0f} ms, max {max(values):.0f} ({len(values)} rounds)", flush=True)
 
 
-def bench(mode: str, kills: int) -> None:
+def bench(mode: str, kills: int, timeout_ms: int) -> None:
     config = StoreConfig.test_min().replace(replication_mode=mode, replica_lag_max_ms=2_000,
                                             replication_report_interval_ms=200, replication_config_interval_ms=200)
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
             broker_set(Path(tmp), config, engines=3) as brokers:
         with brokers.wait_master().client() as client:
             client.create_topic(TOPIC, queue_count=QUEUES)
-        load = Load(brokers.endpoints)
+        load = Load(brokers.endpoints, timeout_ms)
         load.thread.start()
         try:
             rounds = [round_of(brokers, load) for _ in range(kills)]
@@ -191,17 +205,148 @@ def bench(mode: str, kills: int) -> None:
           f"window before the kill (ms): {[round(r[3]) for r in rounds]}", flush=True)
 
 
+def pause_round(brokers: BrokerSet, load: Load, lease_ms: int) -> tuple[float, bool]:
+    """The master paused until another engine serves; (ms from that election to the producer's first
+    acknowledgement by another engine, whether the old master acknowledged a send after that one)."""
+    old = brokers.wait_master()
+    wait_in_sync(old, 2)
+    time.sleep(1.0)  # a second of load before the pause
+    paused_at = time.monotonic()
+    with brokers.paused(old):
+        new = brokers.wait_master(other_than=old, timeout_s=lease_ms / 1000 + 30)
+        elected_at = time.monotonic()
+        while (served_at := load.first_ack_after(paused_at, not_by=old.endpoint)) is None:
+            time.sleep(0.005)  # the producer's thread records it
+    wait_in_sync(new, 2)
+    late = any(by == old.endpoint and acked > served_at for _began, acked, by in list(load.acks_by))
+    return max(0.0, served_at - elected_at) * 1000, late
+
+
+def bench_pauses(pauses: int, timeout_ms: int) -> None:
+    config = StoreConfig.test_min().replace(replication_mode="SYNC", replica_lag_max_ms=2_000,
+                                            replication_report_interval_ms=200, replication_config_interval_ms=200)
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
+            broker_set(Path(tmp), config, engines=3) as brokers:
+        with brokers.wait_master().client() as client:
+            client.create_topic(TOPIC, queue_count=QUEUES)
+        load = Load(brokers.endpoints, timeout_ms)
+        load.thread.start()
+        try:
+            rounds = [pause_round(brokers, load, config.master_lease_ms) for _ in range(pauses)]
+        finally:
+            load.stop.set()
+            load.thread.join(30)
+            load.producer.close()
+    values = [r[0] for r in rounds]
+    print(f"SYNC: master paused past its lease: the producer's first ack at the new master after its election: "
+          f"median {statistics.median(values):.0f} ms, max {max(values):.0f} ({pauses} pauses); the old master "
+          f"acknowledged after it in {sum(r[1] for r in rounds)} of {pauses}", flush=True)
+
+
+def bench_etcd_losses(losses: int, timeout_ms: int) -> None:
+    config = StoreConfig.test_min().replace(replication_mode="SYNC", replication_report_interval_ms=200)
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
+            broker_set(Path(tmp), config, engines=3, etcd_members=3) as brokers:
+        master = brokers.wait_master()
+        with master.client() as client:
+            client.create_topic(TOPIC, queue_count=QUEUES)
+        wait_in_sync(master, 2)
+        load = Load(brokers.endpoints, timeout_ms)
+        load.thread.start()
+        gaps = []
+        try:
+            for k in range(losses):
+                time.sleep(1.0)  # a second of load before the loss
+                lost_at = time.monotonic()
+                member = brokers.etcd.members[k % len(brokers.etcd.members)]
+                brokers.etcd.kill_member(k % len(brokers.etcd.members))
+                gaps.append(longest_ack_gap(load, lost_at, acks_after=200) * 1000)
+                brokers.etcd.start_member(member)
+                brokers.etcd.wait_ready(30)
+            masters = {load.producer.endpoint}
+        finally:
+            load.stop.set()
+            load.thread.join(30)
+            load.producer.close()
+    print(f"SYNC: one etcd member of three killed: the longest time without an acknowledgement: median "
+          f"{statistics.median(gaps):.0f} ms, max {max(gaps):.0f} ({losses} losses; master kept: "
+          f"{masters == {master.endpoint}})", flush=True)
+
+
+def bench_cluster_kills(kills: int, timeout_ms: int) -> None:
+    config = StoreConfig.test_min().replace(replication_mode="SYNC", replica_lag_max_ms=2_000,
+                                            replication_report_interval_ms=200, replication_config_interval_ms=200,
+                                            auto_create_topic=False)
+    ratios = []
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
+            cluster_of_sets(Path(tmp), config, sets=3, engines=[3, 1, 1]) as sets:
+        for broker_set_ in sets:
+            broker_set_.wait_master()
+        failing = sets[0]
+        with rmqpy.Cluster(failing.etcd.endpoints) as cluster:
+            cluster.create_topic(TOPIC, queue_count=3 * QUEUES)
+            for broker_set_ in sets:
+                wait_route_known(broker_set_.engines[0], TOPIC, 3)
+            acks: list[tuple[float, str]] = []
+            stop = threading.Event()
+            with rmqpy.ClusterProducer(cluster, timeout_ms=timeout_ms) as producer:
+                def run() -> None:
+                    while not stop.is_set():
+                        try:
+                            result = producer.send(TOPIC, b"x")
+                        except ClientError:
+                            continue
+                        acks.append((time.monotonic(), result.broker_name))
+
+                thread = threading.Thread(target=run, daemon=True)
+                thread.start()
+                try:
+                    for _ in range(kills):
+                        old = failing.wait_master()
+                        wait_in_sync(old, 2)
+                        time.sleep(2.0)  # two seconds of load before the kill
+                        killed_at = time.monotonic()
+                        old.kill()
+                        failing.wait_master(other_than=old)
+                        while not any(at > killed_at and by == old.config.broker_name for at, by in list(acks)):
+                            time.sleep(0.005)  # until the set serves the producer again
+                        served_at = next(at for at, by in list(acks) if at > killed_at and by == old.config.broker_name)
+                        others = [at for at, by in list(acks) if by != old.config.broker_name]
+                        before = sum(killed_at - 2.0 <= at < killed_at for at in others) / 2.0
+                        during = sum(killed_at <= at < served_at for at in others) / (served_at - killed_at)
+                        ratios.append((before, during, served_at - killed_at))
+                        old.start()
+                finally:
+                    stop.set()
+                    thread.join(timeout_ms / 1000 + 5)
+    shares = [during / before for before, during, _ in ratios if before]
+    print(f"SYNC: a cluster of three sets, one set's master killed: the other sets' acknowledgements per second "
+          f"while it failed over, of before: median {statistics.median(shares):.0%}, min {min(shares):.0%} "
+          f"({kills} kills; the set served again after median "
+          f"{statistics.median(r[2] for r in ratios) * 1000:.0f} ms)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--modes", default="SYNC,ASYNC")
     parser.add_argument("--replica-losses", type=int, default=0, help="rounds that lose a replica (SYNC)")
+    parser.add_argument("--pauses", type=int, default=0, help="rounds that pause the master (SYNC)")
+    parser.add_argument("--etcd-losses", type=int, default=0, help="rounds that kill an etcd member of three")
+    parser.add_argument("--cluster-kills", type=int, default=0, help="kills of one set's master in a cluster of 3")
+    parser.add_argument("--timeout-ms", type=int, default=10_000, help="the producers' deadline")
     args = parser.parse_args()
     if args.kills:
         for mode in args.modes.split(","):
-            bench(mode, args.kills)
+            bench(mode, args.kills, args.timeout_ms)
     if args.replica_losses:
-        bench_replica_losses(args.replica_losses)
+        bench_replica_losses(args.replica_losses, args.timeout_ms)
+    if args.pauses:
+        bench_pauses(args.pauses, args.timeout_ms)
+    if args.etcd_losses:
+        bench_etcd_losses(args.etcd_losses, args.timeout_ms)
+    if args.cluster_kills:
+        bench_cluster_kills(args.cluster_kills, args.timeout_ms)
 
 
 if __name__ == "__main__":
