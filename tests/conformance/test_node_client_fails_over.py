@@ -81,12 +81,15 @@ def start_loop(brokers: BrokerSet, prefix: str, tmp_path: Path) -> subprocess.Po
                                 stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def wait_stored(brokers: BrokerSet, count: int, *, timeout_s: float = 60.0) -> None:
+def wait_stored(brokers: BrokerSet, driver: subprocess.Popen[bytes], count: int, *, timeout_s: float = 60.0) -> None:
     """Until the master holds ``count`` messages of the topic (the loop is under way)."""
     master = brokers.wait_master()
     deadline = time.monotonic() + timeout_s
     with StoreClient(master.endpoint, timeout_ms=2_000) as client:
         while sum(client.queue_stats(TOPIC, q)["max_offset"] for q in range(QUEUES)) < count:
+            if driver.poll() is not None:
+                _, err = driver.communicate()
+                pytest.fail(f"the node driver ended ({driver.returncode}) before it sent {count}: {err.decode()}")
             assert time.monotonic() < deadline, f"the Node client stored fewer than {count} messages in {timeout_s} s"
             time.sleep(0.02)  # polls the master: the driver sends from another process
 
@@ -132,7 +135,7 @@ def test_sends_on_the_set_address_go_on_through_a_sigkill_of_the_master(brokers:
     old = brokers.wait_master()
     driver = start_loop(brokers, "killed-", tmp_path)
     try:
-        wait_stored(brokers, STORED_BEFORE)
+        wait_stored(brokers, driver, STORED_BEFORE)
         killed_at_ms = time.time() * 1000
         old.kill()
         new = brokers.wait_master(other_than=old)
@@ -155,7 +158,7 @@ def test_sends_on_the_set_address_reach_the_new_master_past_a_sigstop_of_the_mas
     old = brokers.wait_master()
     driver = start_loop(brokers, "paused-", tmp_path)
     try:
-        wait_stored(brokers, STORED_BEFORE)
+        wait_stored(brokers, driver, STORED_BEFORE)
         with brokers.paused(old):
             paused_at_ms = time.time() * 1000
             new = brokers.wait_master(other_than=old)
