@@ -33,6 +33,7 @@ from rmqpy.errors import (
     EngineError,
     ErrorCode,
     GetStatus,
+    NoMaster,
     PutStatus,
     RequestTimeout,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "ErrorCode",
     "GetStatus",
     "Message",
+    "NoMaster",
     "OutgoingMessage",
     "PopConsumer",
     "Producer",

@@ -12,7 +12,10 @@ and the asyncio producer (``SetSend.after``), and carried out by them:
   request there. A request whose connection broke may have been stored: it goes again with the
   same ``UNIQ_KEY`` of each message, so a consumer can drop the copy by it.
 * ``Pause``: a refusal the retry policy retries (``BUSY``, ``SERVICE_NOT_AVAILABLE``,
-  ``SLAVE_NOT_AVAILABLE``): the same engine after the policy's pause.
+  ``SLAVE_NOT_AVAILABLE`` from one engine): the same engine after the policy's pause.
+* ``Wait``: a set's master refused with ``SLAVE_NOT_AVAILABLE`` (too few replicas in sync: a new
+  master whose replicas are following it again, or a replica just lost): the same engine again
+  after the look's pause, until the deadline, not counted against the policy's retries.
 * ``Raise``: any other refusal, and a timeout (a master that took the request and answered
   nothing may have stored it: it is not sent again).
 
@@ -37,7 +40,11 @@ from engine.client import ClientError, ConnectionLost, EngineError, EngineUnreac
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys
 from rmqpy._send import master_named
+from rmqpy.errors import NoMaster
 from rmqpy.retry import RetryPolicy
+
+__all__ = ["Follow", "Look", "NoMaster", "PassedOver", "Pause", "Raise", "SetSend", "Wait", "find_master",
+           "master_role"]
 
 ROUTE_PROBE_MS = 500  # the longest an engine may take to say whether it is the master
 LOOK_PAUSE_MS_MIN = 50  # the pause after a round of looking that found no master, doubling ...
@@ -45,15 +52,6 @@ LOOK_PAUSE_MS_MAX = 500  # ... up to this
 SET_RECHECK_MS = 1_000  # how often a cluster's producer asks a set passed over whether it has a master
 
 log = logging.getLogger(__name__)
-
-
-class NoMaster(ClientError):
-    """The broker set has no master that answers right now (an election is under way), and the send
-    was not to wait for one: a cluster's producer sends it to another set's queue instead."""
-
-    def __init__(self, endpoints: list[str], cause: ClientError) -> None:
-        super().__init__(f"no master answers among {', '.join(endpoints)} ({cause})")
-        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -74,11 +72,17 @@ class Pause:
 
 
 @dataclass(frozen=True)
+class Wait:
+    error: EngineError
+    pause_ms: float
+
+
+@dataclass(frozen=True)
 class Raise:
     error: ClientError
 
 
-Step = Follow | Look | Pause | Raise
+Step = Follow | Look | Pause | Wait | Raise
 
 
 class SetSend:
@@ -98,19 +102,21 @@ class SetSend:
     def after(self, error: ClientError, endpoint: str) -> Step:
         """What to do after ``error`` from the engine at ``endpoint``."""
         self.last_error = error
-        if isinstance(error, EngineError):
-            master = master_named(error, endpoint)
-            if master is not None:
-                return Follow(master)
-            if error.code == ErrorCode.NOT_MASTER and not self.one_engine:
-                return Look()
-            if error.code in self.retry.retriable_codes and self.refusals < self.retry.retry_count_max:
-                self.refusals += 1
-                return Pause(error, self.refusals, self.retry.backoff_ms(self.refusals, jitter=random.random()))
-            return Raise(error)
-        if isinstance(error, ConnectionLost | EngineUnreachable) and not self.one_engine:
-            return Look()
-        return Raise(error)
+        if not isinstance(error, EngineError):
+            gone = isinstance(error, ConnectionLost | EngineUnreachable) and not self.one_engine
+            return Look() if gone else Raise(error)
+        master = master_named(error, endpoint)
+        step: Step = Raise(error)
+        if master is not None:
+            step = Follow(master)
+        elif error.code == ErrorCode.NOT_MASTER and not self.one_engine:
+            step = Look()
+        elif error.code == ErrorCode.SLAVE_NOT_AVAILABLE and not self.one_engine:
+            step = Wait(error, self.look_pause_ms())
+        elif error.code in self.retry.retriable_codes and self.refusals < self.retry.retry_count_max:
+            self.refusals += 1
+            step = Pause(error, self.refusals, self.retry.backoff_ms(self.refusals, jitter=random.random()))
+        return step
 
     def look_pause_ms(self) -> float:
         """The pause after a round that found no master (growing with each round)."""

@@ -25,7 +25,7 @@ import zmq
 
 from engine.client import CONNECT_PROBE_MS, ClientError, StoreClient
 from engine.ipc.curve import CurveKeys
-from rmqpy._failover import Follow, NoMaster, Pause, Raise, SetSend, find_master, master_role
+from rmqpy._failover import Follow, NoMaster, Pause, Raise, SetSend, Wait, find_master, master_role
 from rmqpy.errors import ClientClosed
 from rmqpy.retry import OnRetry, RetryPolicy
 
@@ -35,9 +35,10 @@ __all__ = ["SetClient"]
 class SetClient(StoreClient):
     def __init__(self, address: str, *, timeout_ms: int = 10_000, retry: RetryPolicy | None = None,
                  on_retry: OnRetry | None = None, context: zmq.Context[zmq.Socket[bytes]] | None = None,
-                 curve: CurveKeys | None = None) -> None:
+                 curve: CurveKeys | None = None, wait_for_master: bool = True) -> None:
         """``address``: one engine, or a broker set's engines separated by commas (the first is tried
-        first). ``retry``/``on_retry``: as ``Producer``'s."""
+        first). ``retry``/``on_retry``: as ``Producer``'s. ``wait_for_master``: the default of
+        ``request``'s (False: ``NoMaster`` while the set elects, for a caller that sends elsewhere)."""
         self.endpoints = [part.strip() for part in address.split(",") if part.strip()]
         if not self.endpoints:
             raise ValueError(f"no endpoint in {address!r}")
@@ -46,6 +47,7 @@ class SetClient(StoreClient):
                          watch_connection=not one_engine, unreachable_ms=CONNECT_PROBE_MS if one_engine else None)
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
+        self.wait_for_master = wait_for_master
         self._lock = threading.Lock()
         self._closed = False
 
@@ -55,11 +57,12 @@ class SetClient(StoreClient):
             super().close()
 
     def request(self, op: str, *, timeout_ms: int | None = None, _followed: bool = False,
-                wait_for_master: bool = True, **fields: Any) -> dict[str, Any]:
+                wait_for_master: bool | None = None, **fields: Any) -> dict[str, Any]:
         """One request, at the set's master, until its deadline (``rmqpy/_failover.py``). Without
         ``wait_for_master``, ``NoMaster`` after the first round of looking that found none."""
         way = SetSend(self.timeout_ms if timeout_ms is None else timeout_ms, self.retry,
                       one_engine=len(self.endpoints) == 1)
+        wait_for_master = self.wait_for_master if wait_for_master is None else wait_for_master
         while True:
             with self._lock:
                 if self._closed:
@@ -71,6 +74,11 @@ class SetClient(StoreClient):
                     step = way.after(exc, endpoint)
             if isinstance(step, Raise):
                 raise step.error
+            if isinstance(step, Wait):
+                if step.pause_ms >= way.remaining_ms():
+                    raise step.error
+                time.sleep(step.pause_ms / 1000)  # the set's replicas follow its master again meanwhile
+                continue
             if isinstance(step, Pause):
                 if step.pause_ms >= way.remaining_ms():
                     raise step.error

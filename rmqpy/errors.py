@@ -9,7 +9,9 @@ Every exception is a ``ClientError``. Two kinds come from the engine and the net
   have done the request; a timed-out send may have stored its messages. ``ConnectionLost`` is
   one: the connection broke before the reply (a broker set's producer, whose master died).
 
-``ClientClosed`` is raised by a call on a closed producer or consumer.
+``ClientClosed`` is raised by a call on a closed producer or consumer; ``NoMaster`` by a send on a
+broker set's address that was not to wait for the set to elect its master (a cluster's producer
+then sends to another set).
 """
 
 from __future__ import annotations
@@ -20,12 +22,21 @@ from typing import Any
 from engine.client import ClientError, ConnectionLost, EngineError, RequestTimeout
 from engine.errors import ErrorCode, GetStatus, PutStatus
 
-__all__ = ["ClientClosed", "ClientError", "ConnectionLost", "EngineError", "ErrorCode", "GetStatus", "PutStatus",
-           "RequestTimeout", "engine_error", "is_refusal_of"]
+__all__ = ["ClientClosed", "ClientError", "ConnectionLost", "EngineError", "ErrorCode", "GetStatus", "NoMaster",
+           "PutStatus", "RequestTimeout", "engine_error", "is_refusal_of"]
 
 
 class ClientClosed(ClientError):
     """The producer or consumer was closed; it cannot be used again."""
+
+
+class NoMaster(ClientError):
+    """The broker set has no master that answers right now (an election is under way), and the send
+    was not to wait for one. ``cause``: the failure that sent the client looking."""
+
+    def __init__(self, endpoints: list[str], cause: ClientError) -> None:
+        super().__init__(f"no master answers among {', '.join(endpoints)} ({cause})")
+        self.cause = cause
 
 
 def engine_error(reply: Mapping[str, Any]) -> EngineError:

@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     # The results shown name each message by its uniq key, the id consumers get (the same across a
     # delay or a transaction): made here, as rmqpy's producer does. Unshown, the engine makes them.
     shown = args.json or args.count <= 20
-    on_a_set = "," in engine_endpoint(args) and args.cluster is None
-    keyed = shown or on_a_set  # a send again after a failover carries the same ids: a copy can be told
+    failing_over = args.cluster is not None or "," in engine_endpoint(args)  # a set's address, or a cluster
+    keyed = shown or failing_over  # a send again after a failover carries the same ids: a copy can be told
     uniq_keys = UniqKeys()
     sent = 0
     results: list[dict[str, Any]] = []
@@ -70,13 +70,10 @@ def run(args: argparse.Namespace) -> int:
                     if args.tags:
                         message["tags"] = args.tags
                     batch.append(message)
-                client, queue_id, broker = targets.next()
-                batch_results = client.send(args.topic, batch, queue_id=queue_id,
-                                            sharding_key=args.sharding_key if broker is None else None,
-                                            delay_ms=args.delay_ms,
-                                            deliver_at_ms=args.deliver_at, delay_level=args.delay_level,
-                                            transaction=args.transaction,
-                                            producer_group=args.producer_group if args.transaction else None)
+                client, batch_results, broker = targets.send(
+                    args.topic, batch, delay_ms=args.delay_ms, deliver_at_ms=args.deliver_at,
+                    delay_level=args.delay_level, transaction=args.transaction,
+                    producer_group=args.producer_group if args.transaction else None)
                 if not existed:
                     _say_created(client, args.topic)
                     existed = True
@@ -108,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
 class OneEngine:
     """Where each batch of ``produce`` goes without ``--cluster``: (its engine, --queue-id, no broker)."""
 
-    def __init__(self, client: StoreClient, queue_id: int | None) -> None:
+    def __init__(self, client: StoreClient, queue_id: int | None, sharding_key: str | None) -> None:
         self.client = client
         self.queue_id = queue_id
+        self.sharding_key = sharding_key
 
     def __enter__(self) -> OneEngine:
         return self
@@ -118,8 +116,10 @@ class OneEngine:
     def __exit__(self, *exc: object) -> None:
         self.client.close()
 
-    def next(self) -> tuple[StoreClient, int | None, str | None]:
-        return self.client, self.queue_id, None
+    def send(self, topic: str, batch: list[dict[str, Any]], **fields: Any) -> tuple[StoreClient, list[Any], None]:
+        """The batch sent: (the client, its results, no broker set named)."""
+        return self.client, self.client.send(topic, batch, queue_id=self.queue_id, sharding_key=self.sharding_key,
+                                             **fields), None
 
 
 def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
@@ -128,14 +128,13 @@ def _send_targets(args: argparse.Namespace) -> OneEngine | SpreadSends:
         address = engine_endpoint(args)
         if not any(engine_answers(member.strip()) for member in address.split(",") if member.strip()):
             raise EngineUnreachable(address)
-        return OneEngine(SetClient(address, timeout_ms=args.timeout_ms, curve=curve_keys(args)), args.queue_id)
+        return OneEngine(SetClient(address, timeout_ms=args.timeout_ms, curve=curve_keys(args)), args.queue_id,
+                         args.sharding_key)
     if args.cluster is None:
-        return OneEngine(connect(args, timeout_ms=args.timeout_ms), args.queue_id)
+        return OneEngine(connect(args, timeout_ms=args.timeout_ms), args.queue_id, args.sharding_key)
     from engine.cli.cluster import SpreadSends, cluster_route  # etcd's client only when asked for
 
-    curve = curve_keys(args)
-    return SpreadSends(args, cluster_route(args),
-                       lambda master: StoreClient(master, timeout_ms=args.timeout_ms, curve=curve))
+    return SpreadSends(args, cluster_route(args, masters_required=args.sharding_key is not None), curve_keys(args))
 
 
 def _exists_where_sent(client: StoreClient, topic: str) -> bool:

@@ -17,7 +17,7 @@ import zmq.asyncio
 
 from engine.client import CONNECT_PROBE_MS, DEFAULT_ENDPOINT, ClientError, EngineUnreachable
 from engine.ipc.curve import CurveKeys
-from rmqpy._failover import Follow, NoMaster, Pause, Raise, SetSend, find_master, master_role
+from rmqpy._failover import Follow, NoMaster, Pause, Raise, SetSend, Wait, find_master, master_role
 from rmqpy._send import SendOptions, UniqKeys, batch_fields, one_message
 from rmqpy.aio.client import AsyncClient
 from rmqpy.errors import ClientClosed
@@ -104,6 +104,11 @@ class AsyncProducer:
                     await self._replace(client)  # its socket may still hold the request: it must not go later
             if isinstance(step, Raise):
                 raise step.error
+            if isinstance(step, Wait):
+                if step.pause_ms >= way.remaining_ms():
+                    raise step.error
+                await asyncio.sleep(step.pause_ms / 1000)  # the set's replicas follow its master again meanwhile
+                continue
             if isinstance(step, Pause):
                 if step.pause_ms >= way.remaining_ms():
                     raise step.error

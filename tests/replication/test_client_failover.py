@@ -2,12 +2,15 @@
 set takes to elect a master. A producer on a broker set's address whose master is killed raises nothing
 (``NOT_MASTER`` during the election is retried inside it) and sends again as soon as a master serves; a
 cluster's producer goes on sending to the other sets while one set elects, and a keyed send to that set
-waits for its new master alone.
+waits for its new master alone. The command line's ``produce`` on a set's address does not stop either.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +91,7 @@ def test_a_producer_on_a_set_whose_master_is_killed_raises_nothing_and_moves_on(
             finally:
                 sends.finish()
         new = brokers.wait_master(other_than=old)
+        old.start()  # it follows the new master (and a stopped engine leaves no run directory behind)
         assert sends.failed == [], f"the application felt the failover: {sends.failed[:3]}"
         took_s = first - killed
         print(f"first acknowledgement {took_s:.2f} s after the kill")
@@ -100,7 +104,7 @@ def test_a_producer_on_a_set_whose_master_is_killed_raises_nothing_and_moves_on(
 def test_a_cluster_producer_goes_on_with_the_other_sets_while_one_elects_and_a_keyed_send_waits_alone(
         tmp_path: Path) -> None:
     require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
-    config = sync_config().replace(auto_create_topic=False)
+    config = sync_config().replace(replication_mode="ASYNC", auto_create_topic=False)  # a set of one has no replica
     with cluster_of_sets(tmp_path, config, sets=2, engines=[1, 3]) as (steady, electing):
         steady.wait_master()
         old = electing.wait_master()
@@ -124,6 +128,7 @@ def test_a_cluster_producer_goes_on_with_the_other_sets_while_one_elects_and_a_k
                 finally:
                     keyless.finish()
                     keyed.finish()
+        old.start()  # it follows the new master (and a stopped engine leaves no run directory behind)
     assert keyless.failed == [] and keyed.failed == [], (keyless.failed[:3], keyed.failed[:3])
     steady_name = steady.engines[0].config.broker_name
     gaps = [b - a for (a, _), (b, _) in zip(keyless.acked, keyless.acked[1:], strict=False) if b > killed]
@@ -133,3 +138,32 @@ def test_a_cluster_producer_goes_on_with_the_other_sets_while_one_elects_and_a_k
     during = [r.broker_name for at, r in keyless.acked if killed < at < keyed_first]
     assert during and set(during) == {steady_name}, "keyless sends went to the set without a master"
     assert {r.broker_name for _, r in keyed.acked} == {electing.engines[0].config.broker_name}
+
+
+def test_the_cli_producing_to_a_set_whose_master_is_killed_sends_everything(tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    with broker_set(tmp_path, sync_config(), engines=3) as brokers:
+        old = brokers.wait_master()
+        with old.client() as client:
+            client.create_topic("orders", queue_count=2)
+        wait_in_sync(old, 2)
+        count = 3_000
+        produce = subprocess.Popen([sys.executable, "-m", "engine", "produce", "--endpoint", brokers.endpoints,
+                                    "--topic", "orders", "--count", str(count), "--batch-size", "5", "--json"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            with old.client() as client:
+                deadline = time.monotonic() + 60
+                while sum(client.queue_stats("orders", q)["max_offset"] for q in range(2)) < 200:
+                    assert time.monotonic() < deadline and produce.poll() is None, "produce did not get going"
+                    time.sleep(0.02)  # polls the master's queues while produce sends
+            old.kill()
+            out, err = produce.communicate(timeout=120)
+        finally:
+            produce.kill()
+        assert produce.returncode == 0, err
+        assert json.loads(out)["sent"] == count
+        new = brokers.wait_master(other_than=old)
+        old.start()  # it follows the new master (and a stopped engine leaves no run directory behind)
+        with new.client() as client:
+            assert sum(client.queue_stats("orders", q)["max_offset"] for q in range(2)) >= count
