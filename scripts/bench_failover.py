@@ -309,9 +309,10 @@ def bench_cluster_kills(kills: int, timeout_ms: int) -> None:
                         time.sleep(2.0)  # two seconds of load before the kill
                         killed_at = time.monotonic()
                         old.kill()
+                        dead_at = time.monotonic()  # a send begun before may have been acknowledged by it
                         failing.wait_master(other_than=old)
                         while (served_at := next((at for began, at, by in list(acks)
-                                                  if began > killed_at and by == name), None)) is None:
+                                                  if began > dead_at and by == name), None)) is None:
                             time.sleep(0.005)  # until the set serves the producer again
                         others = [at for _began, at, by in list(acks) if by != name]
                         before = sum(killed_at - 2.0 <= at < killed_at for at in others) / 2.0
