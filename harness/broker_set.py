@@ -227,8 +227,9 @@ def cluster_of_sets(root: Path, config: StoreConfig, *, sets: int = 2, engines: 
 
 class ProducerOnSet:
     """``rmqpy.Producer`` on a broker set's address, shaped as ``harness.workload.Producer``'s client:
-    ``send(topic, batch, queue_id=)`` answers the wire's result maps; a refusal (after rmqpy's own
-    retries) or a timeout is raised as the StoreClient would."""
+    ``send(topic, batch, queue_id=)`` answers the wire's result maps, each with ``resent`` when rmqpy
+    sent the batch again after its connection broke (the batch may then be stored twice); a refusal
+    (after rmqpy's own retries) or a timeout is raised as the StoreClient would."""
 
     def __init__(self, endpoints: str, *, timeout_ms: int) -> None:
         self.producer = rmqpy.Producer(endpoints, timeout_ms=timeout_ms)
@@ -236,9 +237,11 @@ class ProducerOnSet:
     def send(self, topic: str, batch: list[dict[str, Any]], *, queue_id: int) -> list[dict[str, Any]]:
         messages = [rmqpy.OutgoingMessage(body=m["body"], keys=tuple(m.get("keys", ())), tags=m.get("tags"))
                     for m in batch]
+        resends = self.producer.resends
         results = self.producer.send_batch(topic, messages, queue_id=queue_id)
-        return [{"status": r.status, "queue_offset": r.queue_offset, "commit_log_offset": r.commit_log_offset}
-                for r in results]
+        resent = self.producer.resends > resends  # sent again after a break: it may be stored twice
+        return [{"status": r.status, "queue_offset": r.queue_offset, "commit_log_offset": r.commit_log_offset,
+                 "resent": resent} for r in results]
 
     def close(self) -> None:
         self.producer.close()

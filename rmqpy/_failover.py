@@ -94,6 +94,7 @@ class SetSend:
         self.one_engine = one_engine
         self.refusals = 0  # the retry policy's retries so far
         self.looks = 0  # rounds of looking for the master that found none
+        self.broken = False  # a connection broke (or was refused) under it: a resend may store it twice
         self.last_error: ClientError | None = None
 
     def remaining_ms(self) -> int:
@@ -104,6 +105,7 @@ class SetSend:
         self.last_error = error
         if not isinstance(error, EngineError):
             gone = isinstance(error, ConnectionLost | EngineUnreachable) and not self.one_engine
+            self.broken |= isinstance(error, ConnectionLost)
             return Look() if gone else Raise(error)
         master = master_named(error, endpoint)
         step: Step = Raise(error)

@@ -48,6 +48,9 @@ class SetClient(StoreClient):
         self.retry = retry or RetryPolicy()
         self.on_retry = on_retry
         self.wait_for_master = wait_for_master
+        self.resends = 0
+        """Requests answered after being sent again because their connection broke: each may have
+        been stored twice (a send's copies share their ``UNIQ_KEY`` of each message)."""
         self._lock = threading.Lock()
         self._closed = False
 
@@ -69,7 +72,9 @@ class SetClient(StoreClient):
                     raise ClientClosed(f"the client of {', '.join(self.endpoints)} is closed")
                 endpoint = self.endpoint
                 try:
-                    return super().request(op, timeout_ms=way.remaining_ms(), _followed=True, **fields)
+                    reply = super().request(op, timeout_ms=way.remaining_ms(), _followed=True, **fields)
+                    self.resends += way.broken
+                    return reply
                 except ClientError as exc:
                     step = way.after(exc, endpoint)
             if isinstance(step, Raise):

@@ -76,7 +76,7 @@ class Producer:
         r"""``endpoint``: an engine, or the engines of a broker set separated by commas (docs/replication.md,
         "Clients"): sends go to the master and follow it. A send whose engine died (its connection
         broke or is refused), went silent (no heartbeat for ``HEARTBEAT_TIMEOUT_MS``: paused, cut off)
-        or refused it during an election (``NOT_MASTER``) is sent again, with the same ``UNIQ_KEY``\ s,
+        or refused it during an election (``NOT_MASTER``) is sent again, with the same ``UNIQ_KEY`` of each message,
         to the master the set's engines name, as soon as one does (``rmqpy/_failover.py``); the
         application sees an error only when no master serves before the deadline.
         ``timeout_ms``: the deadline of each send, retries and failover included; keep it above the
@@ -131,6 +131,13 @@ class Producer:
     def endpoint(self) -> str:
         """The engine the blocking sends go to now (the set's master, as last found)."""
         return self._client.endpoint
+
+    @property
+    def resends(self) -> int:
+        """Blocking sends acknowledged after being sent again because their connection broke (a
+        master that died or went silent with the send): each may be stored twice, both copies with
+        the same ``UNIQ_KEY`` of each message."""
+        return self._client.resends
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every async send made so far has its result (or ``timeout_s`` passes)."""

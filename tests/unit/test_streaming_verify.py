@@ -67,6 +67,28 @@ def test_the_streaming_verdict_matches_the_in_memory_one_and_finds_a_loss_and_a_
     assert streamed.corrupt == [] and streamed.holes == []
 
 
+def test_verify_takes_a_resent_messages_first_copy_for_at_least_once_and_any_other_copy_for_a_duplicate(
+        engine: EngineProcess) -> None:
+    """A client that sent a batch again after its connection broke (``Producer.resent``) may find it
+    stored twice: the first copy, before the acknowledged one, is counted, not failed."""
+    with engine.client() as client:
+        producer = Producer("p", client, TOPICS, random.Random(5), batch_size=10)
+        for _ in range(5):
+            producer.send_batch()
+        resent_id = ("p", producer.next_seq - 1)  # the last one sent: its copy comes next, as a resend's does
+        topic, queue_id, _offset = producer.acked[resent_id]
+        [copy] = client.send(topic, [{"body": make_body(*resent_id, 256)}], queue_id=queue_id)
+        wait_dispatched(client)
+        producer.acked[resent_id] = (topic, queue_id, copy["queue_offset"])  # the resend's acknowledgement
+        stored = read_everything(client, TOPICS)
+    unmarked = verify([producer], stored)
+    assert unmarked.storage_duplicates == [resent_id] and not unmarked.ok()
+    producer.resent.add(resent_id)
+    marked = verify([producer], stored)
+    assert marked.ok(), marked.summary()
+    assert marked.resent_copies == 1 and marked.acked == marked.read - 1 == 50
+
+
 def test_streaming_verification_memory_does_not_grow_with_the_message_count(
         engine: EngineProcess, tmp_path: Path) -> None:
     count = 1_000  # 500 a queue: the pull pages (256 messages) are full from the first run on
