@@ -515,13 +515,14 @@ class Runtime:
         actor, out, fds = self.actor, Effects(), self.peer_fds[port.channel]
         for _ in range(_DRAIN_MESSAGES_MAX):
             try:
-                frames = [_raw_recv(sock, _NOBLOCK)]
+                routing_id = _raw_recv(sock, _NOBLOCK)
             except zmq.Again:
                 break
+            frames = [routing_id]
             while sock.get(_RCVMORE):
                 frame = _raw_recv(sock, 0, copy=False)
                 if len(frames) == 1:
-                    fds[frames[0]] = frame.get(zmq.SRCFD)
+                    fds[routing_id] = frame.get(zmq.SRCFD)
                 frames.append(frame.bytes)
             actor.take(port, frames, out)
             if out:
