@@ -48,7 +48,7 @@ __all__ = ["Follow", "Look", "NoMaster", "PassedOver", "Pause", "Raise", "SetSen
 
 ROUTE_PROBE_MS = 500  # the longest an engine may take to say whether it is the master
 LOOK_PAUSE_MS_MIN = 50  # the pause after a round of looking that found no master, doubling ...
-LOOK_PAUSE_MS_MAX = 500  # ... up to this
+LOOK_PAUSE_MS_MAX = 100  # ... up to this: a master elected is found within about this (a round is cheap)
 SET_RECHECK_MS = 1_000  # how often a cluster's producer asks a set passed over whether it has a master
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class SetSend:
         self.one_engine = one_engine
         self.refusals = 0  # the retry policy's retries so far
         self.looks = 0  # rounds of looking for the master that found none
+        self.waits = 0  # a master's SLAVE_NOT_AVAILABLE so far
         self.broken = False  # a connection broke (or was refused) under it: a resend may store it twice
         self.last_error: ClientError | None = None
 
@@ -114,7 +115,8 @@ class SetSend:
         elif error.code == ErrorCode.NOT_MASTER and not self.one_engine:
             step = Look()
         elif error.code == ErrorCode.SLAVE_NOT_AVAILABLE and not self.one_engine:
-            step = Wait(error, self.look_pause_ms())
+            self.waits += 1
+            step = Wait(error, self.pause_ms(self.waits))
         elif error.code in self.retry.retriable_codes and self.refusals < self.retry.retry_count_max:
             self.refusals += 1
             step = Pause(error, self.refusals, self.retry.backoff_ms(self.refusals, jitter=random.random()))
@@ -123,7 +125,12 @@ class SetSend:
     def look_pause_ms(self) -> float:
         """The pause after a round that found no master (growing with each round)."""
         self.looks += 1
-        return float(min(LOOK_PAUSE_MS_MAX, LOOK_PAUSE_MS_MIN * 2 ** min(self.looks - 1, 16)))
+        return self.pause_ms(self.looks)
+
+    @staticmethod
+    def pause_ms(rounds: int) -> float:
+        """The pause after ``rounds`` rounds of looking, or of a master's ``SLAVE_NOT_AVAILABLE``."""
+        return float(min(LOOK_PAUSE_MS_MAX, LOOK_PAUSE_MS_MIN * 2 ** min(rounds - 1, 16)))
 
     def failure(self) -> ClientError:
         """What the send raises when its deadline passes without a master."""

@@ -17,7 +17,7 @@ export const HEARTBEAT_TIMEOUT_MS = 1000;
 export const ROUTE_PROBE_MS = 500;
 /** The pause between rounds of looking for the master: the first, doubled each round up to the last. */
 export const LOOK_PAUSE_FIRST_MS = 50;
-export const LOOK_PAUSE_MAX_MS = 500;
+export const LOOK_PAUSE_MAX_MS = 100;
 
 /** Socket options of a connection that must break, not stay silent, when its engine stops answering. */
 export const WATCHED_SOCKET_OPTIONS = Object.freeze({

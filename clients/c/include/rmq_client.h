@@ -99,7 +99,7 @@ extern "C" {
 #define RMQ_ROUTE_PROBE_MS 500
 /* The pause between rounds of looking for the master: the first, doubling up to the last. */
 #define RMQ_LOOK_PAUSE_MS_MIN 50
-#define RMQ_LOOK_PAUSE_MS_MAX 500
+#define RMQ_LOOK_PAUSE_MS_MAX 100
 
 /* The longest endpoint the client reads ("tcp://[IPv6 address]:port" is at most 59 bytes). */
 #define RMQ_ENDPOINT_MAX 255

@@ -655,9 +655,10 @@ static int retried_on_the_same_engine(int code) {
 /*
  * A watched client's call (the behaviour of "A broker set's address", clients/c/README.md):
  * one deadline for the whole call. The same frame (the same request id, the same UNIQ_KEYs)
- * goes again after a NOT_MASTER naming the master (at once, there), after BUSY and its kin
- * (on the same engine, after a pause), and after a NOT_MASTER naming none or a lost
- * connection (to the master a look finds; the looks pause 50 ms, doubling to 500 ms). The
+ * goes again after a NOT_MASTER naming the master (at once, there), after SLAVE_NOT_AVAILABLE
+ * (on the same engine, paused as a look), after BUSY and its kin (on the same engine, after the
+ * busy backoff), and after a NOT_MASTER naming none or a lost
+ * connection (to the master a look finds; the looks pause 50 ms, doubling to 100 ms). The
  * error of the last attempt is raised when the deadline passes with no master; a timeout
  * (no answer, the connection up) is raised at once and never sent again.
  */
@@ -668,6 +669,7 @@ static int call_on_set(rmq_client *c, const rmq_buf *req, int64_t request_id, in
     rmq_error *e = err != NULL ? err : &own;
     int64_t deadline = now_ms() + timeout_ms;
     int busy_retries = 0;
+    int waits = 0; /* SLAVE_NOT_AVAILABLE from the master so far */
     for (;;) {
         char master[RMQ_ENDPOINT_MAX + 1];
         clear_error(e);
@@ -676,6 +678,13 @@ static int call_on_set(rmq_client *c, const rmq_buf *req, int64_t request_id, in
         if (rc == RMQ_ERR_TIMEOUT) return timed_out(c, timeout_ms, e);
         if (rc == RMQ_NOT_MASTER && master[0] != '\0' && strcmp(master, c->endpoint) != 0 && move_to(c, master) == 0) {
             continue; /* the refusing engine stored nothing */
+        }
+        if (rc == RMQ_SLAVE_NOT_AVAILABLE) {
+            /* the set's master waits for its replicas to follow it again: asked as often as a look */
+            int64_t pause = waits++ == 0 ? RMQ_LOOK_PAUSE_MS_MIN : RMQ_LOOK_PAUSE_MS_MAX;
+            if (now_ms() + pause >= deadline) return rc;
+            sleep_ms(pause);
+            continue;
         }
         if (retried_on_the_same_engine(rc)) {
             int shift = busy_retries < 7 ? busy_retries++ : 7;
