@@ -8,7 +8,8 @@
 * ``simulate_power_loss``: on a stopped store, drop what a power cut could
   drop: every 4 KiB page of the log past the flushed offset is kept, zeroed
   or garbled at random (the kernel writes dirty pages back in any order), and
-  queues lose a random part of the units that point past it.
+  queues lose a random part of the units that point past it. The store's
+  abort marker then names another boot, as after the machine came back.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from engine.ipc import endpoints
 from engine.ipc.control import control
 from engine.ipc.messages import StatusQuery
 from engine.layout import CQ_UNIT, CQ_UNIT_BYTES
+from engine.offline.truncate import ABORT_MARKER
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consume_queue import CONSUME_QUEUE_DIR
 from engine.store.mapped_file import PAGE_BYTES, list_files
@@ -116,6 +118,9 @@ def simulate_power_loss(store_dir: Path, *, flushed_offset: int, rng: random.Ran
     for queue_dir in (store_dir / CONSUME_QUEUE_DIR).glob("*/*"):
         for _start, path in list_files(queue_dir):
             _mangle_queue_file(path, flushed_offset, rng, fates)
+    abort = store_dir / ABORT_MARKER
+    if abort.exists():  # the machine went down: the next start is on another boot
+        abort.write_text("pid 0\nboot simulated-power-cut\n")
     return fates
 
 

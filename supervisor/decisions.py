@@ -20,7 +20,8 @@ A change of role (a replica promoted, a master stepped down, a replica following
     CutLog(role)  CrashStart(True)  StartWave ...  CrashStart(False)  Publish(role.changed)
     DropStandby()?  KeepStandby(...)?
 
-Killed, not stopped in order: the new actors recover as after a crash anyway, and an orderly stop
+Killed, not stopped in order: the new actors recover as after a crash of processes anyway (the
+page cache keeps what they wrote: no power-loss sweep of the log), and an orderly stop
 of every wave took most of a failover's time (1.7 s of 4 on two cores). Every slot is reset as a
 start finds it, but the membership actor's (a dispatched or durable offset past a cut would
 mislead the new actors). A master elected again keeps its actors: only its epoch is noted.
@@ -101,9 +102,11 @@ class CutLog:
 @dataclass(frozen=True)
 class CrashStart:
     """The run directory's crash-start marker on or off: actors that recover while it is there
-    recover as after an unclean stop."""
+    recover as after an unclean stop; ``power_loss``: one the machine may not have survived
+    (``engine/store/unclean_stop.py``), not only its processes."""
 
     on: bool
+    power_loss: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,11 @@ class Decisions:
         self.role_config = config  # the settings of the role the actors run in
         self.specs: dict[str, ActorSpec] = {spec.name: spec for spec in actor_specs(config)}
 
-    def start(self, *, crash_start: bool) -> list[Effect]:
-        """The engine's start. Elected on etcd: the membership actor alone (its role comes next,
-        ``role_changed``); otherwise every actor, wave by wave."""
-        marked: list[Effect] = [CrashStart(True)] if crash_start else []
+    def start(self, *, crash_start: bool, power_loss: bool = False) -> list[Effect]:
+        """The engine's start (after an unclean stop: ``crash_start``, and ``power_loss`` if the
+        machine may have gone down since). Elected on etcd: the membership actor alone (its role
+        comes next, ``role_changed``); otherwise every actor, wave by wave."""
+        marked: list[Effect] = [CrashStart(True, power_loss)] if crash_start else []
         if self.config.elected:
             return [*marked, Spawn(MEMBERSHIP), StartWave((MEMBERSHIP,))]
         return [*marked, *self._waves(list(self.specs)), CrashStart(False)]

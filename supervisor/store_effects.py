@@ -6,7 +6,6 @@ in the simulation too."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from engine.ipc.endpoints import CRASH_START_FILE
 from engine.logs import event
 from engine.offline import truncate
 from engine.store.shared_offsets import SLOT_COUNT, SharedOffsets
+from engine.store.unclean_stop import mark_crash_start
 from supervisor.decisions import CrashStart, CutLog, Effect, ResetSlots
 
 log = logging.getLogger("supervisor")
@@ -30,8 +30,8 @@ def carry_out(effect: Effect, store_dir: Path, run_dir: Path, slots: SharedOffse
                     slots.set(slot, 0)
         case CutLog(role=role):
             cut_log(store_dir, run_dir, role)
-        case CrashStart(on=on):
-            mark_crash_start(run_dir, on)
+        case CrashStart(on=on, power_loss=power_loss):
+            mark_crash_start(run_dir / CRASH_START_FILE, on, power_loss=power_loss)
         case _:
             return False
     return True
@@ -42,18 +42,10 @@ def cut_log(store_dir: Path, run_dir: Path, role: Role) -> int | None:
     (queue units and index items past the cut go). The offset it cut at, or None."""
     point = truncate.prepare_for_role(store_dir, role)
     if point is not None:
-        mark_crash_start(run_dir, True)
+        mark_crash_start(run_dir / CRASH_START_FILE, True)
         log.warning("the log forked from the master's of epoch %d at %d: cut there", role.epoch, point,
                     extra=event("role.log_cut", epoch=role.epoch, offset=point))
     return point
-
-
-def mark_crash_start(run_dir: Path, on: bool) -> None:
-    marker = run_dir / CRASH_START_FILE
-    if on:
-        marker.write_text(str(os.getpid()))
-    else:
-        marker.unlink(missing_ok=True)
 
 
 def fresh_run_dir(store_dir: Path) -> Path:

@@ -47,7 +47,9 @@ from engine.ipc.messages import (
 )
 from engine.logs import LOG_DIR, configure_logging, event
 from engine.offline.truncate import ABORT_MARKER
+from engine.store.atomic_file import write_atomically
 from engine.store.shared_offsets import CONFIRMED, DISPATCHED, RUN_OVER, SharedOffsets
+from engine.store.unclean_stop import abort_note, power_loss_possible
 from supervisor import store_effects
 from supervisor.decisions import (
     Decisions,
@@ -118,11 +120,14 @@ class Supervisor:
         except EngineError as exc:
             log.error("not starting: %s", exc)
             raise
-        crash_start = (self.store_dir / ABORT_FILE).exists()
+        abort = self.store_dir / ABORT_FILE
+        crash_start = abort.exists()
+        power_loss = crash_start and power_loss_possible(abort.read_text(errors="replace"))
         if crash_start:
-            log.warning("the previous run did not stop cleanly (abort marker present); recovering",
-                        extra=event("engine.recovering"))
-        (self.store_dir / ABORT_FILE).write_text(str(os.getpid()))
+            log.warning("the previous run did not stop cleanly (abort marker present%s); recovering",
+                        ", from another boot: the log's tail is swept as after a power cut" if power_loss else "",
+                        extra=event("engine.recovering", power_loss=power_loss))
+        write_atomically(abort, abort_note().encode())  # durable: a power cut must not take it
         self.run_dir = store_effects.fresh_run_dir(self.store_dir)
         self.offsets = SharedOffsets(self.run_dir)
         self.config_path = self.run_dir / "config.json"
@@ -137,7 +142,7 @@ class Supervisor:
         state = {"pid": os.getpid(), "endpoint": self.config.endpoint, "store_dir": str(self.store_dir),
                  **endpoints.namespaces()}
         (self.run_dir / endpoints.ENGINE_STATE_FILE).write_text(json.dumps(state))
-        self.carry_out(self.decisions.start(crash_start=crash_start))
+        self.carry_out(self.decisions.start(crash_start=crash_start, power_loss=power_loss))
         if self.config.elected:  # the others start in the role the membership actor takes
             self.carry_out(self.decisions.role_changed(self._await_role()))
         took_ms = monotonic_ms() - started_ms

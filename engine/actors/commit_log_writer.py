@@ -84,10 +84,15 @@ from engine.store.shared_offsets import (
     REPLICATED,
     WRITTEN,
 )
+from engine.store.unclean_stop import KILLED, POWER_LOSS, crash_start_kind
 
 log = logging.getLogger(__name__)
 _WAKE = encoder.encode(Wake())
 
+
+# How the last stop left the log's tail (``engine/store/unclean_stop.py``), as the recovery log says it.
+_START_KINDS = {"": "clean", KILLED: "after a kill (the tail past the end cleared)",
+                POWER_LOSS: "after a possible power cut (the segment's tail swept)"}
 
 class CommitLogWriterActor(Actor):
     """Takes ``Append`` and ``DeleteTopic`` on ``requests``, ``Wake`` and ``FlushFailed`` on ``flushes``;
@@ -144,9 +149,9 @@ class CommitLogWriterActor(Actor):
                 ReplicaDeletions: self.replica_deletions, Wake: self.on_flushed, FlushFailed: self.on_flush_failed}
 
     def recover(self, out: Effects) -> None:
-        unclean = (self.env.run_dir / CRASH_START_FILE).exists()
-        plan = plan_commit_log_recovery(self.env.store_dir, self.config, unclean=unclean)
-        self.log.open_at(plan.end_offset, after_power_loss=unclean)
+        unclean = crash_start_kind(self.env.run_dir / CRASH_START_FILE)
+        plan = plan_commit_log_recovery(self.env.store_dir, self.config, unclean=bool(unclean))
+        self.log.open_at(plan.end_offset, after_power_loss=unclean == POWER_LOSS)
         try:
             self.log.ensure_segment()  # before serving: the first send must not wait for a warm segment
         except OSError as exc:  # the engine starts DEGRADED, saying why; sends are refused until it clears
@@ -162,8 +167,9 @@ class CommitLogWriterActor(Actor):
             if self.own_sync.synced >= plan.end_offset:
                 self.slots.set(FLUSHED, plan.end_offset)
         log.info("recovered: log end %d (scanned %d records, %d bytes from %d), %d queues, %d damaged ranges; "
-                 "codec: %s", plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
-                 len(plan.next_queue_offsets), len(plan.damage), "compiled" if codec.COMPILED else "python")
+                 "codec: %s; start: %s", plan.end_offset, plan.records_scanned, plan.bytes_scanned, plan.scan_start,
+                 len(plan.next_queue_offsets), len(plan.damage), "compiled" if codec.COMPILED else "python",
+                 _START_KINDS[unclean])
         self.clean_expired_segments(out)  # also decides at once whether the disk is too full for sends
         self.publish_offsets(out)
 

@@ -79,14 +79,14 @@ class SimSupervisor:
     def role(self) -> Role | None:
         return self.decisions.role
 
-    def start(self, *, crash_start: bool) -> None:
+    def start(self, *, crash_start: bool, power_loss: bool = False) -> None:
         """The supervisor's start: the decisions begin afresh, as a new supervisor process's do, and
         its control socket listens (the membership actor tells it its role there)."""
         self.decisions = Decisions(self.base_config)
         self.host.network.attach(self.name, [Port(CONTROL, bind=True)])
         self.host.config = self.base_config
         self.host.specs = self._specs()
-        self.carry_out(self.decisions.start(crash_start=crash_start))
+        self.carry_out(self.decisions.start(crash_start=crash_start, power_loss=power_loss))
 
     @property
     def name(self) -> str:

@@ -241,13 +241,14 @@ class World:
             self.kill(name)
         self.disk.power_cut(self.rng, self.page_written_back_ratio)
         self.counts.power_cuts += 1
-        self.start_all_again(crash_start=True)
+        self.start_all_again(crash_start=True, power_loss=True)
 
-    def start_all_again(self, *, crash_start: bool) -> None:
+    def start_all_again(self, *, crash_start: bool, power_loss: bool = False) -> None:
         """The supervisor's next start: an empty run directory, and the crash-start marker while
-        every actor recovers if the last stop was not clean (its abort marker stayed)."""
+        every actor recovers if the last stop was not clean (its abort marker stayed), saying
+        whether the power went since (a boot id of its own: ``engine/store/unclean_stop.py``)."""
         self.new_offsets()
-        self.supervisor.start(crash_start=crash_start)
+        self.supervisor.start(crash_start=crash_start, power_loss=power_loss)
 
     def new_offsets(self) -> None:
         """The supervisor starts on an empty run directory: a new shared offsets file, every slot 0
@@ -299,7 +300,7 @@ class World:
     def start_after_stop(self, *, clean: bool, power_off: bool) -> None:
         if power_off:
             self.disk.power_cut(self.rng, self.page_written_back_ratio)
-        self.start_all_again(crash_start=not clean)
+        self.start_all_again(crash_start=not clean, power_loss=power_off)
 
     def supervisor_death(self) -> None:
         """The supervisor is SIGKILLed: every actor gets SIGTERM (PR_SET_PDEATHSIG) and stops on
