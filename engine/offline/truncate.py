@@ -59,7 +59,9 @@ def truncate_log(store_dir: Path, offset: int) -> int:
     if cut:
         fsync_dir(directory)
         _lower_checkpoint(store_dir, offset)
-        (store_dir / ABORT_MARKER).write_text("the log was cut\n")  # the next start recovers as after a crash
+        abort = store_dir / ABORT_MARKER
+        if not abort.exists():  # the next start recovers as after a crash (a running supervisor's note stays)
+            abort.write_text("the log was cut\n")
         log.warning("commit log cut at %d: %d bytes past it dropped", offset, cut)
     return cut
 

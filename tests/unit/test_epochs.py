@@ -12,9 +12,10 @@ from engine.config import StoreConfig
 from engine.coordination.broker_set import choose
 from engine.coordination.role import Role, mask, members_of
 from engine.offline.check import check_store
-from engine.offline.truncate import truncate_log
+from engine.offline.truncate import ABORT_MARKER, truncate_log
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.epoch_file import EPOCH_FILE, add_epoch, load_epochs, trim_epochs, truncation_point
+from engine.store.unclean_stop import abort_note
 from supervisor.launcher import EngineProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,20 +65,27 @@ def test_a_cut_store_recovers_to_the_cut(tmp_path: Path) -> None:
         for n in range(60):  # about 2.4 MiB: three segments
             results += client.send("t", [{"body": bytes([n]) * 40_000}], queue_id=0)
     cut = results[30]["commit_log_offset"]
+    assert not (store / ABORT_MARKER).exists()  # a clean stop
     assert truncate_log(store, cut) > 0
+    assert (store / ABORT_MARKER).read_text() == "the log was cut\n"  # the next start recovers as after a crash
+    note = abort_note()
+    (store / ABORT_MARKER).write_text(note)  # a running supervisor's, with this boot's id: it stays
+    assert truncate_log(store, results[29]["commit_log_offset"]) > 0
+    assert (store / ABORT_MARKER).read_text() == note
+    cut = results[29]["commit_log_offset"]
     assert truncate_log(store, cut) == 0  # nothing past it any more
     plan = plan_commit_log_recovery(store, engine.config, unclean=True)
     assert plan.end_offset == cut
-    assert plan.next_queue_offsets[("t", 0)] == 30
+    assert plan.next_queue_offsets[("t", 0)] == 29
     with EngineProcess(store, config=config) as engine, engine.client() as client:
         [stored] = client.send("t", [{"body": b"after the cut"}], queue_id=0)
-        assert (stored["queue_offset"], stored["commit_log_offset"]) == (30, cut)
+        assert (stored["queue_offset"], stored["commit_log_offset"]) == (29, cut)
         bodies = []
-        while len(bodies) < 31:
+        while len(bodies) < 30:
             page = client.pull("t", 0, len(bodies), max_messages=32, max_wait_ms=1_000)
             bodies += [m["body"] for m in page["messages"]]
-        assert page["max_offset"] == 31  # the units past the cut are gone, not served
-        assert [body[0] for body in bodies[:30]] == list(range(30)) and bodies[30] == b"after the cut"
+        assert page["max_offset"] == 30  # the units past the cut are gone, not served
+        assert [body[0] for body in bodies[:29]] == list(range(29)) and bodies[29] == b"after the cut"
     assert check_store(store, engine.config) == []
     (store / EPOCH_FILE).write_text("3 0\n2 100\n4 999999999\n")  # an epoch going back, one past the log
     problems = [finding.problem for finding in check_store(store, engine.config) if finding.area == "epochs"]
