@@ -90,7 +90,8 @@ def test_negative_control_without_flushing_reports_the_loss(store_dir: Path) -> 
 
 
 def last_recovery(store_dir: Path) -> str:
-    return [line for line in (store_dir / "logs" / "writer.log").read_text().splitlines() if "recovered: log end" in line][-1]
+    lines = (store_dir / "logs" / "writer.log").read_text().splitlines()
+    return [line for line in lines if "recovered: log end" in line][-1]
 
 
 def test_a_kill_on_the_same_boot_is_not_taken_for_a_power_cut(store_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""Which unclean stop a start follows: a kill of processes, or a possible power cut (``engine/store/unclean_stop.py``)."""
+"""Which unclean stop a start follows: a kill of processes, or a possible power cut
+(``engine/store/unclean_stop.py``)."""
 
 from __future__ import annotations
 
