@@ -11,9 +11,10 @@ from pathlib import Path
 
 from engine.coordination.role import Role
 from engine.ipc import endpoints
-from engine.ipc.endpoints import CRASH_START_FILE
+from engine.ipc.endpoints import CRASH_START_FILE, REPLICA_APPEND_LOCK
 from engine.logs import event
 from engine.offline import truncate
+from engine.store.append_fence import AppendFence
 from engine.store.shared_offsets import SLOT_COUNT, SharedOffsets
 from engine.store.unclean_stop import mark_crash_start
 from supervisor.decisions import CrashStart, CutLog, Effect, ResetSlots
@@ -35,6 +36,22 @@ def carry_out(effect: Effect, store_dir: Path, run_dir: Path, slots: SharedOffse
         case _:
             return False
     return True
+
+
+def forks(store_dir: Path, run_dir: Path, role: Role) -> bool:
+    """``ForkCheck``: whether the replica's log forks from ``role``'s history, looked at while its
+    writer appends nothing (``engine/store/append_fence.py``): a chunk of the old master's still on
+    its way is in the log by then, or refused for its epoch."""
+    fence = AppendFence(run_dir / REPLICA_APPEND_LOCK)
+    try:
+        with fence.held():
+            point = truncate.fork_point(store_dir, role)
+    finally:
+        fence.close()
+    if point is not None:
+        log.warning("the log forks from the master's of epoch %d at %d: every actor starts again",
+                    role.epoch, point, extra=event("role.log_forks", epoch=role.epoch, offset=point))
+    return point is not None
 
 
 def cut_log(store_dir: Path, run_dir: Path, role: Role) -> int | None:

@@ -55,6 +55,7 @@ from supervisor.decisions import (
     Decisions,
     DropStandby,
     Effect,
+    ForkCheck,
     KeepSpare,
     KeepStandby,
     Kill,
@@ -200,6 +201,12 @@ class Supervisor:
                 case DropStandby():
                     self.standby.drop()
                     self.spares.drop()
+                case ForkCheck(role=role, forked=forked, kept=kept):
+                    forks = store_effects.forks(self.store_dir, self.run_dir, role)
+                    if not forks:
+                        log.info("follows the master of epoch %d with its actors kept: its log is a prefix of the "
+                                 "master's", role.epoch, extra=event("role.follow_kept", epoch=role.epoch))
+                    self.carry_out(list(forked if forks else kept))
                 case Publish(kind=kind):
                     self.publish(kind)
 

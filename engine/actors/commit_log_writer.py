@@ -41,7 +41,7 @@ from engine.actors.effects import Effects
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
-from engine.ipc.endpoints import CRASH_START_FILE
+from engine.ipc.endpoints import CRASH_START_FILE, REPLICA_APPEND_LOCK
 from engine.ipc.messages import (
     Append,
     DeleteTopic,
@@ -71,11 +71,13 @@ from engine.services.writer.deletion_records import DeletionRecords
 from engine.services.writer.log_appends import LogAppends
 from engine.services.writer.retention_rounds import RetentionRounds
 from engine.services.writer.sync_acks import OwnSync, PendingAck, SyncAcks
+from engine.store.append_fence import AppendFence
 from engine.store.commit_log import COMMIT_LOG_DIR, CommitLogWriter
 from engine.store.disk_refusals import DiskRefusals
 from engine.store.records import UniqKeys
 from engine.store.shared_offsets import (
     CONFIRMED,
+    EPOCH,
     FLUSHED,
     IN_SYNC_REPLICAS,
     LAST_STORE_TIMESTAMP,
@@ -132,6 +134,7 @@ class CommitLogWriterActor(Actor):
         self.send_latency = Histogram.new()
         self.announce_due = False  # appended since the followers were last woken
         self.last_clean_ms = self.clock.mono_ms()
+        self.fence = AppendFence(env.run_dir / REPLICA_APPEND_LOCK)
 
     def ports(self) -> list[Port]:
         ports = [Port(channels.WRITER, bind=True), Port(channels.CONFIRMED, bind=True)]
@@ -250,14 +253,24 @@ class CommitLogWriterActor(Actor):
         """A replica's append of its master's log bytes (``LogAppends.append_replicated``), answered
         with the log's end; the followers are woken as for sends (``drained``)."""
         assert inbound.origin is not None
-        refused = self.appends.append_replicated(order.offset, inbound.payload, deletions_crc=order.deletions_crc,
-                                                 own_deletions_crc=self.deletions.table.crc)
-        if not refused:
-            if not self.min_offset:  # an empty replica starts at its master's oldest segment
-                self.min_offset = self.log.segments.first_offset() or 0
-            self.store_offsets()
-            self.announce_due = True
+        with self.fence.held():  # the supervisor may be looking at the log's end (``append_fence.py``)
+            refused = self.of_another_epoch(order.epoch) or self.appends.append_replicated(
+                order.offset, inbound.payload, deletions_crc=order.deletions_crc,
+                own_deletions_crc=self.deletions.table.crc)
+            if not refused:
+                if not self.min_offset:  # an empty replica starts at its master's oldest segment
+                    self.min_offset = self.log.segments.first_offset() or 0
+                self.store_offsets()
+                self.announce_due = True
         out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, refused))
+
+    def of_another_epoch(self, epoch: int) -> str:
+        """Why a replica's order of ``epoch`` is refused: a follow of an earlier epoch than the one
+        the membership actor set ("" to go on; 0: no epochs, a replica not elected on etcd)."""
+        current = self.slots.get(EPOCH)
+        if epoch in (0, current):
+            return ""
+        return f"of a follow in epoch {epoch}; this engine is in epoch {current}"
 
     def check_replicas(self, request: SendRequest) -> None:
         """SYNC replication: refuse a send (nothing stored) while too few replicas are in sync."""
@@ -309,9 +322,12 @@ class CommitLogWriterActor(Actor):
             out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,
                                                                                             status)))
 
-    def replica_deletions(self, _order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
+    def replica_deletions(self, order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
         """A replica's deletion table, its master's, before the records past a new deletion."""
         assert inbound.origin is not None
+        if refused := self.of_another_epoch(order.epoch):
+            out.reply(inbound.origin, b"", ReplicaAppended(self.log.written_offset, f"deletion table {refused}"))
+            return
         try:
             self.deletions.adopt(inbound.payload, self.appends.forget_topic)
         except (ValueError, OSError) as exc:  # the next snapshot comes before any record past it
@@ -443,6 +459,7 @@ class CommitLogWriterActor(Actor):
         self.answer_waiting_sends(out)
         self.publish_offsets(out)
         self.log.close()
+        self.fence.close()
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ class ReplicationReceiverActor(Actor):
         self.last_report_ms = 0
         self.refused = ""  # why the master refuses to be followed ("" while it is followed)
         self.follow = 0  # the number of the follow the last restart began
+        self.follow_epoch = 0  # the epoch it began in: the writer appends nothing of an older one
         self.lost = False  # an order did not reach the writer: this follow is over
         self.chunks_appended = 0
         self.appends_refused = 0
@@ -90,6 +91,7 @@ class ReplicationReceiverActor(Actor):
         self.last_report_ms = self.clock.mono_ms()
         if restart:  # a new follow: what is still on its way from the last one is dropped
             self.follow += 1
+            self.follow_epoch = self.slots.get(EPOCH)
             self.lost = False
         report = ReplicaReport(self.slots.get(WRITTEN), restart, self.follow, self.slots.get(EPOCH),
                                self.config.broker_id if self.config.elected else -1)
@@ -123,7 +125,7 @@ class ReplicationReceiverActor(Actor):
             self.last_chunk_ms = self.clock.mono_ms()
             self.master_end_offset = note.master_end_offset
             self.refused = ""
-            self.to_writer(ReplicaAppend(note.offset, note.deletions_crc), inbound.payload, out)
+            self.to_writer(ReplicaAppend(note.offset, note.deletions_crc, self.follow_epoch), inbound.payload, out)
         elif isinstance(note, ReplicaAppended):
             if note.refused:
                 self.appends_refused += 1
@@ -133,7 +135,7 @@ class ReplicationReceiverActor(Actor):
                 self.chunks_appended += 1
             self.report(out, restart=bool(note.refused))
         elif isinstance(note, ConfigSnapshot) and note.name == DELETED_TOPICS_FILE.name:  # the writer's, in order
-            self.to_writer(ReplicaDeletions(), inbound.payload, out)
+            self.to_writer(ReplicaDeletions(self.follow_epoch), inbound.payload, out)
         elif isinstance(note, ConfigSnapshot):
             relative = _CONFIG_FILES.get(note.name)
             if relative is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from engine.config import StoreConfig
 
 MEMBERSHIP = "membership"  # elected on etcd: it decides the role the others start in (wave 0)
+RECEIVER = "replication-receiver"  # a replica's: the one actor a replica following a new master may replace alone
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def actor_specs(config: StoreConfig) -> list[ActorSpec]:
                                                 ActorSpec("transactions", "engine.actors.transactions", wave=3)]
     replication = []
     if config.is_replica:
-        replication = [ActorSpec("replication-receiver", "engine.actors.replication_receiver", wave=6)]
+        replication = [ActorSpec(RECEIVER, "engine.actors.replication_receiver", wave=6)]
     elif config.replication_endpoint:
         replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=6)]
     return [

@@ -31,6 +31,7 @@ SUPERVISOR_HEARTBEATS = "heartbeats.sock"
 ENGINE_STATE_FILE = "supervisor.json"
 MASTER_ENDPOINT_FILE = "master-endpoint"  # on a replica: where its master's clients connect (the receiver's)
 CRASH_START_FILE = "crash-start"  # after an unclean stop, until every actor has recovered once
+REPLICA_APPEND_LOCK = "replica-append.lock"  # flock: a replica's writer appends, or the supervisor reads the log
 
 TOPIC_CONFIRMED = b"confirmed"
 TOPIC_FLUSHED = b"flushed"

@@ -62,12 +62,15 @@ class ReplicaAppend(msgspec.Struct, array_like=True, tag="replica_append"):
 
     offset: int
     deletions_crc: int = 0
+    epoch: int = 0  # elected on etcd: the epoch of the follow that brought it (the writer refuses another's)
 
 
 class ReplicaDeletions(msgspec.Struct, array_like=True, tag="replica_deletions"):
     """replication receiver -> writer (a replica's): the master's ``config/deletedTopics.json``, in the
     frame after this, replaces the replica's before the log bytes that follow it.
     Reply: ``ReplicaAppended`` with the log's end (an empty frame)."""
+
+    epoch: int = 0  # as ``ReplicaAppend.epoch``
 
 
 WriterRequest = Append | DeleteTopic | ReplicaAppend | ReplicaDeletions

@@ -41,6 +41,40 @@ def prepare_for_role(store_dir: Path, role: Role) -> int | None:
     return point
 
 
+def fork_point(store_dir: Path, role: Role) -> int | None:
+    """Where ``prepare_for_role`` would cut a replica's log for ``role`` (None: it would not),
+    without cutting: the log is only read (its actors may be running)."""
+    if role.is_master:
+        return None
+    point = truncation_point(load_epochs(store_dir), role.history)
+    return point if point is not None and _has_data_from(store_dir, point) else None
+
+
+def _has_data_from(store_dir: Path, offset: int) -> bool:
+    """Whether the log holds a byte at or past ``offset`` (what ``truncate_log`` would drop)."""
+    directory = store_dir / COMMIT_LOG_DIR
+    if not directory.is_dir():
+        return False
+    for start in sorted((int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit()), reverse=True):
+        path = directory / f"{start:020d}"
+        if start >= offset:
+            if _holds_data_at(path, 0):
+                return True
+            continue
+        return _holds_data_at(path, offset - start)
+    return False
+
+
+def _holds_data_at(path: Path, position: int) -> bool:
+    """Whether a record (or a blank tail) begins at ``position``: its first bytes, the size, are not
+    zero. A segment written ahead of the log (the next one, reserved) reads as zeros."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return any(os.pread(fd, 4096, position))
+    finally:
+        os.close(fd)
+
+
 def truncate_log(store_dir: Path, offset: int) -> int:
     """Cut the log at ``offset``; how many bytes past it held data (0: nothing to cut)."""
     directory = store_dir / COMMIT_LOG_DIR
@@ -51,7 +85,7 @@ def truncate_log(store_dir: Path, offset: int) -> int:
     for start in reversed(starts):
         path = directory / f"{start:020d}"
         if start >= offset:
-            cut += _data_end(path)
+            cut += _data_end(path) if _holds_data_at(path, 0) else 0  # not a segment reserved ahead, unwritten
             path.unlink()
             continue
         cut += _zero_from(path, offset - start)

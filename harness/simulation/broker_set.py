@@ -339,9 +339,35 @@ class BrokerSetRun:
             self.restarts()
             if not self.fault():
                 self.work_one(client=True)
+            self.workload.violations += self.kept_follows_checked()
             if self.workload.violations:
                 return list(self.workload.violations)
         return self.settled_checks()
+
+    def kept_follows_checked(self) -> list[str]:
+        """A replica that followed a new master with its actors kept (``ForkCheck``) held then a
+        prefix of that master's log, byte for byte: compared here with the master's files, not with
+        the epochs ``fork_point`` reads."""
+        found = []
+        for member in self.members:
+            for role, end in member.supervisor.kept_since:
+                master = self.members[role.master_id]
+                ours = CommitLogReader.for_config(member.store_dir, member.config)
+                theirs = CommitLogReader.for_config(master.store_dir, master.config)
+                try:
+                    start, size = max(ours.min_offset(), theirs.min_offset()), member.config.segment_size_bytes
+                    for segment_start in range(start - start % size, end, size):
+                        a, b = ours.segment_at(segment_start), theirs.segment_at(segment_start)
+                        stop = min(size, end - segment_start)
+                        if a is None or b is None or a.mm[:stop] != b.mm[:stop]:
+                            found.append(f"{member.party}: kept its actors to follow broker {role.master_id} in "
+                                         f"epoch {role.epoch}, its log (to {end}) not a prefix of that master's")
+                            break
+                finally:
+                    ours.segments.close()
+                    theirs.segments.close()
+            member.supervisor.kept_since.clear()
+        return found
 
     def settle(self) -> Member | None:
         """Every fault healed; run until one master serves, every other engine follows it in its
@@ -448,7 +474,9 @@ def simulate_set(seed: int, plan: SetPlan | None = None, *, root: Path | None = 
         figures = {"steps": counts.steps, "sim_ms": run.members[0].clock.mono_ms() - 1_000_000,
                    "kills": counts.kills, "restarts": counts.restarts,
                    "engine_kills": run.engine_kills, "pauses": run.pauses, "partitions": run.partitions,
-                   "cuts": sum(member.supervisor.cuts for member in run.members), "acked": run.workload.acked,
+                   "cuts": sum(member.supervisor.cuts for member in run.members),
+                   "follows_kept": sum(member.supervisor.follows_kept for member in run.members),
+                   "acked": run.workload.acked,
                    "pulled": run.workload.pulled, "epochs": len(run.answered),
                    "partitioned_drops": run.network.partitioned_drops, "etcd_requests": run.etcd.requests}
         return SetOutcome(seed, found, figures, counts.trace)

@@ -22,7 +22,7 @@ from engine.config import StoreConfig
 from engine.coordination.role import Role
 from engine.ipc.channels import CONTROL
 from engine.ipc.messages import ControlReply, RoleChanged, control_request_decoder, encoder
-from engine.store.shared_offsets import SharedOffsets
+from engine.store.shared_offsets import WRITTEN, SharedOffsets
 from harness.simulation.network import Network
 from supervisor import store_effects
 from supervisor.decisions import (
@@ -30,6 +30,7 @@ from supervisor.decisions import (
     Decisions,
     DropStandby,
     Effect,
+    ForkCheck,
     KeepSpare,
     KeepStandby,
     Kill,
@@ -74,6 +75,8 @@ class SimSupervisor:
         self.base_config = config
         self.decisions = Decisions(config)
         self.cuts = 0  # logs cut at a change of role
+        self.follows_kept = 0  # new masters followed with the actors kept (the log did not fork)
+        self.kept_since: list[tuple[Role, int]] = []  # each such follow's role and the log's end then
 
     @property
     def role(self) -> Role | None:
@@ -137,6 +140,13 @@ class SimSupervisor:
                         host.down.pop(prefix + name, None)  # the role that ends: not started again
                 case StopWave(names=names):
                     self._stop_wave([prefix + name for name in names if prefix + name in host.actors])
+                case ForkCheck(role=role, forked=forked, kept=kept):
+                    forks = store_effects.forks(host.store_dir, host.run_dir, role)
+                    if not forks:
+                        self.follows_kept += 1
+                        self.kept_since.append((role, host.slots.get(WRITTEN)))
+                        host.trace(f"{prefix}supervisor: follows epoch {role.epoch}'s master, its actors kept")
+                    self.carry_out(list(forked if forks else kept))
                 case Publish(kind=kind):
                     host.trace(f"{prefix}supervisor: {kind}")
 

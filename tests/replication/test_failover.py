@@ -35,7 +35,7 @@ from engine.ipc.control import EventStream
 from engine.offline.check import check_store
 from engine.store.epoch_file import load_epochs
 from harness.broker_set import BrokerSet, broker_set, wait_in_sync
-from harness.faults import kill_actor
+from harness.faults import actor_pids, kill_actor
 from harness.replication import log_bytes, offsets
 from harness.workload import ProducerThread, read_everything, verify, wait_dispatched
 from supervisor.etcd_server import ETCD
@@ -108,9 +108,16 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
         with brokers.consuming(TOPICS) as consumer, brokers.producing(TOPICS, seed=1) as thread:
             thread.wait_acked(500)
             acked_before = thread.acked
+            before = {engine.endpoint: actor_pids(engine.store_dir) for engine in brokers.engines if engine is not old}
             old.kill()
             took_s = first_ack_after(thread, acked_before + 10, timeout_s=60)
             new = brokers.wait_master(other_than=old)
+            [third] = [engine for engine in brokers.engines if engine not in (old, new)]
+            wait_in_sync(new, 1)
+            kept = {name: pid for name, pid in actor_pids(third.store_dir).items() if name != "replication-receiver"}
+            assert kept == {name: pid for name, pid in before[third.endpoint].items()
+                            if name != "replication-receiver"}, "the other replica's actors started again"
+            assert "with its actors kept" in (third.store_dir / "logs" / "supervisor.log").read_text()
             assert took_s < FAILOVER_BOUND_S, f"the set served again only after {took_s:.1f} s"
             thread.wait_acked(thread.acked + 200)
             old.start()  # its log is cut where it forks from the new epoch's, then it follows

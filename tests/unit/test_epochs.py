@@ -12,8 +12,9 @@ from engine.config import StoreConfig
 from engine.coordination.broker_set import choose
 from engine.coordination.role import Role, mask, members_of
 from engine.offline.check import check_store
-from engine.offline.truncate import ABORT_MARKER, truncate_log
+from engine.offline.truncate import ABORT_MARKER, fork_point, truncate_log
 from engine.services.recovery import plan_commit_log_recovery
+from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.epoch_file import EPOCH_FILE, add_epoch, load_epochs, trim_epochs, truncation_point
 from engine.store.unclean_stop import abort_note
 from supervisor.launcher import EngineProcess
@@ -91,3 +92,22 @@ def test_a_cut_store_recovers_to_the_cut(tmp_path: Path) -> None:
     problems = [finding.problem for finding in check_store(store, engine.config) if finding.area == "epochs"]
     assert problems[0] == "epoch 2 at 100 follows epoch 3 at 0"
     assert problems[1].startswith("epoch 4 begins at 999999999, past the log's end") and len(problems) == 2
+
+
+def test_a_segment_reserved_ahead_is_not_data_past_a_fork(tmp_path: Path) -> None:
+    """The writer reserves the next segment ahead of the log (zeros, a page of it allocated): it
+    holds no record, so a replica whose log ends where the new epoch begins does not fork, and
+    is not cut (which would restart every actor of it as after a crash)."""
+    store = tmp_path / "store"
+    segments = store / COMMIT_LOG_DIR
+    segments.mkdir(parents=True)
+    (segments / f"{0:020d}").write_bytes(b"\x01" * 1000 + bytes(8192 - 1000))
+    (segments / f"{8192:020d}").write_bytes(bytes(4096))
+    add_epoch(store, 1, 0)
+    follows = Role("replica", 2, 0, "tcp://a:1", "tcp://a:2", [(1, 0), (2, 1000)])
+    assert fork_point(store, follows) is None
+    assert truncate_log(store, 1000) == 0
+    forked = Role("replica", 2, 0, "tcp://a:1", "tcp://a:2", [(1, 0), (2, 600)])
+    assert fork_point(store, forked) == 600
+    assert truncate_log(store, 600) > 0
+    assert fork_point(store, forked) is None  # cut: nothing past it now
