@@ -177,7 +177,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     broker_id: int = 0  # this engine within its broker set (0..62)
     master_lease_ms: int = 2_000  # etcd lease of the master (whole seconds: etcd's unit)
     master_fence_margin_ms: int = 500  # writes stop this long before the lease could expire unrenewed
-    election_wait_ms: int = 300  # candidates wait at most this long for the live ones' offers before the best claims
+    election_wait_ms: int = 300  # candidates wait this long for each other's offers before the best one claims
     etcd_request_timeout_ms: int = 500  # one etcd request, before the next endpoint is tried
     cluster_routes_refresh_ms: int = 2_000  # how often each engine mirrors the cluster's topic routes from etcd
     # A replica keeps a master's actor processes spawned and waiting (about 30 MB each): a promotion

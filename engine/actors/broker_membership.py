@@ -187,9 +187,8 @@ class BrokerMembershipActor(Actor):
                     history(self.etcd.get_prefix(self.keys.epochs)), value.get("grpc_endpoint", ""))
 
     def elect(self, end_offset: int) -> Role | None:
-        """One step of an election: offer this log's end, and claim if it is the best offer of the
-        in-sync set's members once each of them that is alive offered (its member key, on its lease,
-        is there: a dead master's went with its lease), or ``election_wait_ms`` passed."""
+        """One step of an election: offer this log's end, and after ``election_wait_ms`` claim if it
+        is the best offer of the in-sync set's members."""
         epochs = history(self.etcd.get_prefix(self.keys.epochs))
         epoch = (epochs[-1][0] if epochs else 0) + 1
         in_sync = self.etcd.get(self.keys.in_sync)
@@ -203,16 +202,13 @@ class BrokerMembershipActor(Actor):
             self.etcd.put(self.keys.offer(epoch, me), {"end_offset": end_offset}, lease=self.lease)
             self.offered_epoch, self.offered_ms = epoch, now_ms
             self.waiting = f"no master; offered this log (end {end_offset}) for epoch {epoch}"
+            return None
+        if now_ms - self.offered_ms < self.config.election_wait_ms:
+            return None
         offers = {int(entry.key.rsplit("/", 1)[-1]): int(entry.value["end_offset"])
                   for entry in self.etcd.get_prefix(self.keys.offers(epoch))}
         offers = {broker_id: end for broker_id, end in offers.items() if members is None or broker_id in members}
         offers[me] = end_offset
-        if now_ms - self.offered_ms < self.config.election_wait_ms:
-            alive = {int(entry.value["broker_id"]) for entry in self.etcd.get_prefix(self.keys.members)}
-            silent = sorted(broker_id for broker_id in alive - offers.keys() if members is None or broker_id in members)
-            if silent:
-                self.waiting = f"no master; offered this log (end {end_offset}) for epoch {epoch}; waiting for {silent}"
-                return None
         if choose(offers) != me:
             self.waiting = f"no master; broker {choose(offers)} has the longest log for epoch {epoch}"
             return None

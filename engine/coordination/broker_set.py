@@ -13,9 +13,8 @@ Every change of ``master``, ``epochs`` and ``in_sync`` is one etcd transaction t
 revisions (``BrokerSetKeys.claim``, ``publish_in_sync``), so two members never both become master
 of one epoch, and a master that lost its key cannot change the set. Election (RocketMQ 5's
 controller, Kafka's ISR): when ``master`` is gone (its lease expired), each member of ``in_sync``
-offers its log's end for the next epoch; once every member of ``in_sync`` that is alive (its
-``members`` key is there) offered, or after ``election_wait_ms``, the member with the most (ties:
-the lowest broker_id) claims. Every member of ``in_sync`` holds every message a SYNC
+offers its log's end for the next epoch; after ``election_wait_ms`` the member with the most
+(ties: the lowest broker_id) claims. Every member of ``in_sync`` holds every message a SYNC
 master acknowledged, so any of them may be elected; the most caught-up loses the fewest
 unacknowledged ones.
 
