@@ -55,7 +55,7 @@ def _has_data_from(store_dir: Path, offset: int) -> bool:
     directory = store_dir / COMMIT_LOG_DIR
     if not directory.is_dir():
         return False
-    for start in sorted((int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit()), reverse=True):
+    for start in reversed(_segment_starts(directory)):
         path = directory / f"{start:020d}"
         if start >= offset:
             if _holds_data_at(path, 0):
@@ -63,6 +63,10 @@ def _has_data_from(store_dir: Path, offset: int) -> bool:
             continue
         return _holds_data_at(path, offset - start)
     return False
+
+
+def _segment_starts(directory: Path) -> list[int]:
+    return sorted(int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit())
 
 
 def _holds_data_at(path: Path, position: int) -> bool:
@@ -80,9 +84,8 @@ def truncate_log(store_dir: Path, offset: int) -> int:
     directory = store_dir / COMMIT_LOG_DIR
     if not directory.is_dir():
         return 0
-    starts = sorted(int(entry.name) for entry in os.scandir(directory) if entry.name.isdigit())
     cut = 0
-    for start in reversed(starts):
+    for start in reversed(_segment_starts(directory)):
         path = directory / f"{start:020d}"
         if start >= offset:
             cut += _data_end(path) if _holds_data_at(path, 0) else 0  # not a segment reserved ahead, unwritten

@@ -52,7 +52,7 @@ from engine.store.shared_offsets import CONFIRMED, EPOCH, WRITTEN
 from harness.simulation.checks import violations
 from harness.simulation.etcd_model import EtcdModel, ModelClient
 from harness.simulation.network import CLIENT, party
-from harness.simulation.pair import replica_violations
+from harness.simulation.pair import replica_violations, segment_differing
 from harness.simulation.workload import TOPICS, Position, Stored, Workload
 from harness.simulation.world import World, leftover_descriptors_closed, scratch_dir, sim_config
 
@@ -348,24 +348,11 @@ class BrokerSetRun:
         """A replica that followed a new master with its actors kept (``ForkCheck``) held then a
         prefix of that master's log, byte for byte: compared here with the master's files, not with
         the epochs ``fork_point`` reads."""
-        found = []
+        found = [f"{member.party}: kept its actors to follow broker {role.master_id} in epoch {role.epoch}, its "
+                 f"log (to {end}) not a prefix of that master's"
+                 for member in self.members for role, end in member.supervisor.kept_since
+                 if segment_differing(member, self.members[role.master_id], end) is not None]
         for member in self.members:
-            for role, end in member.supervisor.kept_since:
-                master = self.members[role.master_id]
-                ours = CommitLogReader.for_config(member.store_dir, member.config)
-                theirs = CommitLogReader.for_config(master.store_dir, master.config)
-                try:
-                    start, size = max(ours.min_offset(), theirs.min_offset()), member.config.segment_size_bytes
-                    for segment_start in range(start - start % size, end, size):
-                        a, b = ours.segment_at(segment_start), theirs.segment_at(segment_start)
-                        stop = min(size, end - segment_start)
-                        if a is None or b is None or a.mm[:stop] != b.mm[:stop]:
-                            found.append(f"{member.party}: kept its actors to follow broker {role.master_id} in "
-                                         f"epoch {role.epoch}, its log (to {end}) not a prefix of that master's")
-                            break
-                finally:
-                    ours.segments.close()
-                    theirs.segments.close()
             member.supervisor.kept_since.clear()
         return found
 

@@ -95,6 +95,15 @@ def replica_violations(master: World, replica: World, workload: Workload) -> lis
     end = master.slots.get(CONFIRMED)
     found = [f"replica: {v}" for v in violations(replica.store_dir, replica.config, workload,
                                                   replica.slots.get(CONFIRMED), client=False)]
+    differs = segment_differing(replica, master, end)
+    if differs is not None:
+        found.append(f"replica: its log differs from the master's in the segment at {differs}")
+    return found
+
+
+def segment_differing(replica: World, master: World, end: int) -> int | None:
+    """The start of the first segment where the two logs differ below ``end``, byte for byte
+    (None: the replica's log up to ``end`` is the master's)."""
     ours = CommitLogReader.for_config(replica.store_dir, replica.config)
     theirs = CommitLogReader.for_config(master.store_dir, master.config)
     try:
@@ -104,9 +113,8 @@ def replica_violations(master: World, replica: World, workload: Workload) -> lis
             a, b = ours.segment_at(segment_start), theirs.segment_at(segment_start)
             stop = min(size, end - segment_start)
             if a is None or b is None or a.mm[:stop] != b.mm[:stop]:
-                found.append(f"replica: its log differs from the master's in the segment at {segment_start}")
-                break
+                return segment_start
+        return None
     finally:
         ours.segments.close()
         theirs.segments.close()
-    return found
