@@ -37,6 +37,7 @@ The producers' deadline is ``--timeout-ms`` (10 s): a client stuck on a dead mas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import random
 import statistics
@@ -182,17 +183,24 @@ def bench_replica_losses(losses: int, timeout_ms: int) -> None:
                   f"{statistics.median(values):.0f} ms, max {max(values):.0f} ({len(values)} rounds)", flush=True)
 
 
-def bench(mode: str, kills: int, timeout_ms: int) -> None:
+def bench(mode: str, kills: int, timeout_ms: int, keep: Path | None = None) -> None:
     config = StoreConfig.test_min().replace(replication_mode=mode, replica_lag_max_ms=2_000,
                                             replication_report_interval_ms=200, replication_config_interval_ms=200)
-    with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp, \
-            broker_set(Path(tmp), config, engines=3) as brokers:
+    with contextlib.ExitStack() as stack:
+        root = keep / mode if keep else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-failover-")))
+        brokers = stack.enter_context(broker_set(root, config, engines=3))
         with brokers.wait_master().client() as client:
             client.create_topic(TOPIC, queue_count=QUEUES)
         load = Load(brokers.endpoints, timeout_ms)
         load.thread.start()
+        rounds = []
         try:
-            rounds = [round_of(brokers, load) for _ in range(kills)]
+            for _ in range(kills):
+                rounds.append(round_of(brokers, load))
+                if keep and rounds[-1][2]:
+                    print(f"{mode}: a kill lost acknowledged messages: the engines' directories are kept in {root}; "
+                          f"the first lost: {sorted(load.lost)[:3]}", flush=True)
+                    break
         finally:
             load.stop.set()
             load.thread.join(30)
@@ -200,7 +208,7 @@ def bench(mode: str, kills: int, timeout_ms: int) -> None:
     for label, k in (("a new master serves (route says master)", 0), ("the producer's first ack after the kill", 1)):
         values = [r[k] for r in rounds]
         print(f"{mode}: {label}: median {statistics.median(values):.0f} ms, min {min(values):.0f}, "
-              f"max {max(values):.0f} ({kills} kills)")
+              f"max {max(values):.0f} ({len(rounds)} kills)")
     print(f"{mode}: acknowledged messages lost per kill: {[r[2] for r in rounds]}; "
           f"window before the kill (ms): {[round(r[3]) for r in rounds]}", flush=True)
 
@@ -337,11 +345,12 @@ def main() -> None:
     parser.add_argument("--pauses", type=int, default=0, help="rounds that pause the master (SYNC)")
     parser.add_argument("--etcd-losses", type=int, default=0, help="rounds that kill an etcd member of three")
     parser.add_argument("--cluster-kills", type=int, default=0, help="kills of one set's master in a cluster of 3")
+    parser.add_argument("--keep", type=Path, help="keep the engines' directories here, and stop at a kill that loses")
     parser.add_argument("--timeout-ms", type=int, default=10_000, help="the producers' deadline")
     args = parser.parse_args()
     if args.kills:
         for mode in args.modes.split(","):
-            bench(mode, args.kills, args.timeout_ms)
+            bench(mode, args.kills, args.timeout_ms, args.keep)
     if args.replica_losses:
         bench_replica_losses(args.replica_losses, args.timeout_ms)
     if args.pauses:
