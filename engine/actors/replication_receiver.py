@@ -23,6 +23,7 @@ import logging
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Tell
+from engine.coordination.role import Role
 from engine.ipc import channels
 from engine.ipc.channels import Channel
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
@@ -157,11 +158,23 @@ class ReplicationReceiverActor(Actor):
         if chunk.epoch < epoch:
             self.refused = f"a chunk from a master of epoch {chunk.epoch} while this engine follows epoch {epoch}"
             return False
-        if chunk.epoch > self.last_epoch and chunk.offset + len(payload) > chunk.epoch_start:
-            # The first bytes of the new epoch (a replica catching up takes older ones from it first).
-            add_epoch(self.env.store_dir, chunk.epoch, chunk.epoch_start)
-            self.last_epoch = chunk.epoch
+        if chunk.epoch > self.last_epoch:
+            self.note_epochs(chunk.epoch, chunk.epoch_start, chunk.offset + len(payload))
         return True
+
+    def note_epochs(self, epoch: int, epoch_start: int, end: int) -> None:
+        """Every epoch up to the chunk's whose first bytes the chunk (up to ``end``) brings. A replica
+        catching up across failovers it missed takes the bytes of several epochs from the last
+        master: each is noted at its start in the set's history (the role the membership actor
+        wrote), or its bytes would count as the older epoch's, and the next fork check would cut
+        them (they are the set's, and may have been acknowledged)."""
+        role = Role.load(self.env.run_dir)
+        starts = dict(role.history) if role is not None else {}
+        starts[epoch] = epoch_start
+        for noted, start in sorted(starts.items()):
+            if self.last_epoch < noted <= epoch and start < end:
+                add_epoch(self.env.store_dir, noted, start)
+                self.last_epoch = noted
 
     def tick(self, out: Effects) -> None:
         now_ms = self.clock.mono_ms()

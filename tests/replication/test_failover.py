@@ -28,10 +28,14 @@ import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
+import rmqpy
+from engine.actors.specs import MEMBERSHIP
 from engine.client import EngineError, StoreClient
 from engine.config import StoreConfig
+from engine.coordination.role import members_of
 from engine.errors import ErrorCode
-from engine.ipc.control import EventStream
+from engine.ipc.control import EventStream, control
+from engine.ipc.messages import StatusQuery
 from engine.offline.check import check_store
 from engine.store.epoch_file import load_epochs
 from harness.broker_set import BrokerSet, broker_set, wait_in_sync
@@ -402,3 +406,58 @@ def test_the_official_python_clients_keep_sending_and_receiving_across_a_failove
         assert sorted(set(receipts) - set(stored)) == []  # every receipt is stored...
         assert len(stored) == len(set(stored))  # ...once
         print(f"the official producer sent again {took_s:.1f} s after the master was killed")
+
+
+def published_in_sync(engine: EngineProcess) -> list[int]:
+    """The in-sync set the engine's membership actor last published in etcd (a master's)."""
+    for actor in control(engine.store_dir, StatusQuery()).actors:
+        if actor.name == MEMBERSHIP:
+            return members_of(actor.detail.get("in_sync_published", 0))
+    return []
+
+
+def elect_next(brokers: BrokerSet, old: EngineProcess, producer: rmqpy.Producer, count: int) -> EngineProcess:
+    """SIGKILL ``old`` (the master) once the other running engine is in its published in-sync set,
+    wait for that one to serve, start ``old`` again (it follows: SYNC sends need a replica), and
+    send ``count`` messages."""
+    [other] = [e for e in brokers.engines if e is not old and e.process is not None]
+    deadline = time.monotonic() + 30
+    while other.config.broker_id not in published_in_sync(old):
+        assert time.monotonic() < deadline, "the replica never joined the in-sync set in etcd"
+        time.sleep(0.05)  # polls the master's membership actor
+    old.kill()
+    new = brokers.wait_master(other_than=old)
+    old.start()
+    wait_in_sync(new, 1)
+    for n in range(count):
+        producer.send("orders", f"epoch {brokers.role(new).epoch} #{n}".encode())  # type: ignore[union-attr]
+    return new
+
+
+def test_a_replica_that_missed_failovers_notes_every_epoch_it_catches_up(tmp_path: Path) -> None:
+    """Down while two masters were elected in turn, a replica takes the bytes of both epochs from
+    the last master. Each epoch is noted at its start: noted as the older epoch's, they would be
+    cut at its next start (the fork check reads the epoch file) though they are the set's."""
+    config = sync_config()
+    with broker_set(tmp_path, config, engines=3) as brokers, \
+            rmqpy.Producer(brokers.endpoints, timeout_ms=30_000) as producer:
+        create_topics(brokers)
+        first = brokers.wait_master()
+        wait_in_sync(first, 2)
+        late = brokers.engines[2] if first is not brokers.engines[2] else brokers.engines[1]
+        late.kill()
+        for n in range(20):
+            producer.send("orders", f"epoch 1 #{n}".encode())
+        second = elect_next(brokers, first, producer, 20)
+        third = elect_next(brokers, second, producer, 20)
+        late.start()
+        wait_in_sync(third, 2)
+        history = brokers.role(third).history  # type: ignore[union-attr]
+        assert len(history) >= 3
+        end = wait_same_log(third, late, config)
+        assert load_epochs(late.store_dir) == [(epoch, start) for epoch, start in history if start < end]
+        late.kill()  # its next start finds no fork: nothing of the set's is cut
+        late.start()
+        wait_in_sync(third, 2)
+        assert "commit log cut" not in (late.store_dir / "logs" / "supervisor.log").read_text()
+        assert wait_same_log(third, late, config) >= end
