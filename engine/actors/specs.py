@@ -6,7 +6,10 @@ start together, and the next wave starts once all of them run:
 0. elected on etcd (``etcd_endpoints``): the broker membership actor, which decides the role
    (master or replica) the others start in;
 1. the writer recovers the log tail (and publishes the confirmed offset);
-2. the flusher flushes it and brings the checkpoint within the log;
+2. the flusher flushes it and brings the checkpoint within the log; a master's replication
+   sender (with ``replication_endpoint``) starts beside it: it reads only the log the writer
+   recovered and the config files, and a new master's replicas follow it while the rest of the
+   engine starts (a SYNC master answers no send before one of them holds it);
 3. the queue owners and the index builder rebuild what the log holds beyond their files
    (each from the checkpoint, each its own files), and the timer and the transaction actor
    load their own files (they read only the confirmed offset);
@@ -14,8 +17,8 @@ start together, and the next wave starts once all of them run:
 5. the front opens the client endpoint (and the internal port, where the timer and the
    transaction actor are already bound for it);
 6. the gRPC endpoint (when on), a client of the front, the monitor (metrics and the
-   dashboard, when on), which reads what the others report, and replication's actor: a
-   master's sender (with ``replication_endpoint``) or a replica's receiver (``replica_of``).
+   dashboard, when on), which reads what the others report, and a replica's receiver
+   (``replica_of``).
 
 Stop order is the reverse, wave by wave: every actor of a wave is sent SIGTERM at once, and the
 next (lower) wave is signalled once all of them exited. So the dispatcher drains before the
@@ -54,7 +57,7 @@ def actor_specs(config: StoreConfig) -> list[ActorSpec]:
     if config.is_replica:
         replication = [ActorSpec(RECEIVER, "engine.actors.replication_receiver", wave=6)]
     elif config.replication_endpoint:
-        replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=6)]
+        replication = [ActorSpec("replication-sender", "engine.actors.replication_sender", wave=2)]
     return [
         *([ActorSpec(MEMBERSHIP, "engine.actors.broker_membership", wave=0)] if config.elected else []),
         ActorSpec("writer", "engine.actors.commit_log_writer", wave=1),
