@@ -54,12 +54,19 @@ from engine.store.atomic_file import write_atomically
 from engine.store.shared_offsets import EPOCH, IN_SYNC_IDS, IN_SYNC_PUBLISHED, LEASE_DEADLINE, WRITTEN
 
 log = logging.getLogger(__name__)
+FOLLOW_TICK_MS = 100  # a step every tick: renew, register, look at the master key
+# While no master is known, the election's steps run this often: the claim follows election_wait_ms
+# by one step, and the other members see the new master a step after it claimed (their receivers,
+# which a SYNC master waits for, start then)
+ELECTION_TICK_MS = 20
 LEASE_FILE = "lease"  # in the run directory: the member's etcd lease, kept over a restart of this actor
 _control_reply = msgspec.msgpack.Decoder(ControlReply)
 
 
 class BrokerMembershipActor(Actor):
     """Talks to etcd only, off its loop; tells the supervisor ``RoleChanged``."""
+
+    tick_interval_ms = FOLLOW_TICK_MS  # ELECTION_TICK_MS while no master is known
 
     def __init__(self, env: Env) -> None:
         super().__init__(env)
@@ -337,6 +344,7 @@ class BrokerMembershipActor(Actor):
     def follow(self) -> None:
         assert self.role is not None
         master = self.etcd.get(self.keys.master)
+        self.tick_interval_ms = ELECTION_TICK_MS if master is None else FOLLOW_TICK_MS
         if master is None:
             role = self.elect(self.slots.get(WRITTEN))
             if role is not None:
