@@ -169,18 +169,25 @@ class Standby:
         ready = self.waiting.pop(spec.name, None)
         return ready if ready is not None and ready.spec == spec and ready.alive else None
 
-    def drop(self) -> None:
-        """Let the waiting actors go: the pipe closed without a byte, each exits at its gate."""
-        for actor in self.waiting.values():
+    def keep_only(self, specs: list[ActorSpec]) -> None:
+        """Exactly these waiting: the others let go, the missing spawned."""
+        names = {spec.name for spec in specs}
+        self.drop([name for name in self.waiting if name not in names])
+        self.keep(specs)
+
+    def drop(self, names: list[str] | None = None) -> None:
+        """Let the waiting actors go (``names``: these only): the pipe closed without a byte, each
+        exits at its gate."""
+        going = [self.waiting.pop(name) for name in (list(self.waiting) if names is None else names)]
+        for actor in going:
             signal_stop(actor)
-        for actor in self.waiting.values():
+        for actor in going:
             if actor.process is not None:
                 try:
                     wait_exit(actor.process, self.stop_timeout_ms / 1000)
                 except subprocess.TimeoutExpired:
                     actor.process.kill()
                     actor.process.wait()
-        self.waiting = {}
 
 
 def wait_stopped(actor: ActorProcess, timeout_ms: int) -> int:

@@ -171,7 +171,7 @@ class Supervisor:
                     spec = self.decisions.specs[name]
                     if (old := self.actors.get(name)) is not None:
                         self.retiring[name] = old
-                    warm = self.standby.take(spec) if standby_ok else None
+                    warm = (self.standby.take(spec) or self.spares.take(spec)) if standby_ok else None
                     actor = self.actors[name] = warm or ActorProcess(spec)
                     if warm is None:
                         self.spawner.spawn(actor, gated=True)
@@ -197,10 +197,9 @@ class Supervisor:
                     master_specs = Decisions(self.config.replace(replica_of="")).specs
                     self.standby.keep([master_specs[name] for name in names])
                 case KeepSpare(names=names):
-                    self.spares.keep([self.decisions.specs[name] for name in names])
+                    self.spares.keep_only([self.decisions.specs[name] for name in names])
                 case DropStandby():
                     self.standby.drop()
-                    self.spares.drop()
                 case ForkCheck(role=role, forked=forked, kept=kept):
                     forks = store_effects.forks(self.store_dir, self.run_dir, role)
                     if not forks:

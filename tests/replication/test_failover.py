@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
@@ -96,6 +97,12 @@ def wait_topic(engine: EngineProcess, topic: str, *, timeout_s: float = 30.0) ->
             time.sleep(0.05)  # polls the engine's table, written by its replication receiver
 
 
+def receiver_processes(engine: EngineProcess) -> set[int]:
+    """Every process of the engine's supervisor that runs the replication receiver, spares too."""
+    return {child.pid for child in psutil.Process(engine.pid).children()
+            if "engine.actors.replication_receiver" in child.cmdline()}
+
+
 def first_ack_after(thread: ProducerThread, since_acked: int, *, timeout_s: float) -> float:
     """Seconds until the producer has an acknowledgement past ``since_acked``."""
     started = time.monotonic()
@@ -113,6 +120,9 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             thread.wait_acked(500)
             acked_before = thread.acked
             before = {engine.endpoint: actor_pids(engine.store_dir) for engine in brokers.engines if engine is not old}
+            spares = {engine.endpoint: receiver_processes(engine) - {before[engine.endpoint]["replication-receiver"]}
+                      for engine in brokers.engines if engine is not old}
+            assert all(len(waiting) == 1 for waiting in spares.values()), f"a spare receiver waits: {spares}"
             old.kill()
             took_s = first_ack_after(thread, acked_before + 10, timeout_s=60)
             new = brokers.wait_master(other_than=old)
@@ -122,6 +132,8 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             assert kept == {name: pid for name, pid in before[third.endpoint].items()
                             if name != "replication-receiver"}, "the other replica's actors started again"
             assert "with its actors kept" in (third.store_dir / "logs" / "supervisor.log").read_text()
+            assert actor_pids(third.store_dir)["replication-receiver"] in spares[third.endpoint], \
+                "the receiver that follows the new master is the spare, not a new interpreter"
             assert took_s < FAILOVER_BOUND_S, f"the set served again only after {took_s:.1f} s"
             thread.wait_acked(thread.acked + 200)
             old.start()  # its log is cut where it forks from the new epoch's, then it follows

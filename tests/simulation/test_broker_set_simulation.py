@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.actors.base import Clock
-from engine.actors.specs import RECEIVER
+from engine.actors.specs import MEMBERSHIP, RECEIVER
 from engine.config import StoreConfig
 from engine.coordination.etcd import EtcdUnavailable, absent, put
 from engine.coordination.role import Role
@@ -17,7 +17,7 @@ from engine.offline import truncate
 from harness.simulation.broker_set import SetPlan, simulate_set
 from harness.simulation.etcd_model import EtcdModel, ModelClient
 from supervisor import store_effects
-from supervisor.decisions import CutLog, Decisions, Effect, ForkCheck, Kill, Publish, Spawn, StartWave
+from supervisor.decisions import CutLog, Decisions, Effect, ForkCheck, KeepSpare, Kill, Publish, Spawn, StartWave
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -120,10 +120,10 @@ def test_a_replica_following_a_new_master_keeps_its_actors_unless_its_log_forks(
     decisions.role_changed(first)
     new = Role("replica", 4, 1, "tcp://b:1", "tcp://b:2", [(1, 0), (3, 500), (4, 900)])
     effects = decisions.role_changed(new)
-    assert effects[1:3] == [Spawn(RECEIVER), Kill((RECEIVER,))]
+    assert effects[1:3] == [Spawn(RECEIVER, standby_ok=True), Kill((RECEIVER,))]  # the spare receiver, if one waits
     check = effects[-1]
     assert isinstance(check, ForkCheck) and check.role == new
-    assert check.kept == (StartWave((RECEIVER,)), Publish("role.changed"))
+    assert check.kept == (StartWave((RECEIVER,)), Publish("role.changed"), KeepSpare((MEMBERSHIP, RECEIVER)))
     killed = next(effect for effect in check.forked if isinstance(effect, Kill))
     assert RECEIVER not in killed.names and "writer" in killed.names  # the receiver is gone already
     assert CutLog(new) in check.forked
