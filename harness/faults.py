@@ -43,6 +43,12 @@ def actor_pids(store_dir: Path) -> dict[str, int]:
     return pids
 
 
+def processes_running(supervisor_pid: int, module: str) -> set[int]:
+    """Every process of the supervisor that runs the actor ``module``, those waiting at their
+    start gates (spares, standby ones) too."""
+    return {child.pid for child in psutil.Process(supervisor_pid).children() if module in child.cmdline()}
+
+
 def resolve(store_dir: Path, role: str, rng: random.Random) -> tuple[str, int]:
     """A concrete actor for a role: ``owner`` picks one owner, ``random`` any actor or the supervisor."""
     pids = actor_pids(store_dir)

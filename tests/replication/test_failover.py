@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import grpc
-import psutil
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
@@ -40,7 +39,7 @@ from engine.ipc.messages import StatusQuery
 from engine.offline.check import check_store
 from engine.store.epoch_file import load_epochs
 from harness.broker_set import BrokerSet, broker_set, wait_in_sync
-from harness.faults import actor_pids, kill_actor
+from harness.faults import actor_pids, kill_actor, processes_running
 from harness.replication import log_bytes, offsets
 from harness.workload import ProducerThread, read_everything, verify, wait_dispatched
 from supervisor.etcd_server import ETCD
@@ -97,12 +96,6 @@ def wait_topic(engine: EngineProcess, topic: str, *, timeout_s: float = 30.0) ->
             time.sleep(0.05)  # polls the engine's table, written by its replication receiver
 
 
-def receiver_processes(engine: EngineProcess) -> set[int]:
-    """Every process of the engine's supervisor that runs the replication receiver, spares too."""
-    return {child.pid for child in psutil.Process(engine.pid).children()
-            if "engine.actors.replication_receiver" in child.cmdline()}
-
-
 def first_ack_after(thread: ProducerThread, since_acked: int, *, timeout_s: float) -> float:
     """Seconds until the producer has an acknowledgement past ``since_acked``."""
     started = time.monotonic()
@@ -120,8 +113,9 @@ def test_master_killed_a_replica_is_elected_and_nothing_acknowledged_is_lost(tmp
             thread.wait_acked(500)
             acked_before = thread.acked
             before = {engine.endpoint: actor_pids(engine.store_dir) for engine in brokers.engines if engine is not old}
-            spares = {engine.endpoint: receiver_processes(engine) - {before[engine.endpoint]["replication-receiver"]}
-                      for engine in brokers.engines if engine is not old}
+            receivers = {engine.endpoint: processes_running(engine.pid, "engine.actors.replication_receiver")
+                         for engine in brokers.engines if engine is not old}
+            spares = {at: pids - {before[at]["replication-receiver"]} for at, pids in receivers.items()}
             assert all(len(waiting) == 1 for waiting in spares.values()), f"a spare receiver waits: {spares}"
             old.kill()
             took_s = first_ack_after(thread, acked_before + 10, timeout_s=60)

@@ -8,24 +8,16 @@ import os
 import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
 from engine.config import StoreConfig
 from engine.ipc.control import EventStream
 from harness.broker_set import broker_set
-from harness.faults import actor_pids
+from harness.faults import actor_pids, processes_running
 from supervisor.etcd_server import ETCD
-from supervisor.launcher import EngineProcess
 from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _membership_pids(engine: EngineProcess) -> set[int]:
-    """Every process of the engine's supervisor that runs the membership actor, spares too."""
-    children = psutil.Process(engine.pid).children()
-    return {child.pid for child in children if "engine.actors.broker_membership" in child.cmdline()}
 
 
 def test_a_killed_membership_actor_restarts_as_its_spare_and_the_master_keeps_its_epoch(tmp_path: Path) -> None:
@@ -35,7 +27,7 @@ def test_a_killed_membership_actor_restarts_as_its_spare_and_the_master_keeps_it
         epoch = brokers.role(master).epoch  # type: ignore[union-attr]
         for _ in range(2):
             running = actor_pids(master.store_dir)["membership"]
-            spares = _membership_pids(master) - {running}
+            spares = processes_running(master.pid, "engine.actors.broker_membership") - {running}
             assert len(spares) == 1, f"one spare waits beside the running membership actor: {spares}"
             events = EventStream(master.store_dir)
             try:
