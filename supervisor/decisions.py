@@ -201,10 +201,11 @@ class Decisions:
             return [WriteSettings(self.role_config), CutLog(role), *self._waves(names), CrashStart(False)]
         if not previous.is_master and not role.is_master and RECEIVER in names:  # following another master
             running, spawned = ([name for name in names if name != RECEIVER] for names in (others, names))
-            forked = self._replace(role, running, spawned, names) + self._standby()
-            kept = (StartWave((RECEIVER,)), Publish("role.changed"), *self._spares())
+            spares = self._spares()
+            forked = self._replace(role, running, spawned, names) + self._standby() + spares
+            kept = (StartWave((RECEIVER,)), Publish("role.changed"), *spares)
             return [WriteSettings(self.role_config), Spawn(RECEIVER, standby_ok=True), Kill((RECEIVER,)),
-                    ForkCheck(role, forked=tuple(forked + self._spares()), kept=kept)]
+                    ForkCheck(role, forked=tuple(forked), kept=kept)]
         effects = [WriteSettings(self.role_config), *self._replace(role, others, names, names)]
         if role.is_master:
             effects.append(DropStandby())  # those a master does not run (a replica's next follow keeps them)

@@ -284,6 +284,7 @@ class BrokerMembershipActor(Actor):
             self.renew()
             self.register()
             if self.role is not None and self.role.is_master:
+                self.tick_interval_ms = FOLLOW_TICK_MS  # elected: no more election steps
                 self.hold_master()
             else:
                 self.follow()
