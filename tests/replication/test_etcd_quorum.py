@@ -146,7 +146,8 @@ def test_a_majority_of_members_lost_writes_stop_within_the_lease_and_the_same_ma
                 try:
                     client.send(TOPIC, [{"body": b"without a quorum"}])
                 except EngineError as exc:
-                    refused = exc
+                    if exc.code != ErrorCode.BUSY:  # a writer slow on two busy cores: nothing stored, sent again
+                        refused = exc
             assert refused.code == ErrorCode.NOT_MASTER, refused
             deadline = time.monotonic() + 15
             shown = control(master.store_dir, StatusQuery())
@@ -165,7 +166,7 @@ def test_a_majority_of_members_lost_writes_stop_within_the_lease_and_the_same_ma
                     client.send(TOPIC, [{"body": b"after"}])
                     break
                 except EngineError as exc:
-                    assert exc.code == ErrorCode.NOT_MASTER and time.monotonic() < deadline, exc
+                    assert exc.code in (ErrorCode.NOT_MASTER, ErrorCode.BUSY) and time.monotonic() < deadline, exc
                     time.sleep(0.1)  # the membership actor's next renewal, in another process
         kept = brokers.role(master)
         assert brokers.master() is master
