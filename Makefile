@@ -16,8 +16,9 @@ TEST_STAMP := $(VENV)/.installed-test
 # client, node and npm for the Node clients, strace for the fsync-failure tests, Chromium and
 # ChromeDriver for the dashboard's browser test, bindfs and fuse3 for a store on a FUSE mount,
 # etcd-server for the failover tests (a broker set elected on etcd), prometheus (with promtool) for
-# the alerting rules' tests; its own service is masked first, so that no Prometheus of the package
-# holds port 9090 (the tests start their own). npm has its own call, made only
+# the alerting rules' tests (its own service is masked first, so that no Prometheus of the package
+# holds port 9090: the tests start their own), iproute2, nftables and faketime for the test bed of
+# hosts in network namespaces (harness/testbed). npm has its own call, made only
 # if no npm command exists once nodejs is in: NodeSource's nodejs bundles npm and conflicts with
 # Debian's npm, so asking for both refuses both. Without root, what is missing is named and what
 # needs it is skipped.
@@ -29,8 +30,9 @@ C_CLIENT_PACKAGES := make=make pkg-config=pkg-config libzmq3-dev=$(INCLUDE_DIR)/
 	libmsgpuck-dev=$(INCLUDE_DIR)/msgpuck.h
 BROWSER_PACKAGES := chromium=chromium chromium-driver=chromedriver
 FUSE_PACKAGES := bindfs=bindfs fuse3=fusermount3
+TESTBED_PACKAGES := iproute2=ip nftables=nft faketime=faketime
 TEST_PACKAGES := $(BUILD_PACKAGES) $(C_CLIENT_PACKAGES) nodejs=node npm=npm strace=strace $(BROWSER_PACKAGES) \
-	$(FUSE_PACKAGES) etcd-server=etcd prometheus=promtool
+	$(FUSE_PACKAGES) etcd-server=etcd prometheus=promtool $(TESTBED_PACKAGES)
 found = $(if $(filter /%,$(1)),$(wildcard $(1)),$(shell command -v $(1) 2>/dev/null))
 missing = $(strip $(foreach p,$(1),$(if $(call found,$(lastword $(subst =, ,$(p)))),,$(firstword $(subst =, ,$(p))))))
 APT := $(if $(filter 0,$(shell id -u)),$(shell command -v apt-get 2>/dev/null))
@@ -55,6 +57,7 @@ system-tools:
 	@$(call install_group,$(FUSE_PACKAGES),the tests of a store on a FUSE mount skip)
 	@$(call install_group,etcd-server=etcd,the failover tests skip)
 	@$(call install_group,prometheus=promtool,the Prometheus tests skip,systemctl mask -q prometheus 2>/dev/null; )
+	@$(call install_group,$(TESTBED_PACKAGES),the tests on hosts in network namespaces skip)
 
 # The build packages come first (order only), so that a fresh machine compiles the codec.
 $(STAMP): pyproject.toml setup.py engine/_codec.c | build-tools
