@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import zmq
 
 import rmqpy
 from engine.client import ClientError, EngineError, StoreClient
@@ -35,6 +36,7 @@ from supervisor.launcher import EngineProcess, free_port
 class BrokerSet:
     etcd: EtcdCluster
     engines: list[EngineProcess]
+    context: zmq.Context[zmq.Socket[bytes]] | None = None  # how this process reaches them (a test bed's host)
 
     @property
     def endpoints(self) -> str:
@@ -59,7 +61,7 @@ class BrokerSet:
             master = self.master()
             if master is not None and master is not other_than:
                 try:
-                    with StoreClient(master.endpoint, timeout_ms=1_000) as client:
+                    with StoreClient(master.endpoint, timeout_ms=1_000, context=self.context) as client:
                         if client.route()["role"] == "master":  # its actors run as master's now
                             return master
                 except ClientError:

@@ -9,15 +9,18 @@ here or not, whether it answers, has a leader and is the leader (``cluster statu
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
@@ -25,6 +28,7 @@ import psutil
 
 ETCD = "etcd"
 _READY_POLL_S = 0.05
+T = TypeVar("T")
 HEALTH_TIMEOUT_S = 2.0  # one answer of a member; longer: down (a /health just after a quorum is lost takes 1 s)
 
 
@@ -43,17 +47,19 @@ class EtcdMember:
     client_port: int
     peer_port: int
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
+    wrapper: tuple[str, ...] = ()  # the words before its command (``ip netns exec NS``: a test bed's host)
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"http://{self.host}:{self.peer_port}"
 
     def command(self, initial_cluster: str, *, state: str) -> list[str]:
-        return [ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
+        return [*self.wrapper, ETCD, "--name", self.name, "--data-dir", str(self.data_dir),
                 "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
                 "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                 "--initial-cluster", initial_cluster, "--initial-cluster-state", state,
@@ -99,14 +105,17 @@ def member_health(client_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> Membe
 
 
 class EtcdCluster:
-    """``ports``: one (client, peer) pair per member."""
+    """``ports``: one (client, peer) pair per member, on loopback; or ``members`` made by the caller
+    (a test bed's hosts), whose ``reach`` runs a call where the members can be reached from."""
 
-    def __init__(self, root: Path, ports: list[tuple[int, int]]) -> None:
+    def __init__(self, root: Path, ports: list[tuple[int, int]] | None = None, *,
+                 members: list[EtcdMember] | None = None, reach: Callable[[Callable[[], T]], T] | None = None) -> None:
         if shutil.which(ETCD) is None:
             raise EtcdNotInstalled("etcd is not installed (Debian: apt-get install etcd-server)")
         self.root = root
-        self.members = [EtcdMember(f"etcd-{k}", root / f"etcd-{k}", client, peer)
-                        for k, (client, peer) in enumerate(ports)]
+        self.members = members if members is not None else \
+            [EtcdMember(f"etcd-{k}", root / f"etcd-{k}", client, peer) for k, (client, peer) in enumerate(ports or [])]
+        self.reach: Callable[[Callable[[], Any]], Any] = reach or (lambda call: call())
         self.initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
 
     @property
@@ -120,7 +129,8 @@ class EtcdCluster:
         self.wait_ready(timeout_s)
 
     def start_member(self, member: EtcdMember) -> None:
-        for port in (member.client_port, member.peer_port):  # else the health check could find another etcd
+        for port in (member.client_port, member.peer_port) if not member.wrapper else ():
+            # else the health check could find another etcd (a test bed's host has none but its own)
             with socket.socket() as probe:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as etcd binds: TIME_WAIT is no owner
                 try:
@@ -145,12 +155,8 @@ class EtcdCluster:
             for member in self.members:
                 if member.process is None or member.process.poll() is not None:
                     continue
-                try:
-                    with urlopen(member.client_url + "/health", timeout=0.5) as reply:
-                        if b'"true"' in reply.read():
-                            return
-                except (URLError, OSError):
-                    pass
+                if self.reach(functools.partial(_healthy, member.client_url)):
+                    return
             time.sleep(_READY_POLL_S)
         raise TimeoutError(f"etcd did not become healthy within {timeout_s} s (logs in {self.root})")
 
@@ -167,11 +173,20 @@ class EtcdCluster:
     def stop(self) -> None:
         """Every member, one after another, the leader last (``stop_pids``)."""
         running = [m for m in self.members if m.process is not None and m.process.poll() is None]
-        stop_pids([m.process.pid for m in running if m.process is not None], [m.client_url for m in running])
+        self.reach(lambda: stop_pids([m.process.pid for m in running if m.process is not None],
+                                     [m.client_url for m in running]))
         for member in self.members:
             if member.process is not None:
                 member.process.wait()
                 member.process = None
+
+
+def _healthy(client_url: str) -> bool:
+    try:
+        with urlopen(client_url + "/health", timeout=0.5) as reply:
+            return b'"true"' in reply.read()
+    except (URLError, OSError):
+        return False
 
 
 def stop_pids(pids: list[int], endpoints: list[str] | None = None, timeout_s: float = 10.0) -> None:

@@ -30,9 +30,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+import zmq
 
 from engine.client import StoreClient
 from engine.config import StoreConfig
@@ -91,8 +93,12 @@ class EngineFailed(RuntimeError):
 class EngineProcess:
     def __init__(self, store_dir: Path, *, config: StoreConfig | None = None, port: int | None = None,
                  start_timeout_s: float = 60.0, die_with_parent: bool | None = None,
-                 host: str = "127.0.0.1") -> None:
-        """``host``: the address the client endpoint binds, IPv4 or IPv6 ("::1")."""
+                 host: str = "127.0.0.1", wrapper: Sequence[str] = (),
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+        """``host``: the address the client endpoint binds, IPv4 or IPv6 ("::1"). ``wrapper``: the
+        words before the supervisor's command (``ip netns exec NS``: an engine on a test bed's host),
+        ``context`` the ZeroMQ context ``client`` reaches it with (one whose connections leave from
+        another host of the bed)."""
         self.store_dir = Path(store_dir).resolve()
         self.port = port or free_port()
         self.endpoint = f"tcp://[{host}]:{self.port}" if ":" in host else f"tcp://{host}:{self.port}"
@@ -100,6 +106,8 @@ class EngineProcess:
         self.config = base.replace(endpoint=self.endpoint, store_port=self.port)
         self.start_timeout_s = start_timeout_s
         self.die_with_parent = die_with_parent
+        self.wrapper = list(wrapper)
+        self.context = context
         self.process: subprocess.Popen[bytes] | None = None
         self.output = b""
         self.descendants: list[psutil.Process] = []
@@ -114,7 +122,7 @@ class EngineProcess:
     def start(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         config_path = write_config(self.store_dir.parent / f"{self.store_dir.name}.toml", self.config)
-        command = [sys.executable, "-m", "supervisor", "start", "--store-dir", str(self.store_dir),
+        command = [*self.wrapper, sys.executable, "-m", "supervisor", "start", "--store-dir", str(self.store_dir),
                    "--config", str(config_path)]
         die_with_parent = self.die_with_parent
         if die_with_parent is None:
@@ -166,7 +174,7 @@ class EngineProcess:
         return found
 
     def client(self, *, timeout_ms: int = 10_000) -> StoreClient:
-        return StoreClient(self.endpoint, timeout_ms=timeout_ms)
+        return StoreClient(self.endpoint, timeout_ms=timeout_ms, context=self.context)
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """Ctrl-C the supervisor and wait for it and every actor to exit; returns its exit code."""
