@@ -34,26 +34,29 @@ def etcd_on(bed: TestBed, root: Path, hosts: Sequence[str], *, client: str) -> E
 
 
 def engine_on(bed: TestBed, store_dir: Path, config: StoreConfig, host: str, *, client: str,
-              **settings: object) -> EngineProcess:
-    """An engine on ``host`` (not started), reached from host ``client``; ``config`` with ``settings``."""
+              environment: dict[str, str] | None = None, **settings: object) -> EngineProcess:
+    """An engine on ``host`` (not started), reached from host ``client``; ``config`` with ``settings``,
+    its processes with ``environment`` added to theirs."""
     address = bed.address(host)
+    wrapper = [*bed.prefix(host), *(["env", *(f"{k}={v}" for k, v in environment.items())] if environment else [])]
     return EngineProcess(store_dir, config=config.replace(
         store_host=address, replication_endpoint=f"tcp://{address}:{REPLICATION_PORT}",
         grpc_endpoint=f"{address}:{GRPC_PORT}", metrics_endpoint="", bind_non_loopback=True, **settings),
-        host=address, port=ENGINE_PORT, wrapper=bed.prefix(host), context=bed.context(client))
+        host=address, port=ENGINE_PORT, wrapper=wrapper, context=bed.context(client))
 
 
 @contextmanager
 def broker_set_on(bed: TestBed, root: Path, config: StoreConfig, *, engines: Sequence[str], etcd: Sequence[str],
-                  client: str, broker_name: str = "broker-a") -> Iterator[BrokerSet]:
+                  client: str, broker_name: str = "broker-a",
+                  environment: dict[str, str] | None = None) -> Iterator[BrokerSet]:
     """etcd's members, then the engines in ``broker_id`` order (the first is elected master), each
-    on its host; all stopped at the end."""
+    on its host (with ``environment``); all stopped at the end."""
     members = etcd_on(bed, root / "etcd", etcd, client=client)
     members.start()
     started: list[EngineProcess] = []
     try:
         for broker_id, host in enumerate(engines):
-            engine = engine_on(bed, root / f"broker-{broker_id}", config, host, client=client,
+            engine = engine_on(bed, root / f"broker-{broker_id}", config, host, client=client, environment=environment,
                                etcd_endpoints=members.endpoints, broker_id=broker_id, broker_name=broker_name)
             engine.start()
             started.append(engine)

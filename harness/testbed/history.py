@@ -1,0 +1,76 @@
+"""A history of operations, Jepsen's way: each client writes what it asked and what came of it.
+
+An operation is invoked, then completes with one of three outcomes:
+
+    ok      it took effect: a send stored at the position the engine answered, a read that read
+    fail    it did not take effect (kept for what the checker may say of it)
+    info    indeterminate: it may or may not have taken effect (a timeout, a broken connection)
+
+Sends carry the message's value (its body, unique in the run) and, when ok, where it was stored:
+(topic, queue, queue offset), the log offset and the engine that answered (the store host of its
+message id). Reads carry what they read at (topic, queue, offset). The nemesis notes each fault
+as it starts and as it heals. Times are ``time.monotonic()`` in seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+Outcome = Literal["ok", "fail", "info"]
+
+
+class Stored(msgspec.Struct, frozen=True, array_like=True):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    log_offset: int
+    host: str  # the engine that answered, from the message id's store host
+
+
+class Op(msgspec.Struct, frozen=True, kw_only=True):
+    process: str  # the client, or "nemesis"
+    f: str  # send, read, or a fault's name
+    outcome: Outcome | Literal["start", "heal"]
+    began_s: float
+    ended_s: float
+    value: str = ""  # a send's body; a fault's target
+    stored: Stored | None = None  # a send's, when ok
+    resent: bool = False  # sent again after a broken connection: it may be stored twice
+    read: list[tuple[str, int, int, str]] = []  # (topic, queue, offset, value) a read saw
+    error: str = ""
+
+
+class History:
+    """Thread-safe: many clients append at once."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self._lock = threading.Lock()
+
+    def add(self, op: Op) -> None:
+        with self._lock:
+            self.ops.append(op)
+
+    def note(self, process: str, f: str, outcome: Literal["start", "heal"], value: str = "") -> None:
+        now = time.monotonic()
+        self.add(Op(process=process, f=f, outcome=outcome, began_s=now, ended_s=now, value=value))
+
+    def snapshot(self) -> list[Op]:
+        with self._lock:
+            return list(self.ops)
+
+    def of(self, f: str) -> Iterator[Op]:
+        return (op for op in self.snapshot() if op.f == f)
+
+    def save(self, path: Path) -> None:
+        """As JSON lines, one operation a line, in the order they were added."""
+        encoder = msgspec.json.Encoder()
+        with open(path, "wb") as out:
+            for op in self.snapshot():
+                out.write(encoder.encode(op) + b"\n")

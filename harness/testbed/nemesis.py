@@ -1,0 +1,152 @@
+"""The nemesis of a test-bed run: faults drawn from a seed, each started, held and healed.
+
+    kill-engine       SIGKILL an engine (the master or a replica), started again at the heal
+    pause-engine      SIGSTOP an engine past its lease, SIGCONT at the heal
+    kill-etcd         SIGKILL an etcd member, started again at the heal
+    pause-etcd        SIGSTOP an etcd member, SIGCONT at the heal
+    master-etcd       the master cut off from every etcd member only
+    master-replicas   the master cut off from its replicas only
+    master-clients    the master cut off from the clients only
+    etcd-minority     one etcd member cut off from every other host
+    etcd-majority     two etcd members cut off from every other host (they keep each other: a
+                      quorum the engines cannot reach)
+    latency-1ms       every link 0.5 ms each way (1 ms round trip), 0.2 ms of jitter
+    latency-50ms      every link 25 ms each way (50 ms round trip), 5 ms of jitter
+    loss-5            every host drops 5 % of what it receives
+
+Every fault is noted in the history as it starts and as it heals (``unavailable_s`` measures
+from them). A fault's hold is drawn between ``HOLD_S`` bounds; a pause always outlasts the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from dataclasses import dataclass
+
+import psutil
+
+from harness.broker_set import BrokerSet
+from harness.testbed.bed import TestBed
+from harness.testbed.history import History
+from supervisor.launcher import EngineProcess
+
+FAULTS = ("kill-engine", "pause-engine", "kill-etcd", "pause-etcd", "master-etcd", "master-replicas",
+          "master-clients", "etcd-minority", "etcd-majority", "latency-1ms", "latency-50ms", "loss-5")
+NEEDS_RELAY = ("latency-1ms", "latency-50ms")
+HOLD_S = (1.0, 4.0)
+LATENCY = {"latency-1ms": (0.5, 0.2), "latency-50ms": (25.0, 5.0)}  # one way, jitter (ms)
+
+
+@dataclass
+class Placement:
+    """Which host runs what."""
+    engines: list[str]
+    etcd: list[str]
+    clients: list[str]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str  # the host it falls on ("" for the whole bed)
+    hold_s: float
+
+
+class Nemesis:
+    def __init__(self, bed: TestBed, brokers: BrokerSet, placement: Placement, history: History, *,
+                 lease_s: float, faults: tuple[str, ...] = FAULTS) -> None:
+        self.bed = bed
+        self.brokers = brokers
+        self.placement = placement
+        self.history = history
+        self.lease_s = lease_s
+        self.faults = faults
+
+    def host_of(self, engine: EngineProcess) -> str:
+        return self.placement.engines[self.brokers.engines.index(engine)]
+
+    def draw(self, rng: random.Random) -> Fault:
+        """The next fault; one on the master falls on the engine that is master now."""
+        kind = rng.choice(self.faults)
+        hold_s = round(rng.uniform(*HOLD_S), 2)
+        master = self.brokers.master()
+        engine_host = self.host_of(master) if master is not None else rng.choice(self.placement.engines)
+        if kind in ("kill-engine", "pause-engine") and rng.random() < 0.3:
+            engine_host = rng.choice(self.placement.engines)  # a replica, sometimes
+        if kind == "pause-engine":
+            hold_s = max(hold_s, self.lease_s + 1.0)
+        target = {"kill-engine": engine_host, "pause-engine": engine_host, "master-etcd": engine_host,
+                  "master-replicas": engine_host, "master-clients": engine_host,
+                  "kill-etcd": rng.choice(self.placement.etcd), "pause-etcd": rng.choice(self.placement.etcd),
+                  "etcd-minority": rng.choice(self.placement.etcd),
+                  "etcd-majority": ",".join(sorted(rng.sample(self.placement.etcd, 2)))}.get(kind, "")
+        return Fault(kind, target, hold_s)
+
+    def start(self, fault: Fault) -> None:
+        self.history.note("nemesis", fault.kind, "start", fault.target)
+        kind, target, bed, place = fault.kind, fault.target, self.bed, self.placement
+        if kind == "kill-engine":
+            self.engine_on(target).kill()
+        elif kind == "pause-engine":
+            _signal_tree(self.engine_on(target).pid, signal.SIGSTOP)
+        elif kind == "kill-etcd":
+            self.brokers.etcd.kill_member(place.etcd.index(target))
+        elif kind == "pause-etcd":
+            _signal_tree(self.etcd_pid(target), signal.SIGSTOP)
+        elif kind == "master-etcd":
+            bed.cut([target], place.etcd)
+        elif kind == "master-replicas":
+            bed.cut([target], [h for h in place.engines if h != target])
+        elif kind == "master-clients":
+            bed.cut([target], place.clients)
+        elif kind in ("etcd-minority", "etcd-majority"):
+            cut_off = target.split(",")
+            bed.cut(cut_off, [h for h in bed.hosts if h not in cut_off])
+        elif kind in LATENCY:
+            bed.delay_all(*LATENCY[kind])
+        elif kind == "loss-5":
+            for host in bed.hosts:
+                bed.loss(host, 5)
+        else:
+            raise ValueError(f"no such fault: {kind}")
+
+    def heal(self, fault: Fault) -> None:
+        kind, target = fault.kind, fault.target
+        if kind == "kill-engine":
+            self.engine_on(target).start()
+        elif kind == "pause-engine":
+            _signal_tree(self.engine_on(target).pid, signal.SIGCONT)
+        elif kind == "kill-etcd":
+            k = self.placement.etcd.index(target)
+            self.brokers.etcd.start_member(self.brokers.etcd.members[k])
+        elif kind == "pause-etcd":
+            _signal_tree(self.etcd_pid(target), signal.SIGCONT)
+        else:
+            self.bed.heal()
+        self.history.note("nemesis", kind, "heal", target)
+
+    def engine_on(self, host: str) -> EngineProcess:
+        return self.brokers.engines[self.placement.engines.index(host)]
+
+    def etcd_pid(self, host: str) -> int:
+        process = self.brokers.etcd.members[self.placement.etcd.index(host)].process
+        assert process is not None, f"the etcd member on {host} is not running"
+        return process.pid
+
+
+def _signal_tree(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to a process and every descendant (stopped first, so that none is started unseen)."""
+    try:
+        root = psutil.Process(pid)
+        if sig == signal.SIGSTOP:
+            os.kill(pid, sig)
+        family = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            os.kill(process.pid, sig)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,328 @@
+"""One seeded run on the test bed: a broker set under the nemesis, its clients' history checked.
+
+    hosts   e0 e1 e2   the engines of broker-a (SYNC or ASYNC replication; e0 is elected first)
+            m0 m1 m2   the etcd members
+            c0         the clients: producers on the set's address, a reader of the master
+
+Producers send batches of unique values (``<client>-<seq>``) to the queues in turn and note
+each message's outcome; the reader pulls every queue from the engine that is master and notes
+what it read. The nemesis draws ``faults`` faults from the seed (``nemesis.py``): before each, a
+drawn pause of traffic; after each heal, the set must serve again (a master with its replicas in
+sync) within ``RECOVERY_S``. At the end every fault is healed, the clients stop, the master is
+read whole and each replica's log compared with it below the confirmed offset, etcd's epoch
+history read, and ``checker.check`` gives the verdict. Every loop is bounded in time and count.
+
+``planted``: each engine runs with a bug put in from outside (``PLANTS``), for a run that must
+be caught: ``lease`` makes a master's lease deadline an hour later than etcd's, so it keeps
+acknowledging past its lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import rmqpy
+from engine.client import ClientError, EngineError, StoreClient
+from engine.config import StoreConfig
+from engine.coordination.broker_set import BrokerSetKeys
+from engine.coordination.broker_set import history as epoch_history
+from engine.coordination.etcd import Etcd
+from harness.broker_set import BrokerSet, wait_in_sync
+from harness.replication import log_bytes, offsets
+from harness.testbed.bed import TestBed
+from harness.testbed.checker import Verdict, check
+from harness.testbed.cluster import broker_set_on
+from harness.testbed.history import History, Op, Stored
+from harness.testbed.nemesis import FAULTS, NEEDS_RELAY, Nemesis, Placement
+from harness.workload import wait_dispatched
+from supervisor.launcher import EngineProcess
+
+TOPIC = "jepsen"
+QUEUES = 4
+BATCH = 4
+PRODUCERS = 2
+SEND_TIMEOUT_MS = 5_000
+RECOVERY_S = 60.0
+TRAFFIC_S = (0.5, 1.5)  # traffic before each fault
+SENDS_MAX = 200_000  # a producer's bound, whatever the time
+SEND_INTERVAL_S = 0.01  # a producer sends a batch this often at most: a long campaign's stores stay small
+PULL_MAX = 64
+PLACEMENT = Placement(engines=["e0", "e1", "e2"], etcd=["m0", "m1", "m2"], clients=["c0"])
+
+# A bug put into every process of an engine by a sitecustomize module on its PYTHONPATH.
+PLANTS = {
+    "lease": """
+import engine.store.shared_offsets as slots
+_set = slots.SharedOffsets.set
+def _set_later(self, slot, value):
+    _set(self, slot, value + 3_600_000 if slot == slots.LEASE_DEADLINE and value > 0 else value)
+slots.SharedOffsets.set = _set_later
+""",
+}
+
+
+def run_config(mode: Literal["SYNC", "ASYNC"]) -> StoreConfig:
+    return StoreConfig.test_min().replace(replication_mode=mode, replica_lag_max_ms=2_000,
+                                          replication_report_interval_ms=200, replication_config_interval_ms=200,
+                                          sync_flush_timeout_ms=2_000)
+
+
+@dataclass
+class Report:
+    seed: int
+    mode: str
+    schedule: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
+    stuck: list[str] = field(default_factory=list)  # faults after whose heal the set did not serve again
+    history_path: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is not None and self.verdict.ok() and not self.stuck
+
+    def summary(self) -> str:
+        verdict = self.verdict.summary() if self.verdict else "not checked"
+        stuck = f" stuck after {self.stuck}" if self.stuck else ""
+        return f"seed {self.seed} [{', '.join(self.schedule)}]: {verdict}{stuck}"
+
+
+class Client:
+    """One producer on the set's address, in a thread, noting every message's outcome."""
+
+    def __init__(self, name: str, brokers: BrokerSet, history: History, stop: threading.Event) -> None:
+        self.name = name
+        self.history = history
+        self.stop = stop
+        self.producer = rmqpy.Producer(brokers.endpoints, timeout_ms=SEND_TIMEOUT_MS, context=brokers.context)
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+
+    def run(self) -> None:
+        for seq in range(0, SENDS_MAX, BATCH):
+            if self.stop.wait(SEND_INTERVAL_S):
+                break
+            queue_id = (seq // BATCH) % QUEUES
+            values = [f"{self.name}-{seq + k}" for k in range(BATCH)]
+            resends = self.producer.resends
+            began = time.monotonic()
+            try:
+                results = self.producer.send_batch(TOPIC, [v.encode() for v in values], queue_id=queue_id)
+            except Exception as exc:  # every failure of a send is indeterminate: an attempt may have stored it
+                ended = time.monotonic()
+                for value in values:
+                    self.history.add(Op(process=self.name, f="send", outcome="info", began_s=began, ended_s=ended,
+                                        value=value, error=f"{type(exc).__name__}: {exc}"[:200]))
+                continue
+            ended = time.monotonic()
+            resent = self.producer.resends > resends
+            for value, result in zip(values, results, strict=True):
+                stored = Stored(TOPIC, result.queue_id, result.queue_offset, result.commit_log_offset,
+                                store_host(result.msg_id))
+                self.history.add(Op(process=self.name, f="send", outcome="ok", began_s=began, ended_s=ended,
+                                    value=value, stored=stored, resent=resent))
+        self.producer.close()
+
+
+def store_host(msg_id: str) -> str:
+    """The IPv4 store host of an offset message id (its first four bytes)."""
+    return ".".join(str(int(msg_id[k:k + 2], 16)) for k in range(0, 8, 2))
+
+
+class Reader:
+    """Pulls every queue from the engine that is master now, noting what each pull read."""
+
+    def __init__(self, brokers: BrokerSet, history: History, stop: threading.Event, start: dict[int, int]) -> None:
+        self.brokers = brokers
+        self.history = history
+        self.stop = stop
+        self.next = dict(start)
+        self.thread = threading.Thread(target=self.run, name="reader", daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            master = self.brokers.master()
+            if master is None:
+                self.stop.wait(0.1)  # no master now: the next look after a short wait, not a busy loop
+                continue
+            try:
+                with StoreClient(master.endpoint, timeout_ms=1_000, context=self.brokers.context) as client:
+                    for queue_id in range(QUEUES):
+                        self.pull(client, queue_id)
+            except (ClientError, EngineError):
+                self.stop.wait(0.1)
+
+    def pull(self, client: StoreClient, queue_id: int) -> None:
+        began = time.monotonic()
+        reply = client.pull(TOPIC, queue_id, self.next[queue_id], max_messages=PULL_MAX)
+        if reply["status"] == "OFFSET_TOO_SMALL":
+            self.next[queue_id] = reply["next_offset"]
+            return
+        if reply["status"] != "FOUND":
+            return
+        read = [(TOPIC, queue_id, m["queue_offset"], m["body"].decode()) for m in reply["messages"]]
+        self.history.add(Op(process="reader", f="read", outcome="ok", began_s=began, ended_s=time.monotonic(),
+                            read=read))
+        self.next[queue_id] = reply["next_offset"]
+
+
+class Campaign:
+    """A test bed and a broker set on it, for seeds run one after another (``run``): each seed's
+    clients send values of its own (``s<seed>-p<k>-<n>``) and its check reads what was stored
+    since it began (the queues from their ends at its start, the logs from theirs)."""
+
+    def __init__(self, root: Path, *, mode: Literal["SYNC", "ASYNC"] = "SYNC", kinds: tuple[str, ...] = FAULTS,
+                 planted: str = "") -> None:
+        self.root = root
+        self.mode = mode
+        self.kinds = kinds
+        self.config = run_config(mode)
+        self.bed = TestBed(root, [*PLACEMENT.engines, *PLACEMENT.etcd, *PLACEMENT.clients],
+                           relayed=any(kind in NEEDS_RELAY for kind in kinds))
+        self.planted = planted
+        self.stack = contextlib.ExitStack()
+        self.brokers: BrokerSet | None = None
+
+    def __enter__(self) -> Campaign:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.bed)
+            self.brokers = stack.enter_context(broker_set_on(
+                self.bed, self.root, self.config, engines=PLACEMENT.engines, etcd=PLACEMENT.etcd,
+                client=PLACEMENT.clients[0], environment=_plant(self.root, self.planted)))
+            with _serving(self.brokers).client() as client:
+                client.create_topic(TOPIC, queue_count=QUEUES)
+            self.stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+    def run(self, seed: int, *, faults: int = 2) -> Report:
+        """Seed ``seed``'s schedule of ``faults`` faults under traffic, then its check."""
+        brokers = self.brokers
+        assert brokers is not None, "a campaign runs seeds inside its with block"
+        rng = random.Random(seed)
+        report = Report(seed, self.mode)
+        history = History()
+        floor = self.floor(_serving(brokers))
+        nemesis = Nemesis(self.bed, brokers, PLACEMENT, history, lease_s=self.config.master_lease_ms / 1000,
+                          faults=self.kinds)
+        stop = threading.Event()
+        clients = [Client(f"s{seed}-p{k}", brokers, history, stop) for k in range(PRODUCERS)]
+        reader = Reader(brokers, history, stop, floor.queues)
+        threads = [*(c.thread for c in clients), reader.thread]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(faults):
+                stop.wait(rng.uniform(*TRAFFIC_S))  # traffic before the fault
+                fault = nemesis.draw(rng)
+                report.schedule.append(f"{fault.kind}{'@' + fault.target if fault.target else ''} {fault.hold_s}s")
+                nemesis.start(fault)
+                try:
+                    stop.wait(fault.hold_s)  # the fault's hold
+                finally:
+                    nemesis.heal(fault)
+                try:
+                    _serving(brokers)
+                except TimeoutError:
+                    report.stuck.append(fault.kind)
+                    break
+            stop.wait(rng.uniform(*TRAFFIC_S))
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(SEND_TIMEOUT_MS / 1000 + 30)
+        if not report.stuck:
+            report.verdict = self.check(history, floor, f"s{seed}-")
+        report.history_path = self.root / f"history-{seed}.jsonl"
+        history.save(report.history_path)
+        return report
+
+    def floor(self, master: EngineProcess) -> Floor:
+        with master.client(timeout_ms=10_000) as client:
+            queues = {q: client.queue_stats(TOPIC, q)["max_offset"] for q in range(QUEUES)}
+            log = offsets(client)["confirmed_offset"]
+        return Floor(queues, log)
+
+    def check(self, history: History, floor: Floor, prefix: str) -> Verdict:
+        brokers = self.brokers
+        assert brokers is not None
+        master = _serving(brokers)
+        with master.client(timeout_ms=30_000) as client:
+            end = wait_dispatched(client, timeout_ms=60_000)["confirmed_offset"]
+            final = {(TOPIC, q): _read_queue(client, q, floor.queues[q]) for q in range(QUEUES)}
+        final = {key: {offset: value for offset, value in queue.items() if value.startswith(prefix)}
+                 for key, queue in final.items()}  # an earlier seed's: not this one's to check
+        keys = BrokerSetKeys(self.config.cluster_name, self.config.broker_name)
+
+        def epochs() -> list[tuple[int, int]]:
+            etcd = Etcd(brokers.etcd.endpoints.split(","), timeout_ms=2_000)
+            return epoch_history(etcd.get_prefix(keys.epochs))
+
+        return check(history.snapshot(), final, mode=self.mode, epochs=self.bed.call(PLACEMENT.clients[0], epochs),
+                     replicas_differing=_replicas_differing(brokers, master, floor.log, end, self.config))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Where a seed began: each queue's end, and the log's confirmed offset."""
+    queues: dict[int, int]
+    log: int
+
+
+def run_seed(root: Path, seed: int, *, faults: int = 2, mode: Literal["SYNC", "ASYNC"] = "SYNC",
+             kinds: tuple[str, ...] = FAULTS, planted: str = "") -> Report:
+    """One seed on a test bed and a broker set of its own."""
+    with Campaign(root, mode=mode, kinds=kinds, planted=planted) as campaign:
+        return campaign.run(seed, faults=faults)
+
+
+def _serving(brokers: BrokerSet, timeout_s: float = RECOVERY_S) -> EngineProcess:
+    """The master, once it serves with every replica in sync."""
+    master = brokers.wait_master(timeout_s=timeout_s)
+    wait_in_sync(master, len(brokers.engines) - 1, timeout_s=timeout_s)
+    return master
+
+
+def _read_queue(client: StoreClient, queue_id: int, offset: int) -> dict[int, str]:
+    """Queue offset -> value, from ``offset`` to the queue's end."""
+    found: dict[int, str] = {}
+    for _ in range(1 << 30):
+        reply = client.pull(TOPIC, queue_id, offset, max_messages=256)
+        if reply["status"] != "FOUND":
+            break
+        found.update((m["queue_offset"], m["body"].decode()) for m in reply["messages"])
+        offset = reply["next_offset"]
+    return found
+
+
+def _replicas_differing(brokers: BrokerSet, master: EngineProcess, start: int, end: int,
+                        config: StoreConfig) -> list[str]:
+    """The replicas whose log [start, end) is not the master's, once each has written to ``end``."""
+    expected = log_bytes(master.store_dir, start, end, config.segment_size_bytes)
+    differing = []
+    deadline = time.monotonic() + RECOVERY_S
+    for engine in brokers.engines:
+        if engine is master:
+            continue
+        with engine.client(timeout_ms=2_000) as client:
+            while offsets(client)["written_offset"] < end and time.monotonic() < deadline:
+                time.sleep(0.05)  # polls the replica's status: it catches up in other processes
+        if log_bytes(engine.store_dir, start, end, config.segment_size_bytes) != expected:
+            differing.append(f"{engine.store_dir.name} in [{start}, {end})")
+    return differing
+
+
+def _plant(root: Path, planted: str) -> dict[str, str]:
+    """The environment that puts ``PLANTS[planted]`` into every process of an engine."""
+    if not planted:
+        return {}
+    folder = root / f"plant-{planted}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(PLANTS[planted])
+    return {"PYTHONPATH": str(folder)}
