@@ -6,7 +6,9 @@ An operation is invoked, then completes with one of three outcomes:
     fail    it did not take effect (kept for what the checker may say of it)
     info    indeterminate: it may or may not have taken effect (a timeout, a broken connection)
 
-Sends carry the message's value (its body, unique in the run) and, when ok, where it was stored:
+Sends carry the message's value (its body, unique in the run) and, when the engine answered,
+where it was stored (a send ok is a ``PUT_OK``; ``FLUSH_SLAVE_TIMEOUT`` is info: stored by the
+master, not known to be on a replica):
 (topic, queue, queue offset), the log offset and the engine that answered (the store host of its
 message id). Reads carry what they read at (topic, queue, offset). The nemesis notes each fault
 as it starts and as it heals. Times are ``time.monotonic()`` in seconds.
@@ -40,7 +42,7 @@ class Op(msgspec.Struct, frozen=True, kw_only=True):
     began_s: float
     ended_s: float
     value: str = ""  # a send's body; a fault's target
-    stored: Stored | None = None  # a send's, when ok
+    stored: Stored | None = None  # a send's, when answered
     resent: bool = False  # sent again after a broken connection: it may be stored twice
     read: list[tuple[str, int, int, str]] = []  # (topic, queue, offset, value) a read saw
     error: str = ""

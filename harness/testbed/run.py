@@ -38,7 +38,7 @@ from harness.replication import log_bytes, offsets
 from harness.testbed.bed import TestBed
 from harness.testbed.checker import Verdict, check
 from harness.testbed.cluster import broker_set_on
-from harness.testbed.history import History, Op, Stored
+from harness.testbed.history import History, Op, Outcome, Stored
 from harness.testbed.nemesis import FAULTS, NEEDS_RELAY, Nemesis, Placement
 from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
@@ -123,8 +123,11 @@ class Client:
             for value, result in zip(values, results, strict=True):
                 stored = Stored(TOPIC, result.queue_id, result.queue_offset, result.commit_log_offset,
                                 store_host(result.msg_id))
-                self.history.add(Op(process=self.name, f="send", outcome="ok", began_s=began, ended_s=ended,
-                                    value=value, stored=stored, resent=resent))
+                # PUT_OK only: FLUSH_SLAVE_TIMEOUT is stored by the master, not known to be on a replica
+                outcome: Outcome = "ok" if result.status == "PUT_OK" else "info"
+                self.history.add(Op(process=self.name, f="send", outcome=outcome, began_s=began, ended_s=ended,
+                                    value=value, stored=stored, resent=resent,
+                                    error="" if outcome == "ok" else result.status))
         self.producer.close()
 
 
