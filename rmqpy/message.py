@@ -110,6 +110,9 @@ class SendResult(msgspec.Struct, frozen=True, kw_only=True):
     """The message's ``UNIQ_KEY``, made by the producer (None if the engine made it)."""
     broker_name: str = ""
     """The broker set that stored it, when sent through a ``ClusterProducer`` ("" otherwise)."""
+    epoch: int = 0
+    """The epoch of the broker set's master that stored it (0: an engine not elected on etcd).
+    Two sends acknowledged in one epoch were stored by one engine, in that order."""
 
     @property
     def ok(self) -> bool:
@@ -148,8 +151,9 @@ def popped_from_wire(reply: Mapping[str, Any]) -> list[Message]:
 
 
 def send_results_from_wire(topic: str, results: Sequence[Mapping[str, Any]],
-                           uniq_keys: Sequence[str | None]) -> list[SendResult]:
-    """A ``send`` reply's results, in request order, with the uniq_keys the request carried."""
+                           uniq_keys: Sequence[str | None], epoch: int = 0) -> list[SendResult]:
+    """A ``send`` reply's results, in request order, with the uniq_keys the request carried and the
+    reply's epoch."""
     assert len(results) == len(uniq_keys), (len(results), len(uniq_keys))
-    return [msgspec.convert({**r, "topic": topic, "uniq_key": key}, SendResult)
+    return [msgspec.convert({**r, "topic": topic, "uniq_key": key, "epoch": epoch}, SendResult)
             for r, key in zip(results, uniq_keys, strict=True)]

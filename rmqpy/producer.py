@@ -190,7 +190,7 @@ class Producer:
         batch, uniq_keys = batch_fields(messages, self._uniq_keys, options)
         reply = self._client.request("send", wait_for_master=wait_for_master, topic=topic,
                                      **options.fields(), **batch)
-        return send_results_from_wire(topic, reply["results"], uniq_keys)
+        return send_results_from_wire(topic, reply["results"], uniq_keys, reply.get("epoch", 0))
 
     # -- async sends -------------------------------------------------------
 

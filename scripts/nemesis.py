@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(seeds)} seeds in {time.monotonic() - began:.0f} s, {broken} broke a promise; histories in {root}")
     print("seconds without an acknowledgement, per fault: median, worst (count)")
     for kind in sorted(costs):
-        print(f"  {kind:16} {statistics.median(costs[kind]):6.2f} {max(costs[kind]):6.2f}  ({len(costs[kind])})")
+        print(f"  {kind:20} {statistics.median(costs[kind]):6.2f} {max(costs[kind]):6.2f}  ({len(costs[kind])})")
     return int(not broken) if args.planted else int(bool(broken))
 
 

@@ -45,11 +45,12 @@ from engine.coordination.role import Role, mask, members_of
 from engine.coordination.routes import RoutePublisher, read_cluster
 from engine.coordination.routes_mirror import ROUTES_MIRROR_FILE
 from engine.ipc.channels import CONTROL, ClientFrame
-from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
+from engine.ipc.endpoints import MASTER_ENDPOINT_FILE, REPLICA_APPEND_LOCK
 from engine.ipc.messages import ControlReply, encoder
 from engine.ipc.wire import Inbound
 from engine.logs import event
 from engine.services.recovery import plan_commit_log_recovery
+from engine.store.append_fence import AppendFence
 from engine.store.atomic_file import write_atomically
 from engine.store.shared_offsets import EPOCH, IN_SYNC_IDS, IN_SYNC_PUBLISHED, LEASE_DEADLINE, WRITTEN
 
@@ -93,6 +94,7 @@ class BrokerMembershipActor(Actor):
         self.start_end_offset = 0
         self.to_tell: Role | None = None  # a role the supervisor is to hear of (set by a step, told by the loop)
         self.calls = OffLoop(env.name, env.waker.wake, background=env.background)
+        self.fence = AppendFence(env.run_dir / REPLICA_APPEND_LOCK)
 
     # -- start -------------------------------------------------------------
 
@@ -231,9 +233,20 @@ class BrokerMembershipActor(Actor):
         master = {"broker_id": me, "epoch": epoch, "endpoint": self.config.advertised_endpoint,
                   "replication_endpoint": self.config.replication_endpoint,
                   "grpc_endpoint": self.config.grpc_endpoint if self.config.grpc_enabled else ""}
+        held_epoch = self.slots.get(EPOCH)
+        if self.started:  # a running replica: no chunk of the old follow lands past the end it claims at
+            with self.fence.held():  # the writer appends only a chunk of the epoch slot's follow (append_fence.py)
+                self.slots.set(EPOCH, epoch)
+                end_offset = self.slots.get(WRITTEN)
         compare, success = self.keys.claim(epoch=epoch, in_sync=in_sync, master=master, start_offset=end_offset,
                                            lease=self.lease)
-        if not self.etcd.transaction(compare, success):
+        won = False
+        try:
+            won = self.etcd.transaction(compare, success)
+        finally:
+            if not won:
+                self.slots.set(EPOCH, held_epoch)  # the old follow goes on (its next chunk, if refused, is asked again)
+        if not won:
             return None
         self.renewed_ms = sent_ms
         self.master_revision = self.etcd.get(self.keys.master).create_revision  # type: ignore[union-attr]

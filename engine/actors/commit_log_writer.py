@@ -247,7 +247,7 @@ class CommitLogWriterActor(Actor):
         if route.received_ms:
             self.send_latency.observe((now_ms - route.received_ms) / 1000)
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
-        out.reply(reply_to, encode_reply(request.id, results=results))
+        out.reply(reply_to, encode_reply(request.id, results=results, epoch=self.slots.get(EPOCH)))
 
     def replica_append(self, order: ReplicaAppend, inbound: Inbound, out: Effects) -> None:
         """A replica's append of its master's log bytes (``LogAppends.append_replicated``), answered
@@ -319,8 +319,8 @@ class CommitLogWriterActor(Actor):
         durable = self.durable_offset()
         for ack in self.acks.fail():
             status = PutStatus.FLUSH_SLAVE_TIMEOUT if ack.end_offset <= durable else PutStatus.FLUSH_DISK_TIMEOUT
-            out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,
-                                                                                            status)))
+            out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix, status),
+                                                 epoch=self.slots.get(EPOCH)))
 
     def replica_deletions(self, order: ReplicaDeletions, inbound: Inbound, out: Effects) -> None:
         """A replica's deletion table, its master's, before the records past a new deletion."""
@@ -390,8 +390,8 @@ class CommitLogWriterActor(Actor):
         for ack, status in self.acks.release(self.durable_offset(), now_ms, self.replicated_offset()):
             if ack.received_ms:
                 self.send_latency.observe((now_ms - ack.received_ms) / 1000)
-            out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix,
-                                                                                            status)))
+            out.reply(ack.reply_to, encode_reply(ack.request_id, results=ack.stored.results(self.msg_id_prefix, status),
+                                                 epoch=self.slots.get(EPOCH)))
 
     def clean_expired_segments(self, out: Effects) -> None:
         """A retention round (``RetentionRounds``); after deletions, the log's new min offset is published."""

@@ -10,6 +10,12 @@ log when it looks, or refused::
 
     writer:      lock, epoch of the chunk == the epoch slot?, append, unlock
     supervisor:  (epoch slot set already) lock, read the log's end, unlock
+    membership:  lock, epoch slot := the epoch it claims, read the log's end, unlock, claim
+
+The membership actor of a replica that wins an election takes it too: the end it claims the new
+epoch at (the epoch's start in the set's history) is then the end of every byte the old master's
+follow brought, and none of the old epoch lands past it. (The test bed's nemesis found such bytes
+under a planted master that acknowledged past its lease: counted as the new epoch's.)
 
 ``flock`` on a file of the run directory: the kernel lets it go with a killed holder.
 """

@@ -68,6 +68,7 @@ class TestBed:
                       for k, name in enumerate(hosts)}
         self.relays: dict[str, subprocess.Popen[bytes]] = {}
         self.tables: dict[str, dict[str, Delay]] = {name: {} for name in hosts}
+        self.base: tuple[float, float] | None = None  # every link's delay when no fault holds one (``base_delay``)
         self.contexts: list[zmq.Context[zmq.Socket[bytes]]] = []
         self.made: list[str] = []
 
@@ -194,11 +195,19 @@ class TestBed:
             self.tables[a] = {self.address(b): Delay(one_way_ms, one_way_ms, jitter_ms) for b in self.hosts if b != a}
         self._send_tables(list(self.hosts))
 
+    def base_delay(self, one_way_ms: float, jitter_ms: float = 0.0) -> None:
+        """Every link's delay from now on, as ``delay_all`` sets it, and again after each heal: the
+        network the bed stands for, under its faults."""
+        self.base = (one_way_ms, jitter_ms)
+        self.delay_all(one_way_ms, jitter_ms)
+
     def heal(self) -> None:
-        """Every cut and loss gone, every delay back to none."""
+        """Every cut and loss gone, every delay back to the base delay (none, unless ``base_delay``)."""
         for host in self.hosts.values():
             netns.nft_in(host.namespace, "flush chain inet testbed faults_in\nflush chain inet testbed faults_out\n")
-        if self.relayed:
+        if self.base is not None:
+            self.delay_all(*self.base)
+        elif self.relayed:
             self.tables = {name: {} for name in self.hosts}
             self._send_tables(list(self.hosts))
 

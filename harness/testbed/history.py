@@ -10,8 +10,9 @@ Sends carry the message's value (its body, unique in the run) and, when the engi
 where it was stored (a send ok is a ``PUT_OK``; ``FLUSH_SLAVE_TIMEOUT`` is info: stored by the
 master, not known to be on a replica):
 (topic, queue, queue offset), the log offset and the engine that answered (the store host of its
-message id). Reads carry what they read at (topic, queue, offset). The nemesis notes each fault
-as it starts and as it heals. Times are ``time.monotonic()`` in seconds.
+message id). Reads carry what they read at (topic, queue, offset). An observer notes each engine
+that answers its route as master, and of which epoch. The nemesis notes each fault as it starts
+and as it heals. Times are ``time.monotonic()`` in seconds.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Stored(msgspec.Struct, frozen=True, array_like=True):
     queue_offset: int
     log_offset: int
     host: str  # the engine that answered, from the message id's store host
+    epoch: int = 0  # the epoch of the master that stored it, from the reply
 
 
 class Op(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,6 +47,7 @@ class Op(msgspec.Struct, frozen=True, kw_only=True):
     stored: Stored | None = None  # a send's, when answered
     resent: bool = False  # sent again after a broken connection: it may be stored twice
     read: list[tuple[str, int, int, str]] = []  # (topic, queue, offset, value) a read saw
+    epoch: int = 0  # an observation's: the engine (``value``) answered its route as master of this epoch
     error: str = ""
 
 

@@ -7,6 +7,8 @@
     master-etcd       the master cut off from every etcd member only
     master-replicas   the master cut off from its replicas only
     master-clients    the master cut off from the clients only
+    master-replica-etcd  the master and one replica cut off from etcd (the other replica is
+                      elected; the one cut off keeps following the old master until the heal)
     etcd-minority     one etcd member cut off from every other host
     etcd-majority     two etcd members cut off from every other host (they keep each other: a
                       quorum the engines cannot reach)
@@ -33,7 +35,8 @@ from harness.testbed.history import History
 from supervisor.launcher import EngineProcess
 
 FAULTS = ("kill-engine", "pause-engine", "kill-etcd", "pause-etcd", "master-etcd", "master-replicas",
-          "master-clients", "etcd-minority", "etcd-majority", "latency-1ms", "latency-50ms", "loss-5")
+          "master-clients", "master-replica-etcd", "etcd-minority", "etcd-majority", "latency-1ms", "latency-50ms",
+          "loss-5")
 NEEDS_RELAY = ("latency-1ms", "latency-50ms")
 HOLD_S = (1.0, 4.0)
 LATENCY = {"latency-1ms": (0.5, 0.2), "latency-50ms": (25.0, 5.0)}  # one way, jitter (ms)
@@ -67,19 +70,23 @@ class Nemesis:
     def host_of(self, engine: EngineProcess) -> str:
         return self.placement.engines[self.brokers.engines.index(engine)]
 
-    def draw(self, rng: random.Random) -> Fault:
-        """The next fault; one on the master falls on the engine that is master now."""
+    def draw(self, rng: random.Random, *, on_master: bool = False, hold_s: float | None = None) -> Fault:
+        """The next fault; one on the master falls on the engine that is master now (a kill or a
+        pause falls on any engine three times in ten, unless ``on_master``). ``hold_s``: instead of
+        one drawn."""
         kind = rng.choice(self.faults)
-        hold_s = round(rng.uniform(*HOLD_S), 2)
+        hold_s = hold_s if hold_s is not None else round(rng.uniform(*HOLD_S), 2)
         master = self.brokers.master()
         engine_host = self.host_of(master) if master is not None else rng.choice(self.placement.engines)
-        if kind in ("kill-engine", "pause-engine") and rng.random() < 0.3:
+        if kind in ("kill-engine", "pause-engine") and not on_master and rng.random() < 0.3:
             engine_host = rng.choice(self.placement.engines)  # a replica, sometimes
         if kind == "pause-engine":
             hold_s = max(hold_s, self.lease_s + 1.0)
         target = {"kill-engine": engine_host, "pause-engine": engine_host, "master-etcd": engine_host,
                   "master-replicas": engine_host, "master-clients": engine_host,
                   "kill-etcd": rng.choice(self.placement.etcd), "pause-etcd": rng.choice(self.placement.etcd),
+                  "master-replica-etcd": ",".join(sorted([engine_host, rng.choice(
+                      [h for h in self.placement.engines if h != engine_host])])),
                   "etcd-minority": rng.choice(self.placement.etcd),
                   "etcd-majority": ",".join(sorted(rng.sample(self.placement.etcd, 2)))}.get(kind, "")
         return Fault(kind, target, hold_s)
@@ -101,6 +108,8 @@ class Nemesis:
             bed.cut([target], [h for h in place.engines if h != target])
         elif kind == "master-clients":
             bed.cut([target], place.clients)
+        elif kind == "master-replica-etcd":
+            bed.cut(target.split(","), place.etcd)
         elif kind in ("etcd-minority", "etcd-majority"):
             cut_off = target.split(",")
             bed.cut(cut_off, [h for h in bed.hosts if h not in cut_off])

@@ -53,6 +53,7 @@ TRAFFIC_S = (0.5, 1.5)  # traffic before each fault
 SENDS_MAX = 200_000  # a producer's bound, whatever the time
 SEND_INTERVAL_S = 0.01  # a producer sends a batch this often at most: a long campaign's stores stay small
 PULL_MAX = 64
+OBSERVE_S = 0.1
 PLACEMENT = Placement(engines=["e0", "e1", "e2"], etcd=["m0", "m1", "m2"], clients=["c0"])
 
 # A bug put into every process of an engine by a sitecustomize module on its PYTHONPATH.
@@ -122,7 +123,7 @@ class Client:
             resent = self.producer.resends > resends
             for value, result in zip(values, results, strict=True):
                 stored = Stored(TOPIC, result.queue_id, result.queue_offset, result.commit_log_offset,
-                                store_host(result.msg_id))
+                                store_host(result.msg_id), result.epoch)
                 # PUT_OK only: FLUSH_SLAVE_TIMEOUT is stored by the master, not known to be on a replica
                 outcome: Outcome = "ok" if result.status == "PUT_OK" else "info"
                 self.history.add(Op(process=self.name, f="send", outcome=outcome, began_s=began, ended_s=ended,
@@ -134,6 +135,35 @@ class Client:
 def store_host(msg_id: str) -> str:
     """The IPv4 store host of an offset message id (its first four bytes)."""
     return ".".join(str(int(msg_id[k:k + 2], 16)) for k in range(0, 8, 2))
+
+
+class Observer:
+    """Asks every engine its route, every ``OBSERVE_S``, and notes those that answer as master."""
+
+    def __init__(self, brokers: BrokerSet, history: History, stop: threading.Event) -> None:
+        self.brokers = brokers
+        self.history = history
+        self.stop = stop
+        self.thread = threading.Thread(target=self.run, name="observer", daemon=True)
+
+    def run(self) -> None:
+        hosts = {engine.endpoint: store_host_of(engine.endpoint) for engine in self.brokers.engines}
+        while not self.stop.wait(OBSERVE_S):
+            for engine in self.brokers.engines:
+                began = time.monotonic()
+                try:
+                    with StoreClient(engine.endpoint, timeout_ms=500, context=self.brokers.context) as client:
+                        route = client.route()
+                except (ClientError, EngineError):
+                    continue  # down, paused or cut off: nothing seen
+                if route.get("role") == "master":
+                    self.history.add(Op(process="observer", f="master", outcome="ok", began_s=began,
+                                        ended_s=time.monotonic(), value=hosts[engine.endpoint],
+                                        epoch=int(route.get("epoch", 0))))
+
+
+def store_host_of(endpoint: str) -> str:
+    return endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
 
 
 class Reader:
@@ -179,13 +209,15 @@ class Campaign:
     since it began (the queues from their ends at its start, the logs from theirs)."""
 
     def __init__(self, root: Path, *, mode: Literal["SYNC", "ASYNC"] = "SYNC", kinds: tuple[str, ...] = FAULTS,
-                 planted: str = "") -> None:
+                 planted: str = "", rtt_ms: float = 0.0) -> None:
+        """``rtt_ms``: every link's round trip under the faults (``TestBed.base_delay``)."""
         self.root = root
         self.mode = mode
         self.kinds = kinds
+        self.rtt_ms = rtt_ms
         self.config = run_config(mode)
         self.bed = TestBed(root, [*PLACEMENT.engines, *PLACEMENT.etcd, *PLACEMENT.clients],
-                           relayed=any(kind in NEEDS_RELAY for kind in kinds))
+                           relayed=rtt_ms > 0 or any(kind in NEEDS_RELAY for kind in kinds))
         self.planted = planted
         self.stack = contextlib.ExitStack()
         self.brokers: BrokerSet | None = None
@@ -193,6 +225,8 @@ class Campaign:
     def __enter__(self) -> Campaign:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.bed)
+            if self.rtt_ms:
+                self.bed.base_delay(self.rtt_ms / 2)
             self.brokers = stack.enter_context(broker_set_on(
                 self.bed, self.root, self.config, engines=PLACEMENT.engines, etcd=PLACEMENT.etcd,
                 client=PLACEMENT.clients[0], environment=_plant(self.root, self.planted)))
@@ -204,8 +238,9 @@ class Campaign:
     def __exit__(self, *exc: object) -> None:
         self.stack.close()
 
-    def run(self, seed: int, *, faults: int = 2) -> Report:
-        """Seed ``seed``'s schedule of ``faults`` faults under traffic, then its check."""
+    def run(self, seed: int, *, faults: int = 2, on_master: bool = False, hold_s: float | None = None) -> Report:
+        """Seed ``seed``'s schedule of ``faults`` faults under traffic, then its check (``on_master``,
+        ``hold_s``: as ``Nemesis.draw`` takes them)."""
         brokers = self.brokers
         assert brokers is not None, "a campaign runs seeds inside its with block"
         rng = random.Random(seed)
@@ -217,13 +252,13 @@ class Campaign:
         stop = threading.Event()
         clients = [Client(f"s{seed}-p{k}", brokers, history, stop) for k in range(PRODUCERS)]
         reader = Reader(brokers, history, stop, floor.queues)
-        threads = [*(c.thread for c in clients), reader.thread]
+        threads = [*(c.thread for c in clients), reader.thread, Observer(brokers, history, stop).thread]
         for thread in threads:
             thread.start()
         try:
             for _ in range(faults):
                 stop.wait(rng.uniform(*TRAFFIC_S))  # traffic before the fault
-                fault = nemesis.draw(rng)
+                fault = nemesis.draw(rng, on_master=on_master, hold_s=hold_s)
                 report.schedule.append(f"{fault.kind}{'@' + fault.target if fault.target else ''} {fault.hold_s}s")
                 nemesis.start(fault)
                 try:
@@ -244,6 +279,8 @@ class Campaign:
             report.verdict = self.check(history, floor, f"s{seed}-")
         report.history_path = self.root / f"history-{seed}.jsonl"
         history.save(report.history_path)
+        with open(self.root / "verdicts.txt", "a") as verdicts:  # beside the histories, for a failed run
+            verdicts.write(("ok     " if report.ok else "BROKEN ") + report.summary() + "\n")
         return report
 
     def floor(self, master: EngineProcess) -> Floor:
@@ -259,8 +296,6 @@ class Campaign:
         with master.client(timeout_ms=30_000) as client:
             end = wait_dispatched(client, timeout_ms=60_000)["confirmed_offset"]
             final = {(TOPIC, q): _read_queue(client, q, floor.queues[q]) for q in range(QUEUES)}
-        final = {key: {offset: value for offset, value in queue.items() if value.startswith(prefix)}
-                 for key, queue in final.items()}  # an earlier seed's: not this one's to check
         keys = BrokerSetKeys(self.config.cluster_name, self.config.broker_name)
 
         def epochs() -> list[tuple[int, int]]:
@@ -268,7 +303,8 @@ class Campaign:
             return epoch_history(etcd.get_prefix(keys.epochs))
 
         return check(history.snapshot(), final, mode=self.mode, epochs=self.bed.call(PLACEMENT.clients[0], epochs),
-                     replicas_differing=_replicas_differing(brokers, master, floor.log, end, self.config))
+                     replicas_differing=_replicas_differing(brokers, master, floor.log, end, self.config),
+                     prefix=prefix)
 
 
 @dataclass(frozen=True)

@@ -91,9 +91,8 @@ class AsyncProducer:
         while True:
             client = self.client
             try:
-                results = (await client.request("send", timeout_ms=way.remaining_ms(), topic=topic,
-                                                **fields))["results"]
-                return send_results_from_wire(topic, results, uniq_keys)
+                reply = await client.request("send", timeout_ms=way.remaining_ms(), topic=topic, **fields)
+                return send_results_from_wire(topic, reply["results"], uniq_keys, reply.get("epoch", 0))
             except ClientClosed:
                 if self.client is client:
                     raise

@@ -35,16 +35,23 @@ def test_seeds_of_the_nemesis_keep_every_promise(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # 1-2 min
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_a_master_that_acknowledges_past_its_lease_is_caught(tmp_path: Path) -> None:
     """The planted bug: each engine's lease deadline an hour past etcd's. A master cut off from
-    etcd, its lease run out and another elected, goes on acknowledging what its clients send."""
-    found = []
-    with Campaign(tmp_path, kinds=("master-etcd",), planted="lease") as campaign:
-        for seed in range(3):
-            report = campaign.run(seed, faults=3)
-            if not report.ok:
-                found.append(report.summary())
-                break
+    etcd, its lease run out and another elected, goes on acknowledging what its clients still send
+    it, while the new master answers as master: two masters at once. (ASYNC: under SYNC it cannot,
+    as its replicas leave it for the new master and it cannot publish a smaller in-sync set.) The
+    same seeds without the bug keep every promise."""
+    def first_broken(planted: str) -> str:
+        with Campaign(tmp_path / (planted or "correct"), mode="ASYNC", kinds=("master-etcd",),
+                      planted=planted) as campaign:
+            for seed in range(3):
+                report = campaign.run(seed, faults=2, hold_s=4.0)  # past the lease: another is elected
+                if not report.ok:
+                    return report.summary()
+        return ""
+
+    found = first_broken("lease")
     assert found, "the checker missed a master acknowledging past its lease"
-    assert "two masters in an epoch" in found[0] or "lost" in found[0], found[0]
+    assert "two masters at once" in found, found
+    assert first_broken("") == ""

@@ -13,8 +13,8 @@ T = "jepsen"
 
 
 def sent(value: str, outcome: Outcome = "ok", *, at: tuple[int, int] = (0, 0), log: int = 0, host: str = "e0",
-         resent: bool = False, when: float = 0.0) -> Op:
-    stored = Stored(T, at[0], at[1], log, host) if outcome == "ok" else None
+         resent: bool = False, when: float = 0.0, epoch: int = 0) -> Op:
+    stored = Stored(T, at[0], at[1], log, host, epoch) if outcome == "ok" else None
     return Op(process="p", f="send", outcome=outcome, began_s=when, ended_s=when, value=value, stored=stored,
               resent=resent)
 
@@ -49,13 +49,20 @@ def test_asynchronous_replication_may_lose_what_it_acknowledged_but_says_so() ->
     assert not check([sent("a", at=(0, 0))], {(T, 0): {}}, mode="SYNC", epochs=[]).ok()
 
 
-def test_two_engines_acknowledging_in_one_epoch_are_found_by_the_log_offset() -> None:
-    ops = [sent("a", at=(0, 0), log=0, host="e0"), sent("b", at=(0, 1), log=500, host="e1"),
-           sent("c", at=(0, 2), log=900, host="e0")]
+def test_two_engines_acknowledging_in_one_epoch_or_at_once_or_outside_their_epoch_are_found() -> None:
     final = {(T, 0): {0: "a", 1: "b", 2: "c"}}
-    assert check(ops, final, mode="SYNC", epochs=[(1, 0), (2, 400), (3, 800)]).ok()  # e0, then e1, then e0
-    verdict = check(ops, final, mode="SYNC", epochs=[(1, 0), (2, 400)])  # e1 and e0 both in epoch 2
+    history = [(1, 0), (2, 400), (3, 800)]
+    ops = [sent("a", at=(0, 0), log=0, host="e0", epoch=1, when=1.0),
+           sent("b", at=(0, 1), log=500, host="e1", epoch=2, when=2.0),
+           sent("c", at=(0, 2), log=900, host="e0", epoch=3, when=3.0)]
+    assert check(ops, final, mode="SYNC", epochs=history).ok()  # e0, then e1, then e0 again
+    ops[2] = sent("c", at=(0, 2), log=900, host="e0", epoch=2, when=3.0)
+    verdict = check(ops, final, mode="SYNC", epochs=history)
     assert verdict.anomalies["two masters in an epoch"] == ["epoch 2: ['e0', 'e1']"]
+    assert verdict.anomalies["outside its epoch"] == ["c of epoch 2 at 900"]  # epoch 3 began at 800
+    ops[2] = sent("c", at=(0, 2), log=300, host="e0", epoch=1, when=3.0)  # the old master, after e1 acknowledged
+    verdict = check(ops, final, mode="ASYNC", epochs=history)
+    assert list(verdict.violations) == ["two masters at once"], verdict.summary()
 
 
 def test_unavailability_is_the_longest_gap_between_acknowledgements_from_a_fault_to_after_its_heal() -> None:
@@ -65,3 +72,27 @@ def test_unavailability_is_the_longest_gap_between_acknowledgements_from_a_fault
            Op(process="nemesis", f="kill-engine", outcome="heal", began_s=4.0, ended_s=4.0, value="e0"),
            sent("d", when=7.5), sent("e", when=8.0)]
     assert unavailable(ops) == [("kill-engine e0", 4.5)]  # 3.0 to 7.5
+
+
+def test_the_first_acknowledgement_after_a_fault_is_of_a_send_begun_after_it() -> None:
+    ops = [Op(process="nemesis", f="kill-engine", outcome="start", began_s=2.0, ended_s=2.0, value="e0"),
+           Op(process="p", f="send", outcome="ok", began_s=1.9, ended_s=2.5, value="begun before"),
+           Op(process="p", f="send", outcome="ok", began_s=2.1, ended_s=4.75, value="begun after"),
+           Op(process="nemesis", f="kill-engine", outcome="heal", began_s=5.0, ended_s=5.0, value="e0")]
+    assert check(ops, {(T, 0): {}}, mode="ASYNC", epochs=[]).first_ack_s == [("kill-engine e0", 2.75)]
+
+
+def test_an_older_master_acknowledging_after_a_newer_one_answered_as_master_is_two_at_once() -> None:
+    seen = Op(process="observer", f="master", outcome="ok", began_s=2.0, ended_s=2.1, value="e1", epoch=2)
+    before = sent("a", at=(0, 0), host="e0", epoch=1, when=1.5)
+    after = sent("b", at=(0, 1), host="e0", epoch=1, when=2.5)
+    final = {(T, 0): {0: "a", 1: "b"}}
+    assert check([seen, before, sent("b", "info")], final, mode="ASYNC", epochs=[]).ok()
+    assert list(check([seen, before, after], final, mode="ASYNC", epochs=[]).violations) == ["two masters at once"]
+
+
+def test_values_of_an_earlier_run_are_no_phantoms_but_reads_of_them_are_held() -> None:
+    read = Op(process="r", f="read", outcome="ok", began_s=0, ended_s=0, read=[(T, 0, 0, "s1-old")])
+    assert check([read], {(T, 0): {0: "s1-old"}}, mode="SYNC", epochs=[], prefix="s2-").ok()
+    assert not check([read], {(T, 0): {0: "s1-old"}}, mode="SYNC", epochs=[]).ok()  # a phantom of this run
+    assert list(check([read], {(T, 0): {}}, mode="SYNC", epochs=[], prefix="s2-").violations) == ["changed"]
