@@ -14,7 +14,9 @@ checker's verdict over every send (lost: acknowledged and not stored; must be 0)
 ``--produce``: the same set with its replicas ``rtt/2`` away each way (the client on the
 master's host: its own sends cross no link); produce 100,000 messages of 256 B in batches of
 1,000, one in flight (msg/s), then 1,000 single sends one at a time (p50, p99 ms), beside the
-master alone (no replica, ASYNC). Needs root, iproute2 and nftables (``make system-tools``).
+master alone (no replica, ASYNC) and the replicas on links without the relay (the relay's own
+cost: a Python copy, and asyncio's timers, whose resolution is a millisecond). Needs root,
+iproute2 and nftables (``make system-tools``).
 """
 
 from __future__ import annotations
@@ -53,20 +55,20 @@ def failover(root: Path, rtt_ms: float, kills: int, fault: str, hold_s: float) -
           flush=True)
 
 
-def produce(root: Path, rtt_ms: float | None) -> None:
-    """``rtt_ms`` None: the master alone."""
-    alone = rtt_ms is None
+def produce(root: Path, rtt_ms: float | None, *, alone: bool = False) -> None:
+    """``rtt_ms`` None: no relay on the links (the veth pairs and the bridge alone)."""
     engines = ["e0"] if alone else ["e0", "e1", "e2"]
-    with TestBed(root / f"produce-{rtt_ms}", [*engines, "m0"], relayed=not alone) as bed:
-        if not alone:
-            bed.base_delay(rtt_ms / 2)  # type: ignore[operator]
-        config = run_config("ASYNC" if alone else "SYNC")
+    with TestBed(root / f"produce-{rtt_ms}-{alone}", [*engines, "m0"], relayed=rtt_ms is not None) as bed:
+        if rtt_ms is not None:
+            bed.base_delay(rtt_ms / 2)
+        config = run_config("ASYNC" if alone else "SYNC").replace(segment_size_bytes=64 << 20)  # as bench_replication
         with broker_set_on(bed, bed.root, config, engines=engines, etcd=["m0"], client="e0") as brokers:
             master = brokers.wait_master()
             host = engines[brokers.engines.index(master)]
             if not alone:
                 wait_in_sync(master, 2)
-            label = "master alone" if alone else f"SYNC, replicas {rtt_ms} ms round trip away"
+            away = "no relay" if rtt_ms is None else f"{rtt_ms} ms round trip away"
+            label = f"master alone ({away})" if alone else f"SYNC, replicas {away}"
             with StoreClient(master.endpoint, timeout_ms=60_000, context=bed.context(host)) as client:
                 client.create_topic("bench", queue_count=4)
                 batches = [[{"body": body_of(BODY, i)} for i in range(first, first + BATCH)]
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench-testbed-"))
     rtts = [float(rtt) for rtt in args.rtt_ms.split(",")]
     if args.produce:
+        produce(root, None, alone=True)
         produce(root, None)
         for rtt in rtts:
             produce(root, rtt)

@@ -92,7 +92,8 @@ class Nemesis:
         return Fault(kind, target, hold_s)
 
     def start(self, fault: Fault) -> None:
-        self.history.note("nemesis", fault.kind, "start", fault.target)
+        """The fault in place, then noted (a send begun while a master was being killed may still
+        be acknowledged by it)."""
         kind, target, bed, place = fault.kind, fault.target, self.bed, self.placement
         if kind == "kill-engine":
             self.engine_on(target).kill()
@@ -120,6 +121,7 @@ class Nemesis:
                 bed.loss(host, 5)
         else:
             raise ValueError(f"no such fault: {kind}")
+        self.history.note("nemesis", fault.kind, "start", fault.target)
 
     def heal(self, fault: Fault) -> None:
         kind, target = fault.kind, fault.target
