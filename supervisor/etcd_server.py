@@ -63,7 +63,8 @@ class EtcdMember:
                 "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
                 "--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url,
                 "--initial-cluster", initial_cluster, "--initial-cluster-state", state,
-                "--heartbeat-interval", "100", "--election-timeout", "1000"]
+                "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--pre-vote"]  # a member cut off and back does not depose the leader with its higher term
 
 
 def member_ports(first_port: int, members: int) -> list[tuple[int, int]]:
