@@ -26,7 +26,7 @@ from engine.client import ClientError, EngineError, StoreClient
 from engine.config import StoreConfig
 from engine.coordination.role import Role
 from engine.ipc.endpoints import ensure_run_dir
-from harness.replication import offsets
+from harness.replication import log_bytes, offsets
 from harness.workload import Producer, ProducerThread, QueueRead
 from supervisor.etcd_server import EtcdCluster
 from supervisor.launcher import EngineProcess, free_port
@@ -69,17 +69,21 @@ class BrokerSet:
             time.sleep(0.05)  # polls files and a status: the roles change in other processes
         raise TimeoutError(f"no master within {timeout_s} s")
 
+    def serving(self, timeout_s: float = 60.0) -> EngineProcess:
+        """The master, once it serves and has every other engine of the set in sync."""
+        master = self.wait_master(timeout_s=timeout_s)
+        wait_in_sync(master, len(self.engines) - 1, timeout_s=timeout_s)
+        return master
+
     @contextmanager
     def paused(self, engine: EngineProcess) -> Iterator[None]:
         """The engine's supervisor and every actor of it stopped (SIGSTOP: a pause that looks like a
         partition), and resumed (SIGCONT) at the end of the block."""
-        supervisor = psutil.Process(engine.pid)
-        pids = [supervisor.pid, *(child.pid for child in supervisor.children(recursive=True))]
-        _signal(pids, signal.SIGSTOP)
+        signal_tree(engine.pid, signal.SIGSTOP)
         try:
             yield
         finally:
-            _signal(pids, signal.SIGCONT)
+            signal_tree(engine.pid, signal.SIGCONT)
 
     @contextmanager
     def producing(self, topics: dict[str, int], seed: int, *, name: str = "p") -> Iterator[ProducerThread]:
@@ -153,12 +157,39 @@ class ConsumerOnSet:
                 if now.get((topic, queue_id, offset)) != body]
 
 
-def _signal(pids: list[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
+def signal_tree(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to a process and every descendant (a SIGSTOP stops it first, so that no child it
+    starts meanwhile is missed)."""
+    try:
+        root = psutil.Process(pid)
+        if sig == signal.SIGSTOP:
             os.kill(pid, sig)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in family:
+        try:
+            os.kill(process.pid, sig)
         except ProcessLookupError:
             pass
+
+
+def replicas_differing(brokers: BrokerSet, master: EngineProcess, start: int, end: int,
+                       config: StoreConfig, *, timeout_s: float = 60.0) -> list[str]:
+    """The engines whose log [start, end) is not the master's byte for byte, once each has written
+    to ``end`` (or ``timeout_s`` passed)."""
+    expected = log_bytes(master.store_dir, start, end, config.segment_size_bytes)
+    differing = []
+    deadline = time.monotonic() + timeout_s
+    for engine in brokers.engines:
+        if engine is master:
+            continue
+        with engine.client(timeout_ms=2_000) as client:
+            while offsets(client)["written_offset"] < end and time.monotonic() < deadline:
+                time.sleep(0.05)  # polls the replica's status: it catches up in other processes
+        if log_bytes(engine.store_dir, start, end, config.segment_size_bytes) != expected:
+            differing.append(f"{engine.store_dir.name} in [{start}, {end})")
+    return differing
 
 
 def wait_route_known(engine: EngineProcess, topic: str, brokers: int, *, timeout_s: float = 15.0) -> list[Any]:

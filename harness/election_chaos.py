@@ -20,7 +20,6 @@ No two engines may ever have claimed one epoch (the epochs in etcd are one per c
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,11 +27,9 @@ from engine.config import StoreConfig
 from engine.coordination.broker_set import BrokerSetKeys, history
 from engine.coordination.etcd import Etcd
 from engine.offline.check import Finding, check_store
-from harness.broker_set import BrokerSet, broker_set, wait_in_sync
+from harness.broker_set import BrokerSet, broker_set, replicas_differing
 from harness.faults import actor_pids, kill_actor
-from harness.replication import log_bytes, offsets
 from harness.workload import Verdict, read_everything, verify, wait_dispatched
-from supervisor.launcher import EngineProcess
 
 TOPICS = {"elected-a": 4, "elected-b": 2}
 FAULTS = ("actor", "actor", "master", "replica", "pause", "etcd")
@@ -65,13 +62,6 @@ def election_config() -> StoreConfig:
     return StoreConfig.test_min().replace(replication_mode="SYNC", replica_lag_max_ms=2_000,
                                           replication_report_interval_ms=200, replication_config_interval_ms=200,
                                           sync_flush_timeout_ms=2_000)
-
-
-def _all_serving(brokers: BrokerSet, timeout_s: float = 60.0) -> EngineProcess:
-    """The master, once every engine answers and the master has both replicas in sync."""
-    master = brokers.wait_master(timeout_s=timeout_s)
-    wait_in_sync(master, len(brokers.engines) - 1, timeout_s=timeout_s)
-    return master
 
 
 def _fault(brokers: BrokerSet, rng: random.Random, report: ElectionChaosReport) -> None:
@@ -111,14 +101,14 @@ def run_election_chaos(root: Path, *, seed: int, cycles: int = 8) -> ElectionCha
         with brokers.wait_master().client() as client:
             for topic, queues in TOPICS.items():
                 client.create_topic(topic, queue_count=queues)
-        _all_serving(brokers)
+        brokers.serving()
         with brokers.consuming(TOPICS) as consumer, brokers.producing(TOPICS, seed) as thread:
             for _ in range(cycles):
                 thread.wait_acked(thread.acked + rng.randint(50, 300), timeout_s=120)
                 _fault(brokers, rng, report)
-                _all_serving(brokers)
+                brokers.serving()
             thread.wait_acked(thread.acked + 100, timeout_s=120)
-        master = _all_serving(brokers)
+        master = brokers.serving()
         with master.client(timeout_ms=30_000) as client:
             # A master's actor restarted by the last fault may still be dispatching: what its queues
             # hold is read once they hold all the log (a read before it finds the tail "lost").
@@ -126,27 +116,9 @@ def run_election_chaos(root: Path, *, seed: int, cycles: int = 8) -> ElectionCha
             stored = read_everything(client, TOPICS)
         report.verdict = verify([thread.producer], stored)
         report.reads_changed = consumer.changed(stored)
-        report.logs_equal = _logs_equal(brokers, master, end, config)
+        report.logs_equal = not replicas_differing(brokers, master, 0, end, config)
         etcd = Etcd(brokers.etcd.endpoints.split(","), timeout_ms=2_000)
         report.epochs = history(etcd.get_prefix(BrokerSetKeys(config.cluster_name, config.broker_name).epochs))
     for engine in brokers.engines:
         report.findings += check_store(engine.store_dir, engine.config)
     return report
-
-
-def _logs_equal(brokers: BrokerSet, master: EngineProcess, end: int, config: StoreConfig) -> bool:
-    deadline = time.monotonic() + 60
-    expected = log_bytes(master.store_dir, 0, end, config.segment_size_bytes)
-    for engine in brokers.engines:
-        if engine is master:
-            continue
-        while True:
-            with engine.client(timeout_ms=2_000) as client:
-                if offsets(client)["written_offset"] >= end:
-                    break
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)  # polls the replica's status
-        if log_bytes(engine.store_dir, 0, end, config.segment_size_bytes) != expected:
-            return False
-    return True

@@ -127,9 +127,6 @@ class TestBed:
 
     # -- running things on a host
 
-    def host(self, name: str) -> Host:
-        return self.hosts[name]
-
     def address(self, name: str) -> str:
         return self.hosts[name].address
 

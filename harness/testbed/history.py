@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -69,9 +68,6 @@ class History:
     def snapshot(self) -> list[Op]:
         with self._lock:
             return list(self.ops)
-
-    def of(self, f: str) -> Iterator[Op]:
-        return (op for op in self.snapshot() if op.f == f)
 
     def save(self, path: Path) -> None:
         """As JSON lines, one operation a line, in the order they were added."""

@@ -22,14 +22,11 @@ from them). A fault's hold is drawn between ``HOLD_S`` bounds; a pause always ou
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 from dataclasses import dataclass
 
-import psutil
-
-from harness.broker_set import BrokerSet
+from harness.broker_set import BrokerSet, signal_tree
 from harness.testbed.bed import TestBed
 from harness.testbed.history import History
 from supervisor.launcher import EngineProcess
@@ -98,11 +95,11 @@ class Nemesis:
         if kind == "kill-engine":
             self.engine_on(target).kill()
         elif kind == "pause-engine":
-            _signal_tree(self.engine_on(target).pid, signal.SIGSTOP)
+            signal_tree(self.engine_on(target).pid, signal.SIGSTOP)
         elif kind == "kill-etcd":
             self.brokers.etcd.kill_member(place.etcd.index(target))
         elif kind == "pause-etcd":
-            _signal_tree(self.etcd_pid(target), signal.SIGSTOP)
+            signal_tree(self.etcd_pid(target), signal.SIGSTOP)
         elif kind == "master-etcd":
             bed.cut([target], place.etcd)
         elif kind == "master-replicas":
@@ -128,12 +125,12 @@ class Nemesis:
         if kind == "kill-engine":
             self.engine_on(target).start()
         elif kind == "pause-engine":
-            _signal_tree(self.engine_on(target).pid, signal.SIGCONT)
+            signal_tree(self.engine_on(target).pid, signal.SIGCONT)
         elif kind == "kill-etcd":
             k = self.placement.etcd.index(target)
             self.brokers.etcd.start_member(self.brokers.etcd.members[k])
         elif kind == "pause-etcd":
-            _signal_tree(self.etcd_pid(target), signal.SIGCONT)
+            signal_tree(self.etcd_pid(target), signal.SIGCONT)
         else:
             self.bed.heal()
         self.history.note("nemesis", kind, "heal", target)
@@ -145,19 +142,3 @@ class Nemesis:
         process = self.brokers.etcd.members[self.placement.etcd.index(host)].process
         assert process is not None, f"the etcd member on {host} is not running"
         return process.pid
-
-
-def _signal_tree(pid: int, sig: signal.Signals) -> None:
-    """``sig`` to a process and every descendant (stopped first, so that none is started unseen)."""
-    try:
-        root = psutil.Process(pid)
-        if sig == signal.SIGSTOP:
-            os.kill(pid, sig)
-        family = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for process in family:
-        try:
-            os.kill(process.pid, sig)
-        except ProcessLookupError:
-            pass

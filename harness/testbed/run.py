@@ -33,8 +33,9 @@ from engine.config import StoreConfig
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.broker_set import history as epoch_history
 from engine.coordination.etcd import Etcd
-from harness.broker_set import BrokerSet, wait_in_sync
-from harness.replication import log_bytes, offsets
+from harness.broker_set import BrokerSet, replicas_differing
+from harness.election_chaos import election_config
+from harness.replication import offsets
 from harness.testbed.bed import TestBed
 from harness.testbed.checker import Verdict, check
 from harness.testbed.cluster import broker_set_on
@@ -69,9 +70,8 @@ slots.SharedOffsets.set = _set_later
 
 
 def run_config(mode: Literal["SYNC", "ASYNC"]) -> StoreConfig:
-    return StoreConfig.test_min().replace(replication_mode=mode, replica_lag_max_ms=2_000,
-                                          replication_report_interval_ms=200, replication_config_interval_ms=200,
-                                          sync_flush_timeout_ms=2_000)
+    """The election chaos run's settings, in ``mode``."""
+    return election_config().replace(replication_mode=mode)
 
 
 @dataclass
@@ -230,7 +230,7 @@ class Campaign:
             self.brokers = stack.enter_context(broker_set_on(
                 self.bed, self.root, self.config, engines=PLACEMENT.engines, etcd=PLACEMENT.etcd,
                 client=PLACEMENT.clients[0], environment=_plant(self.root, self.planted)))
-            with _serving(self.brokers).client() as client:
+            with self.brokers.serving(RECOVERY_S).client() as client:
                 client.create_topic(TOPIC, queue_count=QUEUES)
             self.stack = stack.pop_all()
         return self
@@ -246,7 +246,7 @@ class Campaign:
         rng = random.Random(seed)
         report = Report(seed, self.mode)
         history = History()
-        floor = self.floor(_serving(brokers))
+        floor = self.floor(brokers.serving(RECOVERY_S))
         nemesis = Nemesis(self.bed, brokers, PLACEMENT, history, lease_s=self.config.master_lease_ms / 1000,
                           faults=self.kinds)
         stop = threading.Event()
@@ -266,7 +266,7 @@ class Campaign:
                 finally:
                     nemesis.heal(fault)
                 try:
-                    _serving(brokers)
+                    brokers.serving(RECOVERY_S)
                 except TimeoutError:
                     report.stuck.append(fault.kind)
                     break
@@ -292,7 +292,7 @@ class Campaign:
     def check(self, history: History, floor: Floor, prefix: str) -> Verdict:
         brokers = self.brokers
         assert brokers is not None
-        master = _serving(brokers)
+        master = brokers.serving(RECOVERY_S)
         with master.client(timeout_ms=30_000) as client:
             end = wait_dispatched(client, timeout_ms=60_000)["confirmed_offset"]
             final = {(TOPIC, q): _read_queue(client, q, floor.queues[q]) for q in range(QUEUES)}
@@ -303,7 +303,8 @@ class Campaign:
             return epoch_history(etcd.get_prefix(keys.epochs))
 
         return check(history.snapshot(), final, mode=self.mode, epochs=self.bed.call(PLACEMENT.clients[0], epochs),
-                     replicas_differing=_replicas_differing(brokers, master, floor.log, end, self.config),
+                     replicas_differing=replicas_differing(brokers, master, floor.log, end, self.config,
+                                                             timeout_s=RECOVERY_S),
                      prefix=prefix)
 
 
@@ -321,13 +322,6 @@ def run_seed(root: Path, seed: int, *, faults: int = 2, mode: Literal["SYNC", "A
         return campaign.run(seed, faults=faults)
 
 
-def _serving(brokers: BrokerSet, timeout_s: float = RECOVERY_S) -> EngineProcess:
-    """The master, once it serves with every replica in sync."""
-    master = brokers.wait_master(timeout_s=timeout_s)
-    wait_in_sync(master, len(brokers.engines) - 1, timeout_s=timeout_s)
-    return master
-
-
 def _read_queue(client: StoreClient, queue_id: int, offset: int) -> dict[int, str]:
     """Queue offset -> value, from ``offset`` to the queue's end."""
     found: dict[int, str] = {}
@@ -338,23 +332,6 @@ def _read_queue(client: StoreClient, queue_id: int, offset: int) -> dict[int, st
         found.update((m["queue_offset"], m["body"].decode()) for m in reply["messages"])
         offset = reply["next_offset"]
     return found
-
-
-def _replicas_differing(brokers: BrokerSet, master: EngineProcess, start: int, end: int,
-                        config: StoreConfig) -> list[str]:
-    """The replicas whose log [start, end) is not the master's, once each has written to ``end``."""
-    expected = log_bytes(master.store_dir, start, end, config.segment_size_bytes)
-    differing = []
-    deadline = time.monotonic() + RECOVERY_S
-    for engine in brokers.engines:
-        if engine is master:
-            continue
-        with engine.client(timeout_ms=2_000) as client:
-            while offsets(client)["written_offset"] < end and time.monotonic() < deadline:
-                time.sleep(0.05)  # polls the replica's status: it catches up in other processes
-        if log_bytes(engine.store_dir, start, end, config.segment_size_bytes) != expected:
-            differing.append(f"{engine.store_dir.name} in [{start}, {end})")
-    return differing
 
 
 def _plant(root: Path, planted: str) -> dict[str, str]:
