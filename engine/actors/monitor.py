@@ -49,7 +49,7 @@ class MonitorActor(Actor):
         for report in read_reports(self.env.run_dir):
             sent += sum(row[-1] for row in report.samples.get("rmqpy_queue_sent_messages", ()))
             pulled += sum(row[-1] for row in report.samples.get("rmqpy_queue_pulled_messages", ()))
-        self.rates.sample((sent, pulled), self.clock.wall_ms())
+        self.rates.sample((sent, pulled), self.clock.wall_ms(), self.clock.mono_ms())
 
     def shutdown(self, out: Effects) -> None:
         if self.servers is not None:

@@ -90,19 +90,22 @@ def groups(view: View) -> list[dict[str, Any]]:
 
 
 class Rates:
-    """Messages sent and pulled a second over the last minutes, from one sample a second."""
+    """Messages sent and pulled a second over the last minutes, from one sample a second. A rate's
+    time is the wall clock's (for the chart), its interval the monotonic clock's: a wall clock set
+    back or ahead neither spikes nor hides a rate."""
 
     def __init__(self, seconds_kept: int) -> None:
-        self.samples: deque[tuple[int, int, int]] = deque(maxlen=seconds_kept + 1)  # (wall ms, sent, pulled)
+        # (wall ms, monotonic ms, sent, pulled)
+        self.samples: deque[tuple[int, int, int, int]] = deque(maxlen=seconds_kept + 1)
 
-    def sample(self, sent_and_pulled: tuple[int, int], now_ms: int) -> None:
-        self.samples.append((now_ms, *sent_and_pulled))
+    def sample(self, sent_and_pulled: tuple[int, int], wall_ms: int, mono_ms: int) -> None:
+        self.samples.append((wall_ms, mono_ms, *sent_and_pulled))
 
     def series(self) -> list[dict[str, float]]:
         points = list(self.samples)
         series = []
-        for (t0, sent0, pulled0), (t1, sent1, pulled1) in itertools.pairwise(points):
-            seconds = max(1, t1 - t0) / 1000
+        for (_, m0, sent0, pulled0), (t1, m1, sent1, pulled1) in itertools.pairwise(points):
+            seconds = max(1, m1 - m0) / 1000
             # a counter that went down belongs to a restarted actor: count what it has done since
             series.append({"t": t1, "sent": (sent1 - sent0 if sent1 >= sent0 else sent1) / seconds,
                            "pulled": (pulled1 - pulled0 if pulled1 >= pulled0 else pulled1) / seconds})
