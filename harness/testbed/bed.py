@@ -15,6 +15,8 @@ holds the faults: a cut (``partition``, ``cut``) drops what a host sends to and 
 other side; ``loss`` drops a share of what a host receives, at random; ``heal`` flushes them.
 ``relayed`` beds carry every TCP connection between hosts through the opener's delaying relay
 (``relay.py``): ``delay`` sets a link's latency and jitter, for connections already open too.
+``clocks`` beds run what they start under each host's own wall clock (``clock.py``):
+``jump_clock`` moves one, ``heal`` puts them all back.
 
 The test process is in none of the hosts: it runs a command on one (``popen``, ``prefix``),
 makes a ZeroMQ context whose connections leave from one (``context``), or calls a function on a
@@ -37,6 +39,7 @@ from typing import TypeVar
 import zmq
 
 from harness.testbed import netns
+from harness.testbed.clock import HostClocks
 from harness.testbed.relay import RELAY_MARK, Delay, Delays, DelayTable
 
 NETWORK = IPv4Network("198.18.0.0/24")  # RFC 2544: for benchmarks, on no real network
@@ -58,7 +61,7 @@ class Host:
 class TestBed:
     __test__ = False  # not a pytest class
 
-    def __init__(self, root: Path, hosts: Sequence[str], *, relayed: bool = False) -> None:
+    def __init__(self, root: Path, hosts: Sequence[str], *, relayed: bool = False, clocks: bool = False) -> None:
         assert len(set(hosts)) == len(hosts) and len(hosts) <= NETWORK.num_addresses - FIRST_HOST - 1, hosts
         self.root = root
         self.relayed = relayed
@@ -71,6 +74,7 @@ class TestBed:
         self.base: tuple[float, float] | None = None  # every link's delay when no fault holds one (``base_delay``)
         self.contexts: list[zmq.Context[zmq.Socket[bytes]]] = []
         self.made: list[str] = []
+        self.clocks = HostClocks(root, list(hosts)) if clocks else None
 
     def __enter__(self) -> TestBed:
         try:
@@ -86,6 +90,8 @@ class TestBed:
     def start(self) -> None:
         netns.sweep_stale()
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.clocks is not None:
+            self.clocks.start()
         netns.create(self.hub)
         self.made.append(self.hub)
         netns.ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
@@ -192,6 +198,16 @@ class TestBed:
             self.tables[a] = {self.address(b): Delay(one_way_ms, one_way_ms, jitter_ms) for b in self.hosts if b != a}
         self._send_tables(list(self.hosts))
 
+    def environment(self, name: str) -> dict[str, str]:
+        """What a process started on host ``name`` runs with (its wall clock, on a ``clocks`` bed)."""
+        return self.clocks.environment(name) if self.clocks is not None else {}
+
+    def jump_clock(self, name: str, offset_s: int) -> None:
+        """Host ``name``'s wall clock ``offset_s`` seconds off the real one, in the processes started
+        with ``environment(name)``, within ``clock.JUMP_SETTLE_S``."""
+        assert self.clocks is not None, "a bed made without clocks"
+        self.clocks.set(name, offset_s)
+
     def base_delay(self, one_way_ms: float, jitter_ms: float = 0.0) -> None:
         """Every link's delay from now on, as ``delay_all`` sets it, and again after each heal: the
         network the bed stands for, under its faults."""
@@ -199,7 +215,10 @@ class TestBed:
         self.delay_all(one_way_ms, jitter_ms)
 
     def heal(self) -> None:
-        """Every cut and loss gone, every delay back to the base delay (none, unless ``base_delay``)."""
+        """Every cut and loss gone, every delay back to the base delay (none, unless ``base_delay``),
+        every wall clock back to the real one."""
+        if self.clocks is not None:
+            self.clocks.reset()
         for host in self.hosts.values():
             netns.nft_in(host.namespace, "flush chain inet testbed faults_in\nflush chain inet testbed faults_out\n")
         if self.base is not None:

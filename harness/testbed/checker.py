@@ -15,7 +15,10 @@ held against what the set holds at the end, once every fault is healed.
 * **outside its epoch**: an acknowledged send whose log offset is not in its epoch's stretch of
   the log (from its start in etcd's history to the next's);
 * **replica differs**: a replica's log not the master's, byte for byte, below the confirmed offset
-  (found by the run, passed in).
+  (found by the run, passed in);
+* **store time went back**: a queue's store timestamps, in queue order, not rising or level (the
+  writer stamps ``max(now, the last stamp)``, whatever a host's wall clock does and whichever
+  engine is master).
 
 ``unavailable_s``: for each fault, the longest time without an acknowledgement from its start
 to the first acknowledgement after its heal.
@@ -65,8 +68,10 @@ class Verdict:
 
 
 def check(ops: list[Op], final: dict[tuple[str, int], dict[int, str]], *, mode: Literal["SYNC", "ASYNC"],
-          epochs: list[tuple[int, int]], replicas_differing: Sequence[str] = (), prefix: str = "") -> Verdict:
-    """``final``: (topic, queue) -> offset -> value, read from the master at the end; ``epochs``:
+          epochs: list[tuple[int, int]], replicas_differing: Sequence[str] = (), prefix: str = "",
+          stamps: dict[tuple[str, int], dict[int, int]] | None = None) -> Verdict:
+    """``final``: (topic, queue) -> offset -> value, read from the master at the end; ``stamps``: the
+    same messages' store timestamps (ms), when read; ``epochs``:
     (epoch, start offset) from etcd, oldest first; ``prefix``: the values this history's clients
     send begin with (others, an earlier run's, are no phantoms; a read of one is held like any)."""
     verdict = Verdict(mode)
@@ -106,6 +111,12 @@ def check(ops: list[Op], final: dict[tuple[str, int], dict[int, str]], *, mode: 
     _one_master_an_epoch(sends, [op for op in ops if op.process == "observer"], where, epochs, verdict)
     for differs in replicas_differing:
         verdict.anomaly("replica differs", differs)
+    for (topic, queue_id), times in (stamps or {}).items():
+        ordered = sorted(times.items())
+        for (offset, stamp), (next_offset, next_stamp) in itertools.pairwise(ordered):
+            if next_stamp < stamp:
+                verdict.anomaly("store time went back", f"{topic}/{queue_id}/{next_offset}: {next_stamp} after "
+                                                        f"{stamp} at {offset}")
     verdict.unavailable_s = unavailable(ops)
     verdict.first_ack_s = first_acknowledgement(ops)
     return verdict

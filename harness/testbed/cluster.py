@@ -36,8 +36,9 @@ def etcd_on(bed: TestBed, root: Path, hosts: Sequence[str], *, client: str) -> E
 def engine_on(bed: TestBed, store_dir: Path, config: StoreConfig, host: str, *, client: str,
               environment: dict[str, str] | None = None, **settings: object) -> EngineProcess:
     """An engine on ``host`` (not started), reached from host ``client``; ``config`` with ``settings``,
-    its processes with ``environment`` added to theirs."""
+    its processes with the host's (``TestBed.environment``) and ``environment`` added to theirs."""
     address = bed.address(host)
+    environment = {**bed.environment(host), **(environment or {})}
     wrapper = [*bed.prefix(host), *(["env", *(f"{k}={v}" for k, v in environment.items())] if environment else [])]
     return EngineProcess(store_dir, config=config.replace(
         store_host=address, replication_endpoint=f"tcp://{address}:{REPLICATION_PORT}",

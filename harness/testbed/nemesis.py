@@ -15,6 +15,8 @@
     latency-1ms       every link 0.5 ms each way (1 ms round trip), 0.2 ms of jitter
     latency-50ms      every link 25 ms each way (50 ms round trip), 5 ms of jitter
     loss-5            every host drops 5 % of what it receives
+    clock-jump        an engine's wall clock a minute or an hour back or ahead (``clock.py``), back
+                      at the heal: store timestamps, retention and timers read it, the lease does not
 
 Every fault is noted in the history as it starts and as it heals (``unavailable_s`` measures
 from them). A fault's hold is drawn between ``HOLD_S`` bounds; a pause always outlasts the lease.
@@ -28,13 +30,16 @@ from dataclasses import dataclass
 
 from harness.broker_set import BrokerSet, signal_tree
 from harness.testbed.bed import TestBed
+from harness.testbed.clock import JUMP_SETTLE_S
 from harness.testbed.history import History
 from supervisor.launcher import EngineProcess
 
 FAULTS = ("kill-engine", "pause-engine", "kill-etcd", "pause-etcd", "master-etcd", "master-replicas",
           "master-clients", "master-replica-etcd", "etcd-minority", "etcd-majority", "latency-1ms", "latency-50ms",
-          "loss-5")
+          "loss-5", "clock-jump")
 NEEDS_RELAY = ("latency-1ms", "latency-50ms")
+NEEDS_CLOCKS = ("clock-jump",)
+CLOCK_JUMPS_S = (-3600, -60, 60, 3600)
 HOLD_S = (1.0, 4.0)
 LATENCY = {"latency-1ms": (0.5, 0.2), "latency-50ms": (25.0, 5.0)}  # one way, jitter (ms)
 
@@ -52,6 +57,11 @@ class Fault:
     kind: str
     target: str  # the host it falls on ("" for the whole bed)
     hold_s: float
+    offset_s: int = 0  # a clock jump's
+
+    def __str__(self) -> str:
+        jump = f" {self.offset_s:+d}s" if self.kind in NEEDS_CLOCKS else ""
+        return f"{self.kind}{'@' + self.target if self.target else ''}{jump} {self.hold_s}s"
 
 
 class Nemesis:
@@ -75,18 +85,23 @@ class Nemesis:
         hold_s = hold_s if hold_s is not None else round(rng.uniform(*HOLD_S), 2)
         master = self.brokers.master()
         engine_host = self.host_of(master) if master is not None else rng.choice(self.placement.engines)
-        if kind in ("kill-engine", "pause-engine") and not on_master and rng.random() < 0.3:
+        if kind in ("kill-engine", "pause-engine", "clock-jump") and not on_master and rng.random() < 0.3:
             engine_host = rng.choice(self.placement.engines)  # a replica, sometimes
         if kind == "pause-engine":
             hold_s = max(hold_s, self.lease_s + 1.0)
-        target = {"kill-engine": engine_host, "pause-engine": engine_host, "master-etcd": engine_host,
+        offset_s = 0
+        if kind == "clock-jump":
+            hold_s = max(hold_s, 2 * JUMP_SETTLE_S)
+            offset_s = rng.choice(CLOCK_JUMPS_S)
+        target = {"kill-engine": engine_host, "pause-engine": engine_host, "clock-jump": engine_host,
+                  "master-etcd": engine_host,
                   "master-replicas": engine_host, "master-clients": engine_host,
                   "kill-etcd": rng.choice(self.placement.etcd), "pause-etcd": rng.choice(self.placement.etcd),
                   "master-replica-etcd": ",".join(sorted([engine_host, rng.choice(
                       [h for h in self.placement.engines if h != engine_host])])),
                   "etcd-minority": rng.choice(self.placement.etcd),
                   "etcd-majority": ",".join(sorted(rng.sample(self.placement.etcd, 2)))}.get(kind, "")
-        return Fault(kind, target, hold_s)
+        return Fault(kind, target, hold_s, offset_s)
 
     def start(self, fault: Fault) -> None:
         """The fault in place, then noted (a send begun while a master was being killed may still
@@ -116,6 +131,8 @@ class Nemesis:
         elif kind == "loss-5":
             for host in bed.hosts:
                 bed.loss(host, 5)
+        elif kind == "clock-jump":
+            bed.jump_clock(target, fault.offset_s)  # in place within JUMP_SETTLE_S
         else:
             raise ValueError(f"no such fault: {kind}")
         self.history.note("nemesis", fault.kind, "start", fault.target)

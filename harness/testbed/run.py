@@ -38,9 +38,10 @@ from harness.election_chaos import election_config
 from harness.replication import offsets
 from harness.testbed.bed import TestBed
 from harness.testbed.checker import Verdict, check
+from harness.testbed.clock import SLEEP_IN_SELECT
 from harness.testbed.cluster import broker_set_on
 from harness.testbed.history import History, Op, Outcome, Stored
-from harness.testbed.nemesis import FAULTS, NEEDS_RELAY, Nemesis, Placement
+from harness.testbed.nemesis import FAULTS, NEEDS_CLOCKS, NEEDS_RELAY, Nemesis, Placement
 from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
 
@@ -217,7 +218,8 @@ class Campaign:
         self.rtt_ms = rtt_ms
         self.config = run_config(mode)
         self.bed = TestBed(root, [*PLACEMENT.engines, *PLACEMENT.etcd, *PLACEMENT.clients],
-                           relayed=rtt_ms > 0 or any(kind in NEEDS_RELAY for kind in kinds))
+                           relayed=rtt_ms > 0 or any(kind in NEEDS_RELAY for kind in kinds),
+                           clocks=any(kind in NEEDS_CLOCKS for kind in kinds))
         self.planted = planted
         self.stack = contextlib.ExitStack()
         self.brokers: BrokerSet | None = None
@@ -229,7 +231,8 @@ class Campaign:
                 self.bed.base_delay(self.rtt_ms / 2)
             self.brokers = stack.enter_context(broker_set_on(
                 self.bed, self.root, self.config, engines=PLACEMENT.engines, etcd=PLACEMENT.etcd,
-                client=PLACEMENT.clients[0], environment=_plant(self.root, self.planted)))
+                client=PLACEMENT.clients[0],
+                environment=_plant(self.root, self.planted, clocks=self.bed.clocks is not None)))
             with self.brokers.serving(RECOVERY_S).client() as client:
                 client.create_topic(TOPIC, queue_count=QUEUES)
             self.stack = stack.pop_all()
@@ -259,7 +262,7 @@ class Campaign:
             for _ in range(faults):
                 stop.wait(rng.uniform(*TRAFFIC_S))  # traffic before the fault
                 fault = nemesis.draw(rng, on_master=on_master, hold_s=hold_s)
-                report.schedule.append(f"{fault.kind}{'@' + fault.target if fault.target else ''} {fault.hold_s}s")
+                report.schedule.append(str(fault))
                 nemesis.start(fault)
                 try:
                     stop.wait(fault.hold_s)  # the fault's hold
@@ -295,17 +298,18 @@ class Campaign:
         master = brokers.serving(RECOVERY_S)
         with master.client(timeout_ms=30_000) as client:
             end = wait_dispatched(client, timeout_ms=60_000)["confirmed_offset"]
-            final = {(TOPIC, q): _read_queue(client, q, floor.queues[q]) for q in range(QUEUES)}
+            read = {(TOPIC, q): _read_queue(client, q, floor.queues[q]) for q in range(QUEUES)}
         keys = BrokerSetKeys(self.config.cluster_name, self.config.broker_name)
 
         def epochs() -> list[tuple[int, int]]:
             etcd = Etcd(brokers.etcd.endpoints.split(","), timeout_ms=2_000)
             return epoch_history(etcd.get_prefix(keys.epochs))
 
+        final = {key: values for key, (values, _) in read.items()}
         return check(history.snapshot(), final, mode=self.mode, epochs=self.bed.call(PLACEMENT.clients[0], epochs),
                      replicas_differing=replicas_differing(brokers, master, floor.log, end, self.config,
                                                              timeout_s=RECOVERY_S),
-                     prefix=prefix)
+                     prefix=prefix, stamps={key: stamps for key, (_, stamps) in read.items()})
 
 
 @dataclass(frozen=True)
@@ -322,23 +326,26 @@ def run_seed(root: Path, seed: int, *, faults: int = 2, mode: Literal["SYNC", "A
         return campaign.run(seed, faults=faults)
 
 
-def _read_queue(client: StoreClient, queue_id: int, offset: int) -> dict[int, str]:
-    """Queue offset -> value, from ``offset`` to the queue's end."""
+def _read_queue(client: StoreClient, queue_id: int, offset: int) -> tuple[dict[int, str], dict[int, int]]:
+    """Queue offset -> value, and -> store timestamp, from ``offset`` to the queue's end."""
     found: dict[int, str] = {}
+    stamps: dict[int, int] = {}
     for _ in range(1 << 30):
         reply = client.pull(TOPIC, queue_id, offset, max_messages=256)
         if reply["status"] != "FOUND":
             break
         found.update((m["queue_offset"], m["body"].decode()) for m in reply["messages"])
+        stamps.update((m["queue_offset"], m["store_timestamp"]) for m in reply["messages"])
         offset = reply["next_offset"]
-    return found
+    return found, stamps
 
 
-def _plant(root: Path, planted: str) -> dict[str, str]:
-    """The environment that puts ``PLANTS[planted]`` into every process of an engine."""
+def _plant(root: Path, planted: str, *, clocks: bool) -> dict[str, str]:
+    """The environment that puts ``PLANTS[planted]`` into every process of an engine (its
+    sitecustomize takes the place of the clocks' one: it does that one's work too)."""
     if not planted:
         return {}
     folder = root / f"plant-{planted}"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(PLANTS[planted])
+    (folder / "sitecustomize.py").write_text(PLANTS[planted] + (SLEEP_IN_SELECT if clocks else ""))
     return {"PYTHONPATH": str(folder)}

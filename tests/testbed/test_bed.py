@@ -1,13 +1,15 @@
 """The test bed of hosts (``harness/testbed``): hosts reach each other and nothing else; a cut,
 a partition and a loss drop what they say, both ways, and heal; a delayed link holds each chunk
-its delay and keeps the order; everything started is stopped, namespaces included, also after a
-failure and after an owner that died. All traffic stays inside the bed's namespaces."""
+its delay and keeps the order; a host's wall clock jumps and heals; everything started is
+stopped, namespaces included, also after a failure and after an owner that died. All traffic
+stays inside the bed's namespaces."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,8 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.testbed import TestBed, netns
+from harness.testbed import TestBed, clock, netns
 from harness.testbed.bed import NETWORK
+from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -193,3 +196,43 @@ def test_everything_it_started_is_stopped_after_a_failure_and_after_a_dead_owner
         assert stale not in netns.namespaces()
     left.wait(10)  # killed (by then reaped by the sweep, which waits for what it kills)
     assert not psutil.pid_exists(left.pid)
+
+
+CLOCK_PROBE = """
+import sys, time
+for line in sys.stdin:
+    time.sleep(0.01)  # CPython's sleep, which libfaketime 0.9.10 alone would refuse
+    print(time.time() - time.monotonic(), flush=True)
+"""
+
+
+def test_a_host_s_wall_clock_jumps_and_heals_while_its_monotonic_clock_runs_on(tmp_path: Path) -> None:
+    require(clock.library() is not None, "libfaketime (Debian's faketime)")
+    with TestBed(tmp_path, ["a"], clocks=True) as bed:
+        process = subprocess.Popen([*bed.prefix("a"), "env", *(f"{k}={v}" for k, v in bed.environment("a").items()),
+                                    sys.executable, "-c", CLOCK_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True)
+        assert process.stdin is not None and process.stdout is not None
+
+        def offset() -> float:  # the process's wall clock less its monotonic one, less ours
+            process.stdin.write("\n")
+            process.stdin.flush()
+            return float(process.stdout.readline()) - (time.time() - time.monotonic())
+
+        def settles(expected_s: int) -> None:
+            deadline = time.monotonic() + 5 * clock.JUMP_SETTLE_S
+            while abs((seen := offset()) - expected_s) > 1.0:
+                assert time.monotonic() < deadline, (seen, expected_s)
+
+        try:
+            settles(0)
+            bed.jump_clock("a", -3600)
+            settles(-3600)  # the monotonic clock has not moved with it: the difference is the jump
+            bed.jump_clock("a", 60)
+            settles(60)
+            bed.heal()
+            settles(0)
+        finally:
+            process.stdin.close()
+            process.wait(10)
+            process.stdout.close()

@@ -96,3 +96,12 @@ def test_values_of_an_earlier_run_are_no_phantoms_but_reads_of_them_are_held() -
     assert check([read], {(T, 0): {0: "s1-old"}}, mode="SYNC", epochs=[], prefix="s2-").ok()
     assert not check([read], {(T, 0): {0: "s1-old"}}, mode="SYNC", epochs=[]).ok()  # a phantom of this run
     assert list(check([read], {(T, 0): {}}, mode="SYNC", epochs=[], prefix="s2-").violations) == ["changed"]
+
+
+def test_a_queue_whose_store_time_goes_back_is_found_and_level_times_are_not() -> None:
+    ops = [sent("a", at=(0, 0)), sent("b", at=(0, 1)), sent("c", at=(0, 2)), sent("d", at=(1, 0))]
+    final = {(T, 0): {0: "a", 1: "b", 2: "c"}, (T, 1): {0: "d"}}
+    level = check(ops, final, mode="SYNC", epochs=[(1, 0)], stamps={(T, 0): {0: 5, 1: 5, 2: 6}, (T, 1): {0: 1}})
+    assert level.ok(), level.summary()
+    back = check(ops, final, mode="SYNC", epochs=[(1, 0)], stamps={(T, 0): {2: 4, 0: 5, 1: 5}, (T, 1): {0: 1}})
+    assert back.anomalies["store time went back"] == ["jepsen/0/2: 4 after 5 at 1"], back.summary()
