@@ -122,6 +122,8 @@ def _plan(store_dir: Path, config: StoreConfig, reader: CommitLogReader, *, uncl
     torn_from = durable if unclean else None
     plan = _scan(reader, start, last + config.segment_size_bytes, durable, deleted, torn_from)
     plan.min_offset = first
+    if checkpoint is not None:  # the scan may find no record: store times go on from the last flushed
+        plan.last_store_timestamp_ms = max(plan.last_store_timestamp_ms, checkpoint.physic_msg_timestamp_ms)
     for (topic, queue_id), (queue_next, end) in queues.items():
         nxt = queue_next
         if end > plan.end_offset:
@@ -161,7 +163,7 @@ def _scan(reader: CommitLogReader, start: int, log_end: int, durable: int, delet
             plan.next_queue_offsets[key] = max(plan.next_queue_offsets.get(key, 0), item.queue_offset + 1)
         plan.end_offset = item.commit_log_offset + item.total_size
         plan.records_scanned += 1
-        plan.last_store_timestamp_ms = item.store_timestamp_ms
+        plan.last_store_timestamp_ms = max(plan.last_store_timestamp_ms, item.store_timestamp_ms)
     if pending and pending[0].start < durable:
         _report(plan, pending)
         plan.end_offset = max(plan.end_offset, durable)

@@ -39,6 +39,12 @@ def index_file_name(now_ms: int) -> str:
     return time.strftime("%Y%m%d%H%M%S", time.localtime(seconds)) + f"{millis:03d}"
 
 
+def index_file_ms(name: str) -> int:
+    """The time ``index_file_name`` made ``name`` of (an hour off at most, in the hour a change
+    of daylight saving time repeats)."""
+    return int(time.mktime(time.strptime(name[:14], "%Y%m%d%H%M%S"))) * 1000 + int(name[14:17])
+
+
 class IndexFile:
     def __init__(self, path: Path, *, hash_slot_count: int, index_count_max: int, writable: bool,
                  reserve_step_bytes: int | None = None) -> None:
@@ -204,7 +210,15 @@ class IndexService:
             return self.newest()
         self.directory.mkdir(parents=True, exist_ok=True)
         name = index_file_name(now_ms)
-        while (self.directory / name).exists() or (self.names and name <= self.names[-1]):
+        if self.names and name <= self.names[-1]:
+            # The record's store time is before the newest file's name: a wall clock set back
+            # on the engine that stamped them. Files are ordered by name: the next is named after.
+            now_ms = max(now_ms, index_file_ms(self.names[-1]) + 1)
+            name = index_file_name(now_ms)
+            while name <= self.names[-1]:  # the hour a change of daylight saving time repeats
+                now_ms += 60_000
+                name = index_file_name(now_ms)
+        while (self.directory / name).exists():
             now_ms += 1
             name = index_file_name(now_ms)
         previous = self.newest() if self.names else None

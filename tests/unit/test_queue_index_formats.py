@@ -22,7 +22,7 @@ from engine.layout import (
     offset_to_file_name,
     tags_code,
 )
-from engine.store.index_file import IndexFile, IndexService
+from engine.store.index_file import IndexFile, IndexService, index_file_ms
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -421,3 +421,17 @@ def test_a_reader_follows_the_builder_across_new_and_deleted_files(tmp_path):
     assert reader.file_count == 1 and reader.query("T", "k11", count_max=4, begin_ms=0, end_ms=2**62) == [111]
     builder.close()
     reader.close()
+
+
+def test_records_stamped_an_hour_before_the_newest_file_s_name_go_to_a_file_named_after_it(tmp_path):
+    """A wall clock set back on the engine that stamped them: the next file is named just after the
+    newest (files are ordered by name), found at once, not a millisecond at a time."""
+    builder = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=3, writable=True)
+    hour_ahead = T0 + 3_600_000
+    for n in range(2):  # 2 items a file: the second fills the first file
+        builder.build("T", [f"k{n}"], 100 + n, hour_ahead + n)
+    builder.build("T", ["late"], 102, T0)  # a new file, for a record stamped an hour before the last
+    assert builder.file_count == 2 and builder.names == sorted(builder.names)
+    assert index_file_ms(builder.names[1]) == index_file_ms(builder.names[0]) + 1
+    assert builder.query("T", "late", count_max=4, begin_ms=0, end_ms=2**62) == [102]
+    builder.close()
