@@ -16,6 +16,11 @@ held against what the set holds at the end, once every fault is healed.
   the log (from its start in etcd's history to the next's);
 * **replica differs**: a replica's log not the master's, byte for byte, below the confirmed offset
   (found by the run, passed in);
+* **two members at once**: a queue delivered by two members of a consumer group in stretches of
+  time that overlap. A member's stretch of a queue runs from a poll that delivered from it to the
+  last such poll before the member was seen reading it no more (its ``holds``, noted after each
+  poll and when its consumer closed); it read the queue all along, so another's delivery inside
+  it is two readers at once, which the group's hand-over promises never happens;
 * **store time went back**: a queue's store timestamps, in queue order, not rising or level (the
   writer stamps ``max(now, the last stamp)``, whatever a host's wall clock does and whichever
   engine is master).
@@ -117,6 +122,7 @@ def check(ops: list[Op], final: dict[tuple[str, int], dict[int, str]], *, mode: 
             if next_stamp < stamp:
                 verdict.anomaly("store time went back", f"{topic}/{queue_id}/{next_offset}: {next_stamp} after "
                                                         f"{stamp} at {offset}")
+    _one_member_a_queue(ops, verdict)
     verdict.unavailable_s = unavailable(ops)
     verdict.first_ack_s = first_acknowledgement(ops)
     return verdict
@@ -157,6 +163,32 @@ def _one_master_an_epoch(sends: list[Op], observations: list[Op], where: dict[st
         if newer:
             verdict.anomaly("two masters at once", f"{op.value} acknowledged in epoch {op.stored.epoch}, sent after "
                                                    f"epoch {newer[0][0]} had a master")
+
+
+def _one_member_a_queue(ops: list[Op], verdict: Verdict) -> None:
+    stretches: dict[tuple[str, int], list[tuple[float, float, str]]] = defaultdict(list)  # (from, to, member)
+    open_: dict[tuple[str, tuple[str, int]], list[float]] = {}  # (member, queue) -> [from, to]
+    delivered: Counter[str] = Counter()
+    for op in ops:  # each member's ops are in its own order: it notes them from one thread
+        if op.f == "consume":
+            for topic, queue_id, _offset, value in op.read:
+                delivered[value] += 1
+                span = open_.setdefault((op.process, (topic, queue_id)), [op.ended_s, op.ended_s])
+                span[1] = op.ended_s
+        elif op.f == "holds":
+            held = {int(q) for q in op.value.split(",") if q}
+            for member, queue in [key for key in open_ if key[0] == op.process and key[1][1] not in held]:
+                begun, ended = open_.pop((member, queue))
+                stretches[queue].append((begun, ended, member))
+    for (member, queue), (begun, ended) in open_.items():
+        stretches[queue].append((begun, ended, member))
+    verdict.counts["group_delivered"] += sum(delivered.values())
+    verdict.counts["group_delivered_again"] += sum(n - 1 for n in delivered.values())
+    for (topic, queue_id), spans in sorted(stretches.items()):
+        for (a_from, a_to, a), (b_from, b_to, b) in itertools.combinations(sorted(spans), 2):
+            if a != b and b_from < a_to and a_from < b_to:
+                verdict.anomaly("two members at once", f"{topic}/{queue_id}: {a} {a_from:.3f}-{a_to:.3f}, "
+                                                       f"{b} {b_from:.3f}-{b_to:.3f}")
 
 
 def faults(ops: list[Op]) -> list[tuple[str, float, float]]:

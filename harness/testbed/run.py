@@ -2,15 +2,18 @@
 
     hosts   e0 e1 e2   the engines of broker-a (SYNC or ASYNC replication; e0 is elected first)
             m0 m1 m2   the etcd members
-            c0         the clients: producers on the set's address, a reader of the master
+            c0         the clients: producers on the set's address, a reader of the master, a
+                       consumer group's members on the master
 
 Producers send batches of unique values (``<client>-<seq>``) to the queues in turn and note
 each message's outcome; the reader pulls every queue from the engine that is master and notes
-what it read. The nemesis draws ``faults`` faults from the seed (``nemesis.py``): before each, a
-drawn pause of traffic; after each heal, the set must serve again (a master with its replicas in
-sync) within ``RECOVERY_S``. At the end every fault is healed, the clients stop, the master is
-read whole and each replica's log compared with it below the confirmed offset, etcd's epoch
-history read, and ``checker.check`` gives the verdict. Every loop is bounded in time and count.
+what it read; two members of a consumer group share the queues on the master and note what each
+poll delivered and which queues each reads after it. The nemesis draws ``faults`` faults from
+the seed (``nemesis.py``): before each, a drawn pause of traffic; after each heal, the set must
+serve again (a master with its replicas in sync) within ``RECOVERY_S``. At the end every fault
+is healed, the clients stop, the master is read whole and each replica's log compared with it
+below the confirmed offset, etcd's epoch history read, and ``checker.check`` gives the verdict.
+Every loop is bounded in time and count.
 
 ``planted``: each engine runs with a bug put in from outside (``PLANTS``), for a run that must
 be caught: ``lease`` makes a master's lease deadline an hour later than etcd's, so it keeps
@@ -55,6 +58,10 @@ TRAFFIC_S = (0.5, 1.5)  # traffic before each fault
 SENDS_MAX = 200_000  # a producer's bound, whatever the time
 SEND_INTERVAL_S = 0.01  # a producer sends a batch this often at most: a long campaign's stores stay small
 PULL_MAX = 64
+GROUP = "jepsen-group"
+GROUP_MEMBERS = 2
+GROUP_POLL_MS = 100  # a poll's wait: a member notes the queues it reads at least this often
+MASTER_LOOK_S = 0.5  # how often a member asks which engine is master (and opens again there if it moved)
 OBSERVE_S = 0.1
 PLACEMENT = Placement(engines=["e0", "e1", "e2"], etcd=["m0", "m1", "m2"], clients=["c0"])
 
@@ -71,8 +78,9 @@ slots.SharedOffsets.set = _set_later
 
 
 def run_config(mode: Literal["SYNC", "ASYNC"]) -> StoreConfig:
-    """The election chaos run's settings, in ``mode``."""
-    return election_config().replace(replication_mode=mode)
+    """The election chaos run's settings, in ``mode``; a group member's session of 3 s (6 s by
+    default), so that a seed sees queues change hands."""
+    return election_config().replace(replication_mode=mode, consumer_session_timeout_ms=3_000)
 
 
 @dataclass
@@ -204,6 +212,70 @@ class Reader:
         self.next[queue_id] = reply["next_offset"]
 
 
+class GroupReader:
+    """A member of the consumer group ``GROUP`` on the engine that is master, as an application
+    runs one: each poll's messages noted as delivered when the poll returned them, then the queues
+    it reads; when the master is another engine, or its consumer fails, it closes the consumer
+    (without the last commit: a crash's way) and opens one on the master."""
+
+    def __init__(self, name: str, brokers: BrokerSet, history: History, stop: threading.Event) -> None:
+        self.name = name
+        self.brokers = brokers
+        self.history = history
+        self.stop = stop
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+
+    def run(self) -> None:
+        consumer: rmqpy.PullConsumer | None = None
+        endpoint = ""
+        next_look = 0.0
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                if now >= next_look:
+                    next_look = now + MASTER_LOOK_S
+                    master = self.brokers.master()
+                    if consumer is not None and (master is None or master.endpoint != endpoint):
+                        self.close(consumer)
+                        consumer = None
+                    if consumer is None and master is not None:
+                        consumer, endpoint = self.open(master.endpoint), master.endpoint
+                if consumer is None:
+                    self.stop.wait(0.1)
+                    continue
+                try:
+                    messages = consumer.poll(GROUP_POLL_MS)
+                except (ClientError, EngineError):
+                    self.close(consumer)
+                    consumer = None
+                    continue
+                ended = time.monotonic()
+                if messages:
+                    self.history.add(Op(process=self.name, f="consume", outcome="ok", began_s=ended, ended_s=ended,
+                                        read=[(TOPIC, m.queue_id, m.queue_offset, m.body.decode()) for m in messages]))
+                self.holds(consumer.queue_ids, ended)
+        finally:
+            if consumer is not None:
+                self.close(consumer)
+
+    def open(self, endpoint: str) -> rmqpy.PullConsumer | None:
+        try:
+            return rmqpy.PullConsumer(GROUP, TOPIC, endpoint=endpoint, context=self.brokers.context,
+                                      timeout_ms=2_000, max_wait_ms=GROUP_POLL_MS, commit_every=16,
+                                      retry=rmqpy.RetryPolicy(retry_count_max=1))
+        except (ClientError, EngineError):
+            return None
+
+    def close(self, consumer: rmqpy.PullConsumer) -> None:
+        self.holds([], time.monotonic())  # it reads nothing from here on
+        with contextlib.suppress(ClientError, EngineError):
+            consumer.close(finish=False)  # its last commit may not get through: read again, at least once
+
+    def holds(self, queues: list[int], at_s: float) -> None:
+        self.history.add(Op(process=self.name, f="holds", outcome="ok", began_s=at_s, ended_s=at_s,
+                            value=",".join(map(str, queues))))
+
+
 class Campaign:
     """A test bed and a broker set on it, for seeds run one after another (``run``): each seed's
     clients send values of its own (``s<seed>-p<k>-<n>``) and its check reads what was stored
@@ -255,7 +327,9 @@ class Campaign:
         stop = threading.Event()
         clients = [Client(f"s{seed}-p{k}", brokers, history, stop) for k in range(PRODUCERS)]
         reader = Reader(brokers, history, stop, floor.queues)
-        threads = [*(c.thread for c in clients), reader.thread, Observer(brokers, history, stop).thread]
+        members = [GroupReader(f"s{seed}-g{k}", brokers, history, stop) for k in range(GROUP_MEMBERS)]
+        threads = [*(c.thread for c in clients), reader.thread, Observer(brokers, history, stop).thread,
+                   *(m.thread for m in members)]
         for thread in threads:
             thread.start()
         try:

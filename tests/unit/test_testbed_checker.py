@@ -105,3 +105,26 @@ def test_a_queue_whose_store_time_goes_back_is_found_and_level_times_are_not() -
     assert level.ok(), level.summary()
     back = check(ops, final, mode="SYNC", epochs=[(1, 0)], stamps={(T, 0): {2: 4, 0: 5, 1: 5}, (T, 1): {0: 1}})
     assert back.anomalies["store time went back"] == ["jepsen/0/2: 4 after 5 at 1"], back.summary()
+
+
+def delivered(member: str, when: float, *positions: tuple[int, int]) -> Op:
+    return Op(process=member, f="consume", outcome="ok", began_s=when, ended_s=when,
+              read=[(T, q, offset, f"v{q}-{offset}") for q, offset in positions])
+
+
+def holds(member: str, when: float, *queues: int) -> Op:
+    return Op(process=member, f="holds", outcome="ok", began_s=when, ended_s=when, value=",".join(map(str, queues)))
+
+
+def test_a_queue_handed_over_is_one_member_at_a_time_and_two_readers_at_once_are_found() -> None:
+    handed_over = [delivered("a", 1.0, (0, 0)), holds("a", 1.0, 0), delivered("a", 2.0, (0, 1)), holds("a", 2.5),
+                   delivered("b", 3.0, (0, 1), (1, 0)), holds("b", 3.0, 0, 1),  # from the last commit: again
+                   delivered("a", 3.5, (2, 0)), holds("a", 3.5, 2)]
+    verdict = check(handed_over, {}, mode="SYNC", epochs=[(1, 0)])
+    assert verdict.ok(), verdict.summary()
+    assert (verdict.counts["group_delivered"], verdict.counts["group_delivered_again"]) == (5, 1)
+    # a keeps reading queue 0 (never seen to let it go) while b reads it too
+    both = [delivered("a", 1.0, (0, 0)), holds("a", 1.0, 0), delivered("b", 1.5, (0, 1)), holds("b", 1.5, 0),
+            delivered("a", 2.0, (0, 2)), holds("a", 2.0, 0)]
+    verdict = check(both, {}, mode="SYNC", epochs=[(1, 0)])
+    assert verdict.anomalies["two members at once"] == ["jepsen/0: a 1.000-2.000, b 1.500-1.500"], verdict.summary()
