@@ -4,6 +4,7 @@
     sudo python scripts/nemesis.py --seeds 100 --faults 1
     sudo python scripts/nemesis.py --kinds master-etcd --planted lease --seeds 3   # must be caught
     sudo python scripts/nemesis.py --seed 17 --keep /tmp/seed17                    # one seed, kept
+    python scripts/nemesis.py --summarize /tmp/seed17        # the figures of a run kept (or the slow test's)
 
 Three engines and three etcd members, each on a host of its own (a network namespace), and a
 client host with two producers and a reader (harness/testbed/run.py; the faults are listed in
@@ -29,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.testbed.checker import unavailable
+from harness.testbed.history import load
 from harness.testbed.nemesis import FAULTS
 from harness.testbed.run import PLANTS, Campaign
 
@@ -45,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the faults drawn from, separated by commas (default all: {', '.join(FAULTS)})")
     parser.add_argument("--planted", choices=sorted(PLANTS), default="", help="run with a planted bug")
     parser.add_argument("--keep", type=Path, help="the folder the stores, logs and histories stay in")
+    parser.add_argument("--summarize", type=Path, metavar="DIR",
+                        help="run nothing: print the verdicts and the figures of the histories kept in DIR")
     args = parser.parse_args(argv)
+    if args.summarize:
+        return summarize(args.summarize)
     if os.geteuid() != 0:
         parser.error("the test bed makes network namespaces: run it as root")
     kinds = tuple(args.kinds.split(","))
@@ -66,10 +73,28 @@ def main(argv: list[str] | None = None) -> int:
                 costs[fault.split()[0]].append(seconds)
                 print(f"         {fault}: {seconds:.2f} s without an acknowledgement")
     print(f"\n{len(seeds)} seeds in {time.monotonic() - began:.0f} s, {broken} broke a promise; histories in {root}")
+    print_costs(costs)
+    return int(not broken) if args.planted else int(bool(broken))
+
+
+def print_costs(costs: dict[str, list[float]]) -> None:
     print("seconds without an acknowledgement, per fault: median, worst (count)")
     for kind in sorted(costs):
         print(f"  {kind:20} {statistics.median(costs[kind]):6.2f} {max(costs[kind]):6.2f}  ({len(costs[kind])})")
-    return int(not broken) if args.planted else int(bool(broken))
+
+
+def summarize(root: Path) -> int:
+    """The verdicts kept in ``root`` and the time without an acknowledgement per fault, from its
+    histories; 1 if a seed broke a promise (or none is there)."""
+    verdicts = (root / "verdicts.txt").read_text().splitlines() if (root / "verdicts.txt").exists() else []
+    costs: dict[str, list[float]] = defaultdict(list)
+    for path in sorted(root.glob("history-*.jsonl")):
+        for fault, seconds in unavailable(load(path)):
+            costs[fault.split()[0]].append(seconds)
+    broken = [line for line in verdicts if not line.startswith("ok")]
+    print("\n".join(broken) or f"{len(verdicts)} seeds, none broke a promise")
+    print_costs(costs)
+    return int(bool(broken) or not verdicts)
 
 
 if __name__ == "__main__":

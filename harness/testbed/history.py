@@ -75,3 +75,10 @@ class History:
         with open(path, "wb") as out:
             for op in self.snapshot():
                 out.write(encoder.encode(op) + b"\n")
+
+
+def load(path: Path) -> list[Op]:
+    """A history ``History.save`` wrote."""
+    decoder = msgspec.json.Decoder(Op)
+    with open(path, "rb") as lines:
+        return [decoder.decode(line) for line in lines if line.strip()]
