@@ -43,6 +43,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     curve_enabled: bool = False
     curve_server_secret_key_file: str = ""  # a secret certificate made by `python -m engine keygen`
     curve_authorized_keys_dir: str = ""  # the public certificates (*.key) of the clients allowed in
+    # Who may do what (docs/security.md): users and policies in STORE/config/acl.json, checked where
+    # a request enters (the gRPC endpoint: its calls' signatures, then the policies).
+    acl_enabled: bool = False
+    acl_signature_skew_ms_max: int = 900_000  # a signed call's date at most this far from the clock (15 min)
     # The writer and the owners answer a client that asks (StoreClient) straight, past the front:
     # each binds a port of its own on the front's host (engine/ipc/direct_replies.py).
     direct_replies_enabled: bool = True
@@ -240,6 +244,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     log_format: Literal["text", "json"] = "text"  # "json": one object per line, with an event field for events
     log_file_bytes_max: int = 64 * MiB  # a log file past this size is renamed <name>.log.1 (older ones shift)
     log_files_kept: int = 5  # files per log, the live one included; the oldest is deleted
+    audit_log_bytes_max: int = 64 * MiB  # STORE/logs/audit-<process>.jsonl past this is renamed .1 (and so on)
+    audit_log_files_kept: int = 5  # rotated audit files kept besides the live one
 
     @property
     def is_replica(self) -> bool:
@@ -484,7 +490,8 @@ _MINIMUMS: dict[str, int] = {
     "dispatch_tick_interval_ms": 1, "heartbeat_interval_ms": 1, "heartbeat_timeout_ms": 1,
     "actor_start_timeout_ms": 1, "actor_stop_timeout_ms": 1, "restart_count_max": 0, "restart_window_ms": 0,
     "restart_backoff_ms": 0, "socket_hwm_messages": 0, "client_frame_bytes_max": 1,
-    "log_file_bytes_max": 4 * KiB, "log_files_kept": 2,
+    "log_file_bytes_max": 4 * KiB, "log_files_kept": 2, "audit_log_bytes_max": 4 * KiB, "audit_log_files_kept": 1,
+    "acl_signature_skew_ms_max": 1_000,
     "http_connections_max": 1, "http_request_timeout_ms": 1, "http_workers_max": 1,
     "segment_reserve_step_bytes": 4 * KiB, "consume_queue_reserve_step_bytes": 4 * KiB,
     "index_reserve_step_bytes": 4 * KiB, "timer_reserve_step_bytes": 4 * KiB, "auto_create_topics_max": 0,

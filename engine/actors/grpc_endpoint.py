@@ -35,6 +35,9 @@ from engine.gateway.service import MessagingService, grpc_broker
 from engine.ipc import endpoints
 from engine.ipc.curve import CurveKeys
 from engine.ipc.lifecycle import Lifecycle, actor_step
+from engine.logs import LOG_DIR
+from engine.security.audit import AuditLog
+from engine.security.guard import Guard
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +49,10 @@ _ROLE_CACHE_S = 0.5
 class GrpcEndpoint:
     """The process: the gRPC server, its line to the front, the heartbeat."""
 
-    def __init__(self, name: str, run_dir: Path, config: StoreConfig) -> None:
+    def __init__(self, name: str, run_dir: Path, config: StoreConfig, store_dir: Path) -> None:
         self.name = name
         self.run_dir = run_dir
+        self.store_dir = store_dir
         self.config = config
         self.lifecycle = Lifecycle.INIT
         self.service: MessagingService | None = None
@@ -63,7 +67,10 @@ class GrpcEndpoint:
     def detail(self) -> dict[str, int]:
         if self.service is None or self.link is None:
             return {}
-        return {"calls": self.service.calls, "in_flight": self.link.in_flight, "timeouts": self.link.timeouts}
+        refused = {} if self.service.guard is None else {
+            f"refused_{code.lower()}": self.service.guard.refusals[code] for code in ("UNAUTHENTICATED", "FORBIDDEN")}
+        return {"calls": self.service.calls, "in_flight": self.link.in_flight, "timeouts": self.link.timeouts,
+                **refused}
 
     async def run(self, parent: int) -> None:
         cfg = self.config
@@ -107,7 +114,12 @@ class GrpcEndpoint:
         # Elected on etcd, the broker is the set (its broker_name), as other sets of a cluster are named.
         broker = grpc_broker(cfg.broker_name if cfg.elected else BROKER_NAME, cfg.grpc_endpoint)
         assert self.link is not None
-        self.service = MessagingService(self.link, cfg, broker, self.master_broker)
+        guard = None
+        if cfg.acl_enabled:
+            guard = Guard(self.store_dir, AuditLog(self.store_dir / LOG_DIR / f"audit-{self.name}.jsonl",
+                                                   bytes_max=cfg.audit_log_bytes_max,
+                                                   files_kept=cfg.audit_log_files_kept))
+        self.service = MessagingService(self.link, cfg, broker, self.master_broker, guard)
         server = grpc.aio.server(maximum_concurrent_rpcs=cfg.grpc_streams_max, options=[
             ("grpc.max_receive_message_length", cfg.grpc_message_bytes_max),
             ("grpc.max_send_message_length", cfg.grpc_message_bytes_max),
@@ -140,7 +152,7 @@ class GrpcEndpoint:
 
 def main(argv: list[str] | None = None) -> int:
     args, parent = process_setup(argv)
-    endpoint = GrpcEndpoint(args.name, args.run_dir, decode_config(args.config.read_bytes()))
+    endpoint = GrpcEndpoint(args.name, args.run_dir, decode_config(args.config.read_bytes()), args.store_dir.resolve())
 
     async def serve() -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, endpoint.stopping.set)

@@ -10,6 +10,7 @@
     python -m engine inspect --store-dir DIR         (offline: segments, records, queues, index, checkpoint)
     python -m engine check --store-dir DIR           (offline: verify every structure against the log)
     python -m engine keygen --dir keys --name server (a CURVE key pair; --server-key/--client-key use them)
+    python -m engine acl user add NAME --store-dir DIR (users and policies: who may do what)
 
 Online commands reach the engine at ``--endpoint``, or at the endpoint of the
 engine running on ``--store-dir``. ``--json`` prints machine-readable output.
@@ -18,7 +19,7 @@ script) is the same program, with shell completion through argcomplete.
 
 Here are the parser and the dispatch; each command is a module of this package with its
 ``add`` (its options and ``--help`` examples) and its handler: ``produce``, ``consume``,
-``query``, ``stats``, ``topics``, ``transaction``, ``offline`` (inspect, check, keygen).
+``query``, ``stats``, ``topics``, ``transaction``, ``offline`` (inspect, check, keygen), ``acl``.
 ``common`` holds what they share: exit codes, the engine's endpoint and client, output.
 """
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import argcomplete
 
-from engine.cli import consume, offline, produce, query, stats, topics, transaction
+from engine.cli import acl, consume, offline, produce, query, stats, topics, transaction
 from engine.cli.common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -75,7 +76,7 @@ def build_parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
                                      formatter_class=HELP_FORMAT)
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (produce, consume, query, stats, topics, offline, transaction):  # the order --help lists
+    for command in (produce, consume, query, stats, topics, offline, transaction, acl):  # the order --help lists
         command.add(commands)
     return parser
 

@@ -27,6 +27,11 @@ What each call does here (RocketMQ's proxy is the model; docs/grpc.md has the ta
   topics' half messages (``RecoverOrphanedTransactionCommand``).
 * Lite and priority messages, ``RecallMessage``: UNSUPPORTED; the offset calls of the pull consumer
   (``PullMessage``, ``GetOffset`` …): gRPC's own UNIMPLEMENTED.
+* With ``acl_enabled`` (``guard``) every call is first checked as RocketMQ's proxy checks it: its
+  signature (``engine/security/signature.py``) names the user, whose policies must allow what the
+  call does (a route: pub or sub on the topic; a send: pub; a receive, an ack, an assignment: sub
+  on the topic and the group); UNAUTHORIZED or FORBIDDEN otherwise, audited, and the engine is not
+  asked.
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ from engine.gateway.codes import error_status, put_status, status
 from engine.gateway.link import EngineLink
 from engine.gateway.messages import Refused, duration_ms, incoming, outgoing, timestamp
 from engine.names import validate_group
+from engine.security.acl import Check, Refusal
+from engine.security.guard import Guard
+from engine.security.signature import DATE_HEADER, verify
 from engine.store.records import owner_of
 
 log = logging.getLogger(__name__)
@@ -74,9 +82,12 @@ _ACCEPTED_TYPES = (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, Mess
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: ignore[misc]  # rocketmq ships no stubs
     def __init__(self, link: EngineLink, config: StoreConfig, broker: definition_pb2.Broker,
-                 master_broker: Callable[[], definition_pb2.Broker | None] = lambda: None) -> None:
+                 master_broker: Callable[[], definition_pb2.Broker | None] = lambda: None,
+                 guard: Guard | None = None) -> None:
         """``master_broker``: elected on etcd, the broker set's master when it is another engine (the
-        routes name it: clients send there); None while this engine is master or not elected."""
+        routes name it: clients send there); None while this engine is master or not elected.
+        ``guard``: the ACL every call is checked against (None: every call is served)."""
+        self.guard = guard
         self.link = link
         self.config = config
         self.broker = broker
@@ -98,6 +109,25 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         if not isinstance(fields, dict):
             return fields  # the response, built whole by the method
         return make(status=fields.pop("status", None) or status(), **fields)
+
+    def authorize(self, context: grpc.aio.ServicerContext, op: str, *checks: Check) -> None:
+        """Refused (UNAUTHORIZED, FORBIDDEN) unless the call is signed by a user who may do ``checks``."""
+        guard = self.guard
+        if guard is None:
+            return
+        source = peer_address(context.peer())
+        metadata = dict(context.invocation_metadata() or ())
+        acl = guard.acl()
+        signed = verify(str(metadata.get("authorization", "")), str(metadata.get(DATE_HEADER, "")),
+                        acl.secret_of if acl is not None else lambda _key: None, now_ms=time.time_ns() // 1_000_000,
+                        skew_ms_max=self.config.acl_signature_skew_ms_max)
+        if signed.user is None:
+            guard.refuse(Refusal("UNAUTHENTICATED", signed.reason), user=None, source=source, op=op)
+            raise Refused(Code.UNAUTHORIZED, f"UNAUTHENTICATED: {signed.reason}")
+        refusal = guard.check(signed.user, checks, source=source, op=op)
+        if refusal is not None:
+            raise Refused(Code.UNAUTHORIZED if refusal.code == "UNAUTHENTICATED" else Code.FORBIDDEN,
+                          f"{refusal.code}: {refusal.message}")
 
     def deadline_ms(self, context: grpc.aio.ServicerContext) -> int:
         remaining = context.time_remaining()
@@ -134,6 +164,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> service_pb2.QueryRouteResponse:
         async def work() -> dict[str, Any]:
             topic = request.topic.name
+            self.authorize(context, "QueryRoute", Check("topic", topic, "pub|sub"))
             others = await self.other_sets(topic)
             queues = [] if others and not await self.served_here(topic) else \
                 [self.queue(topic, q) for q in range(await self.queue_count(topic, create=True))]
@@ -145,8 +176,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
     async def QueryAssignment(self, request: service_pb2.QueryAssignmentRequest,
                               context: grpc.aio.ServicerContext) -> service_pb2.QueryAssignmentResponse:
         async def work() -> dict[str, Any]:
-            check_group(request.group.name)
+            group = check_group(request.group.name)
             topic = request.topic.name
+            self.authorize(context, "QueryAssignment", Check("topic", topic, "sub"), Check("group", group, "sub"))
             others = await self.other_sets(topic)
             here = [] if others and not await self.served_here(topic) else [self.queue(topic, -1)]
             if not others:
@@ -176,18 +208,28 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> service_pb2.HeartbeatResponse:
         async def work() -> dict[str, Any]:
             if request.HasField("group"):
-                check_group(request.group.name)
+                self.authorize(context, "Heartbeat", Check("group", check_group(request.group.name), "pub|sub"))
+            else:
+                self.authorize(context, "Heartbeat")
             return {}
         return await self.answer(service_pb2.HeartbeatResponse, work)
 
     async def NotifyClientTermination(self, request: service_pb2.NotifyClientTerminationRequest,
                                       context: grpc.aio.ServicerContext) -> service_pb2.NotifyClientTerminationResponse:
-        return service_pb2.NotifyClientTerminationResponse(status=status())
+        async def work() -> dict[str, Any]:
+            self.authorize(context, "NotifyClientTermination")
+            return {}
+        return await self.answer(service_pb2.NotifyClientTerminationResponse, work)
 
     async def Telemetry(self, request_iterator: AsyncIterator[service_pb2.TelemetryCommand],
                         context: grpc.aio.ServicerContext) -> AsyncIterator[service_pb2.TelemetryCommand]:
         commands: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue()
         checks: list[asyncio.Task[None]] = []
+        try:
+            self.authorize(context, "Telemetry")
+        except Refused as exc:
+            yield service_pb2.TelemetryCommand(status=status(exc.code, exc.message))
+            return
 
         async def read() -> None:
             async for command in request_iterator:
@@ -233,6 +275,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> service_pb2.SendMessageResponse:
         async def work() -> service_pb2.SendMessageResponse:
             sending = outgoing(request.messages, body_bytes_max=self.config.message_body_bytes_max)
+            self.authorize(context, "SendMessage", Check("topic", sending.topic, "pub"))
             fields: dict[str, Any] = {"topic": sending.topic, "messages": sending.messages}
             if sending.group is not None:
                 fields["sharding_key"] = sending.group
@@ -255,6 +298,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
     async def EndTransaction(self, request: service_pb2.EndTransactionRequest, context: grpc.aio.ServicerContext) \
             -> service_pb2.EndTransactionResponse:
         async def work() -> dict[str, Any]:
+            self.authorize(context, "EndTransaction", Check("topic", request.topic.name, "pub"))
             if request.resolution not in _DECISIONS:
                 raise Refused(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
             await self.link.request("end_transaction", timeout_ms=self.deadline_ms(context),
@@ -290,6 +334,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> tuple[int, list[dict[str, Any]]]:
         group = check_group(request.group.name)
         topic = request.message_queue.topic.name
+        self.authorize(context, "ReceiveMessage", Check("topic", topic, "sub"), Check("group", group, "sub"))
         count = await self.queue_count(topic, create=False)
         subscription = "*"
         if request.HasField("filter_expression"):
@@ -329,6 +374,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> service_pb2.AckMessageResponse:
         async def work() -> dict[str, Any]:
             group = check_group(request.group.name)
+            self.authorize(context, "AckMessage", Check("topic", request.topic.name, "sub"),
+                           Check("group", group, "sub"))
             by_queue: dict[int, list[service_pb2.AckMessageEntry]] = {}
             entries = []
             for entry in request.entries:
@@ -359,6 +406,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
             -> service_pb2.ChangeInvisibleDurationResponse:
         async def work() -> dict[str, Any]:
             group = check_group(request.group.name)
+            self.authorize(context, "ChangeInvisibleDuration", Check("topic", request.topic.name, "sub"),
+                           Check("group", group, "sub"))
             queue_id = required_handle_queue(request.receipt_handle)
             invisible_ms = duration_ms(request.invisible_duration)
             if not 0 <= invisible_ms <= self.config.pop_invisible_ms_max:
@@ -377,6 +426,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         with ``dead_letter`` moves it to %DLQ%{group} now."""
         async def work() -> dict[str, Any]:
             group = check_group(request.group.name)
+            self.authorize(context, "ForwardMessageToDeadLetterQueue", Check("topic", request.topic.name, "sub"),
+                           Check("group", group, "sub"))
             queue_id = required_handle_queue(request.receipt_handle)
             reply = await self.link.request("ack", group=group, topic=request.topic.name, queue_id=queue_id,
                                             receipt_handles=[request.receipt_handle], dead_letter=True,
@@ -393,6 +444,16 @@ def grpc_broker(name: str, grpc_endpoint: str) -> definition_pb2.Broker:
     return definition_pb2.Broker(name=name, id=0, endpoints=definition_pb2.Endpoints(
         scheme=AddressScheme.IPv6 if ":" in host else AddressScheme.IPv4,
         addresses=[definition_pb2.Address(host=host.strip("[]"), port=int(port))]))
+
+
+def peer_address(peer: str) -> str:
+    """The IP address of gRPC's ``context.peer()`` ("ipv4:10.1.2.3:5000", "ipv6:[::1]:5000"); "" if none."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]").replace("%5B", "").replace("%5D", "")
+    return ""
 
 
 def check_group(name: str) -> str:

@@ -116,6 +116,9 @@ def _add_lag(view: View) -> None:
             view.add("rmqpy_group_lag_messages", group, topic, queue_id, max(0, end - committed))
 
 
+REFUSAL_CODES = ("UNAUTHENTICATED", "FORBIDDEN")  # an actor that checks the ACL counts them in its detail
+
+
 def _add_actors(view: View, status: ControlReply) -> None:
     view.add("rmqpy_engine_degraded", int(status.state != "RUNNING"))
     for actor in status.actors:
@@ -127,6 +130,9 @@ def _add_actors(view: View, status: ControlReply) -> None:
         if "rss_bytes" in actor.detail:
             view.add("rmqpy_actor_resident_memory_bytes", actor.name, actor.detail["rss_bytes"])
             view.add("rmqpy_actor_open_files", actor.name, actor.detail["open_files"])
+        for code in REFUSAL_CODES:
+            if f"refused_{code.lower()}" in actor.detail:
+                view.add("rmqpy_auth_refusals", actor.name, code, actor.detail[f"refused_{code.lower()}"])
 
 
 class EngineCollector(Collector):

@@ -87,6 +87,8 @@ FAMILIES = {f.name: f for f in [
     Family("rmqpy_actor_restarts", COUNTER, "Restarts of an actor by the supervisor", ("actor",)),
     Family("rmqpy_actor_resident_memory_bytes", GAUGE, "Resident memory of an actor process", ("actor",)),
     Family("rmqpy_actor_open_files", GAUGE, "Open descriptors of an actor process", ("actor",)),
+    Family("rmqpy_auth_refusals", COUNTER, "Requests refused by the ACL, by code (UNAUTHENTICATED, FORBIDDEN)",
+           ("actor", "code")),
 ]}
 
 # Upper bounds of the latency histograms, in seconds: 50 us to 10 s.

@@ -18,11 +18,14 @@ from engine.store.mapped_file import fsync_dir
 T = TypeVar("T")
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """``mode``: the file's permissions (0o600 for one that holds secrets: so is it from its first
+    byte, and so is the ``.bak`` it leaves)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
+        os.fchmod(fd, mode)  # a .tmp left by a crash keeps the mode it was made with
         view = memoryview(data)
         while view:  # a write the disk cuts short is followed by one that fails (ENOSPC)
             view = view[os.write(fd, view):]

@@ -1,0 +1,1 @@
+"""Who may do what (``acl.py``), checked where a request enters: the front and the gRPC endpoint."""

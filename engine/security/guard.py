@@ -1,0 +1,77 @@
+"""The ACL as a process applies it (the front, the gRPC endpoint): read again when its file
+changes, each refusal written to the audit log and counted by code.
+
+With ``acl_enabled`` and no usable ACL file every request is refused (``UNAUTHENTICATED``), and the
+process log says why: an engine that was told to check permissions never serves without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from engine.security import acl as acl_file
+from engine.security.acl import Acl, AclError, Check, Refusal
+from engine.security.audit import AuditLog
+
+log = logging.getLogger(__name__)
+
+RELOAD_LOOK_MS = 1_000  # how often the ACL file's stamp is looked at
+
+
+class Guard:
+    def __init__(self, store_dir: Path, audit: AuditLog) -> None:
+        self.store_dir = store_dir
+        self.audit = audit
+        self.refusals: Counter[str] = Counter()  # by code
+        self._acl: Acl | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._looked_ms = -RELOAD_LOOK_MS
+        self._broken = ""
+
+    def acl(self) -> Acl | None:
+        """The ACL now (its file looked at again at most every ``RELOAD_LOOK_MS``)."""
+        now_ms = time.monotonic_ns() // 1_000_000
+        if now_ms - self._looked_ms < RELOAD_LOOK_MS:
+            return self._acl
+        self._looked_ms = now_ms
+        path = self.store_dir / acl_file.ACL_FILE
+        try:
+            st = os.stat(path)
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._stamp and (self._acl is not None or self._broken):
+            return self._acl
+        self._stamp = stamp
+        try:
+            self._acl = acl_file.load(self.store_dir)
+            self._broken = "" if self._acl is not None else f"no ACL file at {path}"
+        except (AclError, OSError) as exc:
+            self._acl, self._broken = None, f"the ACL file {path} cannot be used: {exc}"
+        if self._broken:
+            log.error("%s: every request is refused until it is fixed (python -m engine acl)", self._broken)
+        else:
+            log.info("ACL read: %d users, %d policies", len(self._acl.file.users) if self._acl else 0,
+                     len(self._acl.file.policies) if self._acl else 0)
+        return self._acl
+
+    def check(self, user: str | None, checks: Iterable[Check], *, source: str, op: str) -> Refusal | None:
+        """None if allowed; else the refusal, audited and counted."""
+        acl = self.acl()
+        checks = list(checks)
+        refusal = (acl.authorize(user, checks, source) if acl is not None
+                   else Refusal("UNAUTHENTICATED", f"this engine checks permissions and {self._broken}"))
+        if refusal is not None:
+            self.refuse(refusal, user=user, source=source, op=op)
+        return refusal
+
+    def refuse(self, refusal: Refusal, *, user: str | None, source: str, op: str) -> None:
+        """Audit and count a refusal made here or before (a bad signature)."""
+        self.refusals[refusal.code] += 1
+        self.audit.record("refused", code=refusal.code, subject=user or "", source=source, op=op,
+                          resource=refusal.resource, action=refusal.action, message=refusal.message)
