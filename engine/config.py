@@ -330,6 +330,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (self.bind_non_loopback or is_loopback_endpoint(self.endpoint),
              f"endpoint {self.endpoint} is not a loopback address; set bind_non_loopback = true to serve other "
              f"machines (and consider curve_enabled)"),
+            (not self.acl_enabled or self.curve_enabled or is_loopback_endpoint(self.endpoint),
+             f"acl_enabled with endpoint {self.endpoint} needs curve_enabled: the client endpoint's users are the "
+             f"CURVE keys its clients prove, and without them it would serve other machines unchecked"),
             (not self.curve_enabled or (self.curve_server_secret_key_file and self.curve_authorized_keys_dir),
              f"curve_enabled needs curve_server_secret_key_file ({self.curve_server_secret_key_file!r}) and "
              f"curve_authorized_keys_dir ({self.curve_authorized_keys_dir!r})"),

@@ -72,6 +72,8 @@ class ErrorCode(enum.IntEnum):
     TRANSACTION_ENDED = 26  # the half message was already decided the other way (or rolled back by the checks)
     NOT_MASTER = 27  # this engine is a replica: it serves reads; writes go to its master
     SLAVE_NOT_AVAILABLE = 28  # SYNC replication with fewer than min_in_sync_replicas in sync: nothing was stored
+    UNAUTHENTICATED = 29  # acl_enabled: the client is no user of the ACL (its CURVE key, or signature); nothing done
+    FORBIDDEN = 30  # acl_enabled: the user's policies do not allow this action on this resource; nothing done
 
 
 class RequestError(Exception):

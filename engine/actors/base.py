@@ -120,24 +120,32 @@ def peer_ip(address: str) -> bytes:
     return b""
 
 
-def recv_frames_from(sock: zmq.Socket[bytes], flags: int = 0) -> tuple[list[bytes], bytes]:
-    """``recv_frames`` for a ROUTER, with the sender's IP (``peer_ip``).
+def recv_frames_from(sock: zmq.Socket[bytes], flags: int = 0, *,
+                     with_key: bool = False) -> tuple[list[bytes], bytes, str]:
+    """``recv_frames`` for a ROUTER, with the sender's IP (``peer_ip``) and, ``with_key`` (a CURVE
+    port), the public key its handshake proved (ZAP's User-Id: Z85; "" if none).
 
     ZeroMQ gives a message's peer address only on a zero-copy frame (``Frame.get``): the frame
     after the routing id is taken so, about 2 us more than as bytes, once a message. The address
     is not kept by routing id: a peer may choose its id and reconnect from elsewhere under it."""
     frames = [_raw_recv(sock, flags)]
     ip = b""
+    key = ""
     if sock.get(_RCVMORE):
         frame = _raw_recv(sock, 0, copy=False)
         try:
             ip = peer_ip(frame.get("Peer-Address"))
         except zmq.ZMQError:  # a transport without addresses
             pass
+        if with_key:
+            try:
+                key = str(frame.get("User-Id"))
+            except zmq.ZMQError:  # no ZAP handshake on this connection
+                pass
         frames.append(frame.bytes)
         while sock.get(_RCVMORE):
             frames.append(_raw_recv(sock))
-    return frames, ip
+    return frames, ip, key
 
 
 # Port kinds (ZeroMQ socket types).
@@ -213,7 +221,7 @@ class Port:
     # so a request just after the engine is ready is not refused for a connection still being made
     await_peer: bool = False
     curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
-    peer_address: bool = False  # ROUTER: each message comes with its sender's IP (``Inbound.peer_ip``)
+    peer_address: bool = False  # ROUTER: each message with its sender's IP (``Inbound.peer_ip``; and key, CURVE)
     # ROUTER: a peer whose connection breaks is named to the actor (``Actor.peer_lost``), as
     # ZMQ_ROUTER_NOTIFY would (a draft option this libzmq lacks): each peer's connection is known by
     # the descriptor its last message came on (ZMQ_SRCFD), and the monitor names the one that closed
@@ -286,11 +294,11 @@ class Actor:
         """``handlers()``, asked once."""
         return self.handlers()
 
-    def take(self, port: Port, frames: list[bytes], out: Effects, peer_ip: bytes = b"") -> None:
+    def take(self, port: Port, frames: list[bytes], out: Effects, peer_ip: bytes = b"", peer_key: str = "") -> None:
         """One message from ``port``: decoded against its channel and handed to the handler of its type.
         Frames that break the client protocol's layout are dropped (nothing sensible can be answered)."""
         try:
-            inbound = wire.decode(port.channel, port.bind, frames, peer_ip)
+            inbound = wire.decode(port.channel, port.bind, frames, peer_ip, peer_key)
         except wire.WireError:
             return
         if inbound.origin is not None and self.lifecycle is Lifecycle.STOPPING:
@@ -495,14 +503,15 @@ class Runtime:
         self.carry_out(out)
 
     def on_readable_from(self, port: Port, sock: zmq.Socket[bytes]) -> None:
-        """``on_readable`` for a ``peer_address`` port: each message with its sender's IP."""
-        actor, out = self.actor, Effects()
+        """``on_readable`` for a ``peer_address`` port: each message with its sender's IP (and on a
+        CURVE port, its key)."""
+        actor, out, with_key = self.actor, Effects(), port.curve
         for _ in range(_DRAIN_MESSAGES_MAX):
             try:
-                frames, ip = recv_frames_from(sock, _NOBLOCK)
+                frames, ip, key = recv_frames_from(sock, _NOBLOCK, with_key=with_key)
             except zmq.Again:
                 break
-            actor.take(port, frames, out, ip)
+            actor.take(port, frames, out, ip, key)
             if out:
                 self.carry_out(out)
         actor.drained(port.channel, out)

@@ -54,6 +54,7 @@ from engine.coordination.routes_mirror import RoutesMirror
 from engine.errors import ErrorCode, RequestError
 from engine.ipc import channels, direct_replies
 from engine.ipc.channels import Channel, ClientFrame
+from engine.ipc.curve import public_key_of
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE
 from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import (
@@ -94,8 +95,12 @@ from engine.ipc.protocol import (
 )
 from engine.ipc.wire import Inbound, Origin
 from engine.layout import decode_msg_id
+from engine.logs import LOG_DIR
 from engine.metrics.report import Figures
 from engine.names import dead_letter_topic
+from engine.security.audit import AuditLog
+from engine.security.guard import Guard, ip_text
+from engine.security.ops import checks_of
 from engine.services.front.consumer_groups import ConsumerGroups
 from engine.services.front.figures import FrontFigures
 from engine.services.front.key_lookup import KeyLookup
@@ -160,10 +165,21 @@ class FrontActor(Actor):
         self.log_min_offset = 0
         self.writer_up = False  # the writer's port is connected: a full queue to it means BUSY
         # What waits for the topic table to be on disk: requests to route again, and replies.
-        self.held: list[tuple[Origin, bytes, bytes]] = []  # whom to answer, request, its sender's IP
+        self.held: list[tuple[Origin, bytes, bytes, str]] = []  # whom to answer, request, its sender's IP and key
         self.held_replies: list[Reply] = []
         self.shipped = ShippedConfig(env.store_dir) if env.config.is_replica else None
         self.routes = RoutesMirror(env.run_dir)  # the cluster's topic routes (an engine elected on etcd)
+        # Who may do what (docs/security.md): on a CURVE client port, each request's key is a user.
+        # The gRPC endpoint's own key is trusted: it has checked its callers' policies itself.
+        cfg = env.config
+        self.guard = None
+        self.trusted_keys: frozenset[str] = frozenset()
+        if cfg.acl_enabled and cfg.curve_enabled:
+            self.guard = Guard(env.store_dir, AuditLog(env.store_dir / LOG_DIR / f"audit-{env.name}.jsonl",
+                                                       bytes_max=cfg.audit_log_bytes_max,
+                                                       files_kept=cfg.audit_log_files_kept))
+            if cfg.grpc_enabled and cfg.grpc_curve_client_secret_key_file:
+                self.trusted_keys = frozenset({public_key_of(cfg.grpc_curve_client_secret_key_file)})
 
     def ports(self) -> list[Port]:
         cfg = self.config
@@ -189,7 +205,7 @@ class FrontActor(Actor):
     def on_request(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
         assert inbound.origin is not None
         self.figures.requests_served += 1
-        self.serve(inbound.origin, inbound.payload, out, inbound.peer_ip)
+        self.serve(inbound.origin, inbound.payload, out, inbound.peer_ip, inbound.peer_key)
 
     def drained(self, channel: Channel, out: Effects) -> None:
         """Group commit: write the topic table once for the batch, then let what waited on it go.
@@ -209,16 +225,16 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
-        for origin, raw, peer_ip in held:
+        for origin, raw, peer_ip, peer_key in held:
             if refusal is None:
-                self.serve(origin, raw, out, peer_ip)
+                self.serve(origin, raw, out, peer_ip, peer_key)
             else:
                 self.figures.refused(refusal.code)
                 out.append(self.error_reply(origin, raw, refusal))
 
-    def hold(self, origin: Origin, raw: bytes, peer_ip: bytes = b"") -> None:
+    def hold(self, origin: Origin, raw: bytes, peer_ip: bytes = b"", peer_key: str = "") -> None:
         """Route this request again once the topic table is on disk."""
-        self.held.append((origin, raw, peer_ip))
+        self.held.append((origin, raw, peer_ip, peer_key))
 
     def connection(self, channel: Channel, up: bool) -> None:
         if up:
@@ -258,15 +274,28 @@ class FrontActor(Actor):
                 return
         out.append(relay)
 
-    def serve(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
+    def serve(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"", peer_key: str = "") -> None:
         """``peer_ip``: the client's IP (4 or 16 bytes), the born host of what it sends; b"" when
-        it has none (ipc://, an actor on the internal port)."""
+        it has none (ipc://, an actor on the internal port). ``peer_key``: its CURVE key ("" if none)."""
         try:
-            self.route(origin, raw, out, peer_ip)
+            self.route(origin, raw, out, peer_ip, peer_key)
         except RequestError as exc:
             if exc.code == ErrorCode.TOPIC_NOT_FOUND and self.config.elected:
                 exc = self.served_elsewhere(exc, raw)
             out.append(self.error_reply(origin, raw, exc))
+
+    def authorize(self, envelope: Envelope, peer_ip: bytes, peer_key: str) -> None:
+        """RequestError (UNAUTHENTICATED, FORBIDDEN) unless the user of ``peer_key`` may do the request."""
+        assert self.guard is not None
+        acl = self.guard.acl()
+        user = acl.by_curve_key.get(peer_key) if acl is not None else None
+        checks = checks_of(envelope.op, envelope.topic, envelope.group, self.config.cluster_name)
+        refusal = self.guard.check(user, checks, source=ip_text(peer_ip), op=envelope.op,
+                                   unknown=f"key:{peer_key}" if peer_key else "")
+        if refusal is not None:
+            code = ErrorCode.UNAUTHENTICATED if refusal.code == "UNAUTHENTICATED" else ErrorCode.FORBIDDEN
+            details = {"resource": refusal.resource, "action": refusal.action} if refusal.resource else {}
+            raise RequestError(code, refusal.message, **details)
 
     def served_elsewhere(self, exc: RequestError, raw: bytes) -> RequestError:
         """TOPIC_NOT_FOUND for a topic other broker sets of the cluster serve: the refusal names them."""
@@ -331,11 +360,13 @@ class FrontActor(Actor):
                                                 "master_endpoint": own["master_endpoint"], "grpc_endpoint": grpc}
         return [{"broker_name": name, **route} for name, route in sorted(serving.items())]
 
-    def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"") -> None:
+    def route(self, origin: Origin, raw: bytes, out: Effects, peer_ip: bytes = b"", peer_key: str = "") -> None:
         """The routing table: which actor serves each op (or the front itself)."""
         envelope = decode_envelope(raw)
         op = envelope.op
         self.figures.routed(op)
+        if self.guard is not None and origin.channel is channels.CLIENTS and peer_key not in self.trusted_keys:
+            self.authorize(envelope, peer_ip, peer_key)
         if op in _WRITES and self.config.is_replica:
             master = self.master_endpoint()
             where = f"its master at {master}" if master else f"its master (replication {self.config.replica_of})"
@@ -347,7 +378,7 @@ class FrontActor(Actor):
                                                      f"{op}; send it to {master or 'the master etcd elects'}",
                                master_endpoint=master)
         if envelope.topic in self.topics.unsaved:  # its entry is not on disk yet: after the batch's write
-            self.hold(origin, raw, peer_ip)
+            self.hold(origin, raw, peer_ip, peer_key)
             return
         if op in _TO_QUEUE_OWNER:
             owner = self.queue_owner(envelope)
@@ -362,14 +393,14 @@ class FrontActor(Actor):
             out.append(self.forward(channels.TRANSACTIONS, origin, _TO_TRANSACTIONS[op](), raw))
         elif op == "send":
             if self.topics.auto_create(envelope):
-                self.hold(origin, raw, peer_ip)
+                self.hold(origin, raw, peer_ip, peer_key)
                 return
             internal = origin.channel is channels.FRONT_INTERNAL
             self.topics.check_send(envelope, internal=internal)
             append = Append(self.topics.choose_queue(envelope), self.clock.mono_ms(), internal, peer_ip)
             out.append(self.forward(channels.WRITER, origin, append, raw))
         elif op == "pop":
-            self.route_pop(origin, raw, envelope, out)
+            self.route_pop(origin, raw, envelope, out, peer_key)
         elif op in ("query_by_key", "query_by_keys"):
             self.topics.check_topic(envelope)
             visible_end = self.slots.visible_end(sync_flush=self.sync_flush,
@@ -383,19 +414,19 @@ class FrontActor(Actor):
         elif op == "create_topic":
             reply = self.topics.create_topic(envelope, raw)
             if reply is None:
-                self.hold(origin, raw)  # answered once the new entry is on disk
+                self.hold(origin, raw, peer_ip, peer_key)  # answered once the new entry is on disk
             else:
                 out.append(Reply(origin, reply))
         else:  # list_topics, ping, commit_offset, fetch_offset, heartbeat, status, route
             out.append(Reply(origin, self.local(op, envelope, raw)))
 
-    def route_pop(self, origin: Origin, raw: bytes, envelope: Envelope, out: Effects) -> None:
+    def route_pop(self, origin: Origin, raw: bytes, envelope: Envelope, out: Effects, peer_key: str = "") -> None:
         """To the owner of the pop's queue, or to the owners holding queues of the topic in turn.
         A group's first pop of a topic creates its dead-letter topic first."""
         topic = self.topics.check_topic(envelope)
         group = self.groups.pop_group(envelope)
         if self.topics.create_dead_letter_topic(dead_letter_topic(group)):
-            self.hold(origin, raw)  # forwarded once the dead-letter topic is on disk
+            self.hold(origin, raw, b"", peer_key)  # forwarded once the dead-letter topic is on disk
             return
         self.groups.popped(group, topic)
         if envelope.queue_id is not None:
@@ -486,7 +517,7 @@ class FrontActor(Actor):
 
     def detail(self) -> dict[str, int]:
         return {"requests": self.figures.requests_served, "topics": len(self.topics.table.topics),
-                "disk_refusals": self.topics.writes.count}
+                "disk_refusals": self.topics.writes.count, **(self.guard.detail() if self.guard else {})}
 
     def condition(self) -> str:
         return "" if not self.topics.writes.refusing else f"cannot save the topic table: {self.topics.writes.reason}"

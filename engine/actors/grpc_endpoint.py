@@ -67,8 +67,7 @@ class GrpcEndpoint:
     def detail(self) -> dict[str, int]:
         if self.service is None or self.link is None:
             return {}
-        refused = {} if self.service.guard is None else {
-            f"refused_{code.lower()}": self.service.guard.refusals[code] for code in ("UNAUTHENTICATED", "FORBIDDEN")}
+        refused = {} if self.service.guard is None else self.service.guard.detail()
         return {"calls": self.service.calls, "in_flight": self.link.in_flight, "timeouts": self.link.timeouts,
                 **refused}
 

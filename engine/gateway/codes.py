@@ -37,6 +37,8 @@ _BY_ERROR = {
     ErrorCode.TRANSACTION_ENDED: Code.INVALID_TRANSACTION_ID,
     ErrorCode.NOT_MASTER: Code.FORBIDDEN,  # the endpoint of a replica: its writes go to its master
     ErrorCode.SLAVE_NOT_AVAILABLE: Code.SLAVE_PERSISTENCE_TIMEOUT,  # too few replicas in sync: nothing stored
+    ErrorCode.UNAUTHENTICATED: Code.UNAUTHORIZED,
+    ErrorCode.FORBIDDEN: Code.FORBIDDEN,
 }
 
 # A send whose record was stored but not flushed or replicated in time: RocketMQ's proxy

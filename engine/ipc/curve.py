@@ -50,6 +50,12 @@ class CurveKeys:
         sock.curve_secretkey = self.secret_key.encode()
 
 
+def public_key_of(certificate: str | Path) -> str:
+    """The public key (Z85) of a certificate file, public or secret."""
+    public, _secret = zmq.auth.load_certificate(certificate)
+    return public.decode()
+
+
 def keygen(directory: Path, name: str) -> tuple[Path, Path]:
     """Write ``NAME.key`` and ``NAME.key_secret`` (mode 0600) into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -55,6 +55,7 @@ class Inbound(NamedTuple):
     payload: bytes = b""  # the client frame that rides with it
     origin: Origin | None = None  # on the binding side of a request channel: whom to answer
     peer_ip: bytes = b""  # the client's IP, on the client channel (4 or 16 bytes; b"" over ipc://)
+    peer_key: str = ""  # the client's CURVE public key (Z85), on a CURVE client channel
 
 
 class WireError(ValueError):
@@ -74,7 +75,7 @@ def _publication_decoder(channel: Channel) -> msgspec.msgpack.Decoder[Any]:
     return decoder
 
 
-def decode(channel: Channel, binder: bool, frames: list[bytes], peer_ip: bytes = b"") -> Inbound:
+def decode(channel: Channel, binder: bool, frames: list[bytes], peer_ip: bytes = b"", peer_key: str = "") -> Inbound:
     """The message ``frames`` carry on ``channel``, as its binder (``binder``) or a peer takes it."""
     if channel.pattern == PUBLISH:
         assert not binder and len(frames) == 2, (channel.name, len(frames))
@@ -85,9 +86,11 @@ def decode(channel: Channel, binder: bool, frames: list[bytes], peer_ip: bytes =
             return Inbound(channel, CLIENT_FRAME, frames[-1])
         if len(frames) == 2:
             flag = INTERNAL if channel is FRONT_INTERNAL else DIRECT if frames[0][:1] > b"\0" else PLAIN
-            return Inbound(channel, CLIENT_FRAME, frames[1], Origin(channel, frames[0], flag=flag), peer_ip)
+            return Inbound(channel, CLIENT_FRAME, frames[1], Origin(channel, frames[0], flag=flag), peer_ip,
+                           peer_key)
         if len(frames) == 3 and not frames[1]:
-            return Inbound(channel, CLIENT_FRAME, frames[2], Origin(channel, frames[0], flag=REQ), peer_ip)
+            return Inbound(channel, CLIENT_FRAME, frames[2], Origin(channel, frames[0], flag=REQ), peer_ip,
+                           peer_key)
         raise WireError(f"{len(frames)} frames where the client protocol has one (or a delimiter and one)")
     if binder:
         assert len(frames) == 3, (channel.name, len(frames))

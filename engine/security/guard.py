@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -21,6 +22,15 @@ from engine.security.audit import AuditLog
 log = logging.getLogger(__name__)
 
 RELOAD_LOOK_MS = 1_000  # how often the ACL file's stamp is looked at
+
+
+def ip_text(ip: bytes) -> str:
+    """A client's IP as the front has it (4 or 16 bytes; b"" for none) in its usual text form."""
+    if len(ip) == 4:
+        return socket.inet_ntop(socket.AF_INET, ip)
+    if len(ip) == 16:
+        return socket.inet_ntop(socket.AF_INET6, ip)
+    return ""
 
 
 class Guard:
@@ -60,14 +70,16 @@ class Guard:
                      len(self._acl.file.policies) if self._acl else 0)
         return self._acl
 
-    def check(self, user: str | None, checks: Iterable[Check], *, source: str, op: str) -> Refusal | None:
-        """None if allowed; else the refusal, audited and counted."""
+    def check(self, user: str | None, checks: Iterable[Check], *, source: str, op: str,
+              unknown: str = "") -> Refusal | None:
+        """None if allowed; else the refusal, audited and counted. ``unknown``: what the client
+        showed when it is no user (its key), for the audit log."""
         acl = self.acl()
         checks = list(checks)
         refusal = (acl.authorize(user, checks, source) if acl is not None
                    else Refusal("UNAUTHENTICATED", f"this engine checks permissions and {self._broken}"))
         if refusal is not None:
-            self.refuse(refusal, user=user, source=source, op=op)
+            self.refuse(refusal, user=user or unknown, source=source, op=op)
         return refusal
 
     def refuse(self, refusal: Refusal, *, user: str | None, source: str, op: str) -> None:
@@ -75,3 +87,7 @@ class Guard:
         self.refusals[refusal.code] += 1
         self.audit.record("refused", code=refusal.code, subject=user or "", source=source, op=op,
                           resource=refusal.resource, action=refusal.action, message=refusal.message)
+
+    def detail(self) -> dict[str, int]:
+        """The refusals by code, as the actor's heartbeat carries them (``rmqpy_auth_refusals``)."""
+        return {f"refused_{code.lower()}": self.refusals[code] for code in ("UNAUTHENTICATED", "FORBIDDEN")}
