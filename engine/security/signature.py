@@ -60,7 +60,7 @@ def verify(header: str, date_time: str, secret_of: Callable[[str], tuple[str, st
     if known is None:
         return Signed(None, f"no user has AccessKey {access_key!r}")
     user, secret_key = known
-    if not hmac.compare_digest(sign(secret_key, date_time), signature):
+    if not hmac.compare_digest(sign(secret_key, date_time), signature.lower()):  # the Node client's is upper case
         return Signed(None, f"the signature of AccessKey {access_key!r} is not its SecretKey's")
     return Signed(user)
 

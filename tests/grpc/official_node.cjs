@@ -2,8 +2,10 @@
 // `make clients`) as a conformance driver: reads a JSON array of commands on stdin, runs them in
 // order against the gRPC endpoint given as the first argument, prints a JSON array of results.
 //
-//   {"op": "send", "topic": T, "messages": [{"body_b64", "tag", "keys", "properties", "message_group"}]}
+//   {"op": "send", "topic": T, "messages": [{"body_b64", "tag", "keys", "properties", "message_group"}],
+//    "credentials": {"access_key", "secret_key"} (optional: the producer signs its calls with them)}
 //       -> {"receipts": [{"message_id", "offset"}]}
+// A command with "catch": true answers {"error": message} instead of ending the run when it fails.
 //   {"op": "receive", "group": G, "topic": T, "count": N, "invisible_ms": I, "ack": bool}
 //       -> {"messages": [{"message_id", "body_b64", "tag", "keys", "properties", "born_timestamp",
 //                         "delivery_attempt", "message_group", "corrupted"}]}
@@ -22,7 +24,10 @@ const RECEIVE_DEADLINE_MS = 20000;
 
 async function send(endpoints, command, state) {
   if (!state.producer) {
-    state.producer = new Producer({ endpoints });
+    const credentials = command.credentials;
+    const sessionCredentials = credentials
+      ? { accessKey: credentials.access_key, accessSecret: credentials.secret_key } : undefined;
+    state.producer = new Producer({ endpoints, sessionCredentials });
     await state.producer.startup();
   }
   const receipts = [];
@@ -108,14 +113,19 @@ async function main() {
   const results = [];
   try {
     for (const command of commands) {
-      if (command.op === 'send') {
-        results.push(await send(endpoints, command, state));
-      } else if (command.op === 'receive') {
-        results.push(await receive(endpoints, command));
-      } else if (command.op === 'push') {
-        results.push(await push(endpoints, command));
-      } else {
-        throw new Error(`unknown op ${command.op}`);
+      try {
+        if (command.op === 'send') {
+          results.push(await send(endpoints, command, state));
+        } else if (command.op === 'receive') {
+          results.push(await receive(endpoints, command));
+        } else if (command.op === 'push') {
+          results.push(await push(endpoints, command));
+        } else {
+          throw new Error(`unknown op ${command.op}`);
+        }
+      } catch (err) {
+        if (!command.catch) throw err;
+        results.push({ error: String(err.message || err) });
       }
     }
   } finally {

@@ -8,6 +8,7 @@ credentials, unchanged."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +27,9 @@ from engine.security.acl import AclFile, Policy, User, save
 from engine.security.signature import DATE_FORMAT, DATE_HEADER, authorization
 from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import grpc_config
+from tests.grpc.test_official_conformance import EXAMPLES, b64, run_node
 from tests.grpc.test_official_python import message
+from tests.helpers import require
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,3 +178,21 @@ def test_a_user_and_a_policy_added_by_the_command_line_apply_without_a_restart_a
                  (engine.store_dir / LOG_DIR / "audit-cli.jsonl").read_text().splitlines()]
     assert [line["op"] for line in cli_audit][-4:] == ["acl user add", "acl policy grant", "acl policy revoke",
                                                        "acl user remove"], cli_audit
+
+
+def test_the_official_node_client_sends_with_its_user_s_credentials_and_is_refused_with_a_wrong_secret(
+        engine: EngineProcess) -> None:
+    require(shutil.which("node") is not None, "node")
+    require((EXAMPLES / "node_modules" / "rocketmq-client-nodejs").is_dir(), "examples/rocketmq5/node_modules")
+    before = stored(engine, ORDERS)
+
+    def node_send(secret_key: str) -> dict[str, object]:
+        [result] = run_node(engine.config.grpc_endpoint, [{
+            "op": "send", "topic": ORDERS, "catch": True, "messages": [{"body_b64": b64(b"from node")}],
+            "credentials": {"access_key": "orders-ak", "secret_key": secret_key}}])
+        return result
+
+    assert "receipts" in node_send("orders-sk")
+    refused = node_send("guess")
+    assert "not its SecretKey's" in str(refused.get("error")), refused
+    assert stored(engine, ORDERS) == before + 1

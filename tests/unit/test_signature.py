@@ -24,6 +24,8 @@ def check(header: str, date: str = DATE, now_ms: int = DATE_MS) -> tuple[str | N
 def test_the_official_client_s_signature_is_ours() -> None:
     assert sign("sk", DATE) == Signature.sign("sk", DATE)
     assert check(authorization("ak", "sk", DATE)) == ("orders", "")
+    upper = f"MQv2-HMAC-SHA1 Credential=ak, SignedHeaders=x-mq-date-time, Signature={sign('sk', DATE).upper()}"
+    assert check(upper) == ("orders", "")  # the official Node client's hex is upper case
 
 
 @pytest.mark.parametrize(("header", "date", "now_ms", "reason"), [
