@@ -100,7 +100,7 @@ from engine.metrics.report import Figures
 from engine.names import dead_letter_topic
 from engine.security.audit import AuditLog
 from engine.security.guard import Guard, ip_text
-from engine.security.ops import checks_of
+from engine.security.ops import AUDITED_OPS, checks_of
 from engine.services.front.consumer_groups import ConsumerGroups
 from engine.services.front.figures import FrontFigures
 from engine.services.front.key_lookup import KeyLookup
@@ -173,6 +173,7 @@ class FrontActor(Actor):
         # The gRPC endpoint's own key is trusted: it has checked its callers' policies itself.
         cfg = env.config
         self.guard = None
+        self.routing_held = False
         self.trusted_keys: frozenset[str] = frozenset()
         if cfg.acl_enabled and cfg.curve_enabled:
             self.guard = Guard(env.store_dir, AuditLog(env.store_dir / LOG_DIR / f"audit-{env.name}.jsonl",
@@ -225,12 +226,14 @@ class FrontActor(Actor):
         replies, self.held_replies = self.held_replies, []
         out.extend(replies)
         held, self.held = self.held, []
+        self.routing_held = True  # checked again (an ACL change may refuse it now), audited once
         for origin, raw, peer_ip, peer_key in held:
             if refusal is None:
                 self.serve(origin, raw, out, peer_ip, peer_key)
             else:
                 self.figures.refused(refusal.code)
                 out.append(self.error_reply(origin, raw, refusal))
+        self.routing_held = False
 
     def hold(self, origin: Origin, raw: bytes, peer_ip: bytes = b"", peer_key: str = "") -> None:
         """Route this request again once the topic table is on disk."""
@@ -296,6 +299,9 @@ class FrontActor(Actor):
             code = ErrorCode.UNAUTHENTICATED if refusal.code == "UNAUTHENTICATED" else ErrorCode.FORBIDDEN
             details = {"resource": refusal.resource, "action": refusal.action} if refusal.resource else {}
             raise RequestError(code, refusal.message, **details)
+        if envelope.op in AUDITED_OPS and not self.routing_held:  # an administrative act allowed: who, from where
+            self.guard.audit.record("admin", op=envelope.op, subject=user or "", source=ip_text(peer_ip),
+                                    resource=f"topic:{envelope.topic or ''}", action=checks[0].action)
 
     def served_elsewhere(self, exc: RequestError, raw: bytes) -> RequestError:
         """TOPIC_NOT_FOUND for a topic other broker sets of the cluster serve: the refusal names them."""

@@ -11,7 +11,8 @@
     ping, route, list_topics                            nothing: any user
 
 An op not in the table (a new one, an unknown one) needs admin on the cluster: nothing is
-served unchecked by omission.
+served unchecked by omission. A topic created or deleted is written to the audit log when it
+is allowed, as a refusal is when it is not.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "delete_topic": (("topic", "delete"),),
 }
 _ADMIN = (("cluster", "admin"),)
+AUDITED_OPS = frozenset({"create_topic", "delete_topic"})  # allowed, they are written to the audit log too
 
 
 def checks_of(op: str, topic: str | None, group: str | None, cluster: str) -> list[Check]:

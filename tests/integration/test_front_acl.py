@@ -108,7 +108,10 @@ def test_each_user_does_what_its_policies_allow_and_nothing_else(setup: tuple[En
         assert ops.fetch_offset("billing", "orders", 0) == -1  # the refused commit changed nothing
         assert {t["topic"] for t in ops.list_topics()} >= {"orders", "orders-secret"}
     lines = [json.loads(line) for line in (engine.store_dir / LOG_DIR / "audit-front.jsonl").read_text().splitlines()]
-    assert [(line["code"], line["op"]) for line in lines][:2] == [("FORBIDDEN", "pull"), ("FORBIDDEN", "send")], lines
+    refusals = [line for line in lines if line["event"] == "refused"]
+    assert [(line["code"], line["op"]) for line in refusals][:2] == [("FORBIDDEN", "pull"), ("FORBIDDEN", "send")]
+    assert [(line["op"], line["resource"], line["subject"]) for line in lines if line["event"] == "admin"][:2] == [
+        ("create_topic", "topic:orders", "ops"), ("create_topic", "topic:orders-secret", "ops")], lines
     last = lines[-1]
     assert (last["code"], last["op"], last["source"]) == ("UNAUTHENTICATED", "send", "127.0.0.1")
     assert last["subject"] == "key:" + public_key_of(keys.secrets["stranger"]), last
