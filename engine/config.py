@@ -47,6 +47,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # a request enters (the gRPC endpoint: its calls' signatures, then the policies).
     acl_enabled: bool = False
     acl_signature_skew_ms_max: int = 900_000  # a signed call's date at most this far from the clock (15 min)
+    # The broker set's replication key pair (`rmqpy keygen`), the same file on every engine of the set:
+    # the replication channel is encrypted with it and only its holders take part (docs/security.md).
+    replication_curve_secret_key_file: str = ""
     # The writer and the owners answer a client that asks (StoreClient) straight, past the front:
     # each binds a port of its own on the front's host (engine/ipc/direct_replies.py).
     direct_replies_enabled: bool = True
@@ -427,7 +430,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             values["store_port"] = int(endpoint.rsplit(":", 1)[-1])
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
-                    "grpc_tls_key_file", "grpc_curve_client_secret_key_file"):
+                    "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is

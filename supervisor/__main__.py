@@ -190,6 +190,13 @@ def cmd_start(args: argparse.Namespace) -> int:
         if secrets := secret_keys_in(config.curve_authorized_keys_dir):
             print(f"warning: {config.curve_authorized_keys_dir} holds secret keys ({', '.join(secrets)}); only "
                   "public *.key files are read there: keep each .key_secret with its client", file=sys.stderr)
+    if config.replication_curve_secret_key_file:  # the same: not in the replication actors' restarts
+        from engine.ipc.curve import load_server_keys
+
+        try:
+            load_server_keys(config.replication_curve_secret_key_file)
+        except ValueError as exc:
+            raise ConfigError(f"replication_curve_secret_key_file: {exc}") from None
     if args.detach:
         return _start_detached(args, config)
     # Until the supervisor holds the store's lock and opens logs/supervisor.log (Supervisor.start).

@@ -57,7 +57,7 @@ from engine.store.shared_offsets import SharedOffsets
 from engine.store.sync import SyncerFactory
 
 if TYPE_CHECKING:
-    from engine.ipc.curve import CurveServer
+    from engine.ipc.curve import CurveServer, SetKey
 
 if not __debug__:
     raise SystemExit("the engine's actors rely on assertions; do not run them with python -O")
@@ -221,6 +221,7 @@ class Port:
     # so a request just after the engine is ready is not refused for a connection still being made
     await_peer: bool = False
     curve: bool = False  # CURVE with the allow-list of the config (the client endpoint)
+    set_key: bool = False  # CURVE with the broker set's key (the replication channel, if configured)
     peer_address: bool = False  # ROUTER: each message with its sender's IP (``Inbound.peer_ip``; and key, CURVE)
     # ROUTER: a peer whose connection breaks is named to the actor (``Actor.peer_lost``), as
     # ZMQ_ROUTER_NOTIFY would (a draft option this libzmq lacks): each peer's connection is known by
@@ -370,6 +371,7 @@ class Runtime:
         # what to do when a socket (or the waker's eventfd) is readable
         self.readers: dict[zmq.Socket[bytes] | int, Callable[[], None]] = {}
         self.curve: CurveServer | None = None  # the front's, with CURVE on
+        self.set_key: SetKey | None = None  # the replication actors', with replication_curve_secret_key_file
         self.stopping = False
         self.monitors: list[zmq.Socket[bytes]] = []  # the sockets reporting the ports' connections
         self.unconnected: set[Channel] = set()  # ports with ``await_peer`` not yet connected
@@ -389,6 +391,12 @@ class Runtime:
             sock.setsockopt(zmq.RECONNECT_IVL, port.reconnect_ivl_ms)
         if port.curve:  # encryption, and only the clients of the allow-list get in
             self.secure(sock)
+        if port.set_key and cfg.replication_curve_secret_key_file:  # encryption, and only the set's members
+            if self.set_key is None:
+                from engine.ipc.curve import SetKey
+
+                self.set_key = SetKey(self.zctx, cfg.replication_curve_secret_key_file)
+            (self.set_key.serve if port.bind else self.set_key.join)(sock)
         if port.heartbeat_timeout_ms:
             sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, port.heartbeat_timeout_ms // 4))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, port.heartbeat_timeout_ms)
@@ -668,6 +676,8 @@ class Runtime:
         self.carry_out(out)
         if self.curve is not None:
             self.curve.stop()
+        if self.set_key is not None:
+            self.set_key.stop()
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPED)
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
 

@@ -76,7 +76,7 @@ class ReplicationReceiverActor(Actor):
         self.last_epoch = epochs[-1][0] if epochs else 0
 
     def ports(self) -> list[Port]:
-        return [Port(channels.REPLICATION, bind=False, address=self.config.replica_of, monitor=True,
+        return [Port(channels.REPLICATION, bind=False, address=self.config.replica_of, monitor=True, set_key=True,
                      reconnect_ivl_ms=MASTER_RECONNECT_IVL_MS,
                      max_message_bytes=self.config.client_frame_bytes_max + self.config.segment_size_bytes,
                      heartbeat_timeout_ms=self.config.replication_heartbeat_timeout_ms),

@@ -69,7 +69,7 @@ class ReplicationSenderActor(Actor):
 
     def ports(self) -> list[Port]:
         return [Port(channels.REPLICATION, bind=True, address=self.config.replication_endpoint,
-                     max_message_bytes=self.config.client_frame_bytes_max, peers_monitored=True,
+                     max_message_bytes=self.config.client_frame_bytes_max, peers_monitored=True, set_key=True,
                      heartbeat_timeout_ms=self.config.replication_heartbeat_timeout_ms),
                 Port(channels.CONFIRMED, bind=False, subscribe=(endpoints.TOPIC_CONFIRMED,)),
                 Port(channels.REPLICATED, bind=True)]

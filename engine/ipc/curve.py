@@ -96,6 +96,49 @@ def secret_keys_in(directory: str | Path) -> list[str]:
         return []
 
 
+class _OneKey:
+    """ZAP's credentials provider that lets in one public key only."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, _domain: str, key: bytes) -> bool:
+        return key == self.public
+
+
+class SetKey:
+    """The replication channel's CURVE (``replication_curve_secret_key_file``): one key pair that
+    every engine of a broker set holds. The master's sender is a CURVE server with it and lets in
+    only a peer that proves the same key; a replica's receiver proves it, and takes the master for
+    a member of its set only if the master proves it too. Nothing without the secret gets a byte
+    of the log, or can pose as a master or a replica."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[object]], secret_file: str) -> None:
+        self.public, self.secret = load_server_keys(secret_file)
+        self.context = context
+        self.authenticator: ThreadAuthenticator | None = None
+
+    def serve(self, sock: zmq.Socket[object]) -> None:
+        """Before ``bind``: a CURVE server that lets in the set's key only."""
+        if self.authenticator is None:
+            self.authenticator = ThreadAuthenticator(self.context)
+            self.authenticator.start()
+            self.authenticator.configure_curve_callback(domain="*", credentials_provider=_OneKey(self.public))
+        sock.curve_server = True
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def join(self, sock: zmq.Socket[object]) -> None:
+        """Before ``connect``: a CURVE client that proves the set's key to a server holding it."""
+        sock.curve_serverkey = self.public
+        sock.curve_publickey = self.public
+        sock.curve_secretkey = self.secret
+
+    def stop(self) -> None:
+        if self.authenticator is not None:
+            self.authenticator.stop()
+
+
 class CurveServer:
     """Makes a ROUTER a CURVE server and runs the ZAP allow-list beside it."""
 

@@ -1,0 +1,71 @@
+"""The replication channel under the broker set's key (``replication_curve_secret_key_file``,
+docs/security.md): a set whose engines hold it replicates as before, encrypted; an engine without
+the key, or with another one, gets no byte of the master's log as a replica, and a replica that
+holds the key follows no master that cannot prove it (a fake master)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import StoreConfig
+from engine.ipc.curve import keygen
+from harness.replication import offsets, replicated_pair, wait_replicated
+from supervisor.launcher import EngineProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def send(engine: EngineProcess, body: bytes) -> None:
+    with engine.client() as client:
+        assert client.send("secrets", [{"body": body}])[0]["status"] == "PUT_OK"
+
+
+def written(engine: EngineProcess) -> int:
+    with engine.client() as client:
+        return offsets(client)["written_offset"]
+
+
+def test_the_set_s_key_holders_replicate_and_an_engine_without_it_gets_nothing(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    _public, set_secret = keygen(keys, "broker-a")
+    _public, other_secret = keygen(keys, "stranger")
+    config = StoreConfig.test_min().replace(replication_curve_secret_key_file=str(set_secret))
+    with replicated_pair(tmp_path / "set", config) as (master, replica):
+        with master.client() as client:
+            client.create_topic("secrets", queue_count=1)
+        send(master, b"the first")
+        with master.client() as m, replica.client() as r:
+            wait_replicated(m, r)
+        strangers = [EngineProcess(tmp_path / name, config=StoreConfig.test_min().replace(
+            replica_of=master.config.replication_endpoint, replication_curve_secret_key_file=key))
+            for name, key in (("no-key", ""), ("another-key", str(other_secret)))]
+        for stranger in strangers:
+            stranger.start()
+        try:
+            send(master, b"the second")
+            with master.client() as m, replica.client() as r:
+                end = wait_replicated(m, r)  # the set's replica has it all: the master shipped
+            assert end > 0
+            assert [written(stranger) for stranger in strangers] == [0, 0]  # not a byte to the others
+        finally:
+            for stranger in strangers:
+                stranger.stop()
+
+
+def test_a_replica_holding_the_key_follows_no_master_without_it(tmp_path: Path) -> None:
+    _public, set_secret = keygen(tmp_path / "keys", "broker-a")
+    with replicated_pair(tmp_path / "plain", StoreConfig.test_min()) as (fake_master, plain_replica):
+        with fake_master.client() as client:
+            client.create_topic("secrets", queue_count=1)
+        keyed = EngineProcess(tmp_path / "keyed", config=StoreConfig.test_min().replace(
+            replica_of=fake_master.config.replication_endpoint, replication_curve_secret_key_file=str(set_secret)))
+        keyed.start()
+        try:
+            send(fake_master, b"from a master that holds no key")
+            with fake_master.client() as m, plain_replica.client() as r:
+                assert wait_replicated(m, r) > 0  # it ships to whoever follows it without a key
+            assert written(keyed) == 0
+        finally:
+            keyed.stop()
