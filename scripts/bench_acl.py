@@ -4,9 +4,11 @@ requests checked against the ACL (``acl_enabled``) or not, in one run.
     python scripts/bench_acl.py                 # 3 alternated rounds of each
     python scripts/bench_acl.py --rounds 5 --sends 5000 --batches 400
 
-Two engines started by the script on loopback, the same settings but ``acl_enabled``; the
-client's key is a user allowed ``pub`` on the topic by a policy among a few others (the check
-walks them as it would in use). Rounds alternate between the engines. Printed per setting:
+One store, its engine started by the script on loopback again for each measurement, with
+``acl_enabled`` on or off (the order alternating from round to round: two engines, or one store
+measured after the other, differ by more than the check costs); the client's key is a user
+allowed ``pub`` on the topic by a policy among a few others (the check walks them as it would in
+use). Printed per setting:
 single-send latency p50 and p99 (one send in flight, one message of 256 bytes), and produce
 throughput (batches of 100 such messages, one in flight), the median and range over the rounds,
 and the difference of the medians.
@@ -34,24 +36,22 @@ BODY = b"x" * 256
 BATCH = 100
 
 
-def engines(root: Path) -> tuple[dict[str, EngineProcess], CurveKeys]:
+def engine(root: Path) -> tuple[EngineProcess, CurveKeys]:
     keys, allowed = root / "keys", root / "allowed"
     allowed.mkdir(parents=True)
     server_public, server_secret = keygen(keys, "server")
     client_public, client_secret = keygen(keys, "client")
     (allowed / "client.key").write_bytes(client_public.read_bytes())
-    made = {}
-    for name, checked in (("checked", True), ("unchecked", False)):
-        store = root / name
-        users = {"bench": User(curve_public_key=public_key_of(client_secret)),
-                 **{f"other-{k}": User(access_key=f"ak-{k}", secret_key="s") for k in range(8)}}
-        policies = [*(Policy(user=f"other-{k}", resource=f"topic:t{k}", actions=["pub"]) for k in range(8)),
-                    Policy(user="bench", resource="topic:acl-*", actions=["pub", "create"]),
-                    Policy(user="bench", resource="topic:acl-secret", actions=["*"], decision="deny")]
-        save(store, AclFile(users=users, policies=policies))
-        made[name] = EngineProcess(store, config=StoreConfig().replace(
-            curve_enabled=True, curve_server_secret_key_file=str(server_secret),
-            curve_authorized_keys_dir=str(allowed), acl_enabled=checked, metrics_endpoint=""))
+    store = root / "store"
+    users = {"bench": User(curve_public_key=public_key_of(client_secret)),
+             **{f"other-{k}": User(access_key=f"ak-{k}", secret_key="s") for k in range(8)}}
+    policies = [*(Policy(user=f"other-{k}", resource=f"topic:t{k}", actions=["pub"]) for k in range(8)),
+                Policy(user="bench", resource="topic:acl-*", actions=["pub", "create"]),
+                Policy(user="bench", resource="topic:acl-secret", actions=["*"], decision="deny")]
+    save(store, AclFile(users=users, policies=policies))
+    made = EngineProcess(store, config=StoreConfig().replace(
+        curve_enabled=True, curve_server_secret_key_file=str(server_secret),
+        curve_authorized_keys_dir=str(allowed), metrics_endpoint=""))
     return made, CurveKeys.from_files(server_public, client_secret)
 
 
@@ -81,25 +81,30 @@ def main() -> int:
     figures: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rate": []}
                                                   for name in ("checked", "unchecked")}
     with tempfile.TemporaryDirectory(prefix="bench-acl-") as root:
-        made, curve = engines(Path(root))
+        made, curve = engine(Path(root))
+        base = made.config
+        made.start()
         try:
-            for engine in made.values():
-                engine.start()
-                with StoreClient(engine.endpoint, curve=curve) as client:
-                    client.create_topic(TOPIC, queue_count=4)
-                    single_sends(client, 500)  # warm
-            for _ in range(args.rounds):
-                for name, engine in made.items():
-                    with StoreClient(engine.endpoint, curve=curve) as client:
+            with StoreClient(made.endpoint, curve=curve) as client:
+                client.create_topic(TOPIC, queue_count=4)
+        finally:
+            made.stop()
+        for k in range(args.rounds):
+            order = ("checked", "unchecked") if k % 2 == 0 else ("unchecked", "checked")
+            for name in order:
+                made.config = base.replace(acl_enabled=name == "checked")
+                made.start()
+                try:
+                    with StoreClient(made.endpoint, curve=curve) as client:
+                        single_sends(client, 500)  # warm
                         took = sorted(single_sends(client, args.sends))
                         figures[name]["p50"].append(took[len(took) // 2] * 1e3)
                         figures[name]["p99"].append(took[int(len(took) * 0.99)] * 1e3)
                         figures[name]["rate"].append(produce(client, args.batches))
-        finally:
-            for engine in made.values():
-                engine.stop()
-    print(f"{args.rounds} alternated rounds: {args.sends} single sends, {args.batches} batches of {BATCH} "
-          f"({len(BODY)} B) each")
+                finally:
+                    made.stop()
+    print(f"{args.rounds} rounds, each setting once a round: {args.sends} single sends, {args.batches} batches "
+          f"of {BATCH} ({len(BODY)} B) each")
     print(f"{'':10} {'send p50 ms':>18} {'send p99 ms':>18} {'produce msg/s':>26}")
     for name, values in figures.items():
         row = [f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for v in (values["p50"], values["p99"])]
