@@ -43,7 +43,7 @@ from engine.ipc.messages import (
 )
 from engine.ipc.wire import Inbound
 from engine.logs import event
-from engine.services.replication.log_shipping import SHIPPED_CONFIG_FILES
+from engine.services.replication.log_shipping import SECRET_CONFIG_FILES, SHIPPED_CONFIG_FILES
 from engine.store.atomic_file import write_atomically
 from engine.store.deleted_topics import DELETED_TOPICS_FILE
 from engine.store.epoch_file import add_epoch, load_epochs
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 # A receiver starts as its master is elected, before the master's sender listens: it tries again this
 # often (ZMQ_RECONNECT_IVL; libzmq's 100 ms was a tenth of a second more on each failover)
 MASTER_RECONNECT_IVL_MS = 20
-_CONFIG_FILES = {path.name: path for path in SHIPPED_CONFIG_FILES}
+_CONFIG_FILES = {path.name: path for path in SHIPPED_CONFIG_FILES + SECRET_CONFIG_FILES}
 
 
 class ReplicationReceiverActor(Actor):
@@ -145,7 +145,8 @@ class ReplicationReceiverActor(Actor):
             relative = _CONFIG_FILES.get(note.name)
             if relative is not None:
                 (self.env.store_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-                write_atomically(self.env.store_dir / relative, inbound.payload)
+                write_atomically(self.env.store_dir / relative, inbound.payload,
+                                 mode=0o600 if relative in SECRET_CONFIG_FILES else 0o644)
         elif isinstance(note, ReplicaRefused):
             if note.reason != self.refused:
                 log.error("the master refuses to be followed: %s", note.reason,

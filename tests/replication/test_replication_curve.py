@@ -5,12 +5,15 @@ holds the key follows no master that cannot prove it (a fake master)."""
 
 from __future__ import annotations
 
+import stat
+import time
 from pathlib import Path
 
 import pytest
 
 from engine.config import StoreConfig
 from engine.ipc.curve import keygen
+from engine.security.acl import ACL_FILE, AclFile, User, load, save
 from harness.replication import offsets, replicated_pair, wait_replicated
 from supervisor.launcher import EngineProcess
 
@@ -32,12 +35,19 @@ def test_the_set_s_key_holders_replicate_and_an_engine_without_it_gets_nothing(t
     _public, set_secret = keygen(keys, "broker-a")
     _public, other_secret = keygen(keys, "stranger")
     config = StoreConfig.test_min().replace(replication_curve_secret_key_file=str(set_secret))
+    users = AclFile(users={"ops": User(access_key="ops", secret_key="ops-secret", super=True)})
+    save(tmp_path / "set" / "master", users)  # the set's users: shipped, encrypted, to its replicas
     with replicated_pair(tmp_path / "set", config) as (master, replica):
         with master.client() as client:
             client.create_topic("secrets", queue_count=1)
         send(master, b"the first")
         with master.client() as m, replica.client() as r:
             wait_replicated(m, r)
+        shipped = replica.store_dir / ACL_FILE
+        deadline = time.monotonic() + 30
+        while not shipped.exists():  # every replication_config_interval_ms
+            assert time.monotonic() < deadline, "the master's ACL never reached its replica"
+        assert stat.S_IMODE(shipped.stat().st_mode) == 0o600 and load(replica.store_dir).file == users
         strangers = [EngineProcess(tmp_path / name, config=StoreConfig.test_min().replace(
             replica_of=master.config.replication_endpoint, replication_curve_secret_key_file=key))
             for name, key in (("no-key", ""), ("another-key", str(other_secret)))]
@@ -49,6 +59,7 @@ def test_the_set_s_key_holders_replicate_and_an_engine_without_it_gets_nothing(t
                 end = wait_replicated(m, r)  # the set's replica has it all: the master shipped
             assert end > 0
             assert [written(stranger) for stranger in strangers] == [0, 0]  # not a byte to the others
+            assert not any((stranger.store_dir / ACL_FILE).exists() for stranger in strangers)
         finally:
             for stranger in strangers:
                 stranger.stop()

@@ -40,6 +40,7 @@ from pathlib import Path
 from engine.config import StoreConfig
 from engine.ipc.wire import Origin
 from engine.layout import MAGIC_BLANK, TOTAL_SIZE_AND_MAGIC, offset_to_file_name
+from engine.security.acl import ACL_FILE
 from engine.store.commit_log import COMMIT_LOG_DIR
 from engine.store.consumer_offsets import OFFSETS_FILE
 from engine.store.deleted_topics import DELETED_TOPICS_FILE, parse_table, table_crc
@@ -47,6 +48,9 @@ from engine.store.sharing_groups import SHARING_GROUPS_FILE
 from engine.store.topics import TOPICS_FILE
 
 SHIPPED_CONFIG_FILES = (TOPICS_FILE, OFFSETS_FILE, SHARING_GROUPS_FILE)
+# Shipped too when the channel is encrypted (replication_curve_secret_key_file): the users and
+# policies, secrets included, are the set's; a replica writes them for its owner only.
+SECRET_CONFIG_FILES = (ACL_FILE,)
 RESEND_AFTER_REPORTS = 5
 
 
@@ -73,6 +77,7 @@ class LogShipping:
     def __init__(self, store_dir: Path, config: StoreConfig) -> None:
         self.store_dir = store_dir
         self.config = config
+        self.shipped = SHIPPED_CONFIG_FILES + (SECRET_CONFIG_FILES if config.replication_curve_secret_key_file else ())
         self.replicas: dict[bytes, Replica] = {}
         self._fds: dict[int, int] = {}  # segment start -> read descriptor
 
@@ -163,7 +168,7 @@ class LogShipping:
 
     def config_changes(self, replica: Replica) -> Iterator[tuple[str, bytes]]:
         """The config files that changed since ``replica`` was last sent them: (name, bytes)."""
-        return self._changed(replica, SHIPPED_CONFIG_FILES)
+        return self._changed(replica, self.shipped)
 
     def _changed(self, replica: Replica, files: tuple[Path, ...]) -> Iterator[tuple[str, bytes]]:
         for relative in files:
