@@ -29,7 +29,7 @@ from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import grpc_config
 from tests.grpc.test_official_conformance import EXAMPLES, b64, run_node
 from tests.grpc.test_official_python import message
-from tests.helpers import require
+from tests.helpers import require, wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -76,6 +76,7 @@ QUEUES = {ORDERS: 2, SECRET_TOPIC: 1}
 
 def stored(engine: EngineProcess, topic: str) -> int:
     with engine.client() as client:
+        wait_dispatched(client)  # what was acknowledged is in its queue
         return sum(client.queue_stats(topic, q)["max_offset"] for q in range(QUEUES[topic]))
 
 

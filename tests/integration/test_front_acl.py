@@ -26,6 +26,7 @@ from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import grpc_config
 from tests.grpc.test_grpc_acl import send as grpc_send
 from tests.grpc.test_grpc_acl import signed
+from tests.helpers import wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,6 +93,8 @@ def test_each_user_does_what_its_policies_allow_and_nothing_else(setup: tuple[En
         assert refused(lambda: orders.delete_topic("orders"))[0] == ErrorCode.FORBIDDEN
         assert refused(lambda: orders.create_topic("orders-new", queue_count=1))[0] == ErrorCode.FORBIDDEN
         assert refused(orders.status)[0] == ErrorCode.FORBIDDEN  # admin on the cluster
+    with StoreClient(engine.endpoint, curve=keys.curve("ops")) as ops:
+        wait_dispatched(ops)  # the send is in its queue (status: admin)
     with StoreClient(engine.endpoint, curve=keys.curve("analytics")) as analytics:
         assert [m["body"] for m in analytics.pull("orders", 0, 0)["messages"]] == [b"o-1"]
         analytics.commit_offset("analytics", "orders", 0, 1)
@@ -103,6 +106,7 @@ def test_each_user_does_what_its_policies_allow_and_nothing_else(setup: tuple[En
         code, message = refused(lambda: stranger.send("orders", [{"body": b"x"}]))
         assert code == ErrorCode.UNAUTHENTICATED and "not a known user" in message
     with StoreClient(engine.endpoint, curve=keys.curve("ops")) as ops:
+        wait_dispatched(ops)
         assert ops.queue_stats("orders", 0)["max_offset"] == 1
         assert ops.queue_stats("orders-secret", 0)["max_offset"] == 0
         assert ops.fetch_offset("billing", "orders", 0) == -1  # the refused commit changed nothing
@@ -139,6 +143,7 @@ def test_fuzzed_frames_from_a_user_are_refused_and_the_front_keeps_serving(setup
     finally:
         context.destroy(linger=0)
     with StoreClient(engine.endpoint, curve=keys.curve("ops")) as ops:  # still serving; nothing stored
+        wait_dispatched(ops)
         assert ops.queue_stats("orders", 0)["max_offset"] == 1
         assert "x" not in {t["topic"] for t in ops.list_topics()}
 
@@ -147,8 +152,10 @@ def test_the_grpc_endpoint_s_own_key_is_trusted_its_callers_checked_there(setup:
     """The endpoint's key is no user: the front serves it because the endpoint checked its caller."""
     engine, keys = setup
     with StoreClient(engine.endpoint, curve=keys.curve("ops")) as ops:
+        wait_dispatched(ops)
         before = ops.queue_stats("orders", 0)["max_offset"]
     assert grpc_send(engine, "orders", signed("orders-ak", "orders-sk")).code == Code.OK
     assert grpc_send(engine, "orders", signed("orders-ak", "wrong")).code == Code.UNAUTHORIZED
     with StoreClient(engine.endpoint, curve=keys.curve("ops")) as ops:
+        wait_dispatched(ops)
         assert ops.queue_stats("orders", 0)["max_offset"] == before + 1

@@ -13,7 +13,7 @@ import pytest
 from engine.config import StoreConfig
 from harness.testbed import clock
 from supervisor.launcher import EngineProcess
-from tests.helpers import require
+from tests.helpers import require, wait_dispatched
 
 HOUR_MS = 3_600_000
 
@@ -37,6 +37,7 @@ def test_store_times_stay_level_after_a_clock_set_back_an_hour_across_a_clean_re
         engine.start()
         with engine.client() as client:
             after = client.send("times", [{"body": b"the clock set right"}])[0]["store_timestamp"]
+            wait_dispatched(client)  # in its queue before it is read back
             stamps = [m["store_timestamp"] for m in client.pull("times", 0, 0, max_messages=8)["messages"]]
         assert after >= ahead and stamps == [ahead, after], (ahead, after, stamps)
     finally:
