@@ -1,8 +1,8 @@
 """What checking permissions costs (docs/security.md): the client endpoint with CURVE, its
 requests checked against the ACL (``acl_enabled``) or not, in one run.
 
-    python scripts/bench_acl.py                 # 3 alternated rounds of each
-    python scripts/bench_acl.py --rounds 5 --sends 5000 --batches 400
+    python scripts/bench_acl.py                 # 8 rounds of each (about a minute)
+    python scripts/bench_acl.py --rounds 4 --sends 1000 --batches 200
 
 One store, its engine started by the script on loopback again for each measurement, with
 ``acl_enabled`` on or off (the order alternating from round to round: two engines, or one store
@@ -74,9 +74,9 @@ def produce(client: StoreClient, batches: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--sends", type=int, default=3_000, help="single sends a round")
-    parser.add_argument("--batches", type=int, default=300, help="batches of 100 a round")
+    parser.add_argument("--batches", type=int, default=1_000, help="batches of 100 a round")
     args = parser.parse_args()
     figures: dict[str, dict[str, list[float]]] = {name: {"p50": [], "p99": [], "rate": []}
                                                   for name in ("checked", "unchecked")}

@@ -294,7 +294,7 @@ class FrontActor(Actor):
         user = acl.by_curve_key.get(peer_key) if acl is not None else None
         checks = checks_of(envelope.op, envelope.topic, envelope.group, self.config.cluster_name)
         refusal = self.guard.check(user, checks, source=ip_text(peer_ip), op=envelope.op,
-                                   unknown=f"key:{peer_key}" if peer_key else "")
+                                   unknown=peer_key)
         if refusal is not None:
             code = ErrorCode.UNAUTHENTICATED if refusal.code == "UNAUTHENTICATED" else ErrorCode.FORBIDDEN
             details = {"resource": refusal.resource, "action": refusal.action} if refusal.resource else {}

@@ -31,6 +31,7 @@ the action.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -157,12 +158,12 @@ class Acl:
                                               "does not hold)")
         if self.file.users[user].super:
             return None
-        address = _address(source)
         rules = self.rules.get(user, ())
+        address = _address(source) if any(rule.sources for rule in rules) else None
         for check in checks:
             why = ""
             for action in check.action.split("|"):  # any of them will do (a route: pub or sub)
-                one = Check(check.resource_type, check.name, action)
+                one = check if action == check.action else Check(check.resource_type, check.name, action)
                 matching = [rule for rule in rules if rule.matches(one, address)]
                 if matching and not any(rule.deny for rule in matching):
                     break
@@ -174,6 +175,7 @@ class Acl:
         return None
 
 
+@functools.lru_cache(maxsize=4096)
 def _address(source: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(source) if source else None

@@ -7,12 +7,12 @@ process log says why: an engine that was told to check permissions never serves 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 
 from engine.security import acl as acl_file
@@ -22,8 +22,10 @@ from engine.security.audit import AuditLog
 log = logging.getLogger(__name__)
 
 RELOAD_LOOK_MS = 1_000  # how often the ACL file's stamp is looked at
+DECISIONS_MAX = 4_096  # decisions remembered for the ACL read last (cleared when it is read again)
 
 
+@functools.lru_cache(maxsize=4096)
 def ip_text(ip: bytes) -> str:
     """A client's IP as the front has it (4 or 16 bytes; b"" for none) in its usual text form."""
     if len(ip) == 4:
@@ -42,6 +44,9 @@ class Guard:
         self._stamp: tuple[int, int] | None = None
         self._looked_ms = -RELOAD_LOOK_MS
         self._broken = ""
+        # (user, checks, source) -> the decision, for the ACL read last: a client sends the same
+        # request shape again and again, and the policies are walked once for it
+        self._decisions: dict[tuple[str | None, tuple[Check, ...], str], Refusal | None] = {}
 
     def acl(self) -> Acl | None:
         """The ACL now (its file looked at again at most every ``RELOAD_LOOK_MS``)."""
@@ -58,6 +63,7 @@ class Guard:
         if stamp == self._stamp and (self._acl is not None or self._broken):
             return self._acl
         self._stamp = stamp
+        self._decisions.clear()
         try:
             self._acl = acl_file.load(self.store_dir)
             self._broken = "" if self._acl is not None else f"no ACL file at {path}"
@@ -70,16 +76,22 @@ class Guard:
                      len(self._acl.file.policies) if self._acl else 0)
         return self._acl
 
-    def check(self, user: str | None, checks: Iterable[Check], *, source: str, op: str,
+    def check(self, user: str | None, checks: tuple[Check, ...], *, source: str, op: str,
               unknown: str = "") -> Refusal | None:
         """None if allowed; else the refusal, audited and counted. ``unknown``: what the client
         showed when it is no user (its key), for the audit log."""
         acl = self.acl()
-        checks = list(checks)
-        refusal = (acl.authorize(user, checks, source) if acl is not None
-                   else Refusal("UNAUTHENTICATED", f"this engine checks permissions and {self._broken}"))
+        key = (user, checks, source)
+        if key in self._decisions:
+            refusal = self._decisions[key]
+        else:
+            refusal = (acl.authorize(user, checks, source) if acl is not None
+                       else Refusal("UNAUTHENTICATED", f"this engine checks permissions and {self._broken}"))
+            if len(self._decisions) >= DECISIONS_MAX:
+                self._decisions.clear()
+            self._decisions[key] = refusal
         if refusal is not None:
-            self.refuse(refusal, user=user or unknown, source=source, op=op)
+            self.refuse(refusal, user=user or (f"key:{unknown}" if unknown else ""), source=source, op=op)
         return refusal
 
     def refuse(self, refusal: Refusal, *, user: str | None, source: str, op: str) -> None:

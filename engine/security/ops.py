@@ -17,6 +17,8 @@ is allowed, as a refusal is when it is not.
 
 from __future__ import annotations
 
+import functools
+
 from engine.security.acl import Check
 
 # op -> what it needs: (resource type, action) pairs, each on the request's topic, group or the cluster
@@ -34,7 +36,8 @@ _ADMIN = (("cluster", "admin"),)
 AUDITED_OPS = frozenset({"create_topic", "delete_topic"})  # allowed, they are written to the audit log too
 
 
-def checks_of(op: str, topic: str | None, group: str | None, cluster: str) -> list[Check]:
+@functools.lru_cache(maxsize=4096)  # a front sees the same few (op, topic, group) again and again
+def checks_of(op: str, topic: str | None, group: str | None, cluster: str) -> tuple[Check, ...]:
     """The checks a request of ``op`` on ``topic`` and ``group`` needs, on cluster ``cluster``."""
     names = {"topic": topic or "", "group": group or "", "cluster": cluster}
-    return [Check(kind, names[kind], action) for kind, action in _NEEDS.get(op, _ADMIN)]
+    return tuple(Check(kind, names[kind], action) for kind, action in _NEEDS.get(op, _ADMIN))
