@@ -109,6 +109,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     grpc_endpoint: str = "127.0.0.1:8081"  # host:port; loopback only unless bind_non_loopback is set
     grpc_tls_cert_file: str = ""  # PEM certificate chain; with grpc_tls_key_file the port speaks TLS
     grpc_tls_key_file: str = ""
+    # With TLS: clients must show a certificate this CA signed (mutual TLS); with acl_enabled its
+    # common name names a user (tls_common_name) when a call carries no signature
+    grpc_tls_client_ca_file: str = ""
     grpc_curve_client_secret_key_file: str = ""  # with curve_enabled: the endpoint's own key to the front
     grpc_streams_max: int = 1_000  # calls open at once (each receive and telemetry stream is one)
     grpc_message_bytes_max: int = 4 * MiB + 64 * KiB  # the largest request the port takes
@@ -347,6 +350,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (bool(self.grpc_tls_cert_file) == bool(self.grpc_tls_key_file),
              f"grpc_tls_cert_file ({self.grpc_tls_cert_file!r}) and grpc_tls_key_file ({self.grpc_tls_key_file!r}) "
              f"go together"),
+            (not self.grpc_tls_client_ca_file or self.grpc_tls_cert_file,
+             "grpc_tls_client_ca_file needs grpc_tls_cert_file and grpc_tls_key_file (client certificates are "
+             "checked in a TLS handshake)"),
             (not (self.grpc_enabled and self.curve_enabled) or self.grpc_curve_client_secret_key_file,
              "grpc_enabled with curve_enabled needs grpc_curve_client_secret_key_file (a key the front allows; "
              "got '')"),
@@ -430,7 +436,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             values["store_port"] = int(endpoint.rsplit(":", 1)[-1])
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
-                    "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file"):
+                    "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file",
+                    "grpc_tls_client_ca_file"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is

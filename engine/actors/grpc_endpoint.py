@@ -126,8 +126,11 @@ class GrpcEndpoint:
         ])
         server.add_generic_rpc_handlers((generic_handler(self.service),))
         if cfg.grpc_tls_cert_file:
+            client_ca = Path(cfg.grpc_tls_client_ca_file).read_bytes() if cfg.grpc_tls_client_ca_file else None
             credentials = grpc.ssl_server_credentials([(Path(cfg.grpc_tls_key_file).read_bytes(),
-                                                        Path(cfg.grpc_tls_cert_file).read_bytes())])
+                                                        Path(cfg.grpc_tls_cert_file).read_bytes())],
+                                                      root_certificates=client_ca,
+                                                      require_client_auth=client_ca is not None)
             server.add_secure_port(cfg.grpc_endpoint, credentials)
         else:
             server.add_insecure_port(cfg.grpc_endpoint)

@@ -76,12 +76,13 @@ def user_add(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
     if args.name in acl.users:
         print(f"refused: user {args.name!r} exists (remove it first)", file=sys.stderr)
         return EXIT_FAILED
-    if not (args.access_key or args.curve_public_key):
-        print("a user needs --access-key (gRPC) or --curve-public-key (ZeroMQ ports), or both", file=sys.stderr)
+    if not (args.access_key or args.curve_public_key or args.tls_common_name):
+        print("a user needs --access-key or --tls-common-name (gRPC), or --curve-public-key (the client endpoint)",
+              file=sys.stderr)
         return EXIT_USAGE
     secret = args.secret_key or (secrets.token_urlsafe(24) if args.access_key else "")
     user = User(access_key=args.access_key or "", secret_key=secret, curve_public_key=args.curve_public_key or "",
-                super=args.super)
+                tls_common_name=args.tls_common_name or "", super=args.super)
     _write(store_dir, AclFile(users={**acl.users, args.name: user}, policies=acl.policies), "acl user add",
            resource=f"user:{args.name}", action="super" if args.super else "")
     print(f"user {args.name} added" + (f"; its SecretKey (shown once): {secret}" if secret and not args.secret_key
@@ -162,6 +163,8 @@ def add(commands: Any) -> None:
     user_add_parser.add_argument("--secret-key", help="its SecretKey (default: one made here, printed once)")
     user_add_parser.add_argument("--curve-public-key", metavar="KEY",
                                  help="its CURVE public key (40 Z85 characters), for the ZeroMQ ports")
+    user_add_parser.add_argument("--tls-common-name", metavar="CN",
+                                 help="the common name of its TLS client certificate (grpc_tls_client_ca_file)")
     user_add_parser.add_argument("--super", action="store_true", help="may do everything")
     user_remove_parser = user_verbs.add_parser("remove", help="remove a user and its policies")
     user_remove_parser.add_argument("name")

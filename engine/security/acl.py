@@ -16,7 +16,8 @@
     }
 
 A user is known by a CURVE public key (the ZeroMQ ports: the key its handshake proved) or an
-AccessKey whose SecretKey signs its requests (the gRPC port). A resource is ``topic:NAME``,
+AccessKey whose SecretKey signs its requests, or the common name of its TLS client certificate
+(the gRPC port). A resource is ``topic:NAME``,
 ``group:NAME`` or ``cluster:NAME``; NAME is a literal name, a prefix ending in ``*``, or ``*``;
 ``*`` alone is every resource. The actions are ``pub``, ``sub``, ``create``, ``delete``,
 ``admin`` (``*``: all of them). ``sources``: the client addresses a policy holds for (CIDR
@@ -56,6 +57,7 @@ class User(msgspec.Struct, kw_only=True, omit_defaults=True):
     curve_public_key: str = ""
     access_key: str = ""
     secret_key: str = ""
+    tls_common_name: str = ""  # the CN of its TLS client certificate (grpc_tls_client_ca_file)
     super: bool = False
 
 
@@ -133,8 +135,10 @@ class Acl:
         self.file = acl
         self.by_curve_key: dict[str, str] = {}
         self.by_access_key: dict[str, str] = {}
+        self.by_tls_name: dict[str, str] = {}
         for name, user in acl.users.items():
-            for key, index in ((user.curve_public_key, self.by_curve_key), (user.access_key, self.by_access_key)):
+            for key, index in ((user.curve_public_key, self.by_curve_key), (user.access_key, self.by_access_key),
+                               (user.tls_common_name, self.by_tls_name)):
                 if key and key in index:
                     raise AclError(f"users {index[key]!r} and {name!r} have the same key {key!r}")
                 if key:

@@ -63,6 +63,7 @@ def test_with_tls_the_official_client_sends_and_plaintext_gets_nothing(store_dir
     ({"grpc_endpoint": "0.0.0.0:8081"}, "not a loopback address"),
     ({"grpc_endpoint": "localhost"}, "must be host:port"),
     ({"grpc_tls_cert_file": "/x.crt"}, "go together"),
+    ({"grpc_tls_client_ca_file": "/ca.crt"}, "grpc_tls_client_ca_file needs grpc_tls_cert_file"),
     ({"curve_enabled": True, "curve_server_secret_key_file": "/k", "curve_authorized_keys_dir": "/d"},
      "needs grpc_curve_client_secret_key_file"),
     ({"grpc_streams_max": 0}, r"grpc_streams_max must be positive \(got 0\)"),
