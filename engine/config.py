@@ -189,6 +189,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     master_fence_margin_ms: int = 500  # writes stop this long before the lease could expire unrenewed
     election_wait_ms: int = 300  # candidates wait this long for each other's offers before the best one claims
     etcd_request_timeout_ms: int = 500  # one etcd request, before the next endpoint is tried
+    # TLS to etcd (https:// endpoints whose members ask for client certificates): the CA of the
+    # members' certificates, and this engine's certificate and key (docs/security.md)
+    etcd_tls_ca_file: str = ""
+    etcd_tls_cert_file: str = ""
+    etcd_tls_key_file: str = ""
     cluster_routes_refresh_ms: int = 2_000  # how often each engine mirrors the cluster's topic routes from etcd
     # A replica keeps a master's actor processes spawned and waiting (about 30 MB each): a promotion
     # does not wait for eleven interpreters to start (1.2 s on two cores).
@@ -306,6 +311,10 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "on etcd (etcd_endpoints)"),
             (not self.etcd_endpoints or self.replication_endpoint.startswith("tcp://"),
              "an engine elected on etcd (etcd_endpoints) needs the replication_endpoint it serves while master"),
+            (bool(self.etcd_tls_ca_file) == bool(self.etcd_tls_cert_file) == bool(self.etcd_tls_key_file),
+             "etcd_tls_ca_file, etcd_tls_cert_file and etcd_tls_key_file go together"),
+            (not self.etcd_tls_ca_file or all(url.startswith("https://") for url in self.etcd_endpoint_list),
+             f"with etcd_tls_ca_file, etcd_endpoints must be https:// (got {self.etcd_endpoints!r})"),
             (all(url.startswith(("http://", "https://")) for url in self.etcd_endpoint_list),
              f"etcd_endpoints must be http://host:port, separated by commas (got {self.etcd_endpoints!r})"),
             (0 <= self.broker_id <= 62, f"broker_id must be between 0 and 62 (got {self.broker_id})"),
@@ -437,7 +446,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
                     "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file",
-                    "grpc_tls_client_ca_file"):
+                    "grpc_tls_client_ca_file", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is

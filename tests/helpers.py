@@ -10,11 +10,36 @@ from engine.config import StoreConfig
 from harness.workload import wait_dispatched
 from supervisor.launcher import EngineProcess
 
-__all__ = ["engine_with_topics", "parked_requests", "require", "size_limited_tmpfs", "wait_dispatched"]
+__all__ = ["engine_with_topics", "issue_certificate", "make_authority", "parked_requests", "require",
+           "size_limited_tmpfs", "wait_dispatched"]
 
 # Set by .ci/run: a test whose prerequisite (a client driver, a browser, strace) is missing fails
 # there, where `make test` installs everything; elsewhere it is skipped and listed by pytest's -ra.
 REQUIRE_ALL = os.environ.get("RMQ_TESTS_REQUIRE_ALL") == "1"
+
+
+def _openssl(*words: str) -> None:
+    subprocess.run(["openssl", *words], check=True, capture_output=True, timeout=60)
+
+
+def make_authority(directory: Path, name: str = "test-ca") -> tuple[Path, Path]:
+    """A CA of the test's own, made with openssl: (certificate, key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+             "-keyout", str(key), "-out", str(cert))
+    return cert, key
+
+
+def issue_certificate(directory: Path, name: str, ca: tuple[Path, Path], *, hosts: str = "") -> tuple[Path, Path]:
+    """A certificate for CN=``name`` signed by ``ca``: (certificate, key); ``hosts``: its subjectAltName
+    ("IP:127.0.0.1,DNS:localhost" for a server)."""
+    cert, key, request = directory / f"{name}.crt", directory / f"{name}.key", directory / f"{name}.csr"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(request),
+             *(["-addext", f"subjectAltName={hosts}"] if hosts else []))
+    _openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
+             "-days", "1", "-copy_extensions", "copyall", "-out", str(cert))
+    return cert, key
 
 
 def require(present: bool, what: str) -> None:

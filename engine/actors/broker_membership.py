@@ -40,7 +40,7 @@ from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Tell
 from engine.actors.off_loop import OffLoop
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
-from engine.coordination.etcd import Entry, Etcd, EtcdUnavailable, created_at, delete
+from engine.coordination.etcd import Entry, Etcd, EtcdTls, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
 from engine.coordination.routes import RoutePublisher, read_cluster
 from engine.coordination.routes_mirror import ROUTES_MIRROR_FILE
@@ -73,8 +73,8 @@ class BrokerMembershipActor(Actor):
         super().__init__(env)
         cfg = env.config
         coordination = env.coordination
-        self.etcd: Etcd = coordination.etcd(cfg) if coordination else Etcd(cfg.etcd_endpoint_list,
-                                                                             timeout_ms=cfg.etcd_request_timeout_ms)
+        self.etcd: Etcd = coordination.etcd(cfg) if coordination else Etcd(
+            cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms, tls=EtcdTls.of(cfg))
         self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
         self.routes = RoutePublisher(self.etcd, cfg.cluster_name, cfg.broker_name, env.store_dir)
         self.role = Role.load(env.run_dir)

@@ -11,15 +11,41 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import etcd3gw
 from etcd3gw import exceptions as etcd_errors
 
+from engine.config import StoreConfig
+
 
 class EtcdUnavailable(RuntimeError):
     """No endpoint of the etcd cluster answered."""
+
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS to etcd's client URLs (``https://``): the CA that signed the members' certificates, and
+    this client's certificate and key, which etcd (``--client-cert-auth``) asks for: without them
+    no request is made at all."""
+    ca_file: str
+    cert_file: str
+    key_file: str
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> EtcdTls | None:
+        """The engine's TLS to etcd (``etcd_tls_*``), or None."""
+        if not config.etcd_tls_ca_file:
+            return None
+        return cls(config.etcd_tls_ca_file, config.etcd_tls_cert_file, config.etcd_tls_key_file)
+
+    def context(self) -> ssl.SSLContext:
+        """For ``urllib`` (health checks)."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
 
 @dataclass(frozen=True)
@@ -70,21 +96,26 @@ def modified_at(key: str, revision: int) -> dict[str, Any]:
 
 
 class Etcd:
-    def __init__(self, endpoints: list[str], *, timeout_ms: int) -> None:
+    def __init__(self, endpoints: list[str], *, timeout_ms: int, tls: EtcdTls | None = None) -> None:
         assert endpoints
         self.clients = []
         for url in endpoints:
             scheme, _, rest = url.partition("://")
             host, _, port = rest.rstrip("/").rpartition(":")
-            self.clients.append(etcd3gw.Etcd3Client(host=host.strip("[]"), port=int(port), protocol=scheme,
-                                                    timeout=timeout_ms / 1000, api_path="/v3/"))
+            self.clients.append(etcd3gw.Etcd3Client(
+                host=host.strip("[]"), port=int(port), protocol=scheme, timeout=timeout_ms / 1000, api_path="/v3/",
+                ca_cert=tls.ca_file if tls else None, cert_cert=tls.cert_file if tls else None,
+                cert_key=tls.key_file if tls else None))
+        # Given with each request: requests lets REQUESTS_CA_BUNDLE in the environment override a
+        # session's own CA, and the members' CA is in no system bundle.
+        self.verify: dict[str, str] = {"verify": tls.ca_file} if tls else {}
         self.current = 0
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for turn in range(len(self.clients)):
             client = self.clients[(self.current + turn) % len(self.clients)]
             try:
-                reply: dict[str, Any] = client.post(client.get_url(path), json=body)
+                reply: dict[str, Any] = client.post(client.get_url(path), json=body, **self.verify)
             except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
                     etcd_errors.InternalServerError):
                 continue

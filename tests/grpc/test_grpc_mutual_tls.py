@@ -5,7 +5,6 @@ openssl here, a CA of the test's own."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,33 +17,17 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from engine.security.acl import AclFile, Policy, User, save
 from supervisor.launcher import EngineProcess
 from tests.grpc.conftest import grpc_config
-from tests.helpers import wait_dispatched
+from tests.helpers import issue_certificate, make_authority, wait_dispatched
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def openssl(*words: str) -> None:
-    subprocess.run(["openssl", *words], check=True, capture_output=True, timeout=60)
-
-
-def issue(directory: Path, name: str, ca: tuple[Path, Path], *, hosts: str = "") -> tuple[Path, Path]:
-    """A certificate for CN=``name`` signed by ``ca`` (cert, key); ``hosts``: its subjectAltName."""
-    cert, key, request = directory / f"{name}.crt", directory / f"{name}.key", directory / f"{name}.csr"
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(request),
-            *(["-addext", f"subjectAltName={hosts}"] if hosts else []))
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
-            "-days", "1", "-copy_extensions", "copyall", "-out", str(cert))
-    return cert, key
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineProcess, dict[str, tuple[Path, Path]]]]:
     root = tmp_path_factory.mktemp("mtls")
-    ca = (root / "ca.crt", root / "ca.key")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-            "-keyout", str(ca[1]), "-out", str(ca[0]))
-    server = issue(root, "localhost", ca, hosts="IP:127.0.0.1,DNS:localhost")
-    certs = {"ca": ca, **{name: issue(root, name, ca) for name in ("orders-service", "stranger")}}
+    ca = make_authority(root)
+    server = issue_certificate(root, "localhost", ca, hosts="IP:127.0.0.1,DNS:localhost")
+    certs = {"ca": ca, **{name: issue_certificate(root, name, ca) for name in ("orders-service", "stranger")}}
     store = root / "store"
     save(store, AclFile(users={"orders-service": User(tls_common_name="orders-service")},
                         policies=[Policy(user="orders-service", resource="topic:orders", actions=["pub"])]))
