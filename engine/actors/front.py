@@ -293,14 +293,14 @@ class FrontActor(Actor):
         acl = self.guard.acl()
         user = acl.by_curve_key.get(peer_key) if acl is not None else None
         checks = checks_of(envelope.op, envelope.topic, envelope.group, self.config.cluster_name)
-        refusal = self.guard.check(user, checks, source=ip_text(peer_ip), op=envelope.op,
-                                   unknown=peer_key)
+        source = ip_text(peer_ip)
+        refusal = self.guard.check(user, checks, source=source, op=envelope.op, unknown=peer_key)
         if refusal is not None:
             code = ErrorCode.UNAUTHENTICATED if refusal.code == "UNAUTHENTICATED" else ErrorCode.FORBIDDEN
             details = {"resource": refusal.resource, "action": refusal.action} if refusal.resource else {}
             raise RequestError(code, refusal.message, **details)
         if envelope.op in AUDITED_OPS and not self.routing_held:  # an administrative act allowed: who, from where
-            self.guard.audit.record("admin", op=envelope.op, subject=user or "", source=ip_text(peer_ip),
+            self.guard.audit.record("admin", op=envelope.op, subject=user or "", source=source,
                                     resource=f"topic:{envelope.topic or ''}", action=checks[0].action)
 
     def served_elsewhere(self, exc: RequestError, raw: bytes) -> RequestError:

@@ -118,21 +118,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):  # type: igno
         source = peer_address(context.peer())
         metadata = dict(context.invocation_metadata() or ())
         acl = guard.acl()
+        user = None
         if "authorization" not in metadata and acl is not None:  # mutual TLS: the certificate's name
             names = (context.auth_context() or {}).get("x509_common_name") or ()
             user = acl.by_tls_name.get(names[0].decode()) if names else None
-            if user is not None:
-                refusal = guard.check(user, checks, source=source, op=op)
-                if refusal is not None:
-                    raise Refused(Code.FORBIDDEN, f"{refusal.code}: {refusal.message}")
-                return
-        signed = verify(str(metadata.get("authorization", "")), str(metadata.get(DATE_HEADER, "")),
-                        acl.secret_of if acl is not None else lambda _key: None, now_ms=time.time_ns() // 1_000_000,
-                        skew_ms_max=self.config.acl_signature_skew_ms_max)
-        if signed.user is None:
-            guard.refuse(Refusal("UNAUTHENTICATED", signed.reason), user=None, source=source, op=op)
-            raise Refused(Code.UNAUTHORIZED, f"UNAUTHENTICATED: {signed.reason}")
-        refusal = guard.check(signed.user, checks, source=source, op=op)
+        if user is None:
+            signed = verify(str(metadata.get("authorization", "")), str(metadata.get(DATE_HEADER, "")),
+                            acl.secret_of if acl is not None else lambda _key: None,
+                            now_ms=time.time_ns() // 1_000_000, skew_ms_max=self.config.acl_signature_skew_ms_max)
+            if signed.user is None:
+                guard.refuse(Refusal("UNAUTHENTICATED", signed.reason), user=None, source=source, op=op)
+                raise Refused(Code.UNAUTHORIZED, f"UNAUTHENTICATED: {signed.reason}")
+            user = signed.user
+        refusal = guard.check(user, checks, source=source, op=op)
         if refusal is not None:
             raise Refused(Code.UNAUTHORIZED if refusal.code == "UNAUTHENTICATED" else Code.FORBIDDEN,
                           f"{refusal.code}: {refusal.message}")

@@ -29,6 +29,7 @@ from engine.ipc.lifecycle import Lifecycle
 from engine.ipc.messages import ControlReply, StatusQuery
 from engine.metrics.families import COUNTER, FAMILIES, GAUGE, LATENCY_BOUNDS_S
 from engine.metrics.report import Histogram, read_reports
+from engine.security.acl import REFUSAL_CODES
 from engine.store.disk_space import disk_space
 from engine.store.shared_offsets import IN_SYNC_REPLICAS, LEASE_DEADLINE, SharedOffsets
 
@@ -114,9 +115,6 @@ def _add_lag(view: View) -> None:
         end = max_offsets.get((topic, queue_id))
         if end is not None and committed >= 0:
             view.add("rmqpy_group_lag_messages", group, topic, queue_id, max(0, end - committed))
-
-
-REFUSAL_CODES = ("UNAUTHENTICATED", "FORBIDDEN")  # an actor that checks the ACL counts them in its detail
 
 
 def _add_actors(view: View, status: ControlReply) -> None:

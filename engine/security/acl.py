@@ -32,7 +32,6 @@ the action.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ ACL_FILE = Path("config") / "acl.json"
 ACTIONS = ("pub", "sub", "create", "delete", "admin")
 RESOURCE_TYPES = ("topic", "group", "cluster")
 Decision = Literal["allow", "deny"]
+REFUSAL_CODES = ("UNAUTHENTICATED", "FORBIDDEN")
 
 
 class AclError(ValueError):
@@ -179,7 +179,6 @@ class Acl:
         return None
 
 
-@functools.lru_cache(maxsize=4096)
 def _address(source: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     try:
         return ipaddress.ip_address(source) if source else None

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from engine.security import acl as acl_file
-from engine.security.acl import Acl, AclError, Check, Refusal
+from engine.security.acl import REFUSAL_CODES, Acl, AclError, Check, Refusal
 from engine.security.audit import AuditLog
 
 log = logging.getLogger(__name__)
@@ -102,4 +102,4 @@ class Guard:
 
     def detail(self) -> dict[str, int]:
         """The refusals by code, as the actor's heartbeat carries them (``rmqpy_auth_refusals``)."""
-        return {f"refused_{code.lower()}": self.refusals[code] for code in ("UNAUTHENTICATED", "FORBIDDEN")}
+        return {f"refused_{code.lower()}": self.refusals[code] for code in REFUSAL_CODES}
