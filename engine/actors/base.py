@@ -512,8 +512,8 @@ class Runtime:
 
     def on_readable_from(self, port: Port, sock: zmq.Socket[bytes]) -> None:
         """``on_readable`` for a ``peer_address`` port: each message with its sender's IP (and on a
-        CURVE port, its key)."""
-        actor, out, with_key = self.actor, Effects(), port.curve
+        CURVE port whose requests are checked, ``acl_enabled``, its key)."""
+        actor, out, with_key = self.actor, Effects(), port.curve and self.env.config.acl_enabled
         for _ in range(_DRAIN_MESSAGES_MAX):
             try:
                 frames, ip, key = recv_frames_from(sock, _NOBLOCK, with_key=with_key)

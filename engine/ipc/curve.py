@@ -97,13 +97,22 @@ def secret_keys_in(directory: str | Path) -> list[str]:
 
 
 class _OneKey:
-    """ZAP's credentials provider that lets in one public key only."""
+    """ZAP's credentials provider that lets in one public key only; each other key it refuses is
+    logged once (a peer retries its handshake every reconnect interval)."""
 
     def __init__(self, public: bytes) -> None:
         self.public = public
+        self.refused: set[bytes] = set()
 
     def callback(self, _domain: str, key: bytes) -> bool:
-        return key == self.public
+        """``key``: Z85, as pyzmq's authenticator hands it over (and as ``load_certificate`` reads it)."""
+        if key == self.public:
+            return True
+        if key not in self.refused and len(self.refused) < 1_000:
+            self.refused.add(key)
+            log.warning("refused a peer whose CURVE key %s is not the broker set's replication key",
+                        key.decode())
+        return False
 
 
 class SetKey:

@@ -1,6 +1,7 @@
 """The replication channel under the broker set's key (``replication_curve_secret_key_file``,
 docs/security.md): a set whose engines hold it replicates as before, encrypted; an engine without
-the key, or with another one, gets no byte of the master's log as a replica, and a replica that
+the key, or with another one, gets no byte of the master's log as a replica (a peer that knows the
+set's public key but not its secret is refused and logged), and a replica that
 holds the key follows no master that cannot prove it (a fake master)."""
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 
 from engine.config import StoreConfig
-from engine.ipc.curve import keygen
+from engine.ipc.curve import CurveKeys, keygen, public_key_of
 from engine.security.acl import ACL_FILE, AclFile, User, load, save
 from harness.replication import offsets, replicated_pair, wait_replicated
 from supervisor.launcher import EngineProcess
@@ -32,7 +34,7 @@ def written(engine: EngineProcess) -> int:
 
 def test_the_set_s_key_holders_replicate_and_an_engine_without_it_gets_nothing(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
-    _public, set_secret = keygen(keys, "broker-a")
+    set_public, set_secret = keygen(keys, "broker-a")
     _public, other_secret = keygen(keys, "stranger")
     config = StoreConfig.test_min().replace(replication_curve_secret_key_file=str(set_secret))
     users = AclFile(users={"ops": User(access_key="ops", secret_key="ops-secret", super=True)})
@@ -60,6 +62,21 @@ def test_the_set_s_key_holders_replicate_and_an_engine_without_it_gets_nothing(t
             assert end > 0
             assert [written(stranger) for stranger in strangers] == [0, 0]  # not a byte to the others
             assert not any((stranger.store_dir / ACL_FILE).exists() for stranger in strangers)
+            # A stolen public key: the set's key as the server's, a key pair of its own to prove
+            stolen = zmq.Context()
+            try:
+                sock = stolen.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                CurveKeys.from_files(set_public, other_secret).apply(sock)
+                sock.connect(master.config.replication_endpoint)
+                sock.send(b"any follow")
+                assert not sock.poll(1_000)  # nothing comes back: the handshake was refused
+            finally:
+                stolen.destroy(linger=0)
+            sender_log = master.store_dir / "logs" / "replication-sender.log"
+            deadline = time.monotonic() + 10
+            while f"CURVE key {public_key_of(other_secret)} is not" not in sender_log.read_text():
+                assert time.monotonic() < deadline, "the refusal was not logged"
         finally:
             for stranger in strangers:
                 stranger.stop()
