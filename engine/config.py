@@ -47,9 +47,13 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # a request enters (the gRPC endpoint: its calls' signatures, then the policies).
     acl_enabled: bool = False
     acl_signature_skew_ms_max: int = 900_000  # a signed call's date at most this far from the clock (15 min)
-    # The broker set's replication key pair (`rmqpy keygen`), the same file on every engine of the set:
-    # the replication channel is encrypted with it and only its holders take part (docs/security.md).
+    # The replication channel's key pair (`rmqpy keygen`): with it the channel is encrypted and only the
+    # set's members take part (docs/security.md). Without replication_curve_authorized_keys_dir it is
+    # the set's one key, the same file on every engine of the set; with it, this engine's own, and the
+    # directory holds each member's public key as member-<broker_id>.key.
     replication_curve_secret_key_file: str = ""
+    replication_curve_authorized_keys_dir: str = ""
+    replica_of_broker_id: int = 0  # the broker_id of the master replica_of names (set from the role when elected)
     # The writer and the owners answer a client that asks (StoreClient) straight, past the front:
     # each binds a port of its own on the front's host (engine/ipc/direct_replies.py).
     direct_replies_enabled: bool = True
@@ -318,6 +322,11 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
             (all(url.startswith(("http://", "https://")) for url in self.etcd_endpoint_list),
              f"etcd_endpoints must be http://host:port, separated by commas (got {self.etcd_endpoints!r})"),
             (0 <= self.broker_id <= 62, f"broker_id must be between 0 and 62 (got {self.broker_id})"),
+            (0 <= self.replica_of_broker_id <= 62,
+             f"replica_of_broker_id must be between 0 and 62 (got {self.replica_of_broker_id})"),
+            (not self.replication_curve_authorized_keys_dir or self.replication_curve_secret_key_file,
+             "replication_curve_authorized_keys_dir (the members' public keys) needs "
+             "replication_curve_secret_key_file (this engine's own key pair)"),
             (self.master_lease_ms % 1_000 == 0 and self.master_lease_ms >= 2_000,
              f"master_lease_ms must be whole seconds, at least 2000 (got {self.master_lease_ms})"),
             (self.master_fence_margin_ms < self.master_lease_ms // 2,
@@ -446,7 +455,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         base = Path(path).resolve().parent if path is not None else Path.cwd()
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
                     "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file",
-                    "grpc_tls_client_ca_file", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file"):
+                    "grpc_tls_client_ca_file", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file",
+                    "replication_curve_authorized_keys_dir"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is

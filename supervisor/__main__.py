@@ -191,12 +191,19 @@ def cmd_start(args: argparse.Namespace) -> int:
             print(f"warning: {config.curve_authorized_keys_dir} holds secret keys ({', '.join(secrets)}); only "
                   "public *.key files are read there: keep each .key_secret with its client", file=sys.stderr)
     if config.replication_curve_secret_key_file:  # the same: not in the replication actors' restarts
-        from engine.ipc.curve import load_server_keys
+        from engine.ipc.curve import load_server_keys, secret_keys_in
 
         try:
             load_server_keys(config.replication_curve_secret_key_file)
         except ValueError as exc:
             raise ConfigError(f"replication_curve_secret_key_file: {exc}") from None
+    if config.replication_curve_authorized_keys_dir:
+        members = Path(config.replication_curve_authorized_keys_dir)
+        if not members.is_dir():
+            raise ConfigError(f"replication_curve_authorized_keys_dir {members} is not a directory")
+        if secrets := secret_keys_in(members):
+            print(f"warning: {members} holds secret keys ({', '.join(secrets)}); only the members' public "
+                  "member-<broker_id>.key files are read there", file=sys.stderr)
     if args.detach:
         return _start_detached(args, config)
     # Until the supervisor holds the store's lock and opens logs/supervisor.log (Supervisor.start).

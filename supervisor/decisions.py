@@ -193,7 +193,8 @@ class Decisions:
         if previous is not None and previous.is_master and role.is_master:  # elected again
             return [CutLog(role)]
         others = [name for name in self.specs if name != MEMBERSHIP]
-        self.role_config = self.config.replace(replica_of="" if role.is_master else role.master_replication_endpoint)
+        self.role_config = self.config.replace(replica_of="" if role.is_master else role.master_replication_endpoint,
+                                               replica_of_broker_id=role.master_id)
         coming = [spec for spec in actor_specs(self.role_config) if spec.name != MEMBERSHIP]
         self.specs = {MEMBERSHIP: self.specs[MEMBERSHIP], **{spec.name: spec for spec in coming}}
         names = [spec.name for spec in coming]

@@ -57,7 +57,7 @@ from engine.store.shared_offsets import SharedOffsets
 from engine.store.sync import SyncerFactory
 
 if TYPE_CHECKING:
-    from engine.ipc.curve import CurveServer, SetKey
+    from engine.ipc.curve import CurveServer, ReplicationKeys
 
 if not __debug__:
     raise SystemExit("the engine's actors rely on assertions; do not run them with python -O")
@@ -371,7 +371,7 @@ class Runtime:
         # what to do when a socket (or the waker's eventfd) is readable
         self.readers: dict[zmq.Socket[bytes] | int, Callable[[], None]] = {}
         self.curve: CurveServer | None = None  # the front's, with CURVE on
-        self.set_key: SetKey | None = None  # the replication actors', with replication_curve_secret_key_file
+        self.set_key: ReplicationKeys | None = None  # the replication actors', with replication_curve_secret_key_file
         self.stopping = False
         self.monitors: list[zmq.Socket[bytes]] = []  # the sockets reporting the ports' connections
         self.unconnected: set[Channel] = set()  # ports with ``await_peer`` not yet connected
@@ -393,9 +393,10 @@ class Runtime:
             self.secure(sock)
         if port.set_key and cfg.replication_curve_secret_key_file:  # encryption, and only the set's members
             if self.set_key is None:
-                from engine.ipc.curve import SetKey
+                from engine.ipc.curve import ReplicationKeys
 
-                self.set_key = SetKey(self.zctx, cfg.replication_curve_secret_key_file)
+                self.set_key = ReplicationKeys(self.zctx, cfg.replication_curve_secret_key_file,
+                                               cfg.replication_curve_authorized_keys_dir, cfg.replica_of_broker_id)
             (self.set_key.serve if port.bind else self.set_key.join)(sock)
         if port.heartbeat_timeout_ms:
             sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, port.heartbeat_timeout_ms // 4))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,50 +97,98 @@ def secret_keys_in(directory: str | Path) -> list[str]:
         return []
 
 
-class _OneKey:
-    """ZAP's credentials provider that lets in one public key only; each other key it refuses is
-    logged once (a peer retries its handshake every reconnect interval)."""
+class _Allowed:
+    """ZAP's credentials provider that lets in the keys ``keys()`` returns; each other key it refuses
+    is logged once (a peer retries its handshake every reconnect interval)."""
 
-    def __init__(self, public: bytes) -> None:
-        self.public = public
+    def __init__(self, keys: Callable[[], frozenset[bytes]], whose: str) -> None:
+        self.keys = keys
+        self.whose = whose
         self.refused: set[bytes] = set()
 
     def callback(self, _domain: str, key: bytes) -> bool:
         """``key``: Z85, as pyzmq's authenticator hands it over (and as ``load_certificate`` reads it)."""
-        if key == self.public:
+        if key in self.keys():
             return True
         if key not in self.refused and len(self.refused) < 1_000:
             self.refused.add(key)
-            log.warning("refused a peer whose CURVE key %s is not the broker set's replication key",
-                        key.decode())
+            log.warning("refused a peer whose CURVE key %s is not %s", key.decode(), self.whose)
         return False
 
 
-class SetKey:
-    """The replication channel's CURVE (``replication_curve_secret_key_file``): one key pair that
-    every engine of a broker set holds. The master's sender is a CURVE server with it and lets in
-    only a peer that proves the same key; a replica's receiver proves it, and takes the master for
-    a member of its set only if the master proves it too. Nothing without the secret gets a byte
-    of the log, or can pose as a master or a replica."""
+def member_key_file(directory: str | Path, broker_id: int) -> Path:
+    """Where a broker set's member ``broker_id`` has its replication public key."""
+    return Path(directory) / f"member-{broker_id}.key"
 
-    def __init__(self, context: zmq.Context[zmq.Socket[object]], secret_file: str) -> None:
+
+class _MemberKeys:
+    """The public keys in a set's members' directory (``member-<broker_id>.key``), read again
+    when the directory changes (a member added or removed)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.mtime_ns = -1
+        self.keys: frozenset[bytes] = frozenset()
+
+    def __call__(self) -> frozenset[bytes]:
+        try:
+            mtime_ns = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            return self.keys  # unreadable: the last list (none, at first)
+        if mtime_ns != self.mtime_ns:
+            self.mtime_ns = mtime_ns
+            self.keys = frozenset(public_key_of(Path(self.directory) / name).encode()
+                                  for name in os.listdir(self.directory)
+                                  if name.startswith("member-") and name.endswith(".key"))
+        return self.keys
+
+
+class ReplicationKeys:
+    """The replication channel's CURVE (``replication_curve_secret_key_file``), one of two ways:
+
+    - the set's key: every engine of a broker set holds the same key pair; the master's sender is
+      a CURVE server with it and lets in only a peer proving it, and a replica's receiver proves it
+      and takes the master for a member of its set only if the master proves it too;
+    - each engine its own key pair, with ``replication_curve_authorized_keys_dir`` holding its set's
+      members' public keys (``member-<broker_id>.key``): the sender lets in the members' keys, and a
+      receiver follows a master only if it proves the key of the member it is told is master
+      (``replica_of_broker_id``, from the election's role).
+
+    Either way nothing without a member's secret gets a byte of the log, or can pose as a master
+    or a replica."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[object]], secret_file: str, members_dir: str = "",
+                 master_id: int = 0) -> None:
         self.public, self.secret = load_server_keys(secret_file)
         self.context = context
+        self.members_dir = members_dir
+        self.master_id = master_id
         self.authenticator: ThreadAuthenticator | None = None
 
     def serve(self, sock: zmq.Socket[object]) -> None:
-        """Before ``bind``: a CURVE server that lets in the set's key only."""
+        """Before ``bind``: a CURVE server that lets in the set's key, or its members' keys, only."""
         if self.authenticator is None:
             self.authenticator = ThreadAuthenticator(self.context)
             self.authenticator.start()
-            self.authenticator.configure_curve_callback(domain="*", credentials_provider=_OneKey(self.public))
+            allowed = _Allowed(_MemberKeys(self.members_dir), f"a member's in {self.members_dir}") \
+                if self.members_dir else _Allowed(lambda: frozenset((self.public,)), "the broker set's replication key")
+            self.authenticator.configure_curve_callback(domain="*", credentials_provider=allowed)
         sock.curve_server = True
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
 
     def join(self, sock: zmq.Socket[object]) -> None:
-        """Before ``connect``: a CURVE client that proves the set's key to a server holding it."""
-        sock.curve_serverkey = self.public
+        """Before ``connect``: a CURVE client proving this engine's key to a master that must prove
+        the set's key, or its own member's key. ValueError: that member has no key here."""
+        if self.members_dir:
+            master_file = member_key_file(self.members_dir, self.master_id)
+            try:
+                sock.curve_serverkey = public_key_of(master_file).encode()
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"the master (broker_id {self.master_id}) has no replication key "
+                                 f"{master_file} here: {exc}") from None
+        else:
+            sock.curve_serverkey = self.public
         sock.curve_publickey = self.public
         sock.curve_secretkey = self.secret
 

@@ -17,7 +17,7 @@ from engine.config import StoreConfig
 from engine.ipc.curve import CurveKeys, keygen, public_key_of
 from engine.security.acl import ACL_FILE, AclFile, User, load, save
 from harness.replication import offsets, replicated_pair, wait_replicated
-from supervisor.launcher import EngineProcess
+from supervisor.launcher import EngineProcess, free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -97,3 +97,46 @@ def test_a_replica_holding_the_key_follows_no_master_without_it(tmp_path: Path) 
             assert written(keyed) == 0
         finally:
             keyed.stop()
+
+
+def test_each_member_its_own_key_the_members_let_in_each_other_and_nobody_else(tmp_path: Path) -> None:
+    """``replication_curve_authorized_keys_dir``: each engine its own key pair; the set's members'
+    public keys, ``member-<broker_id>.key``. The master lets in its members' keys only; a replica
+    follows its master if the master proves the key of the member it is (``replica_of_broker_id``)."""
+    members, own = tmp_path / "members", tmp_path / "own"
+    secrets = {}
+    for broker_id in (0, 1):
+        public, secrets[broker_id] = keygen(own / str(broker_id), "replication")
+        members.mkdir(exist_ok=True)
+        (members / f"member-{broker_id}.key").write_bytes(public.read_bytes())
+    _stranger_public, stranger_secret = keygen(own / "stranger", "replication")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+
+    def engine(name: str, secret: Path, **settings: object) -> EngineProcess:
+        return EngineProcess(tmp_path / name, config=StoreConfig.test_min().replace(
+            replication_curve_authorized_keys_dir=str(members), replication_curve_secret_key_file=str(secret),
+            **settings))
+
+    master = engine("master", secrets[0], replication_endpoint=endpoint)
+    replica = engine("replica", secrets[1], broker_id=1, replica_of=endpoint, replica_of_broker_id=0)
+    # A stranger with a key of its own (not a member's); a member that takes the other member for its master
+    stranger = engine("stranger", stranger_secret, broker_id=2, replica_of=endpoint, replica_of_broker_id=0)
+    misled = engine("misled", secrets[1], broker_id=1, replica_of=endpoint, replica_of_broker_id=1)
+    engines = [master, replica, stranger, misled]
+    try:
+        for engine in engines:
+            engine.start()
+        with master.client() as client:
+            client.create_topic("secrets", queue_count=1)
+        send(master, b"between members")
+        with master.client() as m, replica.client() as r:
+            assert wait_replicated(m, r) > 0
+        assert [written(stranger), written(misled)] == [0, 0]
+        sender_log = master.store_dir / "logs" / "replication-sender.log"
+        deadline = time.monotonic() + 10
+        while f"CURVE key {public_key_of(stranger_secret)} is not a member's" not in sender_log.read_text():
+            assert time.monotonic() < deadline, "the stranger's refusal was not logged"
+            time.sleep(0.05)
+    finally:
+        for engine in reversed(engines):
+            engine.stop()
