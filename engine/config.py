@@ -491,7 +491,7 @@ DEV_PROFILE: dict[str, object] = {
 _MINIMUMS: dict[str, int] = {
     "store_port": 1, "election_wait_ms": 0, "etcd_request_timeout_ms": 1,
     "cluster_routes_refresh_ms": 100, "master_fence_margin_ms": 1,
-    "broker_id": 0, "master_lease_ms": 2_000,
+    "broker_id": 0, "replica_of_broker_id": 0, "master_lease_ms": 2_000,
     "segment_size_bytes": 4 * KiB, "consume_queue_file_units": 1, "index_hash_slot_count": 1,
     "index_item_count_max": 2,
     "message_body_bytes_max": 1, "properties_bytes_max": 1, "send_batch_bytes_max": 1,
