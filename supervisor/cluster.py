@@ -31,6 +31,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 from engine.config import StoreConfig
@@ -46,7 +47,15 @@ from supervisor.cluster_engines import (
     stop_engine,
     stop_one,
 )
-from supervisor.cluster_status import CLUSTER_FILE, engine_rows, etcd_rows, read_cluster, status_lines
+from supervisor.cluster_secure import ADMIN_FILE, SecureCluster
+from supervisor.cluster_status import (
+    CLUSTER_FILE,
+    engine_rows,
+    etcd_rows,
+    operator_context,
+    read_cluster,
+    status_lines,
+)
 from supervisor.etcd_server import EtcdCluster, EtcdNotInstalled, EtcdPortInUse, member_ports, stop_pids
 from supervisor.launcher import write_config
 
@@ -106,6 +115,10 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
                        help="etcd members (odd, 1 to 7; default 3: one can be lost; 1: no member can)")
     start.add_argument("--broker-sets", type=_whole(1, BROKER_SETS_MAX), default=1,
                        help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
+    start.add_argument("--secure", action="store_true",
+                       help="keep strangers out (implies --etcd): a CA of the cluster's own, etcd over TLS with "
+                            "client certificates, CURVE and users on the client ports (an admin user, its secrets "
+                            "in DIR/secrets/admin.json), each engine its own replication key (docs/security.md)")
     add = actions.add_parser("add", help="one more broker set on the cluster's etcd (a cluster started with --etcd)")
     add.add_argument("--replicas", type=_REPLICAS, default=None,
                      help="replicas of the new set's master (default: as many as the first set has)")
@@ -139,25 +152,32 @@ def _start(args: argparse.Namespace) -> int:
               f"it, `cluster stop --dir {args.dir}` stops it; `cluster start-engine NAME` starts one stopped engine",
               file=sys.stderr)
         return EXIT_RUNNING
-    elected = args.etcd or args.broker_sets > 1
+    made = read_cluster(directory) if (directory / CLUSTER_FILE).exists() else {}
+    secure = SecureCluster(directory) if args.secure or made.get("secure") else None  # started again: as it was
+    elected = args.etcd or args.broker_sets > 1 or secure is not None
+    if secure is not None:
+        secure.create()  # before etcd, whose members serve with its certificates
     try:
-        etcd = EtcdCluster(directory / "etcd", member_ports(args.etcd_port, args.etcd_members)) if elected else None
+        etcd = EtcdCluster(directory / "etcd", member_ports(args.etcd_port, args.etcd_members),
+                           tls=secure.member_tls() if secure else None) if elected else None
     except EtcdNotInstalled as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    before = read_cluster(directory).get("etcd_endpoints") if (directory / CLUSTER_FILE).exists() else None
+    before = made.get("etcd_endpoints")
     if etcd is not None and before and before != etcd.endpoints:  # its members' data holds their first layout
         print(f"error: the cluster in {directory} was started on etcd members {before}, not {etcd.endpoints}: "
               f"start it with the same --etcd-port and --etcd-members, or in a new directory", file=sys.stderr)
         return EXIT_USAGE
     directory.mkdir(parents=True, exist_ok=True)
     replication = f"tcp://127.0.0.1:{args.port + 1}"
-    layout = {"port": args.port, "replication_mode": args.replication_mode,
-              "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
+    layout: dict[str, object] = {"port": args.port, "replication_mode": args.replication_mode,
+                                 "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
+    if secure is not None:
+        layout.update(secure=True, etcd_tls=asdict(secure.operator_tls()))
     engines = []
     for index in range(args.broker_sets):
         if etcd is not None:
-            engines += _write_set(directory, layout, index, args.replicas, alone=args.broker_sets == 1)
+            engines += _write_set(directory, layout, index, args.replicas, alone=args.broker_sets == 1, secure=secure)
             continue
         for k in range(args.replicas + 1):  # roles fixed: a master and replicas of its replication endpoint
             port = args.port + 10 * k
@@ -175,6 +195,8 @@ def _start(args: argparse.Namespace) -> int:
         for member in etcd.members:
             assert member.process is not None
             print(f"{member.name:<10} {member.client_url:<24} pid={member.process.pid}", flush=True)
+        if secure is not None:
+            secure.seed_cluster_acl(etcd.endpoints, StoreConfig().cluster_name)
     (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, **layout,
                                                       "engines": engines,
                                                       "etcd_pids": etcd.pids() if etcd else []},
@@ -183,6 +205,9 @@ def _start(args: argparse.Namespace) -> int:
     if code != EXIT_OK:
         _stop(args)
         return code
+    if secure is not None:
+        print(f"secure: the admin user's credentials are in {secure.root / ADMIN_FILE} (its owner's only); "
+              f"clients use its curve_secret_key_file and the engines' key, {secure.root / 'engines.key'}")
     if etcd is not None and args.broker_sets > 1:
         print(f"a cluster of {args.broker_sets} broker sets elected on etcd ({args.replication_mode}); "
               f"rmqpy's Cluster and `rmqpy topics --cluster` take etcd's address: {etcd.endpoints}")
@@ -206,7 +231,8 @@ def _add(args: argparse.Namespace) -> int:
     brokers = sorted({engine["broker_name"] for engine in engines})
     replicas = args.replicas if args.replicas is not None else \
         sum(engine["broker_name"] == brokers[0] for engine in engines) - 1
-    added = _write_set(directory, cluster, len(brokers), replicas, alone=False)
+    added = _write_set(directory, cluster, len(brokers), replicas, alone=False,
+                       secure=SecureCluster(directory) if cluster.get("secure") else None)
     cluster["engines"] = engines + added  # named before they start: `cluster stop` stops them whatever happens
     (directory / CLUSTER_FILE).write_text(json.dumps(cluster, indent=2) + "\n")
     code = start_engines(directory, added)
@@ -220,7 +246,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _write_set(directory: Path, layout: dict[str, object], index: int, replicas: int, *,
-               alone: bool) -> list[dict[str, str]]:
+               alone: bool, secure: SecureCluster | None = None) -> list[dict[str, str]]:
     """The configs of broker set ``index`` (``broker-a``, ``broker-b``...): engines that elect their
     master on the cluster's etcd, each listening for replicas. A send creates no topic there
     (``auto_create_topic = false``, docs/cluster.md): it would create it on whichever set took it,
@@ -233,8 +259,11 @@ def _write_set(directory: Path, layout: dict[str, object], index: int, replicas:
                                    "replication_mode": layout["replication_mode"],
                                    "etcd_endpoints": layout["etcd_endpoints"], "broker_id": k,
                                    "broker_name": broker_name, "auto_create_topic": False}
-        engines.append(_write_engine(directory, f"broker-{k}" if alone else f"{broker_name}-{k}", port, broker_name,
-                                     role))
+        name = f"broker-{k}" if alone else f"{broker_name}-{k}"
+        if secure is not None:
+            role.update(secure.engine_settings(name, broker_name, k))
+            secure.seed_acl(directory / name)
+        engines.append(_write_engine(directory, name, port, broker_name, role))
     return engines
 
 
@@ -264,6 +293,7 @@ def _stop(args: argparse.Namespace) -> int:
     cluster = read_cluster(args.dir.resolve())
     pids: list[int] = cluster.get("etcd_pids", [])
     if pids:
-        stop_pids(pids, str(cluster["etcd_endpoints"]).split(","))  # written together by `cluster start`
+        stop_pids(pids, str(cluster["etcd_endpoints"]).split(","),  # written together by `cluster start`
+                  context=operator_context(cluster))
         print(f"etcd       stopped (pid {', '.join(map(str, pids))})")
     return code

@@ -11,9 +11,11 @@ master's max offset), 0 for the master itself. An etcd member's row is ``member_
 from __future__ import annotations
 
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
+from engine.coordination.etcd import EtcdTls
 from engine.ipc.control import ControlTimeout, NotRunning, control, supervisor_state
 from engine.ipc.messages import StatusQuery
 from supervisor.etcd_server import member_health
@@ -65,13 +67,20 @@ def _engine_row(engine: dict[str, str]) -> dict[str, object]:
     return row
 
 
+def operator_context(cluster: dict[str, Any]) -> ssl.SSLContext | None:
+    """TLS to a secure cluster's etcd (``cluster start --secure``) with the operator's certificate."""
+    tls = cluster.get("etcd_tls")
+    return EtcdTls(**tls).context() if tls else None
+
+
 def etcd_rows(cluster: dict[str, Any]) -> list[dict[str, object]]:
     """Each etcd member the cluster's engines use (``etcd_endpoints``), with its pid if started here."""
     endpoints = [url for url in str(cluster.get("etcd_endpoints", "")).split(",") if url]
     pids: list[int] = cluster.get("etcd_pids", [])
     rows: list[dict[str, object]] = []
+    context = operator_context(cluster)
     for k, endpoint in enumerate(endpoints):
-        health = member_health(endpoint)
+        health = member_health(endpoint, context=context)
         row: dict[str, object] = {"name": f"etcd-{k}", "endpoint": endpoint,
                                   "pid": pids[k] if k < len(pids) else None, "up": health.up,
                                   "healthy": health.healthy, "leader": health.leader}

@@ -40,6 +40,7 @@ from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects, Tell
 from engine.actors.off_loop import OffLoop
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
+from engine.coordination.cluster_acl import acl_of, changes_after, mark_audited, read_acl
 from engine.coordination.etcd import Entry, Etcd, EtcdTls, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
 from engine.coordination.routes import RoutePublisher, read_cluster
@@ -48,7 +49,11 @@ from engine.ipc.channels import CONTROL, ClientFrame
 from engine.ipc.endpoints import MASTER_ENDPOINT_FILE, REPLICA_APPEND_LOCK
 from engine.ipc.messages import ControlReply, encoder
 from engine.ipc.wire import Inbound
-from engine.logs import event
+from engine.logs import LOG_DIR, event
+from engine.security.acl import AclError
+from engine.security.acl import load as load_acl
+from engine.security.acl import save as save_acl
+from engine.security.audit import AuditLog
 from engine.services.recovery import plan_commit_log_recovery
 from engine.store.append_fence import AppendFence
 from engine.store.atomic_file import write_atomically
@@ -86,6 +91,8 @@ class BrokerMembershipActor(Actor):
         self.member_put_ms = 0
         self.mirrored_ms = -(1 << 62)  # when the cluster's routes were last mirrored
         self.mirrored: dict[str, object] | None = None
+        self.acl_revision = 0  # the revision of the cluster's ACL in etcd last looked at
+        self.audit: AuditLog | None = None
         self.published: list[int] | None = None
         self.waiting = ""  # why no master is elected, while none is
         self.etcd_down = ""
@@ -381,6 +388,36 @@ class BrokerMembershipActor(Actor):
         if routes != self.mirrored:
             write_atomically(self.env.run_dir / ROUTES_MIRROR_FILE, json.dumps(routes).encode())
             self.mirrored = routes
+        self.mirror_acl()
+
+    def mirror_acl(self) -> None:
+        """A new revision of the cluster's users and policies in etcd (``cluster_acl.py``) into this
+        store's ``config/acl.json``, and each change made since, to the audit log; none in etcd: the
+        store's own."""
+        entry = read_acl(self.etcd, self.config.cluster_name)
+        if entry is None or entry.mod_revision == self.acl_revision:
+            return
+        try:
+            acl = acl_of(entry)
+        except (AclError, msgspec.ValidationError, KeyError, TypeError) as exc:
+            self.acl_revision = entry.mod_revision
+            log.error("the cluster's ACL in etcd (revision %d) cannot be used; this engine keeps its own: %s",
+                      entry.mod_revision, exc, extra=event("membership.acl_refused"))
+            return
+        current = load_acl(self.env.store_dir)
+        if current is None or current.file != acl:
+            save_acl(self.env.store_dir, acl)
+            log.info("took the cluster's ACL of etcd revision %d", entry.mod_revision, extra=event("membership.acl"))
+        for change in changes_after(self.etcd, self.config.cluster_name, self.env.store_dir):
+            if self.audit is None:
+                cfg = self.config
+                self.audit = AuditLog(self.env.store_dir / LOG_DIR / f"audit-{self.env.name}.jsonl",
+                                      bytes_max=cfg.audit_log_bytes_max, files_kept=cfg.audit_log_files_kept)
+            fields = change.value if isinstance(change.value, dict) else {}
+            self.audit.record("admin", **{**fields, "op": f"{fields.get('op', 'acl change')} (cluster, etcd)",
+                                          "revision": change.mod_revision})
+            mark_audited(self.env.store_dir, change)
+        self.acl_revision = entry.mod_revision
 
     # -- reports -------------------------------------------------------------
 

@@ -1,15 +1,19 @@
-"""``acl``: the store's users and policies (``config/acl.json``, docs/security.md), edited in place.
+"""``acl``: a store's users and policies (``config/acl.json``, docs/security.md), or a cluster's in
+etcd (``engine/coordination/cluster_acl.py``), edited in place. WHERE is ``--store-dir DIR`` or
+``--cluster URLS`` (etcd's endpoints; ``--etcd-ca-file`` and the others over https).
 
-    python -m engine acl user add NAME --store-dir DIR [--access-key AK] [--secret-key SK]
-                                       [--curve-public-key KEY] [--super]
-    python -m engine acl user remove NAME --store-dir DIR
-    python -m engine acl user list --store-dir DIR [--json]
-    python -m engine acl policy grant USER RESOURCE ACTIONS --store-dir DIR [--deny] [--source CIDR ...]
-    python -m engine acl policy revoke USER RESOURCE --store-dir DIR
-    python -m engine acl policy list --store-dir DIR [--user USER] [--json]
+    python -m engine acl user add NAME WHERE [--access-key AK] [--secret-key SK]
+                                             [--curve-public-key KEY] [--tls-common-name CN] [--super]
+    python -m engine acl user remove NAME WHERE
+    python -m engine acl user list WHERE [--json]
+    python -m engine acl policy grant USER RESOURCE ACTIONS WHERE [--deny] [--source CIDR ...]
+    python -m engine acl policy revoke USER RESOURCE WHERE
+    python -m engine acl policy list WHERE [--user USER] [--json]
 
-The file is written whole (its owner's only); a running engine reads it again within a second.
-Every change is written to ``logs/audit-cli.jsonl`` with the operating-system user who made it.
+A store's file is written whole (its owner's only); a running engine reads it again within a
+second, and the change is written to ``logs/audit-cli.jsonl`` with the operating-system user who
+made it. A cluster's is changed in one etcd transaction; each engine takes it into its own file
+within ``cluster_routes_refresh_ms`` and writes the change, with that user, to its audit log.
 A SecretKey not given is made here (``secrets``) and printed once.
 """
 
@@ -20,12 +24,14 @@ import getpass
 import json
 import secrets
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from engine.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_command
+from engine.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_command, add_etcd_tls_options, etcd_tls
 from engine.config import StoreConfig
 from engine.logs import LOG_DIR
 from engine.security.acl import ACTIONS, AclError, AclFile, Policy, User, save
@@ -43,65 +49,124 @@ Resources: topic:NAME, group:NAME, cluster:NAME; NAME literal, a prefix ending i
 every resource. Actions (comma-separated): pub, sub, create, delete, admin, or * for all."""
 
 
-def _read(store_dir: Path) -> AclFile:
-    acl = load_acl(store_dir)
-    return acl.file if acl is not None else AclFile()
+class Refused(Exception):
+    """A change that is not made (the message says why)."""
 
 
-def _write(store_dir: Path, acl: AclFile, op: str, **fields: Any) -> None:
-    save(store_dir, acl)
+@dataclass(frozen=True)
+class Change:
+    """An edit of the ACL: the ACL it makes, what the audit log says of it, what is printed."""
+    acl: AclFile
+    op: str
+    fields: dict[str, Any]
+    said: str
+
+
+def _audit_store(store_dir: Path, change: Change) -> None:
     defaults = StoreConfig()
     audit = AuditLog(store_dir / LOG_DIR / "audit-cli.jsonl", bytes_max=defaults.audit_log_bytes_max,
                      files_kept=defaults.audit_log_files_kept)
     try:
-        audit.record("admin", op=op, subject=getpass.getuser(), source="cli", **fields)
+        audit.record("admin", op=change.op, subject=getpass.getuser(), source="cli", **change.fields)
     finally:
         audit.close()
 
 
 def run_acl(args: argparse.Namespace) -> int:
-    store_dir: Path = args.store_dir
-    if not store_dir.is_dir():
-        print(f"{store_dir} is not a directory (give the store's --store-dir)", file=sys.stderr)
+    if bool(args.store_dir) == bool(args.cluster):
+        print("give the store (--store-dir DIR) or the cluster's etcd (--cluster URLS), one of them", file=sys.stderr)
         return EXIT_USAGE
+    if args.store_dir and not args.store_dir.is_dir():
+        print(f"{args.store_dir} is not a directory (give the store's --store-dir)", file=sys.stderr)
+        return EXIT_USAGE
+    edit: Callable[[argparse.Namespace, AclFile], Change] | None = _EDITS.get((args.what, args.verb))
     try:
-        acl = _read(store_dir)
-        return int(_HANDLERS[(args.what, args.verb)](args, store_dir, acl))
-    except AclError as exc:
+        if edit is None:  # a listing
+            return _LISTINGS[(args.what, args.verb)](args, _current(args))
+        if args.store_dir:
+            change = edit(args, _current(args))
+            save(args.store_dir, change.acl)
+            _audit_store(args.store_dir, change)
+        else:
+            change = _change_cluster(args, edit)
+    except (Refused, AclError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def user_add(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
-    if args.name in acl.users:
-        print(f"refused: user {args.name!r} exists (remove it first)", file=sys.stderr)
-        return EXIT_FAILED
-    if not (args.access_key or args.curve_public_key or args.tls_common_name):
-        print("a user needs --access-key or --tls-common-name (gRPC), or --curve-public-key (the client endpoint)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    secret = args.secret_key or (secrets.token_urlsafe(24) if args.access_key else "")
-    user = User(access_key=args.access_key or "", secret_key=secret, curve_public_key=args.curve_public_key or "",
-                tls_common_name=args.tls_common_name or "", super=args.super)
-    _write(store_dir, AclFile(users={**acl.users, args.name: user}, policies=acl.policies), "acl user add",
-           resource=f"user:{args.name}", action="super" if args.super else "")
-    print(f"user {args.name} added" + (f"; its SecretKey (shown once): {secret}" if secret and not args.secret_key
-                                       else ""))
+    print(change.said)
     return EXIT_OK
 
 
-def user_remove(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
+def _etcd(args: argparse.Namespace) -> Any:
+    from engine.coordination.etcd import Etcd
+
+    return Etcd(args.cluster.split(","), timeout_ms=3_000, tls=etcd_tls(args))
+
+
+def _current(args: argparse.Namespace) -> AclFile:
+    if args.store_dir:
+        acl = load_acl(args.store_dir)
+        return acl.file if acl is not None else AclFile()
+    from engine.coordination.cluster_acl import acl_of, read_acl
+    from engine.coordination.etcd import EtcdUnavailable
+
+    try:
+        entry = read_acl(_etcd(args), args.cluster_name)
+    except EtcdUnavailable as exc:
+        raise Refused(f"the cluster's etcd does not answer: {exc}") from None
+    return acl_of(entry) if entry is not None else AclFile()
+
+
+def _change_cluster(args: argparse.Namespace, edit: Callable[[argparse.Namespace, AclFile], Change]) -> Change:
+    """The change applied to the cluster's ACL in etcd (again to others' changes if they raced it);
+    each engine takes it within cluster_routes_refresh_ms and writes it to its audit log."""
+    from engine.coordination.cluster_acl import AclChangeRaced, change_acl
+    from engine.coordination.etcd import EtcdUnavailable
+
+    made: list[Change] = []
+
+    def apply(acl: AclFile) -> tuple[AclFile, dict[str, Any]]:
+        made[:] = [edit(args, acl)]
+        return made[0].acl, {"op": made[0].op, "subject": getpass.getuser(), "source": "cli", **made[0].fields}
+
+    try:
+        change_acl(_etcd(args), args.cluster_name, apply)
+    except (EtcdUnavailable, AclChangeRaced) as exc:
+        raise Refused(f"the cluster's ACL is unchanged: {exc}") from None
+    change = made[0]
+    return Change(change.acl, change.op, change.fields,
+                  f"{change.said} (cluster {args.cluster_name}: each engine takes it within cluster_routes_refresh_ms)")
+
+
+def _op(args: argparse.Namespace) -> str:
+    return f"acl {args.what} {args.verb}"
+
+
+def user_add(args: argparse.Namespace, acl: AclFile) -> Change:
+    if args.name in acl.users:
+        raise Refused(f"user {args.name!r} exists (remove it first)")
+    if not (args.access_key or args.curve_public_key or args.tls_common_name):
+        raise Refused("a user needs --access-key or --tls-common-name (gRPC), or --curve-public-key (the client "
+                      "endpoint)")
+    secret = args.secret_key or secrets.token_urlsafe(24)
+    user = User(access_key=args.access_key or "", secret_key=secret if args.access_key else "",
+                curve_public_key=args.curve_public_key or "", tls_common_name=args.tls_common_name or "",
+                super=args.super)
+    shown = args.access_key and not args.secret_key
+    return Change(AclFile(users={**acl.users, args.name: user}, policies=acl.policies), _op(args),
+                  {"resource": f"user:{args.name}", "action": "super" if args.super else ""},
+                  f"user {args.name} added" + (f"; its SecretKey (shown once): {secret}" if shown else ""))
+
+
+def user_remove(args: argparse.Namespace, acl: AclFile) -> Change:
     if args.name not in acl.users:
-        print(f"no user {args.name!r}", file=sys.stderr)
-        return EXIT_FAILED
+        raise Refused(f"no user {args.name!r}")
     users = {name: user for name, user in acl.users.items() if name != args.name}
     policies = [p for p in acl.policies if p.user != args.name]
-    _write(store_dir, AclFile(users=users, policies=policies), "acl user remove", resource=f"user:{args.name}")
-    print(f"user {args.name} removed, with its {len(acl.policies) - len(policies)} policies")
-    return EXIT_OK
+    return Change(AclFile(users=users, policies=policies), _op(args), {"resource": f"user:{args.name}"},
+                  f"user {args.name} removed, with its {len(acl.policies) - len(policies)} policies")
 
 
-def user_list(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
+def user_list(args: argparse.Namespace, acl: AclFile) -> int:
     rows = [{"user": name, "access_key": user.access_key, "curve_public_key": user.curve_public_key,
              "super": user.super} for name, user in sorted(acl.users.items())]  # never the secrets
     if args.json:
@@ -113,29 +178,27 @@ def user_list(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
     return EXIT_OK
 
 
-def policy_grant(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
+def policy_grant(args: argparse.Namespace, acl: AclFile) -> Change:
     actions = [a.strip() for a in args.actions.split(",") if a.strip()]
     policy = Policy(user=args.user, resource=args.resource, actions=actions,
                     decision="deny" if args.deny else "allow", sources=list(args.source or ()))
-    _write(store_dir, AclFile(users=acl.users, policies=[*acl.policies, policy]), "acl policy grant",
-           resource=args.resource, action=",".join(actions), target=args.user, decision=policy.decision)
-    print(f"{policy.decision} {args.user} {','.join(actions)} on {args.resource}"
-          + (f" from {', '.join(policy.sources)}" if policy.sources else ""))
-    return EXIT_OK
+    return Change(AclFile(users=acl.users, policies=[*acl.policies, policy]), _op(args),
+                  {"resource": args.resource, "action": ",".join(actions), "target": args.user,
+                   "decision": policy.decision},
+                  f"{policy.decision} {args.user} {','.join(actions)} on {args.resource}"
+                  + (f" from {', '.join(policy.sources)}" if policy.sources else ""))
 
 
-def policy_revoke(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
+def policy_revoke(args: argparse.Namespace, acl: AclFile) -> Change:
     kept = [p for p in acl.policies if not (p.user == args.user and p.resource == args.resource)]
     if len(kept) == len(acl.policies):
-        print(f"no policy of {args.user!r} on {args.resource!r}", file=sys.stderr)
-        return EXIT_FAILED
-    _write(store_dir, AclFile(users=acl.users, policies=kept), "acl policy revoke", resource=args.resource,
-           target=args.user)
-    print(f"{len(acl.policies) - len(kept)} policies of {args.user} on {args.resource} revoked")
-    return EXIT_OK
+        raise Refused(f"no policy of {args.user!r} on {args.resource!r}")
+    return Change(AclFile(users=acl.users, policies=kept), _op(args),
+                  {"resource": args.resource, "target": args.user},
+                  f"{len(acl.policies) - len(kept)} policies of {args.user} on {args.resource} revoked")
 
 
-def policy_list(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
+def policy_list(args: argparse.Namespace, acl: AclFile) -> int:
     rows = [p for p in acl.policies if args.user in (None, p.user)]
     if args.json:
         print(msgspec.json.encode(rows).decode())
@@ -146,9 +209,9 @@ def policy_list(args: argparse.Namespace, store_dir: Path, acl: AclFile) -> int:
     return EXIT_OK
 
 
-_HANDLERS = {("user", "add"): user_add, ("user", "remove"): user_remove, ("user", "list"): user_list,
-             ("policy", "grant"): policy_grant, ("policy", "revoke"): policy_revoke,
-             ("policy", "list"): policy_list}
+_EDITS = {("user", "add"): user_add, ("user", "remove"): user_remove, ("policy", "grant"): policy_grant,
+          ("policy", "revoke"): policy_revoke}
+_LISTINGS = {("user", "list"): user_list, ("policy", "list"): policy_list}
 
 
 def add(commands: Any) -> None:
@@ -185,5 +248,10 @@ def add(commands: Any) -> None:
     listing.add_argument("--user", help="only this user's")
     listing.add_argument("--json", action="store_true")
     for parser in (user_add_parser, user_remove_parser, user_list_parser, grant, revoke, listing):
-        parser.add_argument("--store-dir", type=Path, required=True, metavar="DIR", help="the store")
+        where = parser.add_argument_group("where the users and policies are (one of them)")
+        where.add_argument("--store-dir", type=Path, metavar="DIR", help="the store (config/acl.json)")
+        where.add_argument("--cluster", metavar="URLS",
+                           help="a cluster's etcd (its client endpoints, comma-separated): every broker set's")
+        where.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
+        add_etcd_tls_options(where)
         parser.set_defaults(handler=run_acl)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.cli.common import EXIT_FAILED, EXIT_USAGE
+from engine.cli.common import EXIT_FAILED, EXIT_USAGE, etcd_tls
 from engine.client import ClientError, EngineUnreachable, StoreClient
 from engine.coordination.etcd import EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute
@@ -32,7 +32,8 @@ SET_PASSED_OVER_MS = 1_000  # how long produce --cluster leaves a set without a 
 def cluster_route(args: argparse.Namespace, *, masters_required: bool = True) -> TopicRoute:
     """The route of ``--topic`` in ``--cluster``; exits with a one-line error when there is none (or,
     with ``masters_required``, when a set of it has no master now)."""
-    reader = RouteReader(args.cluster, cluster_name=args.cluster_name, timeout_ms=min(args.timeout_ms, 3_000))
+    reader = RouteReader(args.cluster, cluster_name=args.cluster_name, timeout_ms=min(args.timeout_ms, 3_000),
+                         tls=etcd_tls(args))
     try:
         route = reader.topic_route(args.topic)
     except (EtcdUnavailable, ClientError) as exc:

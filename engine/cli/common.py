@@ -8,7 +8,7 @@ import datetime
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -17,6 +17,9 @@ from engine.ipc.curve import CurveKeys
 from engine.ipc.endpoints import read_engine_state
 from engine.ipc.protocol import INT32_MAX, INT64_MAX
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
+
+if TYPE_CHECKING:  # etcd's client loads requests: only the commands that reach etcd import it
+    from engine.coordination.etcd import EtcdTls
 
 # Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
 # line on stderr saying why (none for a closed pipe: `rmqpy consume ... | head` is not an error).
@@ -122,6 +125,29 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                          help="the cluster instead of one engine: etcd's client endpoints (http://host:port, "
                               "comma-separated) or any engine of it (tcp://host:port)")
     cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
+    add_etcd_tls_options(cluster)
+
+
+def add_etcd_tls_options(group: argparse._ArgumentGroup) -> None:
+    """etcd over TLS with a client certificate (https:// endpoints; ``cluster start --secure`` makes
+    DIR/secrets/ca.pem, operator-etcd.pem and operator-etcd.key)."""
+    group.add_argument("--etcd-ca-file", metavar="FILE", help="etcd over https: the CA of its members' certificates")
+    group.add_argument("--etcd-cert-file", metavar="FILE", help="etcd over https: this client's certificate")
+    group.add_argument("--etcd-key-file", metavar="FILE", help="etcd over https: this client's key")
+
+
+def etcd_tls(args: argparse.Namespace) -> EtcdTls | None:
+    """The command's TLS to etcd, or None; a usage error unless the three files come together."""
+    files = (args.etcd_ca_file, args.etcd_cert_file, args.etcd_key_file)
+    if not any(files):
+        return None
+    if not all(files):
+        print("error: etcd over TLS needs --etcd-ca-file, --etcd-cert-file and --etcd-key-file together",
+              file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    from engine.coordination.etcd import EtcdTls
+
+    return EtcdTls(*files)
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:

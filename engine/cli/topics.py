@@ -6,7 +6,16 @@ import argparse
 import sys
 from typing import Any
 
-from engine.cli.common import EXIT_USAGE, add_command, add_connection_options, connect, emit, positive
+from engine.cli.common import (
+    EXIT_USAGE,
+    add_command,
+    add_connection_options,
+    add_etcd_tls_options,
+    connect,
+    emit,
+    etcd_tls,
+    positive,
+)
 
 EXAMPLES = """examples:
   %(prog)s
@@ -44,7 +53,7 @@ def _cluster_topics(args: argparse.Namespace) -> int:
         print(f"error: topics --cluster lists and spreads topics in etcd: give its client endpoints "
               f"(http://host:port), not {args.cluster}", file=sys.stderr)
         return EXIT_USAGE
-    etcd = Etcd(args.cluster.split(","), timeout_ms=min(args.timeout_ms, 3_000))
+    etcd = Etcd(args.cluster.split(","), timeout_ms=min(args.timeout_ms, 3_000), tls=etcd_tls(args))
     try:
         if args.delete:
             print("error: delete a topic on each broker set that serves it (--endpoint)", file=sys.stderr)
@@ -82,6 +91,7 @@ def add(commands: Any) -> None:
                          help="etcd's client endpoints (http://host:port, comma-separated): list the cluster's "
                               "routes, or spread --create's queues over its broker sets")
     cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
+    add_etcd_tls_options(cluster)
     cluster.add_argument("--brokers", metavar="NAMES",
                          help="with --cluster --create: the broker sets to spread over (default: every one)")
     topics.set_defaults(handler=run)

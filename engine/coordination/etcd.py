@@ -80,6 +80,11 @@ def delete(key: str) -> dict[str, Any]:
     return {"request_delete_range": {"key": _b64(key)}}
 
 
+def delete_before(prefix: str, end: str) -> dict[str, Any]:
+    """A delete, for a transaction: the keys from ``prefix`` up to ``end`` (not included)."""
+    return {"request_delete_range": {"key": _b64(prefix), "range_end": _b64(end)}}
+
+
 def absent(key: str) -> dict[str, Any]:
     """A comparison: the key does not exist."""
     return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}

@@ -1,0 +1,152 @@
+"""``cluster start --secure`` (docs/security.md, "A secure cluster on one machine"): a CA made with
+``cryptography``, etcd over TLS with client certificates, CURVE and users on the client ports, an
+admin user whose secrets only its owner can read, each engine its own replication key. Then, on
+that cluster: a client without a key, or with a key the engines do not know, gets no reply; a user
+added and granted through etcd (``rmqpy acl --cluster``) reaches every engine of the set and its
+audit log; etcd refuses whoever shows no certificate the CA signed; a failover keeps all of it."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shutil
+import ssl
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import Request, urlopen
+
+import psutil
+import pytest
+
+from engine.client import ClientError, EngineError, StoreClient
+from engine.coordination.broker_set import BrokerSetKeys
+from engine.coordination.etcd import Etcd, EtcdTls
+from engine.errors import ErrorCode
+from engine.ipc.curve import CurveKeys, keygen, public_key_of
+from engine.logs import LOG_DIR
+from engine.security.acl import load
+from rmqpy.raw import SetClient
+from supervisor.etcd_server import ETCD
+from supervisor.launcher import free_port
+from tests.helpers import require
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # etcd and two engines, one failover: about 25 s
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=90,
+                          check=False)
+
+
+def wait_for(what: str, condition: object, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def private_files(root: Path) -> list[Path]:
+    """Every file that holds a secret: PEM private keys, CURVE secret keys, the admin's credentials."""
+    return [path for path in root.rglob("*") if path.is_file() and (
+        b"PRIVATE KEY" in path.read_bytes() or path.name.endswith(".key_secret") or path.name == "admin.json")]
+
+
+def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path: Path) -> None:
+    require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
+    port, etcd_port = free_port(), free_port()
+    directory = tmp_path / "cluster"
+    started = run("supervisor", "cluster", "start", "--dir", str(directory), "--secure", "--replicas", "1",
+                  "--etcd-members", "1", "--port", str(port), "--etcd-port", str(etcd_port))
+    cluster = json.loads((directory / "cluster.json").read_text()) if (directory / "cluster.json").exists() else {}
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        secrets_dir = directory / "secrets"
+        assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
+        assert len(private_files(secrets_dir)) >= 10  # CA, etcd, 3 etcd clients, 2+1+2 CURVE secrets, admin
+        assert {stat.S_IMODE(path.stat().st_mode) for path in private_files(secrets_dir)} == {0o600}
+        assert not list((secrets_dir / "clients").glob("*.key_secret"))  # the allow-list holds public keys only
+        admin = json.loads((secrets_dir / "admin.json").read_text())
+        engines_key = secrets_dir / "engines.key"
+        address = f"tcp://127.0.0.1:{port},tcp://127.0.0.1:{port + 10}"
+
+        def client(secret: Path) -> SetClient:
+            return SetClient(address, curve=CurveKeys.from_files(engines_key, secret))
+
+        def master_client(secret: Path, timeout_ms: int) -> StoreClient:
+            return StoreClient(f"tcp://127.0.0.1:{port}", timeout_ms=timeout_ms,
+                               curve=CurveKeys.from_files(engines_key, secret))
+
+        with client(Path(admin["curve_secret_key_file"])) as as_admin:
+            as_admin.create_topic("orders", queue_count=2)
+            assert as_admin.send("orders", [{"body": b"first"}])[0]["status"] == "PUT_OK"
+
+        # No key, a key of its own: the handshake is refused, nothing comes back
+        with StoreClient(f"tcp://127.0.0.1:{port}", timeout_ms=1_000) as plain, pytest.raises(ClientError):
+            plain.send("orders", [{"body": b"no key"}])
+        _public, stranger_secret = keygen(tmp_path / "keys", "stranger")
+        with master_client(stranger_secret, 1_000) as stranger, pytest.raises(ClientError):
+            stranger.send("orders", [{"body": b"a stranger's key"}])
+
+        # A user added through etcd: let in by the allow-list, known and limited by the cluster's ACL
+        reader_public, reader_secret = keygen(tmp_path / "keys", "reader")
+        shutil.copyfile(reader_public, secrets_dir / "clients" / "reader.key")
+        etcd_options = ["--cluster", f"https://127.0.0.1:{etcd_port}", "--etcd-ca-file", str(secrets_dir / "ca.pem"),
+                        "--etcd-cert-file", str(secrets_dir / "operator-etcd.pem"),
+                        "--etcd-key-file", str(secrets_dir / "operator-etcd.key")]
+        for change in (["user", "add", "reader", "--curve-public-key", public_key_of(reader_public)],
+                       ["policy", "grant", "reader", "topic:orders", "sub"]):
+            changed = run("engine", "acl", *change, *etcd_options)
+            assert changed.returncode == 0, changed.stderr
+
+        def reader_forbidden() -> bool:
+            with master_client(reader_secret, 2_000) as reader:
+                try:
+                    reader.send("orders", [{"body": b"a reader's send"}])
+                except EngineError as exc:
+                    return exc.code == ErrorCode.FORBIDDEN  # known (not UNAUTHENTICATED), not allowed to send
+                except ClientError:
+                    return False  # the allow-list not read again yet
+            raise AssertionError("a user allowed sub only stored a message")
+
+        wait_for("the user added in etcd never reached the master", reader_forbidden)
+        expected = [("acl made by cluster start --secure (cluster, etcd)", "user:admin", getpass.getuser()),
+                    ("acl user add (cluster, etcd)", "user:reader", getpass.getuser()),
+                    ("acl policy grant (cluster, etcd)", "topic:orders", getpass.getuser())]
+        for engine in ("broker-0", "broker-1"):  # each change, with who made it, in each engine's audit log
+            audit_file = directory / engine / LOG_DIR / "audit-membership.jsonl"
+            wait_for(f"{engine} never wrote the cluster's ACL changes to its audit log",
+                     lambda path=audit_file: path.exists() and len(path.read_text().splitlines()) >= 3)
+            audit = [json.loads(line) for line in audit_file.read_text().splitlines()]
+            assert [(line["op"], line["resource"], line["subject"]) for line in audit] == expected, audit
+            assert "reader" in load(directory / engine).file.users  # type: ignore[union-attr]
+
+        # etcd: nothing without a certificate the CA signed
+        with pytest.raises((URLError, ConnectionError)):  # plain http to a TLS port: the connection is dropped
+            urlopen(Request(f"http://127.0.0.1:{etcd_port}/v3/kv/range", data=b'{"key":"Lw=="}'), timeout=5)
+        with pytest.raises((URLError, ssl.SSLError, ConnectionError)):
+            urlopen(Request(f"https://127.0.0.1:{etcd_port}/v3/kv/range", data=b'{"key":"Lw=="}'), timeout=5,
+                    context=ssl.create_default_context(cafile=str(secrets_dir / "ca.pem")))
+        operator = EtcdTls(**cluster["etcd_tls"])
+        master_key = BrokerSetKeys("DefaultCluster", "broker-a").master
+        entry = Etcd([f"https://127.0.0.1:{etcd_port}"], timeout_ms=3_000, tls=operator).get(master_key)
+        assert entry is not None and entry.value["broker_id"] == 0
+        status = run("supervisor", "cluster", "status", "--dir", str(directory))
+        assert "leader" in status.stdout.splitlines()[-1], status.stdout
+
+        # A failover: the replica, under its own replication key, becomes master and serves the admin
+        stopped = run("supervisor", "cluster", "stop-engine", "broker-0", "--dir", str(directory))
+        assert stopped.returncode == 0, stopped.stderr
+        with client(Path(admin["curve_secret_key_file"])) as as_admin:
+            assert as_admin.send("orders", [{"body": b"after the failover"}])[0]["status"] == "PUT_OK"
+            assert as_admin.status()["offsets"]["written_offset"] > 0
+        rejoined = run("supervisor", "cluster", "start-engine", "broker-0", "--dir", str(directory))
+        assert rejoined.returncode == 0, rejoined.stderr
+    finally:
+        stopped_all = run("supervisor", "cluster", "stop", "--dir", str(directory))
+    assert stopped_all.returncode == 0, stopped_all.stdout + stopped_all.stderr
+    assert not [pid for pid in cluster.get("etcd_pids", []) if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
