@@ -198,6 +198,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     etcd_tls_ca_file: str = ""
     etcd_tls_cert_file: str = ""
     etcd_tls_key_file: str = ""
+    # etcd's own user (etcd with auth enabled): its name, and a file holding its password (docs/security.md)
+    etcd_user: str = ""
+    etcd_password_file: str = ""
     cluster_routes_refresh_ms: int = 2_000  # how often each engine mirrors the cluster's topic routes from etcd
     # A replica keeps a master's actor processes spawned and waiting (about 30 MB each): a promotion
     # does not wait for eleven interpreters to start (1.2 s on two cores).
@@ -315,6 +318,8 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
              "on etcd (etcd_endpoints)"),
             (not self.etcd_endpoints or self.replication_endpoint.startswith("tcp://"),
              "an engine elected on etcd (etcd_endpoints) needs the replication_endpoint it serves while master"),
+            (bool(self.etcd_user) == bool(self.etcd_password_file),
+             "etcd_user and etcd_password_file go together"),
             (bool(self.etcd_tls_ca_file) == bool(self.etcd_tls_cert_file) == bool(self.etcd_tls_key_file),
              "etcd_tls_ca_file, etcd_tls_cert_file and etcd_tls_key_file go together"),
             (not self.etcd_tls_ca_file or all(url.startswith("https://") for url in self.etcd_endpoint_list),
@@ -456,7 +461,7 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         for key in ("curve_server_secret_key_file", "curve_authorized_keys_dir", "grpc_tls_cert_file",
                     "grpc_tls_key_file", "grpc_curve_client_secret_key_file", "replication_curve_secret_key_file",
                     "grpc_tls_client_ca_file", "etcd_tls_ca_file", "etcd_tls_cert_file", "etcd_tls_key_file",
-                    "replication_curve_authorized_keys_dir"):
+                    "replication_curve_authorized_keys_dir", "etcd_password_file"):
             value = values.get(key)
             if isinstance(value, str) and value:
                 values[key] = str(base / Path(value).expanduser())  # an absolute path stays as it is

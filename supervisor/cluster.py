@@ -173,7 +173,7 @@ def _start(args: argparse.Namespace) -> int:
     layout: dict[str, object] = {"port": args.port, "replication_mode": args.replication_mode,
                                  "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
     if secure is not None:
-        layout.update(secure=True, etcd_tls=asdict(secure.operator_tls()))
+        layout.update(secure=True, etcd_tls=asdict(secure.operator_tls()), etcd_login=asdict(secure.operator_login()))
     engines = []
     for index in range(args.broker_sets):
         if etcd is not None:
@@ -195,7 +195,8 @@ def _start(args: argparse.Namespace) -> int:
         for member in etcd.members:
             assert member.process is not None
             print(f"{member.name:<10} {member.client_url:<24} pid={member.process.pid}", flush=True)
-        if secure is not None:
+        if secure is not None:  # etcd's users, then the cluster's ACL, before any engine asks for them
+            secure.etcd_users(etcd.endpoints, StoreConfig().cluster_name, [engine["name"] for engine in engines])
             secure.seed_cluster_acl(etcd.endpoints, StoreConfig().cluster_name)
     (directory / CLUSTER_FILE).write_text(json.dumps({"replication_endpoint": replication, **layout,
                                                       "engines": engines,
@@ -233,6 +234,9 @@ def _add(args: argparse.Namespace) -> int:
         sum(engine["broker_name"] == brokers[0] for engine in engines) - 1
     added = _write_set(directory, cluster, len(brokers), replicas, alone=False,
                        secure=SecureCluster(directory) if cluster.get("secure") else None)
+    if cluster.get("secure"):  # their etcd users, before they ask etcd for anything
+        SecureCluster(directory).etcd_users(str(cluster["etcd_endpoints"]), StoreConfig().cluster_name,
+                                            [engine["name"] for engine in added])
     cluster["engines"] = engines + added  # named before they start: `cluster stop` stops them whatever happens
     (directory / CLUSTER_FILE).write_text(json.dumps(cluster, indent=2) + "\n")
     code = start_engines(directory, added)

@@ -41,7 +41,7 @@ from engine.actors.effects import Effects, Tell
 from engine.actors.off_loop import OffLoop
 from engine.coordination.broker_set import BrokerSetKeys, choose, history
 from engine.coordination.cluster_acl import acl_of, changes_after, mark_audited, read_acl
-from engine.coordination.etcd import Entry, Etcd, EtcdTls, EtcdUnavailable, created_at, delete
+from engine.coordination.etcd import Entry, Etcd, EtcdLogin, EtcdTls, EtcdUnavailable, created_at, delete
 from engine.coordination.role import Role, mask, members_of
 from engine.coordination.routes import RoutePublisher, read_cluster
 from engine.coordination.routes_mirror import ROUTES_MIRROR_FILE
@@ -79,7 +79,8 @@ class BrokerMembershipActor(Actor):
         cfg = env.config
         coordination = env.coordination
         self.etcd: Etcd = coordination.etcd(cfg) if coordination else Etcd(
-            cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms, tls=EtcdTls.of(cfg))
+            cfg.etcd_endpoint_list, timeout_ms=cfg.etcd_request_timeout_ms, tls=EtcdTls.of(cfg),
+            login=EtcdLogin.of(cfg))
         self.keys = BrokerSetKeys(cfg.cluster_name, cfg.broker_name)
         self.routes = RoutePublisher(self.etcd, cfg.cluster_name, cfg.broker_name, env.store_dir)
         self.role = Role.load(env.run_dir)

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from engine.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_command, add_etcd_tls_options, etcd_tls
+from engine.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_command, add_etcd_options, etcd_login, etcd_tls
 from engine.config import StoreConfig
 from engine.logs import LOG_DIR
 from engine.security.acl import ACTIONS, AclError, AclFile, Policy, User, save
@@ -99,7 +99,7 @@ def run_acl(args: argparse.Namespace) -> int:
 def _etcd(args: argparse.Namespace) -> Any:
     from engine.coordination.etcd import Etcd
 
-    return Etcd(args.cluster.split(","), timeout_ms=3_000, tls=etcd_tls(args))
+    return Etcd(args.cluster.split(","), timeout_ms=3_000, tls=etcd_tls(args), login=etcd_login(args))
 
 
 def _current(args: argparse.Namespace) -> AclFile:
@@ -253,5 +253,5 @@ def add(commands: Any) -> None:
         where.add_argument("--cluster", metavar="URLS",
                            help="a cluster's etcd (its client endpoints, comma-separated): every broker set's")
         where.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
-        add_etcd_tls_options(where)
+        add_etcd_options(where)
         parser.set_defaults(handler=run_acl)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.cli.common import EXIT_FAILED, EXIT_USAGE, etcd_tls
+from engine.cli.common import EXIT_FAILED, EXIT_USAGE, etcd_login, etcd_tls
 from engine.client import ClientError, EngineUnreachable, StoreClient
 from engine.coordination.etcd import EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute
@@ -33,7 +33,7 @@ def cluster_route(args: argparse.Namespace, *, masters_required: bool = True) ->
     """The route of ``--topic`` in ``--cluster``; exits with a one-line error when there is none (or,
     with ``masters_required``, when a set of it has no master now)."""
     reader = RouteReader(args.cluster, cluster_name=args.cluster_name, timeout_ms=min(args.timeout_ms, 3_000),
-                         tls=etcd_tls(args))
+                         tls=etcd_tls(args), login=etcd_login(args))
     try:
         route = reader.topic_route(args.topic)
     except (EtcdUnavailable, ClientError) as exc:

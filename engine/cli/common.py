@@ -19,7 +19,7 @@ from engine.ipc.protocol import INT32_MAX, INT64_MAX
 from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 
 if TYPE_CHECKING:  # etcd's client loads requests: only the commands that reach etcd import it
-    from engine.coordination.etcd import EtcdTls
+    from engine.coordination.etcd import EtcdLogin, EtcdTls
 
 # Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
 # line on stderr saying why (none for a closed pipe: `rmqpy consume ... | head` is not an error).
@@ -125,15 +125,18 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
                          help="the cluster instead of one engine: etcd's client endpoints (http://host:port, "
                               "comma-separated) or any engine of it (tcp://host:port)")
     cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
-    add_etcd_tls_options(cluster)
+    add_etcd_options(cluster)
 
 
-def add_etcd_tls_options(group: argparse._ArgumentGroup) -> None:
-    """etcd over TLS with a client certificate (https:// endpoints; ``cluster start --secure`` makes
-    DIR/secrets/ca.pem, operator-etcd.pem and operator-etcd.key)."""
+def add_etcd_options(group: argparse._ArgumentGroup) -> None:
+    """etcd over TLS with a client certificate (https:// endpoints), as etcd's own user: ``cluster
+    start --secure`` makes them in DIR/secrets (ca.pem, operator-etcd.pem, operator-etcd.key,
+    operator-etcd-password, for the user ``operator``)."""
     group.add_argument("--etcd-ca-file", metavar="FILE", help="etcd over https: the CA of its members' certificates")
     group.add_argument("--etcd-cert-file", metavar="FILE", help="etcd over https: this client's certificate")
     group.add_argument("--etcd-key-file", metavar="FILE", help="etcd over https: this client's key")
+    group.add_argument("--etcd-user", metavar="NAME", help="etcd with auth enabled: its user")
+    group.add_argument("--etcd-password-file", metavar="FILE", help="etcd with auth enabled: the user's password")
 
 
 def etcd_tls(args: argparse.Namespace) -> EtcdTls | None:
@@ -148,6 +151,18 @@ def etcd_tls(args: argparse.Namespace) -> EtcdTls | None:
     from engine.coordination.etcd import EtcdTls
 
     return EtcdTls(*files)
+
+
+def etcd_login(args: argparse.Namespace) -> EtcdLogin | None:
+    """The command's etcd user, or None; a usage error unless the name and the password file come together."""
+    if not (args.etcd_user or args.etcd_password_file):
+        return None
+    if not (args.etcd_user and args.etcd_password_file):
+        print("error: etcd's user needs --etcd-user and --etcd-password-file together", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+    from engine.coordination.etcd import EtcdLogin
+
+    return EtcdLogin(args.etcd_user, args.etcd_password_file)
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:

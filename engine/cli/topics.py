@@ -10,9 +10,10 @@ from engine.cli.common import (
     EXIT_USAGE,
     add_command,
     add_connection_options,
-    add_etcd_tls_options,
+    add_etcd_options,
     connect,
     emit,
+    etcd_login,
     etcd_tls,
     positive,
 )
@@ -53,7 +54,8 @@ def _cluster_topics(args: argparse.Namespace) -> int:
         print(f"error: topics --cluster lists and spreads topics in etcd: give its client endpoints "
               f"(http://host:port), not {args.cluster}", file=sys.stderr)
         return EXIT_USAGE
-    etcd = Etcd(args.cluster.split(","), timeout_ms=min(args.timeout_ms, 3_000), tls=etcd_tls(args))
+    etcd = Etcd(args.cluster.split(","), timeout_ms=min(args.timeout_ms, 3_000), tls=etcd_tls(args),
+                login=etcd_login(args))
     try:
         if args.delete:
             print("error: delete a topic on each broker set that serves it (--endpoint)", file=sys.stderr)
@@ -91,7 +93,7 @@ def add(commands: Any) -> None:
                          help="etcd's client endpoints (http://host:port, comma-separated): list the cluster's "
                               "routes, or spread --create's queues over its broker sets")
     cluster.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
-    add_etcd_tls_options(cluster)
+    add_etcd_options(cluster)
     cluster.add_argument("--brokers", metavar="NAMES",
                          help="with --cluster --create: the broker sets to spread over (default: every one)")
     topics.set_defaults(handler=run)

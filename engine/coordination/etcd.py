@@ -13,6 +13,7 @@ import base64
 import json
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import etcd3gw
@@ -23,6 +24,28 @@ from engine.config import StoreConfig
 
 class EtcdUnavailable(RuntimeError):
     """No endpoint of the etcd cluster answered."""
+
+
+class EtcdRefused(EtcdUnavailable):
+    """etcd answered no: a user it does not know, a wrong password, or a key outside the user's
+    role. Nothing a retry changes; the engine keeps trying (an operator may fix the user meanwhile)."""
+
+
+@dataclass(frozen=True)
+class EtcdLogin:
+    """etcd's own user (etcd with auth enabled): its name and the file holding its password. Each
+    request carries the token etcd gave for them, asked again when etcd no longer knows it (a
+    member restarted, the token unused for ``--auth-token-ttl``). What the user may touch is its
+    roles' key ranges (``cluster start --secure``: the cluster's prefix only)."""
+    user: str
+    password_file: str
+
+    @classmethod
+    def of(cls, config: StoreConfig) -> EtcdLogin | None:
+        return cls(config.etcd_user, config.etcd_password_file) if config.etcd_user else None
+
+    def password(self) -> str:
+        return Path(self.password_file).read_text().strip()
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,11 @@ def _prefix_end(prefix: str) -> str:
     return _b64(bytes(raw))
 
 
+def prefix_range(prefix: str) -> dict[str, str]:
+    """Every key under ``prefix``, as etcd's requests name a range (a role's permission)."""
+    return {"key": _b64(prefix), "range_end": _prefix_end(prefix)}
+
+
 def put(key: str, value: Any, *, lease: int = 0) -> dict[str, Any]:
     """A put, for a transaction's success or failure list."""
     request: dict[str, Any] = {"key": _b64(key), "value": _b64(json.dumps(value, separators=(",", ":")))}
@@ -100,8 +128,12 @@ def modified_at(key: str, revision: int) -> dict[str, Any]:
     return {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(revision)}
 
 
+_TOKEN_GONE = ("invalid auth token", "user name is empty")  # etcd's words: ask for a token again
+
+
 class Etcd:
-    def __init__(self, endpoints: list[str], *, timeout_ms: int, tls: EtcdTls | None = None) -> None:
+    def __init__(self, endpoints: list[str], *, timeout_ms: int, tls: EtcdTls | None = None,
+                 login: EtcdLogin | None = None) -> None:
         assert endpoints
         self.clients = []
         for url in endpoints:
@@ -114,19 +146,60 @@ class Etcd:
         # Given with each request: requests lets REQUESTS_CA_BUNDLE in the environment override a
         # session's own CA, and the members' CA is in no system bundle.
         self.verify: dict[str, str] = {"verify": tls.ca_file} if tls else {}
+        self.login = login
+        self.token = ""
         self.current = 0
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for turn in range(len(self.clients)):
             client = self.clients[(self.current + turn) % len(self.clients)]
             try:
-                reply: dict[str, Any] = client.post(client.get_url(path), json=body, **self.verify)
+                reply = self._post(client, path, body)
             except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
                     etcd_errors.InternalServerError):
                 continue
             self.current = (self.current + turn) % len(self.clients)
             return reply
         raise EtcdUnavailable(f"no etcd endpoint answered ({len(self.clients)} tried)")
+
+    def _post(self, client: etcd3gw.Etcd3Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One request to one endpoint; with a login, under its token (asked for once more if
+        etcd no longer knows it). EtcdRefused: etcd's no."""
+        for fresh in (False, True) if self.login else (True,):
+            if self.login is not None and (fresh or not self.token):
+                self.token = self._authenticate(client, self.login)
+            headers = {"Authorization": self.token} if self.token else {}
+            try:
+                reply: dict[str, Any] = client.post(client.get_url(path), json=body, headers=headers, **self.verify)
+                return reply
+            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+                    etcd_errors.InternalServerError):
+                raise
+            except etcd_errors.Etcd3Exception as exc:
+                said = str(exc.detail_text or exc)
+                if not fresh and any(words in said for words in _TOKEN_GONE):
+                    continue
+                raise EtcdRefused(f"etcd refused {path}: {_message(said)}") from None
+        raise AssertionError("unreachable")
+
+    def _authenticate(self, client: etcd3gw.Etcd3Client, login: EtcdLogin) -> str:
+        try:
+            password = login.password()
+        except OSError as exc:
+            raise EtcdRefused(f"etcd user {login.user}: cannot read its password file: {exc}") from None
+        try:
+            reply = client.post(client.get_url("/auth/authenticate"), json={"name": login.user, "password": password},
+                                **self.verify)
+        except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
+                etcd_errors.InternalServerError):
+            raise
+        except etcd_errors.Etcd3Exception as exc:
+            raise EtcdRefused(f"etcd user {login.user}: {_message(str(exc.detail_text or exc))}") from None
+        return str(reply["token"])
+
+    def request(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Any request of etcd's JSON gateway (``/auth/user/add``...): its reply."""
+        return self._call(path, body)
 
     def get(self, key: str) -> Entry | None:
         kvs = self._call("/kv/range", {"key": _b64(key)}).get("kvs", [])
@@ -157,6 +230,14 @@ class Etcd:
 
     def revoke(self, lease: int) -> None:
         self._call("/lease/revoke", {"ID": str(lease)})
+
+
+def _message(said: str) -> str:
+    """etcd's own message out of its JSON error reply."""
+    try:
+        return str(json.loads(said).get("message", said))
+    except ValueError:
+        return said
 
 
 def _entry(kv: dict[str, Any]) -> Entry:

@@ -33,7 +33,7 @@ from typing import Any
 
 from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout, StoreClient, engine_answers
 from engine.coordination.broker_set import BrokerSetKeys
-from engine.coordination.etcd import Etcd, EtcdTls, delete
+from engine.coordination.etcd import Etcd, EtcdLogin, EtcdTls, delete
 from engine.errors import ErrorCode
 from engine.store.system_topics import SYSTEM_TOPICS
 from engine.store.topics import TOPICS_FILE, TopicTable
@@ -100,14 +100,15 @@ class RouteReader:
     or ``RequestTimeout`` when the address does not answer."""
 
     def __init__(self, address: str | Iterable[str], *, cluster_name: str, timeout_ms: int,
-                 tls: EtcdTls | None = None) -> None:
+                 tls: EtcdTls | None = None, login: EtcdLogin | None = None) -> None:
         endpoints = [e.strip() for e in (address.split(",") if isinstance(address, str) else address) if e.strip()]
         if not endpoints:
             raise ValueError("a cluster's address names etcd's endpoints (http://host:port) or an engine (tcp://...)")
         self.address = ",".join(endpoints)
         self.cluster_name = cluster_name
         self.timeout_ms = timeout_ms
-        self.etcd = Etcd(endpoints, timeout_ms=timeout_ms, tls=tls) if is_etcd_address(endpoints[0]) else None
+        self.etcd = Etcd(endpoints, timeout_ms=timeout_ms, tls=tls, login=login) \
+            if is_etcd_address(endpoints[0]) else None
         self.engine = None if self.etcd is not None else endpoints[0]
         self._client: StoreClient | None = None
         self._lock = threading.Lock()  # one request at a time on the engine's socket

@@ -5,7 +5,10 @@ Keys are EC P-256 in PKCS#8 PEM, written for their owner only (0600 from the fir
 certificates are PEM and public. A server's certificate names the addresses it is reached at
 (subjectAltName: IP 127.0.0.1 and ``localhost``) and serves both TLS ends, as etcd's members
 use one certificate as servers and as each other's clients; a client's names its user in its
-common name (the name the store's ACL and the audit log give it).
+common name (the name the store's ACL and the audit log give it), or, for etcd, in its
+organizational unit: etcd (3.4 on) refuses on its JSON gateway, once its auth is on, every client
+certificate with a common name (it would take the name for its user, which the gateway cannot
+pass on), so the certificates for etcd carry none.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         out.write(pem)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(name: str, *, common: bool = True) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME if common else NameOID.ORGANIZATIONAL_UNIT_NAME, name)])
 
 
 def _alternative_name(host: str) -> x509.GeneralName:
@@ -91,15 +94,16 @@ class Authority:
         assert isinstance(key, ec.EllipticCurvePrivateKey), "the CA's key is EC P-256 (Authority.create)"
         return cls(directory, key, x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes()))
 
-    def issue(self, name: str, *, hosts: tuple[str, ...] = (), file_name: str = "") -> Issued:
-        """A certificate for CN=``name`` in ``directory`` (``<file_name>.pem`` and ``.key``); with
-        ``hosts`` a server's (its subjectAltName; also a client, as etcd's peers are), else a client's."""
+    def issue(self, name: str, *, hosts: tuple[str, ...] = (), file_name: str = "", common_name: bool = True) -> Issued:
+        """A certificate for CN=``name`` (OU=``name`` without ``common_name``) in ``directory``
+        (``<file_name>.pem`` and ``.key``); with ``hosts`` a server's (its subjectAltName; also a
+        client, as etcd's peers are), else a client's."""
         stem = file_name or name
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if hosts else [])
         builder = (x509.CertificateBuilder()
-                   .subject_name(_name(name)).issuer_name(self.certificate.subject)
+                   .subject_name(_name(name, common=common_name)).issuer_name(self.certificate.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now - datetime.timedelta(minutes=5))
                    .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))

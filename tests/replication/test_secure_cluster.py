@@ -1,9 +1,11 @@
 """``cluster start --secure`` (docs/security.md, "A secure cluster on one machine"): a CA made with
-``cryptography``, etcd over TLS with client certificates, CURVE and users on the client ports, an
-admin user whose secrets only its owner can read, each engine its own replication key. Then, on
-that cluster: a client without a key, or with a key the engines do not know, gets no reply; a user
-added and granted through etcd (``rmqpy acl --cluster``) reaches every engine of the set and its
-audit log; etcd refuses whoever shows no certificate the CA signed; a failover keeps all of it."""
+``cryptography``, etcd over TLS with client certificates and its own users (each limited to the
+cluster's keys), CURVE and users on the client ports, an admin user whose secrets only its owner
+can read, each engine its own replication key. Then, on that cluster: a client without a key, or
+with a key the engines do not know, gets no reply; a user added and granted through etcd (``rmqpy
+acl --cluster``) reaches every engine of the set and its audit log; etcd refuses whoever shows no
+certificate the CA signed, no etcd user, or a wrong password, and an engine's user anything
+outside the cluster's keys; a failover keeps all of it."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import pytest
 
 from engine.client import ClientError, EngineError, StoreClient
 from engine.coordination.broker_set import BrokerSetKeys
-from engine.coordination.etcd import Etcd, EtcdTls
+from engine.coordination.etcd import Etcd, EtcdLogin, EtcdRefused, EtcdTls
 from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys, keygen, public_key_of
 from engine.logs import LOG_DIR
@@ -52,7 +54,8 @@ def wait_for(what: str, condition: object, timeout_s: float = 30.0) -> None:
 def private_files(root: Path) -> list[Path]:
     """Every file that holds a secret: PEM private keys, CURVE secret keys, the admin's credentials."""
     return [path for path in root.rglob("*") if path.is_file() and (
-        b"PRIVATE KEY" in path.read_bytes() or path.name.endswith(".key_secret") or path.name == "admin.json")]
+        b"PRIVATE KEY" in path.read_bytes() or path.name.endswith((".key_secret", "password")) or
+        path.name == "admin.json")]
 
 
 def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path: Path) -> None:
@@ -66,7 +69,7 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
         assert started.returncode == 0, started.stdout + started.stderr
         secrets_dir = directory / "secrets"
         assert stat.S_IMODE(secrets_dir.stat().st_mode) == 0o700
-        assert len(private_files(secrets_dir)) >= 10  # CA, etcd, 3 etcd clients, 2+1+2 CURVE secrets, admin
+        assert len(private_files(secrets_dir)) == 14  # 5 PEM keys, 4 CURVE secrets, admin.json, 4 etcd passwords
         assert {stat.S_IMODE(path.stat().st_mode) for path in private_files(secrets_dir)} == {0o600}
         assert not list((secrets_dir / "clients").glob("*.key_secret"))  # the allow-list holds public keys only
         admin = json.loads((secrets_dir / "admin.json").read_text())
@@ -96,7 +99,8 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
         shutil.copyfile(reader_public, secrets_dir / "clients" / "reader.key")
         etcd_options = ["--cluster", f"https://127.0.0.1:{etcd_port}", "--etcd-ca-file", str(secrets_dir / "ca.pem"),
                         "--etcd-cert-file", str(secrets_dir / "operator-etcd.pem"),
-                        "--etcd-key-file", str(secrets_dir / "operator-etcd.key")]
+                        "--etcd-key-file", str(secrets_dir / "operator-etcd.key"), "--etcd-user", "operator",
+                        "--etcd-password-file", str(secrets_dir / "operator-etcd-password")]
         for change in (["user", "add", "reader", "--curve-public-key", public_key_of(reader_public)],
                        ["policy", "grant", "reader", "topic:orders", "sub"]):
             changed = run("engine", "acl", *change, *etcd_options)
@@ -130,10 +134,23 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
         with pytest.raises((URLError, ssl.SSLError, ConnectionError)):
             urlopen(Request(f"https://127.0.0.1:{etcd_port}/v3/kv/range", data=b'{"key":"Lw=="}'), timeout=5,
                     context=ssl.create_default_context(cafile=str(secrets_dir / "ca.pem")))
-        operator = EtcdTls(**cluster["etcd_tls"])
+        operator, url = EtcdTls(**cluster["etcd_tls"]), [f"https://127.0.0.1:{etcd_port}"]
         master_key = BrokerSetKeys("DefaultCluster", "broker-a").master
-        entry = Etcd([f"https://127.0.0.1:{etcd_port}"], timeout_ms=3_000, tls=operator).get(master_key)
+        with pytest.raises(EtcdRefused, match="user name is empty"):  # a certificate, but no etcd user
+            Etcd(url, timeout_ms=3_000, tls=operator).get(master_key)
+        with pytest.raises(EtcdRefused, match="authentication failed"):
+            wrong = tmp_path / "wrong-password"
+            wrong.write_text("guessed\n")
+            Etcd(url, timeout_ms=3_000, tls=operator, login=EtcdLogin("broker-1", str(wrong))).get(master_key)
+        as_engine = Etcd(url, timeout_ms=3_000, tls=operator,
+                         login=EtcdLogin("broker-1", str(secrets_dir / "broker-1" / "etcd-password")))
+        entry = as_engine.get(master_key)
         assert entry is not None and entry.value["broker_id"] == 0
+        with pytest.raises(EtcdRefused, match="permission denied"):  # the engines' role: the cluster's keys only
+            as_engine.put("/elsewhere/key", "an engine's write outside the cluster's keys")
+        with pytest.raises(EtcdRefused, match="permission denied"):
+            as_engine.request("/auth/user/add", {"name": "intruder", "password": "x"})
+        assert Etcd(url, timeout_ms=3_000, tls=operator, login=EtcdLogin(**cluster["etcd_login"])).get(master_key)
         status = run("supervisor", "cluster", "status", "--dir", str(directory))
         assert "leader" in status.stdout.splitlines()[-1], status.stdout
 
