@@ -26,6 +26,7 @@ the guide; ``engine.client.StoreClient`` stays the raw, untyped client for tools
 
 from engine.client import DEFAULT_ENDPOINT
 from rmqpy.cluster import Cluster
+from rmqpy.credentials import Credentials
 from rmqpy.errors import (
     ClientClosed,
     ClientError,
@@ -53,6 +54,7 @@ __all__ = [
     "ClusterProducer",
     "ClusterPullConsumer",
     "ConnectionLost",
+    "Credentials",
     "EngineError",
     "ErrorCode",
     "GetStatus",

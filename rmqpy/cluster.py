@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from engine.client import ClientError, EngineError, EngineUnreachable, RequestTimeout
-from engine.coordination.etcd import EtcdUnavailable
+from engine.coordination.etcd import EtcdLogin, EtcdTls, EtcdUnavailable
 from engine.coordination.routes import RouteReader, TopicRoute, broker_masters, create_spread_topic
 from engine.errors import ErrorCode
+from engine.ipc.curve import CurveKeys
 
 __all__ = ["Cluster", "SetReaders", "opened"]
 
@@ -49,8 +50,12 @@ class Cluster:
     answers from the cluster's routes it mirrors). Creating a spread topic needs etcd."""
 
     def __init__(self, address: str | Iterable[str], *, cluster_name: str = DEFAULT_CLUSTER, timeout_ms: int = 3_000,
-                 route_ttl_ms: int = 30_000) -> None:
-        self.reader = RouteReader(address, cluster_name=cluster_name, timeout_ms=timeout_ms)
+                 route_ttl_ms: int = 30_000, etcd_tls: EtcdTls | None = None, etcd_login: EtcdLogin | None = None,
+                 curve: CurveKeys | None = None) -> None:
+        """``etcd_tls``, ``etcd_login``: a secure cluster's etcd (https, its own users); ``curve``: the
+        key an engine address is reached with (``Credentials.cluster`` gives all three)."""
+        self.reader = RouteReader(address, cluster_name=cluster_name, timeout_ms=timeout_ms, tls=etcd_tls,
+                                  login=etcd_login, curve=curve)
         self.address = self.reader.address
         self.cluster_name = cluster_name
         self.timeout_ms = timeout_ms

@@ -115,10 +115,12 @@ def add_cluster_parser(commands: argparse._SubParsersAction, formatter: type[arg
                        help="etcd members (odd, 1 to 7; default 3: one can be lost; 1: no member can)")
     start.add_argument("--broker-sets", type=_whole(1, BROKER_SETS_MAX), default=1,
                        help="broker sets of a cluster on one etcd (more than 1 implies --etcd; default 1)")
-    start.add_argument("--secure", action="store_true",
-                       help="keep strangers out (implies --etcd): a CA of the cluster's own, etcd over TLS with "
-                            "client certificates, CURVE and users on the client ports (an admin user, its secrets "
-                            "in DIR/secrets/admin.json), each engine its own replication key (docs/security.md)")
+    start.add_argument("--insecure", action="store_true",
+                       help="no keys, users or TLS: anyone who reaches a port may do anything (a try on a machine "
+                            "nobody else uses). Without it: a CA of the cluster's own, etcd over TLS with client "
+                            "certificates and its own users, CURVE and users on the client ports (an admin user, "
+                            "its credentials in DIR/secrets/admin.json), each engine its own replication key "
+                            "(docs/security.md)")
     add = actions.add_parser("add", help="one more broker set on the cluster's etcd (a cluster started with --etcd)")
     add.add_argument("--replicas", type=_REPLICAS, default=None,
                      help="replicas of the new set's master (default: as many as the first set has)")
@@ -153,8 +155,8 @@ def _start(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_RUNNING
     made = read_cluster(directory) if (directory / CLUSTER_FILE).exists() else {}
-    secure = SecureCluster(directory) if args.secure or made.get("secure") else None  # started again: as it was
-    elected = args.etcd or args.broker_sets > 1 or secure is not None
+    secure = SecureCluster(directory) if made.get("secure", not args.insecure) else None  # started again: as it was
+    elected = args.etcd or args.broker_sets > 1
     if secure is not None:
         secure.create()  # before etcd, whose members serve with its certificates
     try:
@@ -172,8 +174,9 @@ def _start(args: argparse.Namespace) -> int:
     replication = f"tcp://127.0.0.1:{args.port + 1}"
     layout: dict[str, object] = {"port": args.port, "replication_mode": args.replication_mode,
                                  "etcd_endpoints": etcd.endpoints if etcd is not None else ""}
-    if secure is not None:
-        layout.update(secure=True, etcd_tls=asdict(secure.operator_tls()), etcd_login=asdict(secure.operator_login()))
+    layout["secure"] = secure is not None
+    if secure is not None and etcd is not None:
+        layout.update(etcd_tls=asdict(secure.operator_tls()), etcd_login=asdict(secure.operator_login()))
     engines = []
     for index in range(args.broker_sets):
         if etcd is not None:
@@ -183,7 +186,10 @@ def _start(args: argparse.Namespace) -> int:
             port = args.port + 10 * k
             name = "master" if k == 0 else f"replica-{k}"
             role: dict[str, object] = {"replication_endpoint": replication, "replication_mode": args.replication_mode} \
-                if k == 0 else {"replica_of": replication}
+                if k == 0 else {"replica_of": replication}  # the master is broker_id 0 (replica_of_broker_id)
+            if secure is not None:
+                role.update(secure.engine_settings(name, "broker-a", k, etcd=False), broker_id=k)
+                secure.seed_acl(directory / name)
             engines.append(_write_engine(directory, name, port, "broker-a", role))
     if etcd is not None:
         try:
@@ -207,8 +213,10 @@ def _start(args: argparse.Namespace) -> int:
         _stop(args)
         return code
     if secure is not None:
-        print(f"secure: the admin user's credentials are in {secure.root / ADMIN_FILE} (its owner's only); "
-              f"clients use its curve_secret_key_file and the engines' key, {secure.root / 'engines.key'}")
+        print(f"secure: clients show the admin user's credentials, {secure.root / ADMIN_FILE} (its owner's only): "
+              f"`rmqpy ... --credentials {secure.root / ADMIN_FILE}`; more users: docs/security.md")
+    else:
+        print("insecure: no keys, users or TLS: anyone who reaches a port may do anything")
     if etcd is not None and args.broker_sets > 1:
         print(f"a cluster of {args.broker_sets} broker sets elected on etcd ({args.replication_mode}); "
               f"rmqpy's Cluster and `rmqpy topics --cluster` take etcd's address: {etcd.endpoints}")

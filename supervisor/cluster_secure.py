@@ -15,7 +15,9 @@ cluster on one machine")::
                                          follows its set's master from engine to engine)
       clients/admin.key                  the client keys let in (curve_authorized_keys_dir)
       admin.key_secret                   the admin user's CURVE key pair
-      admin.json                         the admin user: name, access_key, secret_key, its key files
+      admin.json                         the admin user's credentials (rmqpy.Credentials, --credentials):
+                                         its AccessKey and SecretKey, its CURVE key, the engines' public
+                                         key, and the operator's way into etcd
       <engine>/replication.key_secret    the engine's own replication key pair
       <broker>-members/member-<id>.key   its set's members' public replication keys
 
@@ -35,6 +37,7 @@ import json
 import os
 import secrets
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 from engine.coordination.cluster_acl import change_acl, read_acl
@@ -95,7 +98,8 @@ class SecureCluster:
         with os.fdopen(fd, "w") as out:
             json.dump({"user": ADMIN, "access_key": ADMIN, "secret_key": secrets.token_urlsafe(24),
                        "curve_secret_key_file": str(admin_secret),
-                       "server_public_key_file": str(self.root / "engines.key")}, out, indent=2)
+                       "server_public_key_file": str(self.root / "engines.key"),
+                       "etcd": {**asdict(self.operator_tls()), **asdict(self.operator_login())}}, out, indent=2)
             out.write("\n")
         self.authority = authority
 
@@ -140,28 +144,31 @@ class SecureCluster:
         admin: dict[str, str] = json.loads((self.root / ADMIN_FILE).read_text())
         return admin
 
-    def engine_settings(self, name: str, broker_name: str, broker_id: int) -> dict[str, object]:
-        """The engine's certificate to etcd and its replication key pair (its public key among its
-        set's members'), and the settings that use them."""
+    def engine_settings(self, name: str, broker_name: str, broker_id: int, *, etcd: bool = True) -> dict[str, object]:
+        """The engine's replication key pair (its public key among its set's members'), with ``etcd``
+        its certificate and user there, and the settings that use them."""
         assert self.authority is not None, "create() first"
-        etcd = Issued(self.root / f"{name}-etcd.pem", self.root / f"{name}-etcd.key")
-        if not etcd.key_file.exists():  # a cluster started again keeps its engines' keys
+        certificate = Issued(self.root / f"{name}-etcd.pem", self.root / f"{name}-etcd.key")
+        if etcd and not certificate.key_file.exists():  # a cluster started again keeps its engines' keys
             self.authority.issue(name, file_name=f"{name}-etcd", common_name=False)
         public, secret = self.root / name / "replication.key", self.root / name / "replication.key_secret"
         if not secret.exists():
             keygen(self.root / name, "replication")
         password = self.root / name / "etcd-password"
-        if not password.exists():
+        if etcd and not password.exists():
             _write_secret(password, secrets.token_urlsafe(24))
         members = self.root / f"{broker_name}-members"
         members.mkdir(mode=0o700, exist_ok=True)
         shutil.copyfile(public, member_key_file(members, broker_id))
-        return {"curve_enabled": True, "curve_server_secret_key_file": str(self.root / "engines.key_secret"),
-                "curve_authorized_keys_dir": str(self.root / "clients"), "acl_enabled": True,
-                "replication_curve_secret_key_file": str(secret),
-                "replication_curve_authorized_keys_dir": str(members),
-                "etcd_tls_ca_file": str(self.root / "ca.pem"), "etcd_tls_cert_file": str(etcd.cert_file),
-                "etcd_tls_key_file": str(etcd.key_file), "etcd_user": name, "etcd_password_file": str(password)}
+        settings: dict[str, object] = {
+            "curve_enabled": True, "curve_server_secret_key_file": str(self.root / "engines.key_secret"),
+            "curve_authorized_keys_dir": str(self.root / "clients"), "acl_enabled": True,
+            "replication_curve_secret_key_file": str(secret), "replication_curve_authorized_keys_dir": str(members),
+            "etcd_tls_ca_file": str(self.root / "ca.pem"), "etcd_tls_cert_file": str(certificate.cert_file),
+            "etcd_tls_key_file": str(certificate.key_file), "etcd_user": name, "etcd_password_file": str(password)}
+        if not etcd:
+            settings = {key: value for key, value in settings.items() if not key.startswith("etcd_")}
+        return settings
 
     def admin_acl(self) -> AclFile:
         admin = self.admin()

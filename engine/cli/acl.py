@@ -31,7 +31,16 @@ from typing import Any
 
 import msgspec
 
-from engine.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_command, add_etcd_options, etcd_login, etcd_tls
+from engine.cli.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_command,
+    add_credentials_option,
+    add_etcd_options,
+    etcd_login,
+    etcd_tls,
+)
 from engine.config import StoreConfig
 from engine.logs import LOG_DIR
 from engine.security.acl import ACTIONS, AclError, AclFile, Policy, User, save
@@ -254,4 +263,5 @@ def add(commands: Any) -> None:
                            help="a cluster's etcd (its client endpoints, comma-separated): every broker set's")
         where.add_argument("--cluster-name", default="DefaultCluster", help="the cluster (default DefaultCluster)")
         add_etcd_options(where)
+        add_credentials_option(where)
         parser.set_defaults(handler=run_acl)

@@ -20,6 +20,7 @@ from engine.store.system_topics import PROPERTY_REAL_QID, PROPERTY_REAL_TOPIC
 
 if TYPE_CHECKING:  # etcd's client loads requests: only the commands that reach etcd import it
     from engine.coordination.etcd import EtcdLogin, EtcdTls
+    from rmqpy.credentials import Credentials
 
 # Exit codes (docs/client.md, "Exit codes of rmqpy"): every path ends in one of these, with one
 # line on stderr saying why (none for a closed pipe: `rmqpy consume ... | head` is not an error).
@@ -42,9 +43,25 @@ def engine_endpoint(args: argparse.Namespace) -> str:
     return DEFAULT_ENDPOINT
 
 
+def credentials(args: argparse.Namespace) -> Credentials | None:
+    """``--credentials FILE`` (``rmqpy.Credentials``: what ``cluster start`` writes for its admin
+    user), or None; a usage error naming the file if it holds none."""
+    path = getattr(args, "credentials", None)
+    if not path:
+        return None
+    from rmqpy.credentials import Credentials
+
+    try:
+        return Credentials.load(path)
+    except ValueError as exc:
+        print(f"error: --credentials: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
 def curve_keys(args: argparse.Namespace) -> CurveKeys | None:
     if not (args.server_key or args.client_key):
-        return None
+        given = credentials(args)
+        return given.curve if given is not None else None
     if not (args.server_key and args.client_key):
         print("error: CURVE needs both --server-key and --client-key", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
@@ -128,6 +145,12 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     add_etcd_options(cluster)
 
 
+def add_credentials_option(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--credentials", type=Path, metavar="FILE",
+                       help="a secure cluster's credentials file (cluster start writes DIR/secrets/admin.json): "
+                            "the CURVE keys and etcd's certificate and user, where not given one by one")
+
+
 def add_etcd_options(group: argparse._ArgumentGroup) -> None:
     """etcd over TLS with a client certificate (https:// endpoints), as etcd's own user: ``cluster
     start --secure`` makes them in DIR/secrets (ca.pem, operator-etcd.pem, operator-etcd.key,
@@ -143,7 +166,8 @@ def etcd_tls(args: argparse.Namespace) -> EtcdTls | None:
     """The command's TLS to etcd, or None; a usage error unless the three files come together."""
     files = (args.etcd_ca_file, args.etcd_cert_file, args.etcd_key_file)
     if not any(files):
-        return None
+        given = credentials(args)
+        return given.etcd_tls if given is not None else None
     if not all(files):
         print("error: etcd over TLS needs --etcd-ca-file, --etcd-cert-file and --etcd-key-file together",
               file=sys.stderr)
@@ -156,7 +180,8 @@ def etcd_tls(args: argparse.Namespace) -> EtcdTls | None:
 def etcd_login(args: argparse.Namespace) -> EtcdLogin | None:
     """The command's etcd user, or None; a usage error unless the name and the password file come together."""
     if not (args.etcd_user or args.etcd_password_file):
-        return None
+        given = credentials(args)
+        return given.etcd_login if given is not None else None
     if not (args.etcd_user and args.etcd_password_file):
         print("error: etcd's user needs --etcd-user and --etcd-password-file together", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
@@ -176,6 +201,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--server-key", type=Path, metavar="FILE", help="CURVE: the engine's public key file (NAME.key)")
     where.add_argument("--client-key", type=Path, metavar="FILE",
                        help="CURVE: this client's secret key file (NAME.key_secret)")
+    add_credentials_option(where)
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout (and no progress bar)")
 
 

@@ -35,6 +35,7 @@ from engine.client import ClientError, EngineError, EngineUnreachable, RequestTi
 from engine.coordination.broker_set import BrokerSetKeys
 from engine.coordination.etcd import Etcd, EtcdLogin, EtcdTls, delete
 from engine.errors import ErrorCode
+from engine.ipc.curve import CurveKeys
 from engine.store.system_topics import SYSTEM_TOPICS
 from engine.store.topics import TOPICS_FILE, TopicTable
 
@@ -100,7 +101,7 @@ class RouteReader:
     or ``RequestTimeout`` when the address does not answer."""
 
     def __init__(self, address: str | Iterable[str], *, cluster_name: str, timeout_ms: int,
-                 tls: EtcdTls | None = None, login: EtcdLogin | None = None) -> None:
+                 tls: EtcdTls | None = None, login: EtcdLogin | None = None, curve: CurveKeys | None = None) -> None:
         endpoints = [e.strip() for e in (address.split(",") if isinstance(address, str) else address) if e.strip()]
         if not endpoints:
             raise ValueError("a cluster's address names etcd's endpoints (http://host:port) or an engine (tcp://...)")
@@ -110,6 +111,7 @@ class RouteReader:
         self.etcd = Etcd(endpoints, timeout_ms=timeout_ms, tls=tls, login=login) \
             if is_etcd_address(endpoints[0]) else None
         self.engine = None if self.etcd is not None else endpoints[0]
+        self.curve = curve
         self._client: StoreClient | None = None
         self._lock = threading.Lock()  # one request at a time on the engine's socket
 
@@ -119,7 +121,7 @@ class RouteReader:
         assert self.engine is not None
         with self._lock:
             if self._client is None:
-                self._client = StoreClient(self.engine, timeout_ms=self.timeout_ms)
+                self._client = StoreClient(self.engine, timeout_ms=self.timeout_ms, curve=self.curve)
             try:
                 reply = self._client.request("route", topic=topic)
             except (EngineUnreachable, RequestTimeout):

@@ -33,7 +33,7 @@ def cluster(*args: str) -> subprocess.CompletedProcess[str]:
 def test_one_command_starts_a_master_and_its_replicas_and_one_stops_them(tmp_path: Path) -> None:
     port = free_port()
     directory = tmp_path / "cluster"
-    started = cluster("start", "--dir", str(directory), "--replicas", "2", "--port", str(port))
+    started = cluster("start", "--insecure", "--dir", str(directory), "--replicas", "2", "--port", str(port))
     try:
         assert started.returncode == 0, started.stderr
         assert [line.split()[0] for line in started.stdout.splitlines()[:3]] == ["master", "replica-1", "replica-2"]
@@ -62,8 +62,8 @@ def test_one_command_starts_a_cluster_of_two_broker_sets_and_a_topic_spreads_ove
     require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
     port, etcd_port = free_port(), free_port()
     directory = tmp_path / "cluster"
-    started = cluster("start", "--dir", str(directory), "--broker-sets", "2", "--replicas", "0", "--port", str(port),
-                      "--etcd-port", str(etcd_port))
+    started = cluster("start", "--insecure", "--dir", str(directory), "--broker-sets", "2", "--replicas", "0",
+                      "--port", str(port), "--etcd-port", str(etcd_port))
     try:
         assert started.returncode == 0, started.stderr
         names = [line.split()[0] for line in started.stdout.splitlines()[:5]]
@@ -137,7 +137,7 @@ def supervisor_of(store_dir: str) -> int:
 def test_cluster_status_shows_each_supervisor_pid_and_says_the_same_in_json(tmp_path: Path) -> None:
     port = free_port()
     directory = tmp_path / "cluster"
-    started = cluster("start", "--dir", str(directory), "--replicas", "1", "--port", str(port))
+    started = cluster("start", "--insecure", "--dir", str(directory), "--replicas", "1", "--port", str(port))
     try:
         assert started.returncode == 0, started.stderr
         engines = json.loads((directory / "cluster.json").read_text())["engines"]
@@ -166,11 +166,12 @@ def test_one_engine_stopped_and_started_by_name_while_status_shows_roles_lag_and
     require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
     port, etcd_port = free_port(), free_port()
     directory = tmp_path / "cluster"
-    started = cluster("start", "--dir", str(directory), "--etcd", "--replicas", "1", "--port", str(port),
+    started = cluster("start", "--insecure", "--dir", str(directory), "--etcd", "--replicas", "1", "--port", str(port),
                       "--etcd-port", str(etcd_port))
     try:
         assert started.returncode == 0, started.stderr
-        again = cluster("start", "--dir", str(directory), "--etcd", "--port", str(port), "--etcd-port", str(etcd_port))
+        again = cluster("start", "--insecure", "--dir", str(directory), "--etcd", "--port", str(port),
+                        "--etcd-port", str(etcd_port))
         assert again.returncode == 4, (again.returncode, again.stderr)  # as `start` on a store in use
         assert f"the cluster in {directory} is running" in again.stderr and "cluster stop --dir" in again.stderr
         with StoreClient(f"tcp://127.0.0.1:{port}") as master:
@@ -234,7 +235,8 @@ def test_a_stopped_cluster_is_not_started_on_other_etcd_members_than_its_own(tmp
     directory.mkdir()
     recorded = {"etcd_endpoints": "http://127.0.0.1:2379", "etcd_pids": [], "engines": []}  # one member, stopped
     (directory / "cluster.json").write_text(json.dumps(recorded))
-    refused = cluster("start", "--dir", str(directory), "--etcd", "--etcd-members", "3", "--etcd-port", "2379")
+    refused = cluster("start", "--insecure", "--dir", str(directory), "--etcd", "--etcd-members", "3",
+                      "--etcd-port", "2379")
     assert refused.returncode == 2, (refused.returncode, refused.stderr)
     assert "was started on etcd members http://127.0.0.1:2379, not http://127.0.0.1:2379,http://127.0.0.1:2381," \
            in refused.stderr, refused.stderr

@@ -1,4 +1,5 @@
-"""``cluster start --secure`` (docs/security.md, "A secure cluster on one machine"): a CA made with
+"""``cluster start``, secure unless told ``--insecure`` (docs/security.md, "A secure cluster on one
+machine"): a CA made with
 ``cryptography``, etcd over TLS with client certificates and its own users (each limited to the
 cluster's keys), CURVE and users on the client ports, an admin user whose secrets only its owner
 can read, each engine its own replication key. Then, on that cluster: a client without a key, or
@@ -31,6 +32,8 @@ from engine.errors import ErrorCode
 from engine.ipc.curve import CurveKeys, keygen, public_key_of
 from engine.logs import LOG_DIR
 from engine.security.acl import load
+from harness.replication import wait_replicated
+from rmqpy.credentials import Credentials
 from rmqpy.raw import SetClient
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import free_port
@@ -62,7 +65,7 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
     require(shutil.which(ETCD) is not None, "etcd (Debian's etcd-server)")
     port, etcd_port = free_port(), free_port()
     directory = tmp_path / "cluster"
-    started = run("supervisor", "cluster", "start", "--dir", str(directory), "--secure", "--replicas", "1",
+    started = run("supervisor", "cluster", "start", "--dir", str(directory), "--etcd", "--replicas", "1",
                   "--etcd-members", "1", "--port", str(port), "--etcd-port", str(etcd_port))
     cluster = json.loads((directory / "cluster.json").read_text()) if (directory / "cluster.json").exists() else {}
     try:
@@ -101,9 +104,11 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
                         "--etcd-cert-file", str(secrets_dir / "operator-etcd.pem"),
                         "--etcd-key-file", str(secrets_dir / "operator-etcd.key"), "--etcd-user", "operator",
                         "--etcd-password-file", str(secrets_dir / "operator-etcd-password")]
-        for change in (["user", "add", "reader", "--curve-public-key", public_key_of(reader_public)],
-                       ["policy", "grant", "reader", "topic:orders", "sub"]):
-            changed = run("engine", "acl", *change, *etcd_options)
+        credentials = ["--credentials", str(secrets_dir / "admin.json")]  # the same, from the admin's file
+        grant = ["policy", "grant", "reader", "topic:orders", "sub"]
+        for change, options in ((["user", "add", "reader", "--curve-public-key", public_key_of(reader_public)],
+                                 etcd_options), (grant, [*etcd_options[:2], *credentials])):
+            changed = run("engine", "acl", *change, *options)
             assert changed.returncode == 0, changed.stderr
 
         def reader_forbidden() -> bool:
@@ -167,3 +172,27 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
     assert stopped_all.returncode == 0, stopped_all.stdout + stopped_all.stderr
     assert not [pid for pid in cluster.get("etcd_pids", []) if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_master_and_replicas_without_etcd_are_secure_too(tmp_path: Path) -> None:
+    """Fixed roles (no etcd): CURVE and users on the client ports, each engine its own replication
+    key; the admin's credentials file is all the command line needs."""
+    port = free_port()
+    directory = tmp_path / "cluster"
+    started = run("supervisor", "cluster", "start", "--dir", str(directory), "--replicas", "1", "--port", str(port))
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        credentials = ["--credentials", str(directory / "secrets" / "admin.json")]
+        sent = subprocess.run([sys.executable, "-m", "engine", "produce", "--endpoint", f"tcp://127.0.0.1:{port}",
+                               "--topic", "demo", "--count", "3", *credentials], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert sent.returncode == 0, sent.stderr
+        admin = Credentials.load(directory / "secrets" / "admin.json")
+        with StoreClient(f"tcp://127.0.0.1:{port}", curve=admin.curve) as master, \
+                StoreClient(f"tcp://127.0.0.1:{port + 10}", curve=admin.curve) as replica:
+            wait_replicated(master, replica)  # over the replication channel, under each engine's own key
+        with StoreClient(f"tcp://127.0.0.1:{port + 10}", timeout_ms=1_000) as plain, pytest.raises(ClientError):
+            plain.status()
+    finally:
+        stopped = run("supervisor", "cluster", "stop", "--dir", str(directory))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
