@@ -33,6 +33,7 @@ from engine.ipc.curve import CurveKeys, keygen, public_key_of
 from engine.logs import LOG_DIR
 from engine.security.acl import load
 from harness.replication import wait_replicated
+from rmqpy import Producer, PullConsumer
 from rmqpy.credentials import Credentials
 from rmqpy.raw import SetClient
 from supervisor.etcd_server import ETCD
@@ -90,6 +91,15 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
             as_admin.create_topic("orders", queue_count=2)
             assert as_admin.send("orders", [{"body": b"first"}])[0]["status"] == "PUT_OK"
 
+        # rmqpy with the admin's credentials: the routes from etcd over TLS as its user, the sets under CURVE
+        credentials = Credentials.load(secrets_dir / "admin.json")
+        etcd_url = f"https://127.0.0.1:{etcd_port}"
+        with Producer(cluster=credentials.cluster(etcd_url), curve=credentials.curve) as producer:
+            producer.send("orders", b"through the cluster's routes")
+        with PullConsumer("billing", "orders", cluster=credentials.cluster(etcd_url), curve=credentials.curve,
+                          idle_timeout_ms=2_000) as consumer:
+            assert {m.body for m in consumer} == {b"first", b"through the cluster's routes"}
+
         # No key, a key of its own: the handshake is refused, nothing comes back
         with StoreClient(f"tcp://127.0.0.1:{port}", timeout_ms=1_000) as plain, pytest.raises(ClientError):
             plain.send("orders", [{"body": b"no key"}])
@@ -104,10 +114,10 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
                         "--etcd-cert-file", str(secrets_dir / "operator-etcd.pem"),
                         "--etcd-key-file", str(secrets_dir / "operator-etcd.key"), "--etcd-user", "operator",
                         "--etcd-password-file", str(secrets_dir / "operator-etcd-password")]
-        credentials = ["--credentials", str(secrets_dir / "admin.json")]  # the same, from the admin's file
+        from_file = ["--credentials", str(secrets_dir / "admin.json")]  # the same, from the admin's file
         grant = ["policy", "grant", "reader", "topic:orders", "sub"]
         for change, options in ((["user", "add", "reader", "--curve-public-key", public_key_of(reader_public)],
-                                 etcd_options), (grant, [*etcd_options[:2], *credentials])):
+                                 etcd_options), (grant, [*etcd_options[:2], *from_file])):
             changed = run("engine", "acl", *change, *options)
             assert changed.returncode == 0, changed.stderr
 
