@@ -175,6 +175,7 @@ class FrontActor(Actor):
         self.guard = None
         self.routing_held = False
         self.trusted_keys: frozenset[str] = frozenset()
+        self.requester = ("", "")  # the user and the address of the request being served
         if cfg.acl_enabled and cfg.curve_enabled:
             self.guard = Guard(env.store_dir, AuditLog(env.store_dir / LOG_DIR / f"audit-{env.name}.jsonl",
                                                        bytes_max=cfg.audit_log_bytes_max,
@@ -294,6 +295,7 @@ class FrontActor(Actor):
         user = acl.by_curve_key.get(peer_key) if acl is not None else None
         checks = checks_of(envelope.op, envelope.topic, envelope.group, self.config.cluster_name)
         source = ip_text(peer_ip)
+        self.requester = (user or "", source)
         refusal = self.guard.check(user, checks, source=source, op=envelope.op, unknown=peer_key)
         if refusal is not None:
             code = ErrorCode.UNAUTHENTICATED if refusal.code == "UNAUTHENTICATED" else ErrorCode.FORBIDDEN
@@ -371,8 +373,10 @@ class FrontActor(Actor):
         envelope = decode_envelope(raw)
         op = envelope.op
         self.figures.routed(op)
-        if self.guard is not None and origin.channel is channels.CLIENTS and peer_key not in self.trusted_keys:
-            self.authorize(envelope, peer_ip, peer_key)
+        if self.guard is not None:
+            self.requester = ("", "")  # who and from where, for the audit log: the checked client's
+            if origin.channel is channels.CLIENTS and peer_key not in self.trusted_keys:
+                self.authorize(envelope, peer_ip, peer_key)
         if op in _WRITES and self.config.is_replica:
             master = self.master_endpoint()
             where = f"its master at {master}" if master else f"its master (replication {self.config.replica_of})"
@@ -498,7 +502,14 @@ class FrontActor(Actor):
             return self.groups.heartbeat(request, self.clock.mono_ms(), config.read_queue_nums)
         self.topics.check_queue(envelope)
         if isinstance(request, CommitOffsetRequest):
-            return self.groups.commit(request)
+            before = self.groups.offsets.fetch(request.group, request.topic, request.queue_id)
+            reply = self.groups.commit(request)
+            if self.guard is not None and 0 <= request.offset < before:  # a group moved back: an admin's act
+                subject, source = self.requester
+                self.guard.audit.record("admin", op="offset reset", subject=subject, source=source,
+                                        resource=f"group:{request.group}", topic=request.topic,
+                                        queue_id=request.queue_id, offset_from=before, offset_to=request.offset)
+            return reply
         return self.groups.fetch(request)
 
     def tick(self, out: Effects) -> None:

@@ -2,8 +2,9 @@
 each request's CURVE key names the user whose policies must allow it. A key the allow-list lets in
 but no user has, and a user without the permission (another op, another topic, another group's
 offsets, a denied prefix), are refused with stable codes, written to the audit log, and nothing is
-stored or changed; the gRPC endpoint's own key is trusted (it checks its callers itself); the wire
-fuzzer's frames are refused, never crash the front."""
+stored or changed; a group's offset moved back is audited as a reset; the gRPC endpoint's own key
+is trusted (it checks its callers itself); the wire fuzzer's frames are refused, never crash the
+front."""
 
 from __future__ import annotations
 
@@ -98,6 +99,8 @@ def test_each_user_does_what_its_policies_allow_and_nothing_else(setup: tuple[En
     with StoreClient(engine.endpoint, curve=keys.curve("analytics")) as analytics:
         assert [m["body"] for m in analytics.pull("orders", 0, 0)["messages"]] == [b"o-1"]
         analytics.commit_offset("analytics", "orders", 0, 1)
+        analytics.commit_offset("analytics", "orders", 0, 0)  # moved back: a reset, audited
+        analytics.commit_offset("analytics", "orders", 0, 1)  # forward again: a consumer's commit, not audited
         assert refused(lambda: analytics.commit_offset("billing", "orders", 0, 0)) == (
             ErrorCode.FORBIDDEN, "user 'analytics' may not sub on group:billing (no policy allows it)")
         assert refused(lambda: analytics.send("orders", [{"body": b"x"}]))[0] == ErrorCode.FORBIDDEN
@@ -116,6 +119,9 @@ def test_each_user_does_what_its_policies_allow_and_nothing_else(setup: tuple[En
     assert [(line["code"], line["op"]) for line in refusals][:2] == [("FORBIDDEN", "pull"), ("FORBIDDEN", "send")]
     assert [(line["op"], line["resource"], line["subject"]) for line in lines if line["event"] == "admin"][:2] == [
         ("create_topic", "topic:orders", "ops"), ("create_topic", "topic:orders-secret", "ops")], lines
+    resets = [line for line in lines if line.get("op") == "offset reset"]
+    assert [(r["subject"], r["resource"], r["topic"], r["offset_from"], r["offset_to"]) for r in resets] == [
+        ("analytics", "group:analytics", "orders", 1, 0)], resets
     last = lines[-1]
     assert (last["code"], last["op"], last["source"]) == ("UNAUTHENTICATED", "send", "127.0.0.1")
     assert last["subject"] == "key:" + public_key_of(keys.secrets["stranger"]), last
