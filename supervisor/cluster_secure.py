@@ -1,4 +1,4 @@
-"""``cluster start --secure``: what a cluster on this machine needs to keep strangers out, made in
+"""``cluster start`` (unless ``--insecure``): what a cluster on this machine needs to keep strangers out, made in
 ``D/secrets`` (mode 0700; every key 0600) before anything starts (docs/security.md, "A secure
 cluster on one machine")::
 
@@ -94,13 +94,10 @@ class SecureCluster:
         admin_public, admin_secret = keygen(self.root, ADMIN)
         (self.root / "clients").mkdir(mode=0o700)
         shutil.move(admin_public, self.root / "clients" / f"{ADMIN}.key")
-        fd = os.open(self.root / ADMIN_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump({"user": ADMIN, "access_key": ADMIN, "secret_key": secrets.token_urlsafe(24),
-                       "curve_secret_key_file": str(admin_secret),
-                       "server_public_key_file": str(self.root / "engines.key"),
-                       "etcd": {**asdict(self.operator_tls()), **asdict(self.operator_login())}}, out, indent=2)
-            out.write("\n")
+        _write_secret(self.root / ADMIN_FILE, json.dumps({
+            "user": ADMIN, "access_key": ADMIN, "secret_key": secrets.token_urlsafe(24),
+            "curve_secret_key_file": str(admin_secret), "server_public_key_file": str(self.root / "engines.key"),
+            "etcd": {**asdict(self.operator_tls()), **asdict(self.operator_login())}}, indent=2))
         self.authority = authority
 
     def member_tls(self) -> EtcdTls:
@@ -188,5 +185,5 @@ class SecureCluster:
         etcd = Etcd(endpoints.split(","), timeout_ms=3_000, tls=self.operator_tls(), login=self.operator_login())
         if read_acl(etcd, cluster_name) is None:
             change_acl(etcd, cluster_name, lambda _none: (self.admin_acl(), {
-                "op": "acl made by cluster start --secure", "subject": getpass.getuser(), "source": "cli",
+                "op": "acl made by cluster start", "subject": getpass.getuser(), "source": "cli",
                 "resource": f"user:{ADMIN}", "action": "super"}))

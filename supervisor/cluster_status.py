@@ -68,7 +68,7 @@ def _engine_row(engine: dict[str, str]) -> dict[str, object]:
 
 
 def operator_context(cluster: dict[str, Any]) -> ssl.SSLContext | None:
-    """TLS to a secure cluster's etcd (``cluster start --secure``) with the operator's certificate."""
+    """TLS to a secure cluster's etcd (``cluster start`` without ``--insecure``) with the operator's certificate."""
     tls = cluster.get("etcd_tls")
     return EtcdTls(**tls).context() if tls else None
 

@@ -2,7 +2,8 @@
 
 import os
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,6 +41,16 @@ def issue_certificate(directory: Path, name: str, ca: tuple[Path, Path], *, host
     _openssl("x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-CAcreateserial",
              "-days", "1", "-copy_extensions", "copyall", "-out", str(cert))
     return cert, key
+
+
+def wait_until(what: str, condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Until ``condition()`` holds, failing with ``what`` past ``timeout_s``: for state that only
+    files and other processes' answers show (an audit line, a file another process writes), which
+    signal nothing to wait on; looked at every 50 ms."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def require(present: bool, what: str) -> None:

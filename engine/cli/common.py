@@ -153,7 +153,7 @@ def add_credentials_option(group: argparse._ArgumentGroup) -> None:
 
 def add_etcd_options(group: argparse._ArgumentGroup) -> None:
     """etcd over TLS with a client certificate (https:// endpoints), as etcd's own user: ``cluster
-    start --secure`` makes them in DIR/secrets (ca.pem, operator-etcd.pem, operator-etcd.key,
+    start`` makes them in DIR/secrets (ca.pem, operator-etcd.pem, operator-etcd.key,
     operator-etcd-password, for the user ``operator``)."""
     group.add_argument("--etcd-ca-file", metavar="FILE", help="etcd over https: the CA of its members' certificates")
     group.add_argument("--etcd-cert-file", metavar="FILE", help="etcd over https: this client's certificate")

@@ -36,7 +36,7 @@ class EtcdLogin:
     """etcd's own user (etcd with auth enabled): its name and the file holding its password. Each
     request carries the token etcd gave for them, asked again when etcd no longer knows it (a
     member restarted, the token unused for ``--auth-token-ttl``). What the user may touch is its
-    roles' key ranges (``cluster start --secure``: the cluster's prefix only)."""
+    roles' key ranges (``cluster start``: the cluster's prefix only)."""
     user: str
     password_file: str
 
@@ -129,6 +129,12 @@ def modified_at(key: str, revision: int) -> dict[str, Any]:
 
 
 _TOKEN_GONE = ("invalid auth token", "user name is empty")  # etcd's words: ask for a token again
+# An endpoint that did not answer (the next is tried); subclasses of Etcd3Exception, caught first
+_UNREACHED = (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError, etcd_errors.InternalServerError)
+
+
+class _TokenGone(Exception):
+    """etcd no longer knows the token a request showed."""
 
 
 class Etcd:
@@ -155,32 +161,37 @@ class Etcd:
             client = self.clients[(self.current + turn) % len(self.clients)]
             try:
                 reply = self._post(client, path, body)
-            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
-                    etcd_errors.InternalServerError):
+            except _UNREACHED:
                 continue
             self.current = (self.current + turn) % len(self.clients)
             return reply
         raise EtcdUnavailable(f"no etcd endpoint answered ({len(self.clients)} tried)")
 
     def _post(self, client: etcd3gw.Etcd3Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One request to one endpoint; with a login, under its token (asked for once more if
-        etcd no longer knows it). EtcdRefused: etcd's no."""
-        for fresh in (False, True) if self.login else (True,):
-            if self.login is not None and (fresh or not self.token):
-                self.token = self._authenticate(client, self.login)
-            headers = {"Authorization": self.token} if self.token else {}
-            try:
-                reply: dict[str, Any] = client.post(client.get_url(path), json=body, headers=headers, **self.verify)
-                return reply
-            except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
-                    etcd_errors.InternalServerError):
-                raise
-            except etcd_errors.Etcd3Exception as exc:
-                said = str(exc.detail_text or exc)
-                if not fresh and any(words in said for words in _TOKEN_GONE):
-                    continue
-                raise EtcdRefused(f"etcd refused {path}: {_message(said)}") from None
-        raise AssertionError("unreachable")
+        """One request to one endpoint; with a login, under its token, asked for once more if etcd
+        no longer knows it. EtcdRefused: etcd's no."""
+        if self.login is not None and not self.token:
+            self.token = self._authenticate(client, self.login)
+        try:
+            return self._send(client, path, body)
+        except _TokenGone:
+            assert self.login is not None
+            self.token = self._authenticate(client, self.login)
+            return self._send(client, path, body, token_gone_refused=True)
+
+    def _send(self, client: etcd3gw.Etcd3Client, path: str, body: dict[str, Any], *,
+              token_gone_refused: bool = False) -> dict[str, Any]:
+        headers = {"Authorization": self.token} if self.token else {}
+        try:
+            reply: dict[str, Any] = client.post(client.get_url(path), json=body, headers=headers, **self.verify)
+        except _UNREACHED:
+            raise
+        except etcd_errors.Etcd3Exception as exc:
+            said = str(exc.detail_text or exc)
+            if self.token and not token_gone_refused and any(words in said for words in _TOKEN_GONE):
+                raise _TokenGone from None
+            raise EtcdRefused(f"etcd refused {path}: {_message(said)}") from None
+        return reply
 
     def _authenticate(self, client: etcd3gw.Etcd3Client, login: EtcdLogin) -> str:
         try:
@@ -190,8 +201,7 @@ class Etcd:
         try:
             reply = client.post(client.get_url("/auth/authenticate"), json={"name": login.user, "password": password},
                                 **self.verify)
-        except (etcd_errors.ConnectionFailedError, etcd_errors.ConnectionTimeoutError,
-                etcd_errors.InternalServerError):
+        except _UNREACHED:
             raise
         except etcd_errors.Etcd3Exception as exc:
             raise EtcdRefused(f"etcd user {login.user}: {_message(str(exc.detail_text or exc))}") from None

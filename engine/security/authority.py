@@ -1,4 +1,4 @@
-"""A small certificate authority for a cluster on one machine (``cluster start --secure``), made
+"""A small certificate authority for a cluster on one machine (``cluster start``), made
 with ``cryptography``: a key and a self-signed CA certificate, and the certificates it signs.
 
 Keys are EC P-256 in PKCS#8 PEM, written for their owner only (0600 from the first byte);

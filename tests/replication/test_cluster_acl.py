@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from engine.logs import LOG_DIR
 from engine.security.acl import AclFile, User, load
 from harness.broker_set import broker_set
 from harness.faults import actor_pids
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,12 +33,6 @@ def add_user(name: str) -> object:
             {"op": "acl user add", "subject": "test", "resource": f"user:{name}"}
     return edit
 
-
-def wait_for(what: str, condition: object, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def audited(store_dir: Path) -> list[str]:
@@ -66,9 +60,9 @@ def test_changes_raced_lose_nothing_and_each_engine_takes_and_audits_each_once(t
         entry = read_acl(etcd, config.cluster_name)
         assert entry is not None and set(entry.value["acl"]["users"]) == every  # neither operator's lost
         assert len(etcd.get_prefix(changes_prefix(config.cluster_name))) == len(every)
-        wait_for("the engine never took the cluster's ACL",
+        wait_until("the engine never took the cluster's ACL",
                  lambda: set(getattr(load(master.store_dir), "file", AclFile()).users) == every)
-        wait_for("not every change reached the audit log", lambda: len(audited(master.store_dir)) == len(every))
+        wait_until("not every change reached the audit log", lambda: len(audited(master.store_dir)) == len(every))
         assert sorted(audited(master.store_dir)) == sorted(f"user:{name}" for name in every)
 
         # Its membership actor killed and restarted: nothing written to the audit log twice
@@ -79,7 +73,7 @@ def test_changes_raced_lose_nothing_and_each_engine_takes_and_audits_each_once(t
         finally:
             events.close()
         change_acl(etcd, config.cluster_name, add_user("after-the-restart"))  # type: ignore[arg-type]
-        wait_for("the change after the restart was not audited",
+        wait_until("the change after the restart was not audited",
                  lambda: "user:after-the-restart" in audited(master.store_dir))
         assert len(audited(master.store_dir)) == len(every) + 1
 
@@ -87,6 +81,6 @@ def test_changes_raced_lose_nothing_and_each_engine_takes_and_audits_each_once(t
         etcd.put(acl_key(config.cluster_name), {"acl": {"users": {}, "policies": [
             {"user": "x", "resource": "topic:t", "actions": ["fly"]}]}})
         log = master.store_dir / LOG_DIR / "membership.log"
-        wait_for("the unusable ACL was not refused", lambda: "cannot be used" in log.read_text())
+        wait_until("the unusable ACL was not refused", lambda: "cannot be used" in log.read_text())
         kept = load(master.store_dir)
         assert kept is not None and "after-the-restart" in kept.file.users

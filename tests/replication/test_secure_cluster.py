@@ -17,7 +17,6 @@ import ssl
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.error import URLError
 from urllib.request import Request, urlopen
@@ -38,7 +37,7 @@ from rmqpy.credentials import Credentials
 from rmqpy.raw import SetClient
 from supervisor.etcd_server import ETCD
 from supervisor.launcher import free_port
-from tests.helpers import require
+from tests.helpers import require, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # etcd and two engines, one failover: about 25 s
 
@@ -47,12 +46,6 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=90,
                           check=False)
 
-
-def wait_for(what: str, condition: object, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def private_files(root: Path) -> list[Path]:
@@ -94,6 +87,15 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
         # rmqpy with the admin's credentials: the routes from etcd over TLS as its user, the sets under CURVE
         credentials = Credentials.load(secrets_dir / "admin.json")
         etcd_url = f"https://127.0.0.1:{etcd_port}"
+
+        def routed() -> bool:  # the set's master publishes its topics in etcd within a refresh
+            with credentials.cluster(etcd_url) as cluster:
+                try:
+                    return bool(cluster.route("orders", fresh=True).brokers)
+                except EngineError:
+                    return False
+
+        wait_until("the topic's route never reached etcd", routed)
         with Producer(cluster=credentials.cluster(etcd_url), curve=credentials.curve) as producer:
             producer.send("orders", b"through the cluster's routes")
         with PullConsumer("billing", "orders", cluster=credentials.cluster(etcd_url), curve=credentials.curve,
@@ -131,14 +133,17 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
                     return False  # the allow-list not read again yet
             raise AssertionError("a user allowed sub only stored a message")
 
-        wait_for("the user added in etcd never reached the master", reader_forbidden)
-        expected = [("acl made by cluster start --secure (cluster, etcd)", "user:admin", getpass.getuser()),
+        wait_until("the user added in etcd never reached the master", reader_forbidden)
+        expected = [("acl made by cluster start (cluster, etcd)", "user:admin", getpass.getuser()),
                     ("acl user add (cluster, etcd)", "user:reader", getpass.getuser()),
                     ("acl policy grant (cluster, etcd)", "topic:orders", getpass.getuser())]
         for engine in ("broker-0", "broker-1"):  # each change, with who made it, in each engine's audit log
             audit_file = directory / engine / LOG_DIR / "audit-membership.jsonl"
-            wait_for(f"{engine} never wrote the cluster's ACL changes to its audit log",
-                     lambda path=audit_file: path.exists() and len(path.read_text().splitlines()) >= 3)
+
+            def written(path: Path = audit_file) -> bool:
+                return path.exists() and len(path.read_text().splitlines()) >= 3
+
+            wait_until(f"{engine} never wrote the cluster's ACL changes to its audit log", written)
             audit = [json.loads(line) for line in audit_file.read_text().splitlines()]
             assert [(line["op"], line["resource"], line["subject"]) for line in audit] == expected, audit
             assert "reader" in load(directory / engine).file.users  # type: ignore[union-attr]
@@ -175,6 +180,10 @@ def test_a_secure_cluster_keeps_strangers_out_and_takes_users_from_etcd(tmp_path
         with client(Path(admin["curve_secret_key_file"])) as as_admin:
             assert as_admin.send("orders", [{"body": b"after the failover"}])[0]["status"] == "PUT_OK"
             assert as_admin.status()["offsets"]["written_offset"] > 0
+        with PullConsumer("after-the-failover", "orders", cluster=credentials.cluster(etcd_url),
+                          curve=credentials.curve, idle_timeout_ms=2_000) as consumer:
+            bodies = sorted(m.body for m in consumer)  # every acknowledged send, once, on the new master
+        assert bodies == [b"after the failover", b"first", b"through the cluster's routes"], bodies
         rejoined = run("supervisor", "cluster", "start-engine", "broker-0", "--dir", str(directory))
         assert rejoined.returncode == 0, rejoined.stderr
     finally:
