@@ -1298,6 +1298,7 @@ static const char *const field_names[F_COUNT] = {
 };
 
 static PyObject *field_keys[F_COUNT];  /* interned at import */
+static PyObject *field_kwnames;        /* field_keys as a tuple: the keywords of pull_objects' factory calls */
 static PyObject *view_template;        /* field_keys -> None, in order: copied, then filled */
 static PyObject *uniq_key_name;        /* "UNIQ_KEY" */
 
@@ -1414,19 +1415,19 @@ optional_text(Span span)
     return decode_replace(span.at, span.len);
 }
 
-/* The reply map of a record that passed every check. */
-static PyObject *
-view_dict(const Layout *rec, PyObject *topic)
+/* The fields of a record that passed every check, in field_keys' order, as new references in
+ * values (all NULL on entry); -1 with an exception set if one could not be made (the caller
+ * releases what was). */
+static int
+view_values(const Layout *rec, PyObject *topic, PyObject **values)
 {
     const uint8_t *r = rec->rec;
-    PyObject *values[F_COUNT] = {NULL};
-    PyObject *dict = NULL;
     Wanted wanted;
 
     values[F_PROPERTIES] = PyDict_New();
     if (values[F_PROPERTIES] == NULL
         || scan_properties(r + rec->props_at, rec->props_len, &wanted, values[F_PROPERTIES]) < 0)
-        goto done;
+        return -1;
     Py_INCREF(topic);
     values[F_TOPIC] = topic;
     values[F_QUEUE_ID] = PyLong_FromLong(load_i32(r + AT_QUEUE_ID));
@@ -1452,7 +1453,18 @@ view_dict(const Layout *rec, PyObject *topic)
     values[F_RECONSUME_TIMES] = PyLong_FromLong(load_i32(r + rec->reconsume_at));
     for (int i = 0; i < F_COUNT; i++)
         if (values[i] == NULL)
-            goto done;
+            return -1;
+    return 0;
+}
+
+/* The reply map of a record that passed every check. */
+static PyObject *
+view_dict(const Layout *rec, PyObject *topic)
+{
+    PyObject *values[F_COUNT] = {NULL};
+    PyObject *dict = NULL;
+    if (view_values(rec, topic, values) < 0)
+        goto done;
     dict = PyDict_Copy(view_template);  /* sized and ordered already: filling it never resizes */
     if (dict == NULL)
         goto done;
@@ -2136,6 +2148,28 @@ write_map(uint8_t *w, const Layout *rec, const Props *props, HostCache *hosts)
     return w;
 }
 
+/* The message of a record that passed every check, built by factory(**fields): the
+ * fields of read_view's dict, keys a tuple with tuple_keys. */
+static PyObject *
+build_object(PyObject *factory, const Layout *rec, PyObject *topic, int tuple_keys)
+{
+    PyObject *values[F_COUNT] = {NULL};
+    PyObject *result = NULL;
+    if (view_values(rec, topic, values) < 0)
+        goto done;
+    if (tuple_keys) {
+        PyObject *keys = PyList_AsTuple(values[F_KEYS]);
+        Py_SETREF(values[F_KEYS], keys);
+        if (keys == NULL)
+            goto done;
+    }
+    result = PyObject_Vectorcall(factory, values, 0, field_kwnames);
+done:
+    for (int i = 0; i < F_COUNT; i++)
+        Py_XDECREF(values[i]);
+    return result;
+}
+
 /* A Python int for comparisons only: exact within the i64 range, else beyond
  * +-2**100, further than any sum of the in-range values it is compared with. */
 typedef __int128 wide;
@@ -2194,6 +2228,8 @@ first_capacity(const uint8_t *units, long long unit_count, Py_ssize_t segment_le
  * structure, its identity, its CRCs, its properties. ValueError when the units
  * do not lie in units; TypeError on arguments of the wrong type.
  */
+static PyObject *pull_units(PyObject *const *args, PyObject *factory, int tuple_keys);
+
 static PyObject *
 codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2201,6 +2237,39 @@ codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         PyErr_Format(PyExc_TypeError, "pull_run() takes 13 arguments (%zd given)", nargs);
         return NULL;
     }
+    return pull_units(args, NULL, 0);
+}
+
+/*
+ * pull_objects(factory, tuple_keys, units, units_pos, unit_count, segment, segment_start,
+ *              visible_end, log_min, topic, queue_id, queue_offset, max_bytes, taken_bytes,
+ *              require_record_crc) -> (messages, count, taken_bytes)
+ *
+ * codec_py.pull_objects: pull_run's run, each message built straight into
+ * factory(**fields) (a list of them) rather than encoded: the reader's own objects
+ * without the encode and the decode between.
+ */
+static PyObject *
+codec_pull_objects(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "pull_objects() takes 15 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!PyCallable_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "factory must be callable, not %.100s", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    int tuple_keys = PyObject_IsTrue(args[1]);
+    if (tuple_keys < 0)
+        return NULL;
+    return pull_units(args + 2, args[0], tuple_keys);
+}
+
+/* pull_run's and pull_objects' walk: maps into bytes without a factory, else objects into a list. */
+static PyObject *
+pull_units(PyObject *const *args, PyObject *factory, int tuple_keys)
+{
     Py_ssize_t units_pos;
     long long unit_count;
     wide segment_start, visible_end, log_min, queue_id, queue_offset, taken, over;
@@ -2256,8 +2325,8 @@ codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     const uint8_t *units = (const uint8_t *)units_view.buf + (unit_count > 0 ? units_pos : 0);
     const uint8_t *segment = segment_view.buf;
     Py_ssize_t segment_len = segment_view.len;
-    Py_ssize_t cap = first_capacity(units, unit_count, segment_len, taken, over), len = 0;
-    out = PyBytes_FromStringAndSize(NULL, cap);
+    Py_ssize_t cap = factory ? 0 : first_capacity(units, unit_count, segment_len, taken, over), len = 0;
+    out = factory ? PyList_New(0) : PyBytes_FromStringAndSize(NULL, cap);
     if (out == NULL)
         goto done;
     wide sum = 0;                                    /* the sizes taken */
@@ -2289,6 +2358,15 @@ codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
             goto done;
         if (plain == 0)
             break;
+        if (factory != NULL) {
+            PyObject *message = build_object(factory, &rec, topic, tuple_keys);
+            int rc = message ? PyList_Append(out, message) : -1;
+            Py_XDECREF(message);
+            if (rc < 0)
+                goto done;
+            sum += size;
+            continue;
+        }
         Py_ssize_t need = map_bound(&rec);
         if (need > cap - len) {
             Py_ssize_t grown = cap > PY_SSIZE_T_MAX / 2 ? PY_SSIZE_T_MAX : 2 * cap;
@@ -2300,7 +2378,7 @@ codec_pull_run(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
         len += write_map(start, &rec, &props, hosts) - start;
         sum += size;
     }
-    if (_PyBytes_Resize(&out, len) < 0)
+    if (factory == NULL && _PyBytes_Resize(&out, len) < 0)
         goto done;
     PyObject *total;
     if (count == 0) {
@@ -3004,6 +3082,9 @@ static PyMethodDef codec_methods[] = {
      "Commit log offsets of a key hash's chain below a header's count, newest first (see engine/codec_py.py)."},
     {"read_view", (PyCFunction)(void (*)(void))codec_read_view, METH_FASTCALL,
      "The record at buf[pos:] as a reply's message map; None if it fails any check."},
+    {"pull_objects", (PyCFunction)(void (*)(void))codec_pull_objects, METH_FASTCALL,
+     "pull_objects(factory, tuple_keys, units, ...) -> (messages, count, taken_bytes): pull_run's run, built by "
+     "factory"},
     {"pull_run", (PyCFunction)(void (*)(void))codec_pull_run, METH_FASTCALL,
      "The plain run of an unfiltered pull as concatenated msgpack maps (see engine/codec_py.py)."},
     {NULL, NULL, 0, NULL},
@@ -3034,6 +3115,13 @@ PyInit__codec(void)
         for (int i = 0; i < F_COUNT; i++)
             if (PyDict_SetItem(view_template, field_keys[i], Py_None) < 0)
                 return NULL;
+    }
+    if (field_kwnames == NULL) {
+        field_kwnames = PyTuple_New(F_COUNT);
+        if (field_kwnames == NULL)
+            return NULL;
+        for (int i = 0; i < F_COUNT; i++)
+            PyTuple_SET_ITEM(field_kwnames, i, Py_NewRef(field_keys[i]));
     }
     if (uniq_key_name == NULL && (uniq_key_name = PyUnicode_InternFromString("UNIQ_KEY")) == NULL)
         return NULL;

@@ -31,6 +31,7 @@ index_put_keys = _impl.index_put_keys
 index_header = _impl.index_header
 index_select = _impl.index_select
 pull_run = _impl.pull_run
+pull_objects = _impl.pull_objects
 build_items = _impl.build_items
 batch_items = _impl.batch_items
 batch_records = _impl.batch_records

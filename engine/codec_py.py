@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -300,7 +300,32 @@ def pull_run(units: ReadBuffer, units_pos: int, unit_count: int, segment: ReadBu
     Returns ``(maps, count, taken_bytes)``: the concatenated maps, how many (each one
     unit), and ``taken_bytes`` plus their sizes.
     """
-    maps = []
+    views, taken_bytes = _plain_run(units, units_pos, unit_count, segment, segment_start, visible_end, log_min,
+                                    topic, queue_id, queue_offset, max_bytes, taken_bytes, require_record_crc)
+    return b"".join(_encoder.encode(view) for view in views), len(views), taken_bytes
+
+
+def pull_objects(factory: Callable[..., Any], tuple_keys: bool, units: ReadBuffer, units_pos: int,
+                 unit_count: int, segment: ReadBuffer, segment_start: int, visible_end: int, log_min: int,
+                 topic: str, queue_id: int, queue_offset: int, max_bytes: int, taken_bytes: int,
+                 require_record_crc: bool) -> tuple[list[Any], int, int]:
+    """``pull_run``'s run, each message built straight into ``factory(**fields)``, the fields of
+    ``read_view``'s dict (``keys`` a tuple with ``tuple_keys``, else a list): the reader's own
+    objects (``MessageView``, ``rmqpy.Message``) without the encode and the decode between.
+    Returns ``(messages, count, taken_bytes)``."""
+    views, taken_bytes = _plain_run(units, units_pos, unit_count, segment, segment_start, visible_end, log_min,
+                                    topic, queue_id, queue_offset, max_bytes, taken_bytes, require_record_crc)
+    if tuple_keys:
+        for view in views:
+            view["keys"] = tuple(view["keys"])
+    return [factory(**view) for view in views], len(views), taken_bytes
+
+
+def _plain_run(units: ReadBuffer, units_pos: int, unit_count: int, segment: ReadBuffer, segment_start: int,
+               visible_end: int, log_min: int, topic: str, queue_id: int, queue_offset: int, max_bytes: int,
+               taken_bytes: int, require_record_crc: bool) -> tuple[list[dict[str, Any]], int]:
+    """The views of ``pull_run``'s run, and ``taken_bytes`` plus their sizes."""
+    views: list[dict[str, Any]] = []
     limit_in_segment = min(len(segment), visible_end - segment_start)
     for i in range(unit_count):
         commit_log_offset, size, _code = CQ_UNIT.unpack_from(units, units_pos + i * CQ_UNIT.size)
@@ -318,9 +343,9 @@ def pull_run(units: ReadBuffer, units_pos: int, unit_count: int, segment: ReadBu
             break
         if not _plain_text(segment, pos, size, segment_start):
             break
-        maps.append(_encoder.encode(view))
+        views.append(view)
         taken_bytes += size
-    return b"".join(maps), len(maps), taken_bytes
+    return views, taken_bytes
 
 
 def _plain_text(segment: ReadBuffer, pos: int, size: int, segment_start: int) -> bool:

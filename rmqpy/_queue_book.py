@@ -84,9 +84,6 @@ class QueueBook:
     def positions(self) -> dict[int, int]:
         return {q: s.position for q, s in self._queues.items()}
 
-    def buffered(self) -> int:
-        return sum(len(s.buffer) for s in self._queues.values())
-
     def caught_up(self, queue_id: int) -> bool:
         """Whether the last pull of ``queue_id`` found nothing new at its offset (no message, the same
         next offset): the next pull may then wait at the engine for one."""
@@ -176,6 +173,9 @@ class QueueBook:
     def take(self, count: int) -> list[Message]:
         """Hand out up to ``count`` buffered messages, one queue at a time in turn."""
         assert count >= 1
+        if count == 1:
+            message = self.take_one()
+            return [] if message is None else [message]
         taken: list[Message] = []
         idle = 0  # queues looked at in a row that had nothing
         while len(taken) < count and idle < len(self._order):  # (no queue: nothing)
@@ -190,8 +190,29 @@ class QueueBook:
         self._in_hand.extend(taken)
         return taken
 
+    def take_one(self) -> Message | None:
+        """``take(1)``'s message, or None: a consumer iterating one by one asks between every two messages."""
+        order = self._order
+        for _ in order:
+            state = self._queues[order[self._cursor]]
+            self._cursor = (self._cursor + 1) % len(order)
+            if state.buffer:
+                message = state.buffer.popleft()
+                state.in_hand += 1
+                self._in_hand.append(message)
+                return message
+        return None
+
     def finish(self) -> int:
         """The application finished every message handed out; returns how many that was."""
+        if len(self._in_hand) == 1:  # a consumer iterating one by one: between every two messages
+            message = self._in_hand.pop()
+            state = self._queues[message.queue_id]
+            state.position = message.queue_offset + 1
+            state.in_hand -= 1
+            self._settle(state)
+            self.finished_since_commit += 1
+            return 1
         for message in self._in_hand:
             state = self._queues[message.queue_id]
             state.position = message.queue_offset + 1

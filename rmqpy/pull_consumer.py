@@ -59,7 +59,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 import zmq
 
 from engine.client import DEFAULT_ENDPOINT, ClientError, EngineError
@@ -82,7 +81,6 @@ __all__ = ["ClusterPullConsumer", "PullConsumer"]
 log = logging.getLogger(__name__)
 _LOOK_INTERVAL_S = 0.001  # how often the socket is looked at while messages are buffered
 _REBALANCE_LOOK_S = 0.1  # a member waiting for messages looks this often whether its share changed
-_local_messages = msgspec.msgpack.Decoder(list[Message])  # a local pull's records, straight into Messages
 
 
 class PullConsumer:
@@ -145,9 +143,10 @@ class PullConsumer:
             else:
                 self._book = self._open_book(list(queue_ids))
             if store_dir is not None:
-                from engine.local_reads import LocalReads  # the store's modules only when asked for
+                from engine.local_reads import Build, LocalReads  # the store's modules only when asked for
 
                 self._local = LocalReads(Path(store_dir))
+                self._local_build = Build(Message, tuple_keys=True)  # its records built straight into Messages
         except BaseException:
             if self._member is not None:
                 self._member.close()
@@ -242,7 +241,20 @@ class PullConsumer:
     def __iter__(self) -> Iterator[Message]:
         """Messages one by one, waiting for more; ends after ``idle_timeout_ms`` without any, or on close."""
         idle_since = time.monotonic()
+        book = self._book
         while not self._closed:
+            # Between two looks at the socket (or the files), with nothing to commit or rebalance, the
+            # next message comes straight from the book: poll's own path, without its waits.
+            now = time.monotonic()
+            if now < self._next_look and (self._member is None or not self._member.changed(now)) and \
+                    not (self.auto_commit and book.finished_since_commit + book.skipped_since_commit >=
+                         self.commit_every):
+                book.finish()
+                message = book.take_one()
+                if message is not None:
+                    yield message
+                    idle_since = time.monotonic()
+                    continue
             if self.idle_timeout_ms is None:
                 wait_ms = self.max_wait_ms
             else:
@@ -272,13 +284,16 @@ class PullConsumer:
             # millisecond, not at every message (a look that finds nothing costs more than handing
             # out a message); a queue whose pull was answered meanwhile still takes its turn within
             # that millisecond.
-            if now >= self._next_look or not self._book.buffered():
-                if self._local is not None:
-                    self._pull_locally(now)
-                else:
-                    self._send_pulls(now)
-                    self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
-                self._next_look = now + _LOOK_INTERVAL_S
+            if now < self._next_look:
+                taken = self._book.take(max_messages or self.batch_size)
+                if taken:
+                    return taken
+            if self._local is not None:
+                self._pull_locally(now)
+            else:
+                self._send_pulls(now)
+                self._take_replies(self._channel.replies(0))  # every queue that answered takes its turn
+            self._next_look = now + _LOOK_INTERVAL_S
             taken = self._book.take(max_messages or self.batch_size)
             if taken:
                 return taken
@@ -319,14 +334,14 @@ class PullConsumer:
         refusal: EngineError | None = None
         for queue_id, offset, token in self._book.to_pull(now):
             try:
-                reply, encoded = self._local.pull_encoded(self.topic, queue_id, offset, max_messages=self.batch_size,
-                                                          subscription=self.subscription)
+                reply, messages = self._local.pull_built(self.topic, queue_id, offset, self._local_build,
+                                                         max_messages=self.batch_size, subscription=self.subscription)
             except RequestError as exc:
                 error = EngineError(int(exc.code), exc.code.name, exc.message, dict(exc.details))
                 refusal = refusal or self._pull_failed(queue_id, token, error)
                 continue
             assert reply.next_offset is not None
-            self._book.pulled(queue_id, token, _local_messages.decode(encoded) if encoded else [], reply.next_offset)
+            self._book.pulled(queue_id, token, messages, reply.next_offset)
         if refusal is not None:
             raise refusal
 

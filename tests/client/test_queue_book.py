@@ -33,6 +33,25 @@ def test_messages_are_handed_out_one_queue_at_a_time_and_a_busy_queue_starves_no
     assert book.to_pull(now=0.0) == [(1, 2, 4), (2, 1, 5)], "drained queues pull again, the busy one does not"
 
 
+def test_one_at_a_time_hands_out_and_finishes_as_a_batch_does() -> None:
+    """take(1) and finish() of one message (an iterating consumer's path) against take(n) and finish()."""
+    batches, next_offsets = {0: list(range(7)), 1: [0, 1, 2], 2: []}, {0: 7, 1: 3, 2: 5}
+    one, many = QueueBook(dict.fromkeys(range(3), (0, -1))), QueueBook(dict.fromkeys(range(3), (0, -1)))
+    pull_everything(one, batches, next_offsets)
+    pull_everything(many, batches, next_offsets)
+    singles, seen = [], []
+    while taken := one.take(1):
+        singles += taken
+        assert one.finish() == 1
+        seen.append(one.positions())
+    batch = many.take(100)
+    assert [(m.queue_id, m.queue_offset) for m in singles] == [(m.queue_id, m.queue_offset) for m in batch]
+    assert seen[0] == {0: 1, 1: 0, 2: 5}, "queue 2 was all filtered out; queue 0's first message finished"
+    assert many.finish() == 10 and one.positions() == many.positions() == {0: 7, 1: 3, 2: 5}
+    assert one.finished_since_commit == many.finished_since_commit == 10
+    assert one.skipped_since_commit == many.skipped_since_commit == 5
+
+
 def test_only_finished_messages_move_the_position_and_skipped_ones_count_as_finished() -> None:
     book = QueueBook({0: (5, 5), 1: (0, -1)})
     pull_everything(book, {0: [5, 6]}, {0: 9, 1: 4})  # queue 1: four messages, all filtered out

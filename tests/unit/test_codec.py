@@ -16,7 +16,9 @@ import msgspec
 import pytest
 
 from engine import codec_py as py
+from engine.ipc.protocol import MessageView
 from engine.layout import CQ_UNIT, HostAddress, decode_record, encode_blank, java_string_hash
+from rmqpy.message import Message
 
 try:
     from engine import _codec as c
@@ -632,6 +634,10 @@ def same_pull(units, units_pos, unit_count, seg, seg_start, visible_end, log_min
     assert type(got[0]) is bytes
     assert got == expected, (units_pos, unit_count, seg_start, visible_end, log_min, queue_offset, max_bytes,
                              taken, require)
+    # pull_objects: the same run, each message built rather than encoded (here as a dict: what msgspec decodes)
+    built = c.pull_objects(dict, False, *args)
+    assert built == py.pull_objects(dict, False, *args)
+    assert built[1:] == got[1:] and built[0] == (decoded_run(got[0], got[1]) if got[1] else [])
     return got
 
 
@@ -661,6 +667,13 @@ def test_pull_run_whole_queue_decodes_to_read_views():
             views = expected_views(blob, n, seg, BASE, BASE + len(seg), False)
             assert [ordered(v) for v in decoded_run(maps, count)] == [ordered(v) for v in views]
             assert maps == b"".join(msgspec.msgpack.encode(v) for v in views)
+            array = (bytes([0x90 | count]) if count < 16 else b"\xdc" + count.to_bytes(2, "big")) + maps
+            for kind, tuple_keys in ((MessageView, False), (Message, True)):  # the readers' own types, built
+                built = c.pull_objects(kind, tuple_keys, blob, 0, n, seg, BASE, BASE + len(seg), 0, topic.decode(),
+                                       2, 1000, 1 << 40, 0, False)
+                assert built[0] == msgspec.msgpack.Decoder(list[kind]).decode(array)
+                assert built[0] == py.pull_objects(kind, tuple_keys, blob, 0, n, seg, BASE, BASE + len(seg), 0,
+                                                   topic.decode(), 2, 1000, 1 << 40, 0, False)[0]
 
 
 def test_pull_run_random_queues_agree():
@@ -856,3 +869,15 @@ def test_pull_run_bad_arguments():
         args = list(good)
         args[1:3] = [len(blob) + 100, count]
         assert c.pull_run(*args) == py.pull_run(*args) == (b"", 0, 0)
+    # pull_objects: a factory that is not callable, one that refuses, too few arguments
+    with pytest.raises(TypeError):
+        c.pull_objects("Message", True, *good)
+    with pytest.raises(TypeError):
+        c.pull_objects(Message, True, *good[:12])
+
+    def refusing(**_fields: object) -> None:
+        raise LookupError("the factory's own error")
+
+    for module in (c, py):
+        with pytest.raises(LookupError, match="the factory's own error"):
+            module.pull_objects(refusing, False, *good)

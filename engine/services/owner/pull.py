@@ -26,7 +26,9 @@ offset so a consumer can decide to skip it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -44,6 +46,7 @@ class PullResult:
     min_offset: int
     max_offset: int
     encoded: list[bytes] = field(default_factory=list)  # msgpack message maps (codec.read_view's), in order
+    built: list[Any] = field(default_factory=list)  # or, with a Build, the messages as the reader's objects
     message_count: int = 0
     offsets: list[int] = field(default_factory=list)  # the queue offset of each message, in order
     corrupt_offset: int = -1  # queue offset of a damaged record met first
@@ -87,9 +90,25 @@ EVERYTHING = Subscription("*")
 _encoder = msgspec.msgpack.Encoder()
 
 
+@dataclass(frozen=True)
+class Build:
+    """A reader in the store's own process builds its messages straight from the records
+    (``codec.pull_objects``): ``factory(**fields)``, the fields of ``codec.read_view``'s dict,
+    ``keys`` a tuple with ``tuple_keys`` (``rmqpy.Message``), else a list (``MessageView``)."""
+    factory: Callable[..., Any]
+    tuple_keys: bool
+
+    def one(self, view: dict[str, Any]) -> Any:
+        if self.tuple_keys:
+            view["keys"] = tuple(view["keys"])
+        return self.factory(**view)
+
+
 def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_messages: int, max_bytes: int,
-         visible_end: int, written_end: int | None = None, subscription: Subscription = EVERYTHING) -> PullResult:
-    """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``.
+         visible_end: int, written_end: int | None = None, subscription: Subscription = EVERYTHING,
+         build: Build | None = None) -> PullResult:
+    """Read up to ``max_messages`` / ``max_bytes`` from ``offset``, never past ``visible_end``: the
+    messages encoded (``encoded``), or with ``build`` built as the reader's objects (``built``).
 
     A unit past ``written_end`` (the writer's confirmed offset) cannot be real:
     it is reported as suspect. One between the two is not visible yet (SYNC_FLUSH
@@ -121,11 +140,18 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
             # The plain run: every unit whose record is intact, in one segment and visible.
             segment = reader.segment_at(unit.commit_log_offset)
             if segment is not None:
-                maps, served, taken_bytes = codec.pull_run(
-                    units, units_pos + i * CQ_UNIT_BYTES, count - i, segment.mm, segment.start_offset, visible_end,
-                    log_min, cq.topic, cq.queue_id, queue_offset, max_bytes, taken_bytes, reader.require_record_crc)
+                run = (units, units_pos + i * CQ_UNIT_BYTES, count - i, segment.mm, segment.start_offset,
+                       visible_end, log_min, cq.topic, cq.queue_id, queue_offset, max_bytes, taken_bytes,
+                       reader.require_record_crc)
+                if build is None:
+                    maps, served, taken_bytes = codec.pull_run(*run)
+                else:
+                    built, served, taken_bytes = codec.pull_objects(build.factory, build.tuple_keys, *run)
                 if served:
-                    result.encoded.append(maps)
+                    if build is None:
+                        result.encoded.append(maps)
+                    else:
+                        result.built += built
                     result.message_count += served
                     result.offsets.extend(range(queue_offset, queue_offset + served))
                     i += served
@@ -171,7 +197,10 @@ def pull(cq: ConsumeQueue | None, reader: CommitLogReader, *, offset: int, max_m
         if filtered and not subscription.matches_tag(view["tags"]):
             result.next_offset = queue_offset + 1  # the tags codes collided (Java hashCode): not ours
             continue
-        result.encoded.append(_encoder.encode(view))
+        if build is None:
+            result.encoded.append(_encoder.encode(view))
+        else:
+            result.built.append(build.one(view))
         result.message_count += 1
         result.offsets.append(queue_offset)
         taken_bytes += unit.size
