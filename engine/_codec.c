@@ -1562,6 +1562,101 @@ enum { INDEX_HEADER_BYTES = 40, INDEX_SLOT_BYTES = 4, INDEX_ITEM_BYTES = 20, IND
 _Static_assert(INDEX_HEADER_BYTES % 8 == 0 && INDEX_SLOT_BYTES == 4 && INDEX_COUNT_AT % 4 == 0
                && INDEX_COUNT_AT + 4 == INDEX_HEADER_BYTES, "IndexFile words must be naturally aligned");
 
+/* An IndexFile's header while items are put: read once, published after every item. */
+typedef struct {
+    uint8_t *buf;
+    long long slots, count_max, items_base;
+    int64_t begin_ts, end_ts, begin_phy, end_phy;
+    int32_t slots_used, count;
+} IndexWriting;
+
+/* Map buf as an index file of these dimensions (ValueError if it is smaller), its header read. */
+static int
+index_writing_open(IndexWriting *ix, Py_buffer *view, long long slots, long long count_max)
+{
+    ix->buf = (uint8_t *)view->buf;
+    ix->slots = slots;
+    ix->count_max = count_max;
+    ix->items_base = INDEX_HEADER_BYTES + slots * INDEX_SLOT_BYTES;
+    if (view->len < ix->items_base + count_max * INDEX_ITEM_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than an index file of these dimensions");
+        return -1;
+    }
+    uint8_t *buf = ix->buf;
+    ix->begin_ts = load_i64(buf);
+    ix->end_ts = load_i64(buf + 8);
+    ix->begin_phy = load_i64(buf + 16);
+    ix->end_phy = load_i64(buf + 24);
+    ix->slots_used = load_i32(buf + 32);
+    ix->count = load_i32(buf + 36);
+    if (ix->count < 1)
+        ix->count = 1;  /* item 0 is never used: 0 in a slot means an empty bucket */
+    return 0;
+}
+
+/* One item for the key whose Java hash is h (IndexFile#putKey), then the header: the caller
+ * checked that count < count_max. */
+static void
+index_put_one(IndexWriting *ix, uint32_t h, int64_t offset, int64_t store_ts)
+{
+    uint8_t *buf = ix->buf;
+    /* indexKeyHashMethod: abs(hashCode), Integer.MIN_VALUE mapped to 0 */
+    int32_t signed_hash = java_int(h);
+    int32_t key_hash = signed_hash == INT32_MIN ? 0 : signed_hash < 0 ? -signed_hash : signed_hash;
+    uint8_t *slot = buf + INDEX_HEADER_BYTES + (long long)(key_hash % ix->slots) * INDEX_SLOT_BYTES;
+    int32_t previous = load_i32(slot);
+    if (previous <= 0 || previous > ix->count)
+        previous = 0;
+    int64_t time_diff = 0;
+    if (ix->begin_ts > 0 && store_ts > ix->begin_ts) {
+        time_diff = (store_ts - ix->begin_ts) / 1000;  /* no overflow: both are positive here */
+        if (time_diff > INT32_MAX)
+            time_diff = INT32_MAX;
+    }
+    uint8_t *item = buf + ix->items_base + (long long)ix->count * INDEX_ITEM_BYTES;
+    store_u32(item, (uint32_t)key_hash);
+    store_u64(item + 4, (uint64_t)offset);
+    store_u32(item + 12, (uint32_t)time_diff);
+    store_u32(item + 16, (uint32_t)previous);
+    publish_u32(slot, (uint32_t)ix->count);  /* the item above is complete for whoever sees this */
+    if (ix->count <= 1) {
+        ix->begin_phy = offset;
+        ix->begin_ts = store_ts;
+    }
+    if (previous == 0)
+        ix->slots_used++;
+    ix->count++;
+    ix->end_phy = offset;
+    ix->end_ts = store_ts;
+    store_whole_u64(buf, (uint64_t)ix->begin_ts);
+    store_whole_u64(buf + 8, (uint64_t)ix->end_ts);
+    store_whole_u64(buf + 16, (uint64_t)ix->begin_phy);
+    store_whole_u64(buf + 24, (uint64_t)ix->end_phy);
+    store_u32(buf + 32, (uint32_t)ix->slots_used);
+    publish_u32(buf + INDEX_COUNT_AT, (uint32_t)ix->count);  /* the item is added */
+}
+
+/* Items for keys[first:] under prefix_hash (the Java hash of "topic#"), while the file has
+ * room; how far it got in keys, -1 with an exception set for a key that is not a str. */
+static Py_ssize_t
+index_put_list(IndexWriting *ix, uint32_t prefix_hash, PyObject *keys, Py_ssize_t first, int64_t offset,
+               int64_t store_ts)
+{
+    Py_ssize_t k = first, n = PyList_GET_SIZE(keys);
+    for (; k < n && ix->count < ix->count_max; k++) {
+        PyObject *key = PyList_GET_ITEM(keys, k);
+        uint32_t h;
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be str");
+            return -1;
+        }
+        if (java_hash_more(key, prefix_hash, &h) < 0)
+            return -1;
+        index_put_one(ix, h, offset, store_ts);
+    }
+    return k;
+}
+
 static PyObject *
 codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1584,73 +1679,133 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     uint32_t prefix_hash;  /* the hash of prefix + key continues from the prefix's */
     if (java_hash_more(prefix, 0, &prefix_hash) < 0)
         return NULL;
-
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
         return NULL;
-    uint8_t *buf = (uint8_t *)view.buf;
-    long long items_base = INDEX_HEADER_BYTES + slots * INDEX_SLOT_BYTES;
-    if (view.len < items_base + count_max * INDEX_ITEM_BYTES) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "the buffer is smaller than an index file of these dimensions");
+    IndexWriting ix;
+    Py_ssize_t added = index_writing_open(&ix, &view, slots, count_max) < 0
+        ? -1 : index_put_list(&ix, prefix_hash, keys, 0, offset, store_ts);
+    PyBuffer_Release(&view);
+    return added < 0 ? NULL : PyLong_FromSsize_t(added);
+}
+
+static PyObject *entry_names[4];  /* interned at import: topic, commit_log_offset, store_timestamp, keys */
+
+/* A record to index: a DispatchEntry, or its fields as a tuple (the catch-up's). */
+static int
+index_entry_fields(PyObject *entry, PyObject **topic, long long *offset, long long *store_ts, PyObject **keys)
+{
+    PyObject *clo, *ts;
+    if (PyTuple_Check(entry)) {
+        if (PyTuple_GET_SIZE(entry) != 8) {
+            PyErr_SetString(PyExc_TypeError, "an entry tuple has the 8 fields of a DispatchEntry");
+            return -1;
+        }
+        *topic = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+        clo = Py_NewRef(PyTuple_GET_ITEM(entry, 3));
+        ts = Py_NewRef(PyTuple_GET_ITEM(entry, 6));
+        *keys = Py_NewRef(PyTuple_GET_ITEM(entry, 7));
+    } else {
+        *topic = PyObject_GetAttr(entry, entry_names[0]);
+        clo = PyObject_GetAttr(entry, entry_names[1]);
+        ts = PyObject_GetAttr(entry, entry_names[2]);
+        *keys = PyObject_GetAttr(entry, entry_names[3]);
+    }
+    int rc = -1;
+    if (*topic == NULL || clo == NULL || ts == NULL || *keys == NULL)
+        goto done;
+    if (!PyUnicode_Check(*topic) || !PyList_Check(*keys)) {
+        PyErr_SetString(PyExc_TypeError, "an entry's topic must be a str and its keys a list of str");
+        goto done;
+    }
+    if (int_arg(clo, LLONG_MIN, LLONG_MAX, "commit_log_offset", offset) < 0
+        || int_arg(ts, LLONG_MIN, LLONG_MAX, "store_timestamp", store_ts) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(clo);
+    Py_XDECREF(ts);
+    if (rc < 0) {
+        Py_CLEAR(*topic);
+        Py_CLEAR(*keys);
+    }
+    return rc;
+}
+
+/*
+ * index_put_records(buf, hash_slot_count, index_count_max, entries, entry, key, min_offset)
+ *     -> (entry, key)
+ *
+ * index_put_keys for every record of entries (DispatchEntry, or its fields as tuples) from
+ * entries[entry]'s keys[key:] on, skipping records below min_offset, while the file has room
+ * below index_count_max: where it stopped, (len(entries), 0) when every record is in. The
+ * records' items are put one by one as index_put_keys puts them.
+ */
+static PyObject *
+codec_index_put_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "index_put_records(buf, hash_slot_count, index_count_max, entries, entry, "
+                                         "key, min_offset)");
         return NULL;
     }
-    int64_t begin_ts = load_i64(buf), end_ts = load_i64(buf + 8);
-    int64_t begin_phy = load_i64(buf + 16), end_phy = load_i64(buf + 24);
-    int32_t slots_used = load_i32(buf + 32), count = load_i32(buf + 36);
-    if (count < 1)
-        count = 1;  /* item 0 is never used: 0 in a slot means an empty bucket */
-    Py_ssize_t added = 0, n = PyList_GET_SIZE(keys);
-    for (; added < n && count < count_max; added++) {
-        PyObject *key = PyList_GET_ITEM(keys, added);
-        uint32_t h;
-        if (!PyUnicode_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "keys must be str");
-            goto fail;
-        }
-        if (java_hash_more(key, prefix_hash, &h) < 0)
-            goto fail;
-        /* indexKeyHashMethod: abs(hashCode), Integer.MIN_VALUE mapped to 0 */
-        int32_t signed_hash = java_int(h);
-        int32_t key_hash = signed_hash == INT32_MIN ? 0 : signed_hash < 0 ? -signed_hash : signed_hash;
-        uint8_t *slot = buf + INDEX_HEADER_BYTES + (long long)(key_hash % slots) * INDEX_SLOT_BYTES;
-        int32_t previous = load_i32(slot);
-        if (previous <= 0 || previous > count)
-            previous = 0;
-        int64_t time_diff = 0;
-        if (begin_ts > 0 && store_ts > begin_ts) {
-            time_diff = (store_ts - begin_ts) / 1000;  /* no overflow: both are positive here */
-            if (time_diff > INT32_MAX)
-                time_diff = INT32_MAX;
-        }
-        uint8_t *item = buf + items_base + (long long)count * INDEX_ITEM_BYTES;
-        store_u32(item, (uint32_t)key_hash);
-        store_u64(item + 4, (uint64_t)offset);
-        store_u32(item + 12, (uint32_t)time_diff);
-        store_u32(item + 16, (uint32_t)previous);
-        publish_u32(slot, (uint32_t)count);  /* the item above is complete for whoever sees this */
-        if (count <= 1) {
-            begin_phy = offset;
-            begin_ts = store_ts;
-        }
-        if (previous == 0)
-            slots_used++;
-        count++;
-        end_phy = offset;
-        end_ts = store_ts;
-        store_whole_u64(buf, (uint64_t)begin_ts);
-        store_whole_u64(buf + 8, (uint64_t)end_ts);
-        store_whole_u64(buf + 16, (uint64_t)begin_phy);
-        store_whole_u64(buf + 24, (uint64_t)end_phy);
-        store_u32(buf + 32, (uint32_t)slots_used);
-        publish_u32(buf + INDEX_COUNT_AT, (uint32_t)count);  /* the item is added */
+    long long slots, count_max, first_entry, first_key, min_offset;
+    if (int_arg(args[1], 1, INT32_MAX, "hash_slot_count", &slots) < 0
+        || int_arg(args[2], 0, INT32_MAX, "index_count_max", &count_max) < 0
+        || int_arg(args[4], 0, PY_SSIZE_T_MAX, "entry", &first_entry) < 0
+        || int_arg(args[5], 0, PY_SSIZE_T_MAX, "key", &first_key) < 0
+        || int_arg(args[6], LLONG_MIN, LLONG_MAX, "min_offset", &min_offset) < 0)
+        return NULL;
+    PyObject *entries = PySequence_Fast(args[3], "entries must be a sequence");
+    if (entries == NULL)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(entries);
+        return NULL;
     }
+    IndexWriting ix;
+    PyObject *result = NULL, *last_topic = NULL;
+    uint32_t prefix_hash = 0;
+    Py_ssize_t e = (Py_ssize_t)first_entry, k = (Py_ssize_t)first_key, n = PySequence_Fast_GET_SIZE(entries);
+    if (index_writing_open(&ix, &view, slots, count_max) < 0)
+        goto done;
+    for (; e < n && ix.count < ix.count_max; e++, k = 0) {
+        PyObject *topic, *keys;
+        long long offset, store_ts;
+        if (index_entry_fields(PySequence_Fast_GET_ITEM(entries, e), &topic, &offset, &store_ts, &keys) < 0)
+            goto done;
+        Py_ssize_t reached = 0;
+        if (offset >= min_offset) {
+            if (last_topic == NULL || (topic != last_topic && PyUnicode_Compare(topic, last_topic) != 0)) {
+                if (java_hash_more(topic, 0, &prefix_hash) < 0)
+                    reached = -1;
+                prefix_hash = 31u * prefix_hash + '#';  /* "topic#": the hash goes on with each key */
+                Py_XSETREF(last_topic, Py_NewRef(topic));
+            }
+            if (reached == 0)
+                reached = index_put_list(&ix, prefix_hash, keys, k, offset, store_ts);
+        } else {
+            reached = PyList_GET_SIZE(keys);
+        }
+        Py_ssize_t key_count = PyList_GET_SIZE(keys);
+        Py_DECREF(topic);
+        Py_DECREF(keys);
+        if (reached < 0)
+            goto done;
+        if (reached < key_count) {  /* the file filled up inside this record */
+            k = reached;
+            break;
+        }
+    }
+    if (e >= n)
+        k = 0;
+    result = Py_BuildValue("(nn)", e, k);
+done:
+    Py_XDECREF(last_topic);
     PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(added);
-
-fail:
-    PyBuffer_Release(&view);
-    return NULL;
+    Py_DECREF(entries);
+    return result;
 }
 
 /* index_header(buf): the six header fields, the count loaded with acquire first. */
@@ -3076,6 +3231,9 @@ static PyMethodDef codec_methods[] = {
      "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
+    {"index_put_records", (PyCFunction)(void (*)(void))codec_index_put_records, METH_FASTCALL,
+     "index_put_records(buf, hash_slot_count, index_count_max, entries, entry, key, min_offset) -> (entry, key): "
+     "index_put_keys for the records from entries[entry].keys[key:], while the file has room"},
     {"index_header", (PyCFunction)codec_index_header, METH_O,
      "The IndexFile header's six fields, the count loaded with acquire (see engine/codec_py.py)."},
     {"index_select", (PyCFunction)(void (*)(void))codec_index_select, METH_FASTCALL,
@@ -3125,6 +3283,10 @@ PyInit__codec(void)
     }
     if (uniq_key_name == NULL && (uniq_key_name = PyUnicode_InternFromString("UNIQ_KEY")) == NULL)
         return NULL;
+    static const char *const entry_fields[4] = {"topic", "commit_log_offset", "store_timestamp", "keys"};
+    for (int i = 0; i < 4; i++)
+        if (entry_names[i] == NULL && (entry_names[i] = PyUnicode_InternFromString(entry_fields[i])) == NULL)
+            return NULL;
     if (intern_writer_names() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&codec_module);

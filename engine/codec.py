@@ -28,6 +28,7 @@ encode_records = _impl.encode_records
 scan_dispatch = _impl.scan_dispatch
 read_view = _impl.read_view
 index_put_keys = _impl.index_put_keys
+index_put_records = _impl.index_put_records
 index_header = _impl.index_header
 index_select = _impl.index_select
 pull_run = _impl.pull_run

@@ -230,6 +230,26 @@ def index_put_keys(buf: WriteBuffer, hash_slot_count: int, index_count_max: int,
     return added
 
 
+def index_put_records(buf: WriteBuffer, hash_slot_count: int, index_count_max: int, entries: Sequence[Any],
+                      entry: int, key: int, min_offset: int) -> tuple[int, int]:
+    """``index_put_keys`` for every record of ``entries`` (``DispatchEntry``s, or their fields as
+    tuples) from ``entries[entry]``'s ``keys[key:]`` on, skipping records below ``min_offset``,
+    while the file has room below ``index_count_max``. Returns where it stopped: ``(entry, key)``,
+    ``(len(entries), 0)`` once every record is in."""
+    count = max(INDEX_HEADER.unpack_from(buf, 0)[5], 1)
+    while entry < len(entries) and count < index_count_max:
+        item = entries[entry]
+        topic, offset, store_ts, keys = ((item[0], item[3], item[6], item[7]) if isinstance(item, tuple) else
+                                         (item.topic, item.commit_log_offset, item.store_timestamp, item.keys))
+        if offset >= min_offset:
+            added = index_put_keys(buf, hash_slot_count, index_count_max, f"{topic}#", keys[key:], offset, store_ts)
+            count += added
+            if key + added < len(keys):
+                return entry, key + added
+        entry, key = entry + 1, 0
+    return entry, key if entry < len(entries) else 0
+
+
 def index_header(buf: ReadBuffer) -> tuple[int, int, int, int, int, int]:
     """The IndexFile header: begin ts, end ts, begin phy, end phy, slots used, count.
 

@@ -251,6 +251,33 @@ class CpuMeter:
             self.spent[name] = self.spent.get(name, 0.0) + value - self.before[name]
 
 
+DISPATCHERS = ("reput", "index")  # and every "owner-<k>": the actors that dispatch each record
+
+
+def cpu_per_message(engine: EngineProcess, flush_mode: str, total: int) -> None:
+    """The engine's CPU (every process, user and system) per message produced in batches of
+    ``BATCH`` and dispatched, and the dispatching actors' share of it, in µs."""
+    meter = CpuMeter(engine)
+    with engine.client(timeout_ms=60_000) as client:
+        topic = f"cpu-{flush_mode}"
+        client.create_topic(topic, queue_count=QUEUES)
+        wait_dispatched(client, timeout_ms=60_000)
+        meter.start()
+        for first in range(0, total, BATCH):
+            client.send(topic, messages(first, BATCH))
+        wait_dispatched(client, timeout_ms=300_000)
+        meter.stop()
+    spent = meter.spent
+    dispatch = sum(v for name, v in spent.items() if name in DISPATCHERS or name.startswith("owner-"))
+    record(f"engine {flush_mode} CPU per message produced and dispatched (all processes)",
+           [sum(spent.values()) / total * 1e6], "us")
+    record(f"engine {flush_mode} CPU per message dispatched (reput, owners, index)", [dispatch / total * 1e6], "us")
+    for name in ("writer", "front", "reput", "index"):
+        record(f"engine {flush_mode} CPU per message: {name}", [spent[name] / total * 1e6], "us")
+    record(f"engine {flush_mode} CPU per message: owners", [sum(v for name, v in spent.items()
+                                                                  if name.startswith("owner-")) / total * 1e6], "us")
+
+
 def consume_all(pull: Callable[[int, int], tuple[int, int]], total: int) -> float:
     """Read every queue from its start with ``pull(queue_id, offset) -> (messages, next offset)``: msg/s."""
     t0 = time.perf_counter()
@@ -429,6 +456,7 @@ def run(workdir: Path, *, million: bool) -> None:
         with EngineProcess(workdir / f"peers-{flush_mode}", config=engine_config(flush_mode),
                            start_timeout_s=120) as engine:
             hops(engine, flush_mode)
+            cpu_per_message(engine, flush_mode, totals[0])
             meter = CpuMeter(engine)
             for total in totals:
                 engine_peer(engine, flush_mode, total, meter)

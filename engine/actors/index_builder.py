@@ -24,19 +24,21 @@ wait for the replicas), and an index builder killed in between lost its items fo
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
+from engine.codec_py import DispatchTuple
 from engine.ipc import channels, endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import DispatchBatch
+from engine.ipc.messages import DispatchBatch, DispatchEntry
 from engine.ipc.wire import Inbound
 from engine.services.log_slices import read_slice
 from engine.services.restart_points import index_restart, index_restart_unclean
 from engine.store.atomic_file import write_atomically
 from engine.store.checkpoint import CheckpointError, load_checkpoint
 from engine.store.commit_log import CommitLogReader
-from engine.store.index_file import IndexService
+from engine.store.index_file import IndexService, IndexStalled
 from engine.store.shared_offsets import CONFIRMED, INDEX_APPLIED, INDEX_DURABLE, MIN_OFFSET
 
 log = logging.getLogger(__name__)
@@ -130,20 +132,21 @@ class IndexBuilderActor(Actor):
             return
         piece = read_slice(self.reader, start, end, self.config.catch_up_bytes_per_turn_max, 1,
                            index_uniq=self.config.index_uniq_key_enabled)
-        for topic, _queue_id, _queue_offset, commit_log_offset, _size, _code, store_timestamp, keys in piece.for_index:
-            if not self.apply(topic, keys, commit_log_offset, store_timestamp):
-                return
+        if not self.apply(piece.for_index, start):
+            return
         self.applied_offset, self.behind = piece.end, piece.end < end
 
-    def apply(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> bool:
-        """Index one record; on a full disk stop at this record (False) and retry from it later."""
+    def apply(self, entries: Sequence[DispatchEntry] | Sequence[DispatchTuple], min_offset: int) -> bool:
+        """Index the records at or past ``min_offset``; on a full disk stop at the record it could
+        not take (False) and retry from it later."""
         try:
-            self.index.build(topic, keys, commit_log_offset, store_timestamp_ms)
-        except OSError as exc:
+            self.index.build_records(entries, min_offset)
+        except IndexStalled as stall:
             if not self.stalled:
-                log.error("cannot create an index file: %s; retrying from offset %d", exc, commit_log_offset)
+                log.error("cannot write the index: %s; retrying from offset %d", stall.__cause__,
+                          stall.commit_log_offset)
             self.stalled = True
-            self.applied_offset = commit_log_offset
+            self.applied_offset = stall.commit_log_offset
             return False
         self.stalled = False
         return True
@@ -160,10 +163,8 @@ class IndexBuilderActor(Actor):
             self.catch_up(batch.start)
         if self.stalled or self.behind:
             return  # the tick (or the next turn) goes on from the record it reached
-        for entry in batch.entries:
-            if entry.commit_log_offset >= self.applied_offset and not self.apply(
-                    entry.topic, entry.keys, entry.commit_log_offset, entry.store_timestamp):
-                return
+        if not self.apply(batch.entries, self.applied_offset):
+            return
         self.applied_offset = batch.end
         self.slots.set(INDEX_APPLIED, self.applied_offset)
 

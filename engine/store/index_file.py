@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from engine.codec import index_header, index_key_hash, index_put_keys, index_select
+from engine.codec import index_header, index_key_hash, index_put_keys, index_put_records, index_select
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.names import is_decimal
 from engine.store.mapped_file import PAGE_BYTES, MappedFile, create_preallocated, fsync_dir
 
 INDEX_DIR = "index"
+PUT_RESERVE_ITEMS = 4096  # items one put_records call may add: their blocks are reserved before it
 
 
 def index_file_name(now_ms: int) -> str:
@@ -43,6 +46,19 @@ def index_file_ms(name: str) -> int:
     """The time ``index_file_name`` made ``name`` of (an hour off at most, in the hour a change
     of daylight saving time repeats)."""
     return int(time.mktime(time.strptime(name[:14], "%Y%m%d%H%M%S"))) * 1000 + int(name[14:17])
+
+
+class IndexStalled(Exception):
+    """The index could not take a record (a full disk: the OSError is the cause); the records
+    before ``commit_log_offset`` are in."""
+
+    def __init__(self, commit_log_offset: int) -> None:
+        super().__init__(f"the index stopped at the record at {commit_log_offset}")
+        self.commit_log_offset = commit_log_offset
+
+
+def _offset_of(entry: Any) -> int:
+    return int(entry[3] if isinstance(entry, tuple) else entry.commit_log_offset)
 
 
 class IndexFile:
@@ -113,6 +129,18 @@ class IndexFile:
         if added:
             self.reload_header()  # the header in the mapping is the state
         return added
+
+    def put_records(self, entries: Sequence[Any], entry: int, key: int, min_offset: int) -> tuple[int, int]:
+        """``put_keys`` for the records of ``entries`` (``DispatchEntry``s or their fields as tuples)
+        from ``entries[entry]``'s ``keys[key:]`` on, records below ``min_offset`` skipped, up to
+        ``PUT_RESERVE_ITEMS`` items a call (``codec.index_put_records``): where it stopped,
+        ``(len(entries), 0)`` once every record is in; the file is full if it stopped short of that
+        with ``is_full``."""
+        limit = min(self.index_count_max, self.index_count + PUT_RESERVE_ITEMS)
+        self.mapped.reserve(min(self.mapped.size_bytes, self._item_pos(limit)))  # ENOSPC here, not SIGBUS
+        reached = index_put_records(self.mapped.mm, self.hash_slot_count, limit, entries, entry, key, min_offset)
+        self.reload_header()  # the header in the mapping is the state
+        return reached
 
     def reload_header(self) -> int:
         """Read the header into the attributes (at open, after puts, and in a reader following
@@ -239,26 +267,41 @@ class IndexService:
         return created
 
     def build(self, topic: str, keys: list[str], commit_log_offset: int, store_timestamp_ms: int) -> int:
-        """Index one record's keys (already including its UNIQ_KEY); returns items added.
+        """Index one record's keys (already including its UNIQ_KEY); returns items added."""
+        return self.build_records([(topic, 0, 0, commit_log_offset, 0, 0, store_timestamp_ms, keys)])
+
+    def build_records(self, entries: Sequence[Any], min_offset: int = 0) -> int:
+        """Index the keys of every record of ``entries`` at or past ``min_offset`` (``DispatchEntry``s,
+        or their fields as tuples, in log order; keys already including the UNIQ_KEY), in the C
+        codec a file at a time; returns items added. ``IndexStalled`` (a full disk) names the
+        record to retry from: the records before it are in.
 
         The caller decides what is new (by its applied offset): after a power cut
         the newest file may describe records the log lost, and their offsets are
         reused by new records, which must be indexed again.
         """
-        added = 0
-        prefix = f"{topic}#"
-        while added < len(keys):
-            index = self._writing
-            if index is None or index.is_full:
-                # named by the record's store time, not by the clock: close to the moment of
-                # creation (RocketMQ's name), and the same on every replay of a simulated run
-                index = self._writing = self._writable_file(store_timestamp_ms)
-            took = index.put_keys(prefix, keys[added:] if added else keys, commit_log_offset, store_timestamp_ms)
-            if not took:
+        entry = key = added = 0
+        while entry < len(entries) and _offset_of(entries[entry]) < min_offset:
+            entry += 1  # in log order: only a first run is older
+        while entry < len(entries):
+            index, fresh = self._writing, False
+            try:
+                if index is None or index.is_full:
+                    # named by the record's store time, not by the clock: close to the moment of
+                    # creation (RocketMQ's name), and the same on every replay of a simulated run
+                    item = entries[entry]
+                    index = self._writing = self._writable_file(item[6] if isinstance(item, tuple)
+                                                                else item.store_timestamp)
+                    fresh = True
+                before = index.index_count
+                entry, key = index.put_records(entries, entry, key, min_offset)
+            except OSError as exc:
+                raise IndexStalled(_offset_of(entries[entry])) from exc
+            if index.index_count > before:
+                added += index.index_count - before
+                self.dirty.add(self.names[-1])
+            elif fresh:
                 raise ValueError(f"index_count_max {self.index_count_max} leaves no room for an item")
-            added += took
-        if added:
-            self.dirty.add(self.names[-1])
         return added
 
     def drop_unsynced(self, durable_offset: int) -> int:

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from engine import codec_py as py
+from engine.ipc.messages import DispatchEntry
 from engine.ipc.protocol import MessageView
 from engine.layout import CQ_UNIT, HostAddress, decode_record, encode_blank, java_string_hash
 from rmqpy.message import Message
@@ -503,6 +504,62 @@ def test_index_put_keys_byte_identical_until_full(slots, count_max, header_count
         if added[0] < len(keys):
             break
     assert struct.unpack_from(">i", bufs[1], 36)[0] == count_max  # the count stops at the file's capacity
+
+
+@pytest.mark.parametrize("slots,count_max", [(7, 64), (1, 16), (97, 500), (5, 3)])
+def test_index_put_records_is_index_put_keys_record_by_record(slots, count_max):
+    """A batch of records (DispatchEntry, or the catch-up's tuples) put from where the last call
+    stopped, into files that fill up, gives the bytes of index_put_keys called record by record."""
+    rng = random.Random(slots * 7 + count_max)
+    entries: list = []
+    offset, ts = 0, T0
+    for _ in range(120):
+        offset += rng.randint(1, 5000)
+        ts += rng.choice([-3000, 0, 999, 1000, 60_000])
+        keys = [rand_text(rng, 1, 10) for _ in range(rng.randint(1, 4))]
+        fields = (rand_text(rng, 0, 8), 0, 0, offset, 100, 0, ts, keys)
+        entries.append(fields if rng.random() < 0.5 else DispatchEntry(*fields))
+    min_offset = entries[5].commit_log_offset if isinstance(entries[5], DispatchEntry) else entries[5][3]
+
+    def one_by_one() -> list[bytearray]:  # IndexService.build's way, with a new file whenever one fills
+        files = [empty_index(slots, count_max)]
+        for item in entries:
+            topic, clo, stamp, keys = (item[0], item[3], item[6], item[7]) if isinstance(item, tuple) else (
+                item.topic, item.commit_log_offset, item.store_timestamp, item.keys)
+            if clo < min_offset:
+                continue
+            done = 0
+            while done < len(keys):
+                if struct.unpack_from(">i", files[-1], 36)[0] >= count_max:
+                    files.append(empty_index(slots, count_max))
+                done += py.index_put_keys(files[-1], slots, count_max, f"{topic}#", keys[done:], clo, stamp)
+        return files
+
+    expected = one_by_one()
+    for impl in (py, c):
+        files = [empty_index(slots, count_max)]
+        entry = key = 0
+        while entry < len(entries):
+            if struct.unpack_from(">i", files[-1], 36)[0] >= count_max:
+                files.append(empty_index(slots, count_max))
+            entry, key = impl.index_put_records(files[-1], slots, count_max, entries, entry, key, min_offset)
+        assert files == expected, impl.__name__
+    assert c.index_put_records(files[-1], slots, count_max, entries, len(entries), 0, 0) == (len(entries), 0)
+
+
+def test_index_put_records_bad_arguments():
+    buf = empty_index(3, 4)
+    with pytest.raises(TypeError):
+        c.index_put_records(buf, 3, 4, [("t", 0, 0, 1, 1, 0, T0)], 0, 0, 0)          # 7 fields
+    with pytest.raises(TypeError):
+        c.index_put_records(buf, 3, 4, [("t", 0, 0, 1, 1, 0, T0, ("k",))], 0, 0, 0)  # keys not a list
+    with pytest.raises(AttributeError):
+        c.index_put_records(buf, 3, 4, [object()], 0, 0, 0)  # not a DispatchEntry
+    with pytest.raises(TypeError):
+        c.index_put_records(buf, 3, 4, 5, 0, 0, 0)
+    with pytest.raises(ValueError):
+        c.index_put_records(bytearray(10), 3, 4, [], 0, 0, 0)
+    assert buf == empty_index(3, 4), "nothing written by a refused call"
 
 
 def test_index_put_keys_time_diff_clamps_and_collisions_chain():

@@ -21,7 +21,7 @@ import pytest
 
 from engine import codec_py as py
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes, index_key_hash
-from engine.store.index_file import IndexService
+from engine.store.index_file import IndexFile, IndexService
 
 try:
     from engine import _codec as c
@@ -155,7 +155,7 @@ def test_a_relisting_reads_again_the_headers_of_the_files_kept_mapped(tmp_path: 
 WRITER = """
 import sys
 from pathlib import Path
-from engine.store.index_file import IndexService
+from engine.store.index_file import IndexFile, IndexService
 index = IndexService(Path(sys.argv[1]), hash_slot_count={slots}, index_count_max={items}, writable=True)
 for n in range(int(sys.argv[2])):
     assert index.build("t", [f"key-{{n}}"], n * 100 + 7, 1_700_000_000_000 + n) == 1
@@ -198,3 +198,60 @@ def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_wri
             writer.kill()
             writer.wait()
         writer.stdout.close()  # type: ignore[union-attr]
+
+
+BATCH_WRITER = """
+import sys
+from pathlib import Path
+from engine.ipc.messages import DispatchEntry
+from engine.store.index_file import IndexFile, IndexService
+index = IndexService(Path(sys.argv[1]), hash_slot_count={slots}, index_count_max={items}, writable=True)
+print("started", flush=True)
+for first in range(0, {records}, 1000):  # the index builder's way: a DispatchBatch's entries in one call
+    index.build_records([DispatchEntry("t", 0, n, n * 100 + 7, 100, 0, 1_700_000_000_000 + n,
+                                       [f"key-{{n}}-{{k}}" for k in range(n % 3 + 1)])
+                         for n in range(first, first + 1000)])
+"""
+
+
+@compiled
+def test_a_batch_put_killed_midway_leaves_the_items_the_record_by_record_path_writes(tmp_path: Path) -> None:
+    """SIGKILL the C batch path (``build_records``) at a random moment: once repaired, the file is
+    byte for byte the record-by-record Python path's (``codec_py.index_put_keys``) stopped after as
+    many items, and the restart goes on from the record the header names."""
+    records, items = 20_000, 60_000
+    rng = random.Random()
+    writer = subprocess.Popen([sys.executable, "-c", BATCH_WRITER.format(slots=SLOTS, items=items, records=records),
+                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"started\n"
+        reader = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=items, writable=False)
+        target, deadline = rng.randrange(10, records), time.monotonic() + 60
+        while writer.poll() is None:  # until the writer has put about `target` items
+            assert time.monotonic() < deadline
+            reader.follow_writer()
+            if reader.file_count and reader.newest().index_count > target:
+                writer.kill()
+        assert writer.wait(30) == -9, "killed before it put every record"
+        reader.close()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        writer.stdout.close()  # type: ignore[union-attr]
+    killed = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=items, writable=True)  # repairs
+    counted = killed.newest().index_count
+    assert counted > 1
+    expected = IndexFile.create(tmp_path / "expected", hash_slot_count=SLOTS, index_count_max=items,
+                                end_phy_offset=0, end_timestamp_ms=0)
+    put, last = 1, -1
+    for record, key in ((r, k) for r in range(records) for k in range(r % 3 + 1)):
+        if put == counted:
+            break
+        py.index_put_keys(expected.mapped.mm, SLOTS, items, "t#", [f"key-{record}-{key}"], record * 100 + 7,
+                          1_700_000_000_000 + record)
+        put, last = put + 1, record * 100 + 7
+    assert killed.newest().mapped.mm[:] == expected.mapped.mm[:], f"{counted} items counted"
+    assert killed.newest().end_phy_offset == last, "the restart goes on from the record of the last item counted"
+    expected.close()
+    killed.close()
