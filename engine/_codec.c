@@ -1690,6 +1690,7 @@ codec_index_put_keys(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
 }
 
 static PyObject *entry_names[4];  /* interned at import: topic, commit_log_offset, store_timestamp, keys */
+static PyObject *window_start_name, *window_end_name;  /* interned at import */
 
 /* A record to index: a DispatchEntry, or its fields as a tuple (the catch-up's). */
 static int
@@ -1808,6 +1809,203 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------ */
+/* cq_put_entries (ConsumeQueue.put, a dispatch batch at a time)           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A ConsumeQueue unit (engine/layout.py CQ_UNIT, ">qiq"):
+ *
+ *   commit log offset i64 | size i32 | tags code i64     20 bytes, big-endian
+ *
+ * A queue's "window" is the part of its newest file whose blocks are reserved and which
+ * its owner counts as written since the last flush (ConsumeQueue.window, window_start,
+ * window_end: byte offsets in the queue). A unit is written here only when it is the
+ * queue's next one, is not a replay and lies in the window; everything else (a new queue,
+ * a gap, a replay, a new file, more blocks, a deleted topic) is ConsumeQueue.put's, in Python.
+ */
+enum { CQ_UNIT_BYTES = 20, CQ_CACHE = 16 };
+
+typedef struct {
+    PyObject *cq, *topic;           /* strong references */
+    long long queue_id, max_offset, max_physical_end, window_start, window_end;
+    Py_buffer window;
+    int has_window, wrote;
+} CqState;
+
+static PyObject *cq_names[9];  /* interned at import: see cq_put_entries */
+enum { CQN_TOPIC, CQN_QUEUE_ID, CQN_QUEUE_OFFSET, CQN_CLO, CQN_SIZE, CQN_TAGS, CQN_MAX_OFFSET, CQN_MAX_PHYS,
+       CQN_WINDOW };
+
+static int
+cq_long_attr(PyObject *obj, PyObject *name, long long *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The queue's state into st (its window mapped for writing if it has one); -1 on error. */
+static int
+cq_state_load(CqState *st, PyObject *cq, PyObject *topic, long long queue_id)
+{
+    memset(st, 0, sizeof(*st));
+    st->cq = Py_NewRef(cq);
+    st->topic = Py_NewRef(topic);
+    st->queue_id = queue_id;
+    if (cq_long_attr(cq, cq_names[CQN_MAX_OFFSET], &st->max_offset) < 0
+        || cq_long_attr(cq, cq_names[CQN_MAX_PHYS], &st->max_physical_end) < 0
+        || cq_long_attr(cq, window_start_name, &st->window_start) < 0
+        || cq_long_attr(cq, window_end_name, &st->window_end) < 0)
+        return -1;
+    PyObject *window = PyObject_GetAttr(cq, cq_names[CQN_WINDOW]);
+    if (window == NULL)
+        return -1;
+    if (window != Py_None && st->window_end > st->window_start) {
+        if (PyObject_GetBuffer(window, &st->window, PyBUF_WRITABLE) == 0) {
+            st->has_window = st->window.len >= st->window_end - st->window_start;
+            if (!st->has_window)
+                PyBuffer_Release(&st->window);
+        } else {
+            PyErr_Clear();  /* unmapped since (closed): ConsumeQueue.put maps it again */
+        }
+    }
+    Py_DECREF(window);
+    return 0;
+}
+
+/* What the writes changed back into the queue and touched; releases st. -1 if that failed. */
+static int
+cq_state_store(CqState *st, PyObject *touched)
+{
+    int rc = 0;
+    if (st->wrote) {
+        PyObject *max_offset = PyLong_FromLongLong(st->max_offset);
+        PyObject *max_phys = PyLong_FromLongLong(st->max_physical_end);
+        if (max_offset == NULL || max_phys == NULL
+            || PyObject_SetAttr(st->cq, cq_names[CQN_MAX_OFFSET], max_offset) < 0
+            || PyObject_SetAttr(st->cq, cq_names[CQN_MAX_PHYS], max_phys) < 0
+            || PySet_Add(touched, st->cq) < 0)
+            rc = -1;
+        Py_XDECREF(max_offset);
+        Py_XDECREF(max_phys);
+    }
+    if (st->has_window)
+        PyBuffer_Release(&st->window);
+    Py_CLEAR(st->cq);
+    Py_CLEAR(st->topic);
+    return rc;
+}
+
+/*
+ * cq_put_entries(entries, first, min_offset, queues, touched) -> int
+ *
+ * ConsumeQueue.put for entries[first:] (DispatchEntry: topic, queue_id, queue_offset,
+ * commit_log_offset, size, tags_code), records below min_offset skipped, while each is the
+ * next unit of a queue of queues ({(topic, queue_id): ConsumeQueue}) and lies in its window.
+ * Returns the index of the first entry it left to ConsumeQueue.put (len(entries) when none);
+ * the queues it wrote to have their max_offset and max_physical_end moved and are added to
+ * touched (a set).
+ */
+static PyObject *
+codec_cq_put_entries(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "cq_put_entries(entries, first, min_offset, queues, touched)");
+        return NULL;
+    }
+    long long first, min_offset;
+    if (int_arg(args[1], 0, PY_SSIZE_T_MAX, "first", &first) < 0
+        || int_arg(args[2], LLONG_MIN, LLONG_MAX, "min_offset", &min_offset) < 0)
+        return NULL;
+    PyObject *queues = args[3], *touched = args[4];
+    if (!PyDict_Check(queues) || !PySet_Check(touched)) {
+        PyErr_SetString(PyExc_TypeError, "queues must be a dict and touched a set");
+        return NULL;
+    }
+    PyObject *entries = PySequence_Fast(args[0], "entries must be a sequence");
+    if (entries == NULL)
+        return NULL;
+    CqState cache[CQ_CACHE];
+    int cached = 0, failed = 0;
+    Py_ssize_t i = (Py_ssize_t)first, n = PySequence_Fast_GET_SIZE(entries);
+    for (; i < n; i++) {
+        PyObject *entry = PySequence_Fast_GET_ITEM(entries, i);
+        long long fields[5];  /* queue_id, queue_offset, commit_log_offset, size, tags_code */
+        PyObject *topic = PyObject_GetAttr(entry, cq_names[CQN_TOPIC]);
+        if (topic == NULL) {
+            failed = 1;
+            break;
+        }
+        int bad = !PyUnicode_Check(topic);
+        for (int f = 0; f < 5 && !bad; f++)
+            bad = cq_long_attr(entry, cq_names[CQN_QUEUE_ID + f], &fields[f]) < 0;
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "an entry's topic must be a str");
+            Py_DECREF(topic);
+            failed = 1;
+            break;
+        }
+        long long queue_id = fields[0], queue_offset = fields[1], clo = fields[2], size = fields[3];
+        if (clo < min_offset) {
+            Py_DECREF(topic);
+            continue;
+        }
+        CqState *st = NULL;
+        for (int c = 0; c < cached && st == NULL; c++) {
+            if (cache[c].queue_id == queue_id && (cache[c].topic == topic
+                                                  || PyUnicode_Compare(cache[c].topic, topic) == 0))
+                st = &cache[c];
+        }
+        if (st == NULL && cached < CQ_CACHE) {
+            PyObject *key = Py_BuildValue("(OL)", topic, queue_id);
+            PyObject *cq = key ? PyDict_GetItemWithError(queues, key) : NULL;  /* borrowed */
+            Py_XDECREF(key);
+            if (cq != NULL) {
+                if (cq_state_load(&cache[cached], cq, topic, queue_id) < 0) {
+                    cached++;  /* released below */
+                    Py_DECREF(topic);
+                    failed = 1;
+                    break;
+                }
+                st = &cache[cached++];
+            } else if (PyErr_Occurred()) {
+                Py_DECREF(topic);
+                failed = 1;
+                break;
+            }
+        }
+        Py_DECREF(topic);
+        long long at = queue_offset * CQ_UNIT_BYTES;
+        if (st == NULL || !st->has_window || queue_offset != st->max_offset || clo + size <= st->max_physical_end
+            || at < st->window_start || at + CQ_UNIT_BYTES > st->window_end || size < 0 || size > INT32_MAX)
+            break;  /* ConsumeQueue.put's */
+        uint8_t *unit = (uint8_t *)st->window.buf + (at - st->window_start);
+        store_u64(unit, (uint64_t)clo);
+        store_u32(unit + 8, (uint32_t)size);
+        store_u64(unit + 12, (uint64_t)fields[4]);
+        st->max_offset = queue_offset + 1;
+        st->max_physical_end = clo + size;
+        st->wrote = 1;
+    }
+    for (int c = 0; c < cached; c++) {
+        if (failed) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            cq_state_store(&cache[c], touched);  /* the units written stay counted */
+            PyErr_Restore(type, value, traceback);
+        } else if (cq_state_store(&cache[c], touched) < 0) {
+            failed = 1;
+        }
+    }
+    Py_DECREF(entries);
+    return failed ? NULL : PyLong_FromSsize_t(i);
+}
+
 /* index_header(buf): the six header fields, the count loaded with acquire first. */
 static PyObject *
 codec_index_header(PyObject *Py_UNUSED(module), PyObject *buffer)
@@ -1916,7 +2114,7 @@ done:
  * fixarray/array16/array32 and dicts as fixmap/map16/map32.
  */
 
-enum { CQ_UNIT_BYTES = 20, BLANK_UNIT_SIZE = 0x7FFFFFFF };
+enum { BLANK_UNIT_SIZE = 0x7FFFFFFF };  /* CQ_UNIT_BYTES: cq_put_entries */
 
 static inline uint8_t *
 mp_int(uint8_t *w, int64_t v)
@@ -3231,6 +3429,9 @@ static PyMethodDef codec_methods[] = {
      "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
+    {"cq_put_entries", (PyCFunction)(void (*)(void))codec_cq_put_entries, METH_FASTCALL,
+     "cq_put_entries(entries, first, min_offset, queues, touched) -> int: ConsumeQueue.put for the entries "
+     "that are their queue's next unit in its window; the index of the first left to it"},
     {"index_put_records", (PyCFunction)(void (*)(void))codec_index_put_records, METH_FASTCALL,
      "index_put_records(buf, hash_slot_count, index_count_max, entries, entry, key, min_offset) -> (entry, key): "
      "index_put_keys for the records from entries[entry].keys[key:], while the file has room"},
@@ -3287,6 +3488,15 @@ PyInit__codec(void)
     for (int i = 0; i < 4; i++)
         if (entry_names[i] == NULL && (entry_names[i] = PyUnicode_InternFromString(entry_fields[i])) == NULL)
             return NULL;
+    static const char *const cq_fields[9] = {"topic", "queue_id", "queue_offset", "commit_log_offset", "size",
+                                             "tags_code", "max_offset", "max_physical_end", "window"};
+    for (int i = 0; i < 9; i++)
+        if (cq_names[i] == NULL && (cq_names[i] = PyUnicode_InternFromString(cq_fields[i])) == NULL)
+            return NULL;
+    if (window_start_name == NULL && (window_start_name = PyUnicode_InternFromString("window_start")) == NULL)
+        return NULL;
+    if (window_end_name == NULL && (window_end_name = PyUnicode_InternFromString("window_end")) == NULL)
+        return NULL;
     if (intern_writer_names() < 0)
         return NULL;
     PyObject *module = PyModule_Create(&codec_module);

@@ -29,6 +29,7 @@ scan_dispatch = _impl.scan_dispatch
 read_view = _impl.read_view
 index_put_keys = _impl.index_put_keys
 index_put_records = _impl.index_put_records
+cq_put_entries = _impl.cq_put_entries
 index_header = _impl.index_header
 index_select = _impl.index_select
 pull_run = _impl.pull_run

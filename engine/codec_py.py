@@ -250,6 +250,30 @@ def index_put_records(buf: WriteBuffer, hash_slot_count: int, index_count_max: i
     return entry, key if entry < len(entries) else 0
 
 
+def cq_put_entries(entries: Sequence[Any], first: int, min_offset: int, queues: Mapping[tuple[str, int], Any],
+                   touched: set[Any]) -> int:
+    """``ConsumeQueue.put`` for ``entries[first:]`` (``DispatchEntry``s), records below
+    ``min_offset`` skipped, while each is the next unit of a queue of ``queues`` and lies in its
+    window (``ConsumeQueue.window``, ``window_start``, ``window_end``: reserved, counted for the
+    next flush). Returns the index of the first entry left to ``ConsumeQueue.put`` (a new queue
+    or file, a gap, a replay); the queues written to have ``max_offset`` and ``max_physical_end``
+    moved and are added to ``touched``."""
+    for i in range(first, len(entries)):
+        entry = entries[i]
+        if entry.commit_log_offset < min_offset:
+            continue
+        cq = queues.get((entry.topic, entry.queue_id))
+        at = entry.queue_offset * CQ_UNIT.size
+        if cq is None or cq.window is None or cq.window.closed or entry.queue_offset != cq.max_offset \
+                or entry.commit_log_offset + entry.size <= cq.max_physical_end \
+                or not cq.window_start <= at <= cq.window_end - CQ_UNIT.size or not 0 <= entry.size <= 0x7FFFFFFF:
+            return i
+        CQ_UNIT.pack_into(cq.window, at - cq.window_start, entry.commit_log_offset, entry.size, entry.tags_code)
+        cq.max_offset, cq.max_physical_end = entry.queue_offset + 1, entry.commit_log_offset + entry.size
+        touched.add(cq)
+    return len(entries)
+
+
 def index_header(buf: ReadBuffer) -> tuple[int, int, int, int, int, int]:
     """The IndexFile header: begin ts, end ts, begin phy, end phy, slots used, count.
 

@@ -85,6 +85,12 @@ class ConsumeQueue:
         self.max_offset = 0  # number of units = next queue offset
         self.max_physical_end = 0
         self.unsynced_starts: set[int] = set()  # files written since take_unsynced
+        # The window: bytes [window_start, window_end) of the queue, in the newest file's mapping
+        # (window), reserved and in unsynced_starts, where the next units may be written without
+        # this object (codec.cq_put_entries: it moves max_offset and max_physical_end). Closed
+        # (window_end 0) by whatever else changes the files or what a flush covers.
+        self.window: mmap.mmap | None = None
+        self.window_start = self.window_end = 0
         self._load()
 
     def _load(self) -> None:
@@ -199,10 +205,16 @@ class ConsumeQueue:
         CQ_UNIT.pack_into(mapped.mm, byte_offset - start, commit_log_offset, size, tags_code)
         self.max_offset = queue_offset + 1
         self.unsynced_starts.add(start)
+        self.window, self.window_start = mapped.mm, start
+        self.window_end = start + min(mapped.reserved_bytes, mapped.size_bytes)
+
+    def _close_window(self) -> None:
+        self.window, self.window_end = None, 0
 
     def take_unsynced(self) -> list[Path]:
         """The files written since the last call: what the next flush must cover."""
         starts, self.unsynced_starts = self.unsynced_starts, set()
+        self._close_window()  # its file must be counted again by the next write
         return [self.files.directory / offset_to_file_name(start) for start in sorted(starts)]
 
     def overwrite(self, queue_offset: int, commit_log_offset: int, size: int, tags_code: int) -> None:
@@ -220,6 +232,7 @@ class ConsumeQueue:
         then move ``min_offset`` to the first unit at or above it (ConsumeQueue#correctMinOffset).
         Returns how many files were deleted."""
         deleted = 0
+        self._close_window()
         self.files.refresh()
         for start in self.files.known[:-1]:
             last_unit = self.get(min(self.max_offset, (start + self.file_bytes) // CQ_UNIT_BYTES) - 1)
@@ -255,6 +268,7 @@ class ConsumeQueue:
         The files zeroed are flushed with the next units (``take_unsynced``): the units dropped
         may be on disk already, and a power cut must not bring them back."""
         queue_offset = max(queue_offset, self.min_offset)
+        self._close_window()
         for offset in range(queue_offset, self.max_offset):
             byte_offset = offset * CQ_UNIT_BYTES
             mapped = self.files.find(byte_offset)
@@ -269,6 +283,7 @@ class ConsumeQueue:
             mapped.flush()
 
     def close(self) -> None:
+        self._close_window()
         self.files.close()
 
 
