@@ -15,6 +15,8 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,12 +168,23 @@ index.flush()
 """
 
 
-def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_writer_appends(tmp_path: Path) -> None:
-    keys = 19_000
-    writer = subprocess.Popen([sys.executable, "-c", WRITER.format(slots=SLOTS, items=ITEMS), str(tmp_path),
-                               str(keys)], cwd=REPO, stdout=subprocess.PIPE)
+@contextmanager
+def writing(script: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``script`` in a process of its own, once it printed "started"; killed if still running at the end."""
+    writer = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, stdout=subprocess.PIPE)
     try:
         assert writer.stdout is not None and writer.stdout.readline() == b"started\n"
+        yield writer
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        writer.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_writer_appends(tmp_path: Path) -> None:
+    keys = 19_000
+    with writing(WRITER.format(slots=SLOTS, items=ITEMS), str(tmp_path), str(keys)) as writer:
         reader = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=ITEMS, writable=False)
         rng = random.Random(7)
         checked = while_writing = 0
@@ -193,18 +206,13 @@ def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_wri
         assert writer.wait(30) == 0
         assert checked >= 2_000 and while_writing >= 100, (checked, while_writing)
         reader.close()
-    finally:
-        if writer.poll() is None:
-            writer.kill()
-            writer.wait()
-        writer.stdout.close()  # type: ignore[union-attr]
 
 
 BATCH_WRITER = """
 import sys
 from pathlib import Path
 from engine.ipc.messages import DispatchEntry
-from engine.store.index_file import IndexFile, IndexService
+from engine.store.index_file import IndexService
 index = IndexService(Path(sys.argv[1]), hash_slot_count={slots}, index_count_max={items}, writable=True)
 print("started", flush=True)
 for first in range(0, {records}, 1000):  # the index builder's way: a DispatchBatch's entries in one call
@@ -220,25 +228,16 @@ def test_a_batch_put_killed_midway_leaves_the_items_the_record_by_record_path_wr
     byte for byte the record-by-record Python path's (``codec_py.index_put_keys``) stopped after as
     many items, and the restart goes on from the record the header names."""
     records, items = 20_000, 60_000
-    rng = random.Random()
-    writer = subprocess.Popen([sys.executable, "-c", BATCH_WRITER.format(slots=SLOTS, items=items, records=records),
-                               str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE)
-    try:
-        assert writer.stdout is not None and writer.stdout.readline() == b"started\n"
+    with writing(BATCH_WRITER.format(slots=SLOTS, items=items, records=records), str(tmp_path)) as writer:
         reader = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=items, writable=False)
-        target, deadline = rng.randrange(10, records), time.monotonic() + 60
+        target, deadline = random.randrange(10, records), time.monotonic() + 60  # a new moment each run
         while writer.poll() is None:  # until the writer has put about `target` items
             assert time.monotonic() < deadline
             reader.follow_writer()
             if reader.file_count and reader.newest().index_count > target:
                 writer.kill()
-        assert writer.wait(30) == -9, "killed before it put every record"
+        assert writer.wait(30) == -9, f"killed before it put every record (about {target} items)"
         reader.close()
-    finally:
-        if writer.poll() is None:
-            writer.kill()
-            writer.wait()
-        writer.stdout.close()  # type: ignore[union-attr]
     killed = IndexService(tmp_path, hash_slot_count=SLOTS, index_count_max=items, writable=True)  # repairs
     counted = killed.newest().index_count
     assert counted > 1
