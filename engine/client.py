@@ -22,8 +22,11 @@ socket): with it, the actors that make the answers (the writer for a send, an ow
 answer the client directly, past the front, once its socket is connected to them too
 (``engine/ipc/direct_replies.py``). The client learns where they listen from the ``route``
 answer it asks for beside its first request, and connects to them in the background; until then,
-and whenever one is down, answers come through the front. ``direct_replies=False`` keeps to the
-front alone.
+and whenever one is down, answers come through the front. Once connected to the writer's port
+(the ``route`` answer's ``send_endpoint``), sends go straight there: the writer checks them as the
+front would and answers, one engine process crossed instead of two; a send the writer does not
+decide (a topic it does not know yet, say) comes back ROUTE_VIA_FRONT, nothing stored, and is sent
+again to the front, unseen by the caller. ``direct_replies=False`` keeps to the front alone.
 """
 
 from __future__ import annotations
@@ -204,6 +207,8 @@ class StoreClient:
         self._monitor: zmq.Socket[bytes] | None = None
         self._refused_since: float | None = None  # monotonic time of the first refusal since a connection
         self._direct: list[str] = []  # the endpoints this socket connected to for direct answers
+        self._send_peer: bytes | None = None  # the connection to the writer's port, which takes sends
+        self._straight: dict[int, bytes] = {}  # sends made straight to the writer, unanswered: id -> frame
         self._route_asked = False
         self._socket = self._connect()
 
@@ -227,6 +232,8 @@ class StoreClient:
         sock.setsockopt(zmq.CONNECT_ROUTING_ID, _FRONT)  # the connection's queue exists from now: sends wait in it
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
         self._direct = []
+        self._send_peer = None
+        self._straight = {}
         self._route_asked = not self.direct_replies
         return sock
 
@@ -241,6 +248,9 @@ class StoreClient:
                 except zmq.ZMQError:  # an endpoint this host cannot reach: its answers come through the front
                     continue
                 self._direct.append(endpoint)
+        send_endpoint = route.get("send_endpoint") if route.get("ok") else None
+        if isinstance(send_endpoint, str) and send_endpoint in self._direct:
+            self._send_peer = b"d%d" % self._direct.index(send_endpoint)
 
     def _send_frame(self, frame: bytes) -> None:
         """``frame`` to the front; beside the first request, the ``route`` that names the direct endpoints."""
@@ -249,13 +259,35 @@ class StoreClient:
             self._socket.send_multipart([_FRONT, encode_request("route", _ROUTE_REQUEST_ID, {})])
         self._socket.send_multipart([_FRONT, frame])
 
+    def _submit(self, op: str, request_id: int, frame: bytes) -> None:
+        """``frame`` to the writer's port if it is a send and that connection is up (ZeroMQ's
+        ROUTER_MANDATORY refuses it at once otherwise, as a full queue), else to the front."""
+        if op == "send" and self._send_peer is not None:
+            try:
+                self._socket.send_multipart([self._send_peer, frame], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            else:
+                self._straight[request_id] = frame
+                return
+        self._send_frame(frame)
+
     def _take(self, flags: int = 0) -> dict[str, Any] | None:
         """The next reply on the socket, from the front or an actor; None for the ``route`` asked for
-        direct answers (taken here). ``zmq.Again`` with NOBLOCK when none is there."""
+        direct answers (taken here), and for a send the writer passed back (ROUTE_VIA_FRONT: sent
+        again to the front here). ``zmq.Again`` with NOBLOCK when none is there."""
         reply: dict[str, Any] = _decoder.decode(self._socket.recv_multipart(flags)[-1])  # a msgpack map
-        if isinstance(reply, dict) and reply.get("id") == _ROUTE_REQUEST_ID:
+        if not isinstance(reply, dict):
+            return reply
+        request_id = reply.get("id")
+        if request_id == _ROUTE_REQUEST_ID:
             self._connect_direct(reply)
             return None
+        if self._straight and isinstance(request_id, int) and request_id in self._straight:
+            frame = self._straight.pop(request_id)
+            if not reply.get("ok") and (reply.get("error") or {}).get("code") == ErrorCode.ROUTE_VIA_FRONT:
+                self._send_frame(frame)  # nothing was stored: the front routes it
+                return None
         return reply
 
     def _reconnect(self) -> None:
@@ -342,7 +374,7 @@ class StoreClient:
         """Send one request and wait for its reply; raise EngineError if the engine refused it."""
         request_id = next(self._ids)
         self._disconnected()  # what an earlier connection went through does not concern this request
-        self._send_frame(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
+        self._submit(op, request_id, encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         deadline = time.monotonic() + (self.timeout_ms if timeout_ms is None else timeout_ms) / 1000
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)

@@ -57,6 +57,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # The writer and the owners answer a client that asks (StoreClient) straight, past the front:
     # each binds a port of its own on the front's host (engine/ipc/direct_replies.py).
     direct_replies_enabled: bool = True
+    # ... and the writer takes sends straight from such a client (client -> writer -> client), checked
+    # over the topic table the front saved (engine/services/writer/direct_sends.py); off with acl_enabled.
+    direct_sends_enabled: bool = True
     # Host and port written into STOREHOST and message ids.
     store_host: str = "127.0.0.1"
     store_port: int = 10911
@@ -214,6 +217,9 @@ class StoreConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     flush_consume_queue_interval_ms: int = 1_000
     checkpoint_interval_ms: int = 1_000
     sync_flush_timeout_ms: int = 5_000
+    # SYNC_FLUSH: the writer syncs a run of sends in its own loop, without waking its flush thread,
+    # when that thread is idle and the last wait for a sync took at most this long (-1: always the thread).
+    writer_sync_in_loop_ms_max: int = 2
 
     # Retention (RocketMQ: 72 h, "04", 75 % / 85 % / 90 %, every 10 s).
     file_reserved_time_hours: float = 72.0
@@ -521,6 +527,7 @@ _MINIMUMS: dict[str, int] = {
     "replication_heartbeat_timeout_ms": 1,
     "flush_interval_ms": 1, "flush_least_pages": 0, "flush_thorough_interval_ms": 0,
     "flush_consume_queue_interval_ms": 1, "checkpoint_interval_ms": 1, "sync_flush_timeout_ms": 1,
+    "writer_sync_in_loop_ms_max": -1,
     "clean_resource_interval_ms": 1, "delete_segment_count_max": 0,  # 0: no segment is deleted
     "send_queue_wait_ms_max": 0, "writer_queue_requests_max": 1,
     "consume_queue_owner_count": 1, "dispatch_batch_records_max": 1, "dispatch_batches_per_turn_max": 1,

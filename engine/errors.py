@@ -74,6 +74,7 @@ class ErrorCode(enum.IntEnum):
     SLAVE_NOT_AVAILABLE = 28  # SYNC replication with fewer than min_in_sync_replicas in sync: nothing was stored
     UNAUTHENTICATED = 29  # acl_enabled: the client is no user of the ACL (its CURVE key, or signature); nothing done
     FORBIDDEN = 30  # acl_enabled: the user's policies do not allow this action on this resource; nothing done
+    ROUTE_VIA_FRONT = 31  # a send made straight to the writer that the front must route: nothing stored
 
 
 class RequestError(Exception):

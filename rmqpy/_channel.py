@@ -89,7 +89,7 @@ class Channel(StoreClient):
 
     def _send(self, op: str, fields: dict[str, Any]) -> int:
         request_id = next(self._ids)
-        self._send_frame(encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
+        self._submit(op, request_id, encode_request(op, request_id, fields, frame_bytes_max=self.frame_bytes_max))
         return request_id
 
     def _keep(self, reply: dict[str, Any]) -> None:

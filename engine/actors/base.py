@@ -281,6 +281,11 @@ class Actor:
         """The channel of its answers straight to clients (``channels.replies``), when it opens one."""
         return channels.replies(self.env.name) if self.answers_directly and self.config.direct_replies_enabled else None
 
+    def takes_direct_requests(self) -> bool:
+        """Whether clients send requests on its direct channel too (the writer: sends), each handed to
+        its ``ClientFrame`` handler; otherwise what a client sends there is dropped."""
+        return False
+
     def handlers(self) -> dict[type, Handler]:
         """The handler of each type of message the actor takes (orders of ``Routed`` requests,
         ``Answered``, publications, ``ClientFrame``): a message of another type is a bug of the
@@ -438,9 +443,10 @@ class Runtime:
         channel = channels.replies(self.env.name)
         assert channel.opened_by(self.env.name, bind=True), f"{self.env.name} may not open {channel.name}"
         cfg = self.env.config
-        # A client sends nothing here: one that sends more than a few bytes is cut off by ZeroMQ.
+        takes = self.actor.takes_direct_requests()
+        # Without requests taken here, a client sends nothing: one that sends more than a few bytes is cut off.
         sock = endpoints.configure(self.zctx.socket(zmq.ROUTER), hwm=cfg.socket_hwm_messages,
-                                   max_message_bytes=_DIRECT_MESSAGE_BYTES_MAX)
+                                   max_message_bytes=cfg.client_frame_bytes_max if takes else _DIRECT_MESSAGE_BYTES_MAX)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a client not connected here: told at once, not dropped
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its id takes its id over
         if cfg.curve_enabled:
@@ -448,9 +454,14 @@ class Runtime:
         endpoints.allow_ipv6(sock, cfg.endpoint)
         own = direct_replies.ports_of(cfg.endpoint, cfg.grpc_endpoint, cfg.metrics_endpoint, cfg.dashboard_endpoint,
                                       cfg.replication_endpoint)  # the engine's other listeners, maybe not bound yet
-        direct_replies.bind(sock, cfg.endpoint, self.env.run_dir, self.env.name, own)
+        endpoint = direct_replies.bind(sock, cfg.endpoint, self.env.run_dir, self.env.name, own)
         self.direct = sock
-        self.readers[sock] = lambda: self.on_direct_readable(sock)
+        if takes:  # each request with its sender's IP, the born host of what it sends
+            port = Port(channel, bind=True, address=endpoint, peer_address=True)
+            self.sockets[channel] = sock
+            self.readers[sock] = lambda: self.on_readable_from(port, sock)
+        else:
+            self.readers[sock] = lambda: self.on_direct_readable(sock)
 
     def on_direct_readable(self, sock: zmq.Socket[bytes]) -> None:
         """A client sends nothing on the direct channel: what one sends is dropped."""
@@ -472,10 +483,22 @@ class Runtime:
             return False
         return True
 
+    def answer_on_direct(self, reply: Reply) -> None:
+        """The answer to a request a client made on the direct channel: dropped when the client is
+        gone (EHOSTUNREACH) or reads nothing (its queue full, EAGAIN), never waited for."""
+        assert self.direct is not None
+        try:
+            send_frames(self.direct, wire.reply_frames(*reply), _NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("an answer to a client on the direct channel was dropped: %s", exc)
+
     def carry_out(self, out: Effects) -> None:
         for effect in out:
             if isinstance(effect, Reply):
                 if self.direct is not None and self.answered_directly(effect):
+                    continue
+                if self.direct is not None and self.sockets.get(effect.origin.channel) is self.direct:
+                    self.answer_on_direct(effect)
                     continue
                 send_frames(self.sockets[effect.origin.channel], wire.reply_frames(*effect))
             elif isinstance(effect, Publish):
@@ -673,6 +696,9 @@ class Runtime:
         send_heartbeat(heartbeat, actor.env.name, actor.lifecycle, actor.detail(), actor.condition())
         for channel in actor.drain_at_stop:
             self.drain(self.sockets[channel])
+        direct = actor.direct_channel()
+        if direct is not None and direct in self.sockets:  # requests made on it: refused as the others
+            self.drain(self.sockets[direct])
         actor.shutdown(out)
         self.carry_out(out)
         if self.curve is not None:

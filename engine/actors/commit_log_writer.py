@@ -10,6 +10,11 @@ It also decides where a topic deletion falls in the log (``delete_topic``,
 see ``engine/store/deleted_topics.py``): the front forwards the request here so
 that every send routed before it lies below the deletion offset.
 
+A client that knows the route may send straight to the writer's own port (``replies-writer``,
+``direct_sends_enabled``): the writer checks such a send as the front would, over the topic table
+the front saved, and chooses its queue (``engine/services/writer/direct_sends.py``); what only
+the front decides is passed back to the client (ROUTE_VIA_FRONT, nothing stored).
+
 Under ASYNC_FLUSH a send is answered once its records are in the mapping (the
 flusher flushes the log on its interval).
 Under SYNC_FLUSH the writer syncs its own appends: after each run of sends its
@@ -40,7 +45,7 @@ from engine.actors.base import Actor, Env, Handler, Port, main
 from engine.actors.effects import Effects
 from engine.errors import ErrorCode, PutStatus, RequestError
 from engine.ipc import channels, endpoints
-from engine.ipc.channels import Channel
+from engine.ipc.channels import Channel, ClientFrame
 from engine.ipc.endpoints import CRASH_START_FILE, REPLICA_APPEND_LOCK
 from engine.ipc.messages import (
     Append,
@@ -57,6 +62,7 @@ from engine.ipc.protocol import (
     DeleteTopicRequest,
     SendRequest,
     decode_as,
+    decode_envelope,
     encode_error,
     encode_reply,
     encode_stopping,
@@ -68,6 +74,7 @@ from engine.logs import event
 from engine.metrics.report import Figures, Histogram, per_queue
 from engine.services.recovery import plan_commit_log_recovery
 from engine.services.writer.deletion_records import DeletionRecords
+from engine.services.writer.direct_sends import DirectSends
 from engine.services.writer.log_appends import LogAppends
 from engine.services.writer.retention_rounds import RetentionRounds
 from engine.services.writer.sync_acks import OwnSync, PendingAck, SyncAcks
@@ -116,6 +123,7 @@ class CommitLogWriterActor(Actor):
         self.appends = LogAppends(self.log, env.store_dir, cfg, store_host=self.store_host,
                                   uniq_keys=UniqKeys(self.store_host, env.process_id))
         self.deletions = DeletionRecords(env.store_dir, env.slots)
+        self.direct_sends = DirectSends(env.run_dir, env.slots, cfg)
         self.retention = RetentionRounds(self.log, env.store_dir, cfg, background=env.background)
         self.acks = SyncAcks()
         self.min_offset = 0
@@ -149,7 +157,11 @@ class CommitLogWriterActor(Actor):
 
     def handlers(self) -> dict[type, Handler]:
         return {Append: self.send, DeleteTopic: self.delete_topic, ReplicaAppend: self.replica_append,
-                ReplicaDeletions: self.replica_deletions, Wake: self.on_flushed, FlushFailed: self.on_flush_failed}
+                ReplicaDeletions: self.replica_deletions, Wake: self.on_flushed, FlushFailed: self.on_flush_failed,
+                ClientFrame: self.direct_send}
+
+    def takes_direct_requests(self) -> bool:
+        return self.config.direct_sends_enabled
 
     def recover(self, out: Effects) -> None:
         unclean = crash_start_kind(self.env.run_dir / CRASH_START_FILE)
@@ -197,13 +209,14 @@ class CommitLogWriterActor(Actor):
     def drained(self, channel: Channel, out: Effects) -> None:
         """After the queued requests: one write of the deletion table, one wake-up for all of them
         (a PUB send wakes the dispatcher and the flusher, and one wake covers a run of batches)."""
-        if channel is not channels.WRITER:
+        if channel is not channels.WRITER and channel is not self.direct_channel():
             return
         if self.deletions.unsaved:
             self.save_deletions(out)
         if self.own_sync is not None:  # readers wait for the sync: the wake-up comes with it (``on_thread_wake``)
-            self.own_sync.request(self.log.written_offset)
             self.announce_due = False
+            if self.own_sync.request(self.log.written_offset, in_loop_ms_max=self.config.writer_sync_in_loop_ms_max):
+                self.on_thread_wake(out)  # synced here, in the loop: what the thread's wake-up would do
         elif self.announce_due:
             self.publish_offsets(out)
 
@@ -248,6 +261,19 @@ class CommitLogWriterActor(Actor):
             self.send_latency.observe((now_ms - route.received_ms) / 1000)
         results = stored.results(self.msg_id_prefix, PutStatus.PUT_OK)
         out.reply(reply_to, encode_reply(request.id, results=results, epoch=self.slots.get(EPOCH)))
+
+    def direct_send(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
+        """A send a client made straight to this port: checked and given its queue here
+        (``DirectSends``), then appended as one the front routed; ROUTE_VIA_FRONT when only
+        the front can decide (nothing stored)."""
+        assert inbound.origin is not None
+        now_ms = self.clock.mono_ms()
+        try:
+            queue_id = self.direct_sends.queue_of(decode_envelope(inbound.payload), now_ms)
+        except RequestError as exc:
+            out.reply(inbound.origin, encode_error(safe_request_id(inbound.payload), exc.code, exc.message))
+            return
+        self.send(Append(queue_id, now_ms, False, inbound.peer_ip), inbound, out)
 
     def replica_append(self, order: ReplicaAppend, inbound: Inbound, out: Effects) -> None:
         """A replica's append of its master's log bytes (``LogAppends.append_replicated``), answered
@@ -307,8 +333,8 @@ class CommitLogWriterActor(Actor):
         elif isinstance(body, DeleteTopic):
             topic = decode_as(DeleteTopicRequest, inbound.payload).topic  # the front decoded it before forwarding
             out.reply(inbound.origin, encode_stopping(inbound.payload), TopicDeletion(topic, recorded=False))
-        else:
-            assert isinstance(body, Append), type(body).__name__
+        else:  # a send, routed by the front or made straight to this port
+            assert isinstance(body, Append | ClientFrame), type(body).__name__
             out.reply(inbound.origin, encode_stopping(inbound.payload))
 
     def answer_waiting_sends(self, out: Effects) -> None:
@@ -344,6 +370,7 @@ class CommitLogWriterActor(Actor):
         request = decode_as(DeleteTopicRequest, inbound.payload)  # the front decoded it before forwarding
         assert inbound.origin is not None
         self.deletions.record(inbound.origin, request.id, request.topic, self.log.written_offset)
+        self.direct_sends.deleted(request.topic)
 
     def save_deletions(self, out: Effects) -> None:
         """Group commit of the deletion table (``DeletionRecords.save``), then every answer, each with a
@@ -428,6 +455,7 @@ class CommitLogWriterActor(Actor):
         return {"written_offset": self.log.written_offset, "confirmed_offset": self.confirmed_offset,
                 "queues": len(self.appends.next_queue_offset), "pending_sync_acks": len(self.acks),
                 "busy_refusals": self.busy_refusals, "retention_rounds": retention.rounds,
+                "direct_sends": self.direct_sends.taken, "direct_sends_passed_on": self.direct_sends.passed_on,
                 "forced_deleted_segments": retention.forced_deleted_segments,
                 "forced_deleted_messages": retention.forced_deleted_messages}
 

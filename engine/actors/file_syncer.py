@@ -85,6 +85,34 @@ class FileSyncer:
             if self._stop:
                 return
 
+    def sync_here(self, durable_offset: int) -> bool:
+        """Sync the marked files in the caller's thread and report ``durable_offset``, when the thread
+        has nothing to do (True); False, nothing done, while it syncs or has work waiting: then
+        ``request``. For an actor whose loop would only wait for this sync anyway (the writer with
+        one run of sends to make durable), it saves the hand-over to the thread and the wake-up back."""
+        with self._lock:
+            if self._pending is not None or not self._idle.is_set():
+                return False
+            paths, self.dirty = self.dirty, set()
+        reasons: list[str] = []
+        failed = [path for path in sorted(paths) if not _fdatasync(path, reasons)]
+        if failed and self.on_failure is not None:
+            self.close_after_failure()
+            self.on_failure(reasons[0])
+        elif failed:
+            with self._lock:
+                self.dirty.update(failed)
+        else:
+            self.on_durable(durable_offset)
+        return True
+
+    def close_after_failure(self) -> None:
+        """A failed flush told to ``on_failure``: the thread takes no more work, as after its own."""
+        self._stop = True
+        with self._lock:
+            self._pending = None
+        self._wake.set()
+
     def flush_now(self, durable_offset: int, *, timeout_s: float = 5.0) -> None:
         """Request a flush and wait until it is done (at shutdown and after recovery)."""
         self.request(durable_offset)

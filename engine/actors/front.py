@@ -109,6 +109,7 @@ from engine.services.front.topic_deletions import PendingDeletion, TopicDeletion
 from engine.services.front.topic_rules import TopicRules
 from engine.services.pop.fan_out import PopFanOut, PopOrder
 from engine.store.records import owner_of
+from engine.store.send_routes import RoutesPublisher
 from engine.store.shared_offsets import LEASE_DEADLINE, MIN_OFFSET, TOPIC_DELETIONS
 
 log = logging.getLogger(__name__)
@@ -155,6 +156,7 @@ class FrontActor(Actor):
         super().__init__(env)
         self.deletions = TopicDeletions()  # forwarded to the writer, not yet answered
         self.topics = TopicRules(env.store_dir, env.config, self.deletions)
+        self.send_routes = RoutesPublisher(env.run_dir, env.slots)  # the table as the writer checks sends
         self.groups = ConsumerGroups(env.store_dir, env.config, self.clock.mono_ms())
         self.owner_count = env.config.consume_queue_owner_count
         self.owners = [channels.owner(k) for k in range(self.owner_count)]
@@ -203,6 +205,19 @@ class FrontActor(Actor):
 
     def recover(self, out: Effects) -> None:
         self.topics.add_system_topics()
+        self.publish_routes()
+
+    def publish_routes(self) -> None:
+        """The saved table, for the writer's checks of the sends made straight to it
+        (``engine/store/send_routes.py``). A file that cannot be written leaves the writer the
+        version before: never more permissive (queues only grow, and a deletion the writer
+        recorded stops the sends it takes for that topic), only slower (it passes on sends to
+        the topics it does not know)."""
+        try:
+            self.send_routes.publish(self.topics.table.topics)
+        except OSError as exc:
+            log.error("cannot write the send routes for the writer: %s (sends to new topics go through "
+                      "the front)", exc)
 
     def on_request(self, _frame: ClientFrame, inbound: Inbound, out: Effects) -> None:
         assert inbound.origin is not None
@@ -222,6 +237,7 @@ class FrontActor(Actor):
             refusal = self.topics.save()
             if refusal is None:
                 self.groups.persist()  # a deletion's dropped offsets go to disk with the table
+                self.publish_routes()
         if refusal is None and self.lifecycle is Lifecycle.STOPPING:
             refusal = RequestError(ErrorCode.SERVICE_NOT_AVAILABLE, STOPPING_MESSAGE)
         replies, self.held_replies = self.held_replies, []
@@ -272,6 +288,7 @@ class FrontActor(Actor):
                 return
             if note.recorded:  # the topic and its groups' offsets go, announced once the table is saved
                 self.topics.forget(note.topic)
+                self.send_routes.forget(note.topic)
                 groups = self.groups.forget_topic(note.topic)
                 log.info("topic %r deleted (%d consumer groups' offsets dropped)", note.topic, groups)
                 self.held_replies.append(relay)
@@ -336,7 +353,7 @@ class FrontActor(Actor):
         own = cfg.advertised_endpoint
         answer: dict[str, object] = {"cluster_name": cfg.cluster_name, "broker_name": cfg.broker_name,
                                      "broker_id": cfg.broker_id, "endpoint": own, "elected": cfg.elected,
-                                     "reply_endpoints": self.reply_endpoints()}
+                                     "reply_endpoints": self.reply_endpoints(), "send_endpoint": self.send_endpoint()}
         role = Role.load(self.env.run_dir) if cfg.elected else None
         if role is not None:
             master = own if role.is_master else role.master_endpoint
@@ -354,6 +371,15 @@ class FrontActor(Actor):
             return []
         actors = ["writer", *(f"owner-{k}" for k in range(self.owner_count))]
         return direct_replies.advertised(self.config.endpoint, self.config.store_host, self.env.run_dir, actors)
+
+    def send_endpoint(self) -> str:
+        """Where the writer takes sends straight from clients (``direct_sends_enabled``); "" when it
+        takes none: every request is checked here (``acl_enabled``), or this engine is a replica."""
+        cfg = self.config
+        if not (cfg.direct_replies_enabled and cfg.direct_sends_enabled) or cfg.acl_enabled or cfg.is_replica:
+            return ""
+        found = direct_replies.advertised(cfg.endpoint, cfg.store_host, self.env.run_dir, ["writer"])
+        return found[0] if found else ""
 
     def topic_route(self, topic: str) -> list[dict[str, object]]:
         """The broker sets serving ``topic``: the cluster's routes, this engine's own table for its set."""
@@ -528,6 +554,7 @@ class FrontActor(Actor):
         if self.shipped is not None and self.shipped.changed():  # a replica: its master's files came
             self.topics = TopicRules(self.env.store_dir, self.config, self.deletions)
             self.groups = ConsumerGroups(self.env.store_dir, self.config, self.clock.mono_ms())
+            self.publish_routes()
 
     def shutdown(self, out: Effects) -> None:
         self.groups.persist()

@@ -39,6 +39,7 @@ _BY_ERROR = {
     ErrorCode.SLAVE_NOT_AVAILABLE: Code.SLAVE_PERSISTENCE_TIMEOUT,  # too few replicas in sync: nothing stored
     ErrorCode.UNAUTHENTICATED: Code.UNAUTHORIZED,
     ErrorCode.FORBIDDEN: Code.FORBIDDEN,
+    ErrorCode.ROUTE_VIA_FRONT: Code.INTERNAL_SERVER_ERROR,  # never reaches the endpoint: its client sends again
 }
 
 # A send whose record was stored but not flushed or replicated in time: RocketMQ's proxy

@@ -163,11 +163,12 @@ def owner(instance: int) -> Channel:
     return channel
 
 
-REPLIES = Channel("replies-<actor>", REQUEST, DIRECT_REPLIES_ENDPOINT, "writer, owner-<k>", ("client",), (),
-                  (ClientFrame,),
+REPLIES = Channel("replies-<actor>", REQUEST, DIRECT_REPLIES_ENDPOINT, "writer, owner-<k>", ("client",),
+                  (ClientFrame,), (ClientFrame,),
                   meaning="an actor's answers straight to a client connected to it under the routing id it gives "
-                          "the front (``direct_replies_enabled``, ``engine/ipc/direct_replies.py``); the client "
-                          "sends nothing here")
+                          "the front (``direct_replies_enabled``, ``engine/ipc/direct_replies.py``); the writer's "
+                          "also takes sends (``direct_sends_enabled``, ``engine/services/writer/direct_sends.py``), "
+                          "and the client sends nothing to the others")
 _replies: dict[str, Channel] = {}
 
 

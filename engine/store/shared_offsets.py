@@ -25,6 +25,8 @@ store): it describes the running engine, not the data.
     slot 528 epoch             broker membership (the broker set's epoch this engine serves in)
     slot 529 run over          supervisor (1 once this file's run is over: the engine stopped, or a
                                new start found it and made a new file; a reader that maps it reads afresh)
+    slot 530 send routes       front (the version of the run directory's ``send-routes`` file, stored once the
+                               file is in place: ``engine/store/send_routes.py``)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 OFFSETS_FILE = "offsets"
 SLOT = struct.Struct("=q")
 OWNERS_MAX = 256
-SLOT_COUNT = 8 + 2 * OWNERS_MAX + 10
+SLOT_COUNT = 8 + 2 * OWNERS_MAX + 11
 TOPIC_DELETIONS = 8 + 2 * OWNERS_MAX
 TIMERS_PENDING = TOPIC_DELETIONS + 1
 HALVES_PENDING = TOPIC_DELETIONS + 2
@@ -48,6 +50,7 @@ IN_SYNC_IDS = TOPIC_DELETIONS + 6
 IN_SYNC_PUBLISHED = TOPIC_DELETIONS + 7
 EPOCH = TOPIC_DELETIONS + 8
 RUN_OVER = TOPIC_DELETIONS + 9
+SEND_ROUTES = TOPIC_DELETIONS + 10
 WRITTEN, CONFIRMED, FLUSHED, DISPATCHED, INDEX_APPLIED, MIN_OFFSET, LAST_STORE_TIMESTAMP, INDEX_DURABLE = range(8)
 NAMES = {WRITTEN: "written_offset", CONFIRMED: "confirmed_offset", FLUSHED: "flushed_offset",
          DISPATCHED: "dispatched_offset", INDEX_APPLIED: "index_applied_offset", MIN_OFFSET: "min_offset",

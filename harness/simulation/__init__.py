@@ -192,7 +192,8 @@ def simulate(seed: int, plan: Plan | None = None, *, root: Path | None = None) -
                    "publications_lost": world.network.publications_lost, "acked": workload.acked,
                    "pulled": workload.pulled, "local_pulled": workload.local_pulled, "popped": workload.popped,
                    "pop_acked": workload.pop_acked, "topic_deletions": workload.deletions,
-                   "direct_answers": workload.direct_answers}
+                   "direct_answers": workload.direct_answers, "straight_sends": workload.straight_sends,
+                   "passed_back": workload.passed_back}
         return Outcome(seed, flush_mode, found, figures, counts.trace, plan)
     finally:
         quiet.level = level

@@ -19,7 +19,9 @@ A client may also connect to the actors that answer it past the front (their ``r
 ROUTERs, ``engine/ipc/direct_replies.py``): ``connect`` names the endpoints, ``rejoin`` is
 ZeroMQ's reconnection (each one whose actor is up again joins), and an actor's death breaks its
 joins. An answer ``wire.direct_frames`` lets go past the front reaches a client joined at the
-actor's endpoint straight; any other goes through the front, as ROUTER_MANDATORY makes it.
+actor's endpoint straight; any other goes through the front, as ROUTER_MANDATORY makes it. A
+client joined at the writer's endpoint may send there too (``to_actor``: a send straight to the
+writer, ``engine/services/writer/direct_sends.py``), and the writer answers on that ROUTER.
 """
 
 from __future__ import annotations
@@ -141,6 +143,13 @@ class Network:
                     self.partitioned_drops += 1
                 else:
                     self.to_client(rest if rest[0] != b"" else rest[1:], sender)
+            elif channel is channels.replies(sender.rpartition("/")[2]):  # to a client that sent on it
+                if port.endpoint not in self.joined.get(frames[0], ()):
+                    pass  # the client's connection is gone: ROUTER_MANDATORY refuses, the runtime drops it
+                elif self.partitioned(sender, CLIENT):
+                    self.partitioned_drops += 1
+                else:
+                    self.to_client(rest, sender)
             elif identity in self.up:
                 dealer = next((p for p in self.ports[identity].values()
                                if p.kind == DEALER and p.endpoint == port.endpoint), None)
@@ -169,6 +178,17 @@ class Network:
             self.partitioned_drops += 1
         else:
             self.to_client([payload], sender)
+        return True
+
+    def to_actor(self, endpoint: str, client_id: bytes, frame: bytes) -> bool:
+        """A request straight to the actor bound at ``endpoint`` (the writer's ``replies`` ROUTER);
+        False, nothing sent, unless the client is joined there (ROUTER_MANDATORY) and not cut off."""
+        if endpoint not in self.joined.get(client_id, ()):
+            return False
+        peer = self.bound(endpoint, CLIENT)
+        if peer is None or self.partitioned(peer.actor, CLIENT):
+            return False
+        self.push(peer.actor, peer.port, CLIENT, [client_id, frame])
         return True
 
     def from_client(self, front: str, client_id: bytes, frame: bytes) -> bool:

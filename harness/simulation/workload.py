@@ -23,7 +23,11 @@ answers it) or, with ``direct``, one that chose its id as ``StoreClient`` does: 
 its requests ``DIRECT``, it asks for ``route`` beside its first request and connects to the
 ``reply_endpoints`` the answer names, and the writer and the owners answer it past the front
 whenever it is joined to them (``network.py``). Each answer is checked the same, whichever way
-it came; a request in flight when the front dies may still be answered straight.
+it came; a request in flight when the front dies may still be answered straight. Joined at the
+writer's ``send_endpoint``, it sends there (a send straight to the writer), and sends again to the
+front what the writer passes back (ROUTE_VIA_FRONT), as ``StoreClient`` does; except for a topic
+whose deletion answer was lost: only a send through the front tells that the deletion, if it was
+made, lies below it (the front's requests reach the writer in order), so those go to the front.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from engine import codec
+from engine.errors import ErrorCode
 from engine.ipc.protocol import SendMessage, encode_request
 from engine.local_reads import LocalReads
 from harness.simulation.network import Network
@@ -105,6 +110,10 @@ class Workload:
     route_asked: bool = False
     routed: bool = False  # the ``route`` answer came: the client connected to the endpoints it names
     direct_answers: int = 0
+    send_endpoint: str = ""  # the writer's port, from the ``route`` answer ("": sends go to the front)
+    straight: dict[int, bytes] = field(default_factory=dict)  # sends made straight to the writer: id -> frame
+    straight_sends: int = 0
+    passed_back: int = 0
 
     def __post_init__(self) -> None:
         self.network.to_client = self.on_reply
@@ -117,7 +126,13 @@ class Workload:
         if self.direct:
             self.join_direct()
         request_id = next(self.ids)
-        if self.network.from_client(self.front, self.client_id, encode_request(op, request_id, **fields)):
+        frame = encode_request(op, request_id, **fields)
+        if op == "send" and self.send_endpoint and fields.get("topic") not in self.doubtful \
+                and self.network.to_actor(self.send_endpoint, self.client_id, frame):
+            self.waiting[request_id] = what
+            self.straight[request_id] = frame
+            self.straight_sends += 1
+        elif self.network.from_client(self.front, self.client_id, frame):
             self.waiting[request_id] = what
 
     def join_direct(self) -> None:
@@ -131,6 +146,7 @@ class Workload:
     def on_route(self, reply: dict) -> None:
         endpoints = reply.get("reply_endpoints", []) if reply.get("ok") else []
         self.network.connect(self.client_id, [e for e in endpoints if isinstance(e, str) and "://" in e])
+        self.send_endpoint = reply.get("send_endpoint", "") if reply.get("ok") else ""
         self.routed = True
 
     def create_topics(self) -> None:
@@ -249,6 +265,12 @@ class Workload:
             self.on_route(reply)
             return
         self.direct_answers += sender not in ("", self.front)
+        straight = self.straight.pop(reply.get("id"), None)
+        if straight is not None and not reply.get("ok") and reply["error"]["code"] == ErrorCode.ROUTE_VIA_FRONT:
+            self.passed_back += 1  # nothing was stored: the same request to the front
+            if not self.network.from_client(self.front, self.client_id, straight):
+                self.waiting.pop(reply["id"], None)
+            return
         what = self.waiting.pop(reply.get("id"), None)
         if what is not None and what[0] == "delete" and not reply.get("ok"):
             if ("delete", what[1]) not in self.waiting.values():  # refused, and no other deletion of it asked
@@ -263,7 +285,8 @@ class Workload:
             self.request("create_topic", ("create",), topic=what[1], queue_count=TOPICS[what[1]])
         elif what[0] == "send":
             _, topic, messages = what
-            self.settle_doubts(reply["id"])
+            if straight is None:  # only the front's order tells that a lost deletion lies below this send
+                self.settle_doubts(reply["id"])
             if reply["id"] < self.asked_before_doubt.get(topic, 0):
                 return  # stored before a deletion whose answer was lost, and maybe deleted with the topic
             for (body, key), result in zip(messages, reply["results"], strict=True):

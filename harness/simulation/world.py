@@ -25,6 +25,7 @@ from engine.actors.effects import Effects, Exit, Tell
 from engine.actors.specs import ActorSpec, actor_specs
 from engine.config import KiB, StoreConfig
 from engine.ipc import direct_replies
+from engine.ipc.channels import Channel
 from engine.ipc.lifecycle import Lifecycle, actor_step
 from engine.store.checkpoint import load_checkpoint
 from engine.store.shared_offsets import (
@@ -94,6 +95,16 @@ class SimSyncer:
         self.request(durable_offset)
         for job in [job for job in self.world.jobs if job.actor == self.actor]:
             self.world.run_job(job)
+
+    def sync_here(self, durable_offset: int) -> bool:
+        """The writer's sync in its loop: made at once, in the step that asked for it, when the
+        actor has no flush of its thread pending; the world draws, half the time, a thread still
+        busy (False: a job as ``request`` makes), so both ways are run."""
+        if any(job.actor == self.actor for job in self.world.jobs) or self.world.rng.random() < 0.5:
+            return False
+        self.request(durable_offset)
+        self.world.run_job(self.world.jobs[-1], in_loop=True)
+        return True
 
     def close(self) -> None:
         pass
@@ -258,6 +269,15 @@ class World:
         (self.run_dir / OFFSETS_FILE).unlink()
         self.slots = SharedOffsets(self.run_dir)
 
+    def drained_at_stop(self, name: str) -> list[Channel]:
+        """The channels the runtime empties at a stop: ``drain_at_stop``, and the direct channel of an
+        actor that takes requests on it (the writer's sends)."""
+        actor = self.actors[name]
+        direct = actor.direct_channel()
+        if direct is None or not actor.takes_direct_requests():
+            return list(actor.drain_at_stop)
+        return [*actor.drain_at_stop, direct]
+
     def stop(self, name: str) -> None:
         """SIGTERM: the actor handles what is queued on its ``drain_at_stop`` ports, then its
         ``shutdown`` leaves its files consistent, its flush thread finishes what it was given
@@ -265,7 +285,7 @@ class World:
         actor = self.actors[name]
         actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
         out = Effects()
-        for channel in actor.drain_at_stop:
+        for channel in self.drained_at_stop(name):
             port = self.network.ports[name][channel.name]
             for key in [key for key in self.network.busy() if key[:2] == (name, channel.name)]:
                 for frames in self.network.take(key, len(self.network.queues.get(key, ()))):
@@ -311,7 +331,7 @@ class World:
         for name in self.rng.sample(sorted(self.actors), len(self.actors)):
             actor, out = self.actors[name], Effects()
             actor.lifecycle = actor_step(actor.lifecycle, Lifecycle.STOPPING)
-            for channel in actor.drain_at_stop:
+            for channel in self.drained_at_stop(name):
                 port = self.network.ports[name][channel.name]
                 for key in [key for key in self.network.busy() if key[:2] == (name, channel.name)]:
                     for frames in self.network.take(key, len(self.network.queues[key])):
@@ -346,13 +366,16 @@ class World:
                 self.network.carry(name, effect)
         out.clear()
 
-    def run_job(self, job: SyncJob) -> None:
+    def run_job(self, job: SyncJob, *, in_loop: bool = False) -> None:
+        """``in_loop``: the actor's own loop made the sync (``SimSyncer.sync_here``), inside its step:
+        the wake-ups of other threads wait for the step's end."""
         self.jobs.remove(job)
         for path in sorted(job.paths):
             self.disk.on_sync(path, 0, None)
         job.on_durable(job.offset)
         self.counts.sync_jobs += 1
-        self.deliver_wakes()
+        if not in_loop:
+            self.deliver_wakes()
 
     def deliver_wakes(self) -> None:
         """``on_thread_wake`` for each running actor one of its threads woke (a recovering one's waits)."""

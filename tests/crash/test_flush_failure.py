@@ -88,9 +88,15 @@ def test_a_failed_flush_stops_acknowledgements_and_recovery_runs(store_dir: Path
     assert check_store(store_dir, config) == []
 
 
-def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> None:
+@pytest.mark.parametrize("in_loop", [False, True], ids=["thread", "in-loop"])
+def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path, in_loop: bool) -> None:
+    """The writer's syncs in its flush thread: a stalled disk stalls the thread, and the loop answers
+    FLUSH_DISK_TIMEOUT. Made in the loop (``writer_sync_in_loop_ms_max``, the default), the sync the
+    stall begins in holds the loop for that sync, answered once done; from then on the thread syncs,
+    and the loop answers as before, until a sync is quick again."""
     require(shutil.which("strace") is not None, "strace")
-    config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH", sync_flush_timeout_ms=300)
+    config = StoreConfig.test_min().replace(flush_mode="SYNC_FLUSH", sync_flush_timeout_ms=300,
+                                            writer_sync_in_loop_ms_max=2 if in_loop else -1)
     engine = EngineProcess(store_dir, config=config)
     engine.start()
     tracer = None
@@ -98,6 +104,10 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path) -> Non
         with engine.client(timeout_ms=10_000) as client:
             client.send("slow", [{"body": b"before"}], queue_id=0)
             tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "delay_enter=3000ms")
+            if in_loop:  # stalled in the loop for one sync: durable, and answered so, once done
+                started = time.monotonic()
+                [result] = client.send("slow", [{"body": b"stalled in the loop"}], queue_id=0)
+                assert result["status"] == "PUT_OK" and time.monotonic() - started >= 2.5
             [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
             assert result["status"] == "FLUSH_DISK_TIMEOUT"
             started = time.monotonic()

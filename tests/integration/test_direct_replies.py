@@ -209,21 +209,24 @@ def test_an_owner_lost_is_no_lost_connection_to_a_client_that_watches_its_connec
             events.close()
 
 
-def test_what_a_client_sends_on_a_direct_connection_is_dropped(engine: EngineProcess) -> None:
+def test_what_a_client_sends_on_an_owners_direct_connection_is_dropped(engine: EngineProcess) -> None:
+    """An owner takes no requests on its direct connection (the writer takes sends on its own:
+    tests/integration/test_direct_sends.py): nothing is answered, stored or broken."""
     with engine.client() as client:
         client.create_topic("orders", queue_count=1)
     raw = RawClient(engine.endpoint)
     try:
-        writer = raw.first_direct_send("orders")
-        pid = engine.actor_pids()["writer"]
+        raw.first_direct_send("orders")
+        owner = raw.names[raw.ask("route")[1]["reply_endpoints"][1]]  # the writer's is first, then owner-0's
+        pid = engine.actor_pids()["owner-0"]
         request = msgspec.msgpack.encode({"v": 1, "op": "send", "id": 7, "topic": "orders",
                                           "messages": [{"body": b"not here"}]})
         for frames in ([request], [b"garbage"], [b"", b"two", b"frames"], [b"x" * 100_000]):
-            raw.socket.send_multipart([writer, *frames])
-        assert raw.send("orders") in (writer, _FRONT)  # served still (directly, or the connection was cut)
+            raw.socket.send_multipart([owner, *frames])
+        assert raw.send("orders") in (raw.names[raw.ask("route")[1]["reply_endpoints"][0]], _FRONT)
         # A bounded wait for what must not come: an answer to what was sent on the direct connection.
         assert not raw.socket.poll(200), "something answered what was sent on a direct connection"
-        assert engine.actor_pids()["writer"] == pid
+        assert engine.actor_pids()["owner-0"] == pid
         with StoreClient(engine.endpoint) as client:
             wait_dispatched(client)
             bodies = {m["body"] for m in client.pull("orders", 0, 0)["messages"]}
