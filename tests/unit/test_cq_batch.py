@@ -128,3 +128,96 @@ def test_bad_entries_are_refused_and_what_was_written_stays_counted(tmp_path: Pa
     with pytest.raises(TypeError):
         c.cq_put_entries([], 0, 0, {}, [])
     cq.close()
+
+
+OWNER_WRITER = """
+import sys
+from pathlib import Path
+from engine.config import StoreConfig
+from engine.ipc.messages import DispatchBatch, DispatchEntry
+from engine.services.owner.owned_queues import OwnedQueues
+from tests.unit.test_cq_batch import owner_entries
+config = StoreConfig.test_min().replace(consume_queue_owner_count=1, consume_queue_file_units={file_units},
+                                        consume_queue_reserve_step_bytes=4096)
+owner = OwnedQueues(Path(sys.argv[1]), config, 0)
+print("started", flush=True)
+log = owner_entries({records})
+for first in range(0, {records}, 500):  # the owner's way: a DispatchBatch at a time (apply_batch)
+    entries = [DispatchEntry(*entry) for entry in log[first:first + 500]]
+    owner.apply_batch(DispatchBatch(entries[0].commit_log_offset, entries[-1].commit_log_offset + 100, entries))
+"""
+
+
+def owner_entries(records: int) -> list[tuple]:
+    """Records of 4 queues of 2 topics in a fixed interleaving, 100 bytes each."""
+    queues = [("a", 0), ("a", 1), ("bb", 0), ("bb", 3)]
+    next_offset = dict.fromkeys(queues, 0)
+    entries = []
+    for n in range(records):
+        queue = queues[(n * 7 + n // 3) % 4]
+        entries.append((*queue, next_offset[queue], n * 100, 100, n % 97, 1_700_000_000_000 + n, []))
+        next_offset[queue] += 1
+    return entries
+
+
+@pytest.mark.skipif(c is None, reason="engine._codec is not built")
+def test_an_owner_killed_in_the_middle_of_its_batches_leaves_the_units_put_writes_record_by_record(
+        tmp_path: Path) -> None:
+    """SIGKILL an owner's batch path (``OwnedQueues.apply_batch``, on ``cq_put_entries``) at a random
+    moment: what its queues hold is a prefix of the log's records, the same for every queue, and
+    byte for byte what ``ConsumeQueue.put`` writes record by record for that prefix."""
+    import subprocess
+    import sys
+    import time
+
+    from engine.store.consume_queue import list_queues
+
+    records, file_units = 120_000, 4_000
+    entries = owner_entries(records)
+    store = tmp_path / "killed"
+    script = OWNER_WRITER.format(file_units=file_units, records=records)
+    writer = subprocess.Popen([sys.executable, "-c", script, str(store)], cwd=Path(__file__).resolve().parents[2],
+                              stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == b"started\n"
+        target, deadline = random.randrange(1_000, records // 2), time.monotonic() + 60  # a new moment each run
+        while writer.poll() is None:  # until the queues hold about `target` units
+            assert time.monotonic() < deadline
+            held = 0
+            for topic, queue_id in list_queues(store):
+                reader = ConsumeQueue(store, topic, queue_id, file_units=file_units, writable=False)
+                held += reader.max_offset
+                reader.files.close()
+            if held > target:
+                writer.kill()
+        assert writer.wait(30) == -9, f"killed before it applied every record (about {target} units)"
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        writer.stdout.close()  # type: ignore[union-attr]
+    held = {}
+    for topic, queue_id in list_queues(store):  # opened as the owner's restart opens them
+        cq = ConsumeQueue(store, topic, queue_id, file_units=file_units, writable=True, reserve_step_bytes=4096)
+        held[(topic, queue_id)] = cq.max_offset
+        cq.close()
+    # The prefix: every record up to the last one any queue holds, and each queue holds all of its own in it.
+    last = max(i for i, entry in enumerate(entries) if entry[2] < held.get(entry[:2], 0))
+    prefix = entries[:last + 1]
+    for queue, count in held.items():
+        assert count == sum(1 for entry in prefix if entry[:2] == queue), f"{queue}: not a prefix of the log"
+    expected = tmp_path / "expected"
+    by_record: dict[tuple[str, int], ConsumeQueue] = {}
+    for topic, queue_id, queue_offset, log_offset, size, tags_code, *_ in prefix:
+        cq = by_record.get((topic, queue_id))
+        if cq is None:
+            cq = by_record[(topic, queue_id)] = ConsumeQueue(expected, topic, queue_id, file_units=file_units,
+                                                             writable=True, reserve_step_bytes=4096)
+        cq.put(queue_offset, log_offset, size, tags_code)
+    for cq in by_record.values():
+        cq.close()
+
+    def units(root: Path) -> dict[str, bytes]:  # a file created and never written holds no unit
+        return {name: data for name, data in files_of(root).items() if data.strip(b"\0")}
+
+    assert units(store) == units(expected), f"{len(prefix)} records"
