@@ -208,7 +208,11 @@ class StoreClient:
         self._refused_since: float | None = None  # monotonic time of the first refusal since a connection
         self._direct: list[str] = []  # the endpoints this socket connected to for direct answers
         self._send_peer: bytes | None = None  # the connection to the writer's port, which takes sends
+        # ... and whether it is up: a connection ZeroMQ makes again keeps taking what is sent on it,
+        # for a writer that may never come back (left down by the supervisor): its monitor says
+        self._send_up = False
         self._straight: dict[int, bytes] = {}  # sends made straight to the writer, unanswered: id -> frame
+        self._send_endpoint = ""
         self._route_asked = False
         self._socket = self._connect()
 
@@ -225,7 +229,7 @@ class StoreClient:
             sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             sock.setsockopt(zmq.HANDSHAKE_IVL, HEARTBEAT_TIMEOUT_MS)
-        if self.watch_connection or self.unreachable_ms is not None:
+        if self.watch_connection or self.unreachable_ms is not None or self.direct_replies:
             self._monitor = sock.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._refused_since = None
@@ -233,6 +237,8 @@ class StoreClient:
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
         self._direct = []
         self._send_peer = None
+        self._send_endpoint = ""
+        self._send_up = False
         self._straight = {}
         self._route_asked = not self.direct_replies
         return sock
@@ -251,6 +257,7 @@ class StoreClient:
         send_endpoint = route.get("send_endpoint") if route.get("ok") else None
         if isinstance(send_endpoint, str) and send_endpoint in self._direct:
             self._send_peer = b"d%d" % self._direct.index(send_endpoint)
+            self._send_endpoint = send_endpoint
 
     def _send_frame(self, frame: bytes) -> None:
         """``frame`` to the front; beside the first request, the ``route`` that names the direct endpoints."""
@@ -260,16 +267,19 @@ class StoreClient:
         self._socket.send_multipart([_FRONT, frame])
 
     def _submit(self, op: str, request_id: int, frame: bytes) -> None:
-        """``frame`` to the writer's port if it is a send and that connection is up (ZeroMQ's
-        ROUTER_MANDATORY refuses it at once otherwise, as a full queue), else to the front."""
+        """``frame`` to the writer's port if it is a send and that connection is up (its monitor's
+        news, read here; ZeroMQ's ROUTER_MANDATORY refuses it at once if the connection is not
+        there, as a full queue does), else to the front."""
         if op == "send" and self._send_peer is not None:
-            try:
-                self._socket.send_multipart([self._send_peer, frame], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            else:
-                self._straight[request_id] = frame
-                return
+            self._disconnected()  # the news of the writer's connection (``_send_up``)
+            if self._send_up:
+                try:
+                    self._socket.send_multipart([self._send_peer, frame], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+                else:
+                    self._straight[request_id] = frame
+                    return
         self._send_frame(frame)
 
     def _take(self, flags: int = 0) -> dict[str, Any] | None:
@@ -308,7 +318,10 @@ class StoreClient:
         broken = False
         while self._monitor is not None and self._monitor.poll(0):
             event = zmq.utils.monitor.recv_monitor_message(self._monitor)
-            if event["endpoint"].decode() in self._direct:  # a direct connection's break loses nothing
+            endpoint = event["endpoint"].decode()
+            if endpoint in self._direct:  # a direct connection's break loses nothing
+                if endpoint == self._send_endpoint and event["event"] != zmq.EVENT_CONNECT_RETRIED:
+                    self._send_up = event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
                 continue
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 broken = True
@@ -327,7 +340,7 @@ class StoreClient:
         """Whether a reply frame came within ``remaining_ms`` (False also after a monitor event that was
         not a break: the caller looks again); ``ConnectionLost`` if the connection broke first,
         ``EngineUnreachable`` if it has been refused for ``unreachable_ms``."""
-        if self._monitor is None:
+        if self._monitor is None or not (self.watch_connection or self.unreachable_ms is not None):
             return bool(self._socket.poll(remaining_ms))
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)

@@ -472,6 +472,7 @@ class CommitLogWriterActor(Actor):
         return {**own_sync, "rmqpy_queue_sent_messages": per_queue(self.appends.sent_messages),
                 "rmqpy_queue_sent_bytes": per_queue(self.appends.sent_bytes),
                 "rmqpy_send_latency_seconds": self.send_latency,
+                "rmqpy_requests": [["send", self.direct_sends.taken]],  # beside the front's
                 "rmqpy_refusals": [["BUSY", "writer", self.busy_refusals],
                                    ["DISK_FULL", "writer", self.disk_full_refusals],
                                    ["SLAVE_NOT_AVAILABLE", "writer", self.replica_refusals]],

@@ -157,9 +157,12 @@ class EngineCollector(Collector):
                     histogram.add_metric(values, _buckets(h), h.sum_s)
                 yield histogram
                 continue
-            seen: dict[tuple[str, ...], float] = {}  # one sample per label set, the last reported
+            # One sample per label set: a counter's reports add up (the front's requests and the writer's
+            # sends taken straight), a gauge's last one stands.
+            seen: dict[tuple[str, ...], float] = {}
             for row in view.rows(family.name):
-                seen[tuple(str(v) for v in row[:-1])] = row[-1]
+                key = tuple(str(v) for v in row[:-1])
+                seen[key] = seen.get(key, 0) + row[-1] if family.kind == COUNTER else row[-1]
             for label_values, value in seen.items():
                 metric.add_metric(list(label_values), value)
             yield metric

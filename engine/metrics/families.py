@@ -58,7 +58,8 @@ FAMILIES = {f.name: f for f in [
     Family("rmqpy_flush_seconds", HISTOGRAM, "One flush of the log, every segment it spans"),
     Family("rmqpy_fdatasync_seconds", HISTOGRAM, "One fdatasync of a log segment"),
     Family("rmqpy_refusals", COUNTER, "Requests refused for the engine's sake, by error code", ("code", "actor")),
-    Family("rmqpy_requests", COUNTER, "Client requests taken by the front, by operation", ("op",)),
+    Family("rmqpy_requests", COUNTER, "Client requests taken by the front, by operation, and the sends the writer "
+                                      "takes straight from clients", ("op",)),
     Family("rmqpy_disk_full", GAUGE, "1 while the writer refuses sends because the disk is too full"),
     # the log
     Family("rmqpy_log_offset_bytes", GAUGE, "Offsets of the CommitLog: written, confirmed, flushed, dispatched, "
