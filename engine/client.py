@@ -229,9 +229,13 @@ class StoreClient:
             sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             sock.setsockopt(zmq.HANDSHAKE_IVL, HEARTBEAT_TIMEOUT_MS)
-        if self.watch_connection or self.unreachable_ms is not None or self.direct_replies:
+        if self.watch_connection or self.unreachable_ms is not None:
             self._monitor = sock.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        elif self.direct_replies:  # for the writer's connection: a few events a connection, read at each send
+            # (never the retries of a connection refused: every 10 ms they would fill the monitor's queue
+            # of a client that sends nothing for a while, and ZeroMQ's I/O thread would wait on it)
+            self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._refused_since = None
         sock.setsockopt(zmq.CONNECT_ROUTING_ID, _FRONT)  # the connection's queue exists from now: sends wait in it
         allow_ipv6(sock, self.endpoint).connect(self.endpoint)
