@@ -133,7 +133,7 @@ class CommitLogWriterActor(Actor):
         # rmqpy_flush_seconds under SYNC_FLUSH: each wait for the writer's own sync (``OwnSync``)
         self.flush_seconds = Histogram.new()
         self.own_sync = OwnSync(env.syncer, env.waker.wake, env.name, self.segment_path, cfg.segment_size_bytes,
-                                self.flush_seconds.observe) if self.sync_flush else None
+                                self.flush_seconds.observe, self.clock.mono_ms) if self.sync_flush else None
         self.preallocations = DiskRefusals("writer: preallocating the next segment", errnos=None,
                                             event_kind="segment.create_failed")
         self.busy_refusals = 0

@@ -104,10 +104,12 @@ def test_a_slow_disk_gives_flush_disk_timeout_not_a_hang(store_dir: Path, in_loo
         with engine.client(timeout_ms=10_000) as client:
             client.send("slow", [{"body": b"before"}], queue_id=0)
             tracer = inject_into_fdatasync(actor_pids(store_dir)["writer"], "delay_enter=3000ms")
-            if in_loop:  # stalled in the loop for one sync: durable, and answered so, once done
+            if in_loop:  # the sync the stall begins in is the loop's (held for it, PUT_OK once done) unless
+                # the sync before it took more than 2 ms (the thread's then: FLUSH_DISK_TIMEOUT)
                 started = time.monotonic()
                 [result] = client.send("slow", [{"body": b"stalled in the loop"}], queue_id=0)
-                assert result["status"] == "PUT_OK" and time.monotonic() - started >= 2.5
+                assert (result["status"], time.monotonic() - started >= 2.5) in (("PUT_OK", True),
+                                                                                ("FLUSH_DISK_TIMEOUT", False))
             [result] = client.send("slow", [{"body": b"during"}], queue_id=0)
             assert result["status"] == "FLUSH_DISK_TIMEOUT"
             started = time.monotonic()

@@ -91,8 +91,9 @@ class OwnSync:
 
     def __init__(self, syncer: SyncerFactory, wake: Callable[[], None], name: str,
                  segment_path: Callable[[int], Path], segment_size_bytes: int,
-                 timed: Callable[[float], None]) -> None:
+                 timed: Callable[[float], None], mono_ms: Callable[[], int]) -> None:
         self.wake = wake
+        self.mono_ms = mono_ms  # the actor's clock (the simulation's in the simulation): the last wait's measure
         self.timed = timed
         self.segment_path = segment_path
         self.segment_size_bytes = segment_size_bytes
@@ -101,8 +102,9 @@ class OwnSync:
         self.failure: str | None = None  # written by the thread: why a flush failed
         # perf_counter seconds when the oldest unsynced run went to the thread (None: all requested is synced)
         self._waiting_since: float | None = None
+        self._waiting_since_ms = 0  # the same, on the actor's clock
         self._in_loop = False  # a sync made in the writer's loop: no wake-up of the loop for it
-        self.last_wait_s = 0.0  # the last wait for a sync, in seconds (see ``request``)
+        self.last_wait_ms = 0  # the last wait for a sync, on the actor's clock (see ``request``)
         self.syncer = syncer(name, self._durable, on_failure=self._failed)
 
     def _durable(self, offset: int) -> None:  # the flush thread, or the loop (``in_loop``)
@@ -111,8 +113,8 @@ class OwnSync:
         if offset >= self.requested:
             self._waiting_since = None
         if since is not None:
-            self.last_wait_s = time.perf_counter() - since
-            self.timed(self.last_wait_s)
+            self.last_wait_ms = self.mono_ms() - self._waiting_since_ms
+            self.timed(time.perf_counter() - since)
         if not self._in_loop:
             self.wake()
 
@@ -132,7 +134,8 @@ class OwnSync:
             return False
         if self._waiting_since is None:
             self._waiting_since = time.perf_counter()
-        if self.last_wait_s * 1000 <= in_loop_ms_max:
+            self._waiting_since_ms = self.mono_ms()
+        if self.last_wait_ms <= in_loop_ms_max:
             self._in_loop = True
             try:
                 if self.syncer.sync_here(end):
