@@ -1149,6 +1149,185 @@ append_steal(PyObject *list, PyObject *obj)
 }
 
 /*
+ * A dispatch entry packed (codec_py.PACKED_ENTRY, "<qqqqiiHH"), the way the reput
+ * dispatcher sends a receiver its entries: one bytes object, no object per record.
+ *
+ *   queue_offset i64 | commit_log_offset i64 | store_timestamp i64 | tags_code i64 |
+ *   size i32 | queue_id i32 | topic_bytes u16 | key_count u16               44 bytes, little-endian
+ *   topic (UTF-8, topic_bytes) | then per key: key_bytes u16 | key (UTF-8, as in the record)
+ *
+ * Receivers decode a key as decode_replace does: the same str as the tuple form's.
+ */
+enum { PACKED_HEAD_BYTES = 44 };
+
+static inline void
+store_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t
+load_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* A growing byte string: the packed entries of one receiver. */
+typedef struct {
+    uint8_t *data;
+    Py_ssize_t len, cap;
+} Packer;
+
+static uint8_t *
+packer_room(Packer *pk, Py_ssize_t more)
+{
+    if (pk->len + more > pk->cap) {
+        Py_ssize_t cap = pk->cap ? pk->cap : 4096;
+        while (cap < pk->len + more)
+            cap *= 2;
+        uint8_t *data = PyMem_Realloc(pk->data, (size_t)cap);
+        if (data == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        pk->data = data;
+        pk->cap = cap;
+    }
+    uint8_t *at = pk->data + pk->len;
+    pk->len += more;
+    return at;
+}
+
+/* The parsed head of a packed entry. */
+typedef struct {
+    int64_t queue_offset, commit_log_offset, store_timestamp, tags_code;
+    int32_t size, queue_id;
+    const uint8_t *topic;
+    Py_ssize_t topic_len;
+    int key_count;
+    const uint8_t *keys;      /* the first key's length */
+    Py_ssize_t next;          /* where the next entry begins */
+} PackedEntry;
+
+/* The entry at buf[pos:n]; -1 with ValueError when it runs past n. */
+static int
+packed_entry_at(const uint8_t *buf, Py_ssize_t n, Py_ssize_t pos, PackedEntry *e)
+{
+    if (pos < 0 || n - pos < PACKED_HEAD_BYTES)
+        goto torn;
+    const uint8_t *p = buf + pos;
+    e->queue_offset = (int64_t)load_le(p, 8);
+    e->commit_log_offset = (int64_t)load_le(p + 8, 8);
+    e->store_timestamp = (int64_t)load_le(p + 16, 8);
+    e->tags_code = (int64_t)load_le(p + 24, 8);
+    e->size = (int32_t)load_le(p + 32, 4);
+    e->queue_id = (int32_t)load_le(p + 36, 4);
+    e->topic_len = (Py_ssize_t)load_le(p + 40, 2);
+    e->key_count = (int)load_le(p + 42, 2);
+    Py_ssize_t at = pos + PACKED_HEAD_BYTES;
+    if (n - at < e->topic_len)
+        goto torn;
+    e->topic = buf + at;
+    at += e->topic_len;
+    e->keys = buf + at;
+    for (int k = 0; k < e->key_count; k++) {
+        if (n - at < 2 || n - at - 2 < (Py_ssize_t)load_le(buf + at, 2))
+            goto torn;
+        at += 2 + (Py_ssize_t)load_le(buf + at, 2);
+    }
+    e->next = at;
+    return 0;
+torn:
+    PyErr_SetString(PyExc_ValueError, "a packed dispatch entry runs past the end of its bytes");
+    return -1;
+}
+
+/* Pack one record's entry: its keys are [uniq if present] + the non-empty parts of keys. */
+static int
+pack_record(Packer *pk, const Layout *rec, int32_t tags_code, const Span *uniq, const Span *keys, int key_count)
+{
+    Py_ssize_t more = PACKED_HEAD_BYTES + rec->topic_len + (uniq ? 2 + uniq->len : 0) + (keys ? 2 * keys->len + 2 : 0);
+    uint8_t *p = packer_room(pk, more);
+    if (p == NULL)
+        return -1;
+    store_le(p, (uint64_t)load_i64(rec->rec + AT_QUEUE_OFFSET), 8);
+    store_le(p + 8, (uint64_t)load_i64(rec->rec + AT_PHYSICAL_OFFSET), 8);
+    store_le(p + 16, (uint64_t)load_i64(rec->rec + rec->store_ts_at), 8);
+    store_le(p + 24, (uint64_t)(int64_t)tags_code, 8);
+    store_le(p + 32, (uint64_t)(uint32_t)rec->size, 4);
+    store_le(p + 36, (uint64_t)(uint32_t)load_i32(rec->rec + AT_QUEUE_ID), 4);
+    store_le(p + 40, (uint64_t)rec->topic_len, 2);
+    store_le(p + 42, (uint64_t)key_count, 2);
+    memcpy(p + PACKED_HEAD_BYTES, rec->rec + rec->topic_at, (size_t)rec->topic_len);
+    uint8_t *at = p + PACKED_HEAD_BYTES + rec->topic_len;
+    if (uniq != NULL) {
+        store_le(at, (uint64_t)uniq->len, 2);
+        memcpy(at + 2, uniq->at, (size_t)uniq->len);
+        at += 2 + uniq->len;
+    }
+    Py_ssize_t start = 0;
+    while (keys != NULL && start < keys->len) {
+        const uint8_t *part = keys->at + start;
+        const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(keys->len - start));
+        Py_ssize_t part_len = stop ? stop - part : keys->len - start;
+        start += part_len + 1;
+        if (part_len == 0)
+            continue;
+        store_le(at, (uint64_t)part_len, 2);
+        memcpy(at + 2, part, (size_t)part_len);
+        at += 2 + part_len;
+    }
+    pk->len -= more - (at - p);  /* the room taken back past the last key */
+    return 0;
+}
+
+/* How many keys split_keys would give: non-empty parts of keys, plus uniq. */
+static int
+count_split_keys(const Span *uniq, const Span *keys)
+{
+    int count = uniq != NULL;
+    Py_ssize_t start = 0;
+    while (keys != NULL && start < keys->len) {
+        const uint8_t *part = keys->at + start;
+        const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(keys->len - start));
+        Py_ssize_t part_len = stop ? stop - part : keys->len - start;
+        start += part_len + 1;
+        count += part_len > 0;
+    }
+    return count;
+}
+
+/* Dispatch one record packed: to its owner's packer, and to the index's when it has keys. */
+static int
+pack_dispatch_record(const Layout *rec, TopicCache *cache, long owner_count, Packer *per_owner, Packer *for_index,
+                     int index_uniq)
+{
+    Wanted wanted;
+    int32_t code = 0;
+    (void)scan_properties(rec->rec + rec->props_at, rec->props_len, &wanted, NULL);
+    if (!index_uniq)
+        wanted.uniq.at = NULL;
+    if (wanted.tags.at != NULL && tags_code_bytes(wanted.tags.at, wanted.tags.len, &code) < 0)
+        return -1;
+    long long queue_id = load_i32(rec->rec + AT_QUEUE_ID);
+    if (pack_record(&per_owner[cached_owner(cache, queue_id, owner_count)], rec, code, NULL, NULL, 0) < 0)
+        return -1;
+    const Span *uniq = wanted.uniq.at ? &wanted.uniq : NULL, *keys = wanted.keys.at ? &wanted.keys : NULL;
+    int key_count = count_split_keys(uniq, keys);
+    if (key_count == 0)
+        return 0;
+    if (key_count > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "a record has more keys than a packed entry holds");
+        return -1;
+    }
+    return pack_record(for_index, rec, code, uniq, keys, key_count);
+}
+
+/*
  * Dispatch one parsed record: its entry to its owner, and to the index when it
  * has keys (its UNIQ_KEY counts only with index_uniq). -1 on error.
  */
@@ -1192,23 +1371,25 @@ dispatch_record(const Layout *rec, PyObject *topic, TopicCache *cache, long owne
 }
 
 /*
- * scan_dispatch(buf, pos, limit, base_offset, max_records, owner_count[, index_uniq])
+ * scan_dispatch(buf, pos, limit, base_offset, max_records, owner_count[, index_uniq[, packed]])
  *     -> (per_owner, for_index, count, pos, stop)
  *
  * codec_py.scan_dispatch: records parsed from buf[pos:limit] as decode_record
  * does without CRC checks, until limit (SCAN_MORE), max_records (SCAN_MORE),
  * the end-of-segment blank marker (SCAN_BLANK, TOTALSIZE = len(buf) - pos) or a
- * record that fails a check (SCAN_DAMAGE). owner_count must be at least 1.
+ * record that fails a check (SCAN_DAMAGE). owner_count must be at least 1. With
+ * packed, each owner's entries and the index's are one bytes object of packed entries.
  */
 static PyObject *
 codec_scan_dispatch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 && nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "scan_dispatch() takes 6 or 7 arguments (%zd given)", nargs);
+    if (nargs < 6 || nargs > 8) {
+        PyErr_Format(PyExc_TypeError, "scan_dispatch() takes 6 to 8 arguments (%zd given)", nargs);
         return NULL;
     }
-    int index_uniq = 1;
-    if (nargs == 7 && (index_uniq = PyObject_IsTrue(args[6])) < 0)
+    int index_uniq = 1, packed = 0;
+    if ((nargs >= 7 && (index_uniq = PyObject_IsTrue(args[6])) < 0)
+        || (nargs == 8 && (packed = PyObject_IsTrue(args[7])) < 0))
         return NULL;
     Py_ssize_t pos, limit;
     long long base, max_records, owner_count;
@@ -1224,20 +1405,24 @@ codec_scan_dispatch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     const uint8_t *buf = view.buf;
     PyObject *per_owner = NULL, *for_index = NULL, *result = NULL;
     TopicCache cache = {0};
+    Packer *packers = NULL;  /* packed: one per owner, then the index's */
     long long count = 0;
     int stop = SCAN_MORE;
 
     per_owner = PyList_New((Py_ssize_t)owner_count);
     if (per_owner == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < owner_count; i++) {
+    if (packed && (packers = PyMem_Calloc((size_t)owner_count + 1, sizeof(Packer))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < owner_count && !packed; i++) {
         PyObject *list = PyList_New(0);
         if (list == NULL)
             goto done;
         PyList_SET_ITEM(per_owner, i, list);
     }
-    for_index = PyList_New(0);
-    if (for_index == NULL)
+    if (!packed && (for_index = PyList_New(0)) == NULL)
         goto done;
 
     while (count < max_records) {
@@ -1263,20 +1448,80 @@ codec_scan_dispatch(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
             stop = SCAN_DAMAGE;
             break;
         }
-        int rc = dispatch_record(&rec, topic, &cache, (long)owner_count, per_owner, for_index, index_uniq);
+        int rc = packed
+            ? pack_dispatch_record(&rec, &cache, (long)owner_count, packers, &packers[owner_count], index_uniq)
+            : dispatch_record(&rec, topic, &cache, (long)owner_count, per_owner, for_index, index_uniq);
         Py_DECREF(topic);
         if (rc < 0)
             goto done;
         pos += rec.size;
         count++;
     }
+    for (Py_ssize_t i = 0; i <= owner_count && packed; i++) {
+        PyObject *bytes = PyBytes_FromStringAndSize((const char *)packers[i].data, packers[i].len);
+        if (bytes == NULL)
+            goto done;
+        if (i < owner_count)
+            PyList_SET_ITEM(per_owner, i, bytes);
+        else
+            for_index = bytes;
+    }
     result = Py_BuildValue("(OOLni)", per_owner, for_index, count, pos, stop);
 
 done:
+    for (Py_ssize_t i = 0; packers != NULL && i <= owner_count; i++)
+        PyMem_Free(packers[i].data);
+    PyMem_Free(packers);
     Py_XDECREF(cache.topic);
     Py_XDECREF(per_owner);
     Py_XDECREF(for_index);
     PyBuffer_Release(&view);
+    return result;
+}
+
+/* The keys of a packed entry as a list of str (decode_replace). */
+static PyObject *
+packed_keys(const PackedEntry *e)
+{
+    PyObject *keys = PyList_New(e->key_count);
+    const uint8_t *at = e->keys;
+    for (int k = 0; keys != NULL && k < e->key_count; k++) {
+        Py_ssize_t len = (Py_ssize_t)load_le(at, 2);
+        PyObject *key = decode_replace(at + 2, len);
+        if (key == NULL)
+            Py_CLEAR(keys);
+        else
+            PyList_SET_ITEM(keys, k, key);
+        at += 2 + len;
+    }
+    return keys;
+}
+
+/*
+ * unpack_entry(packed, pos) -> (entry, next_pos)
+ *
+ * codec_py.unpack_entry: the packed entry at packed[pos:] as a DispatchEntry tuple.
+ */
+static PyObject *
+codec_unpack_entry(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t pos;
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "unpack_entry(packed: bytes, pos)");
+        return NULL;
+    }
+    if (ssize_arg(args[1], "pos", &pos) < 0)
+        return NULL;
+    PackedEntry e;
+    if (packed_entry_at((const uint8_t *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), pos, &e) < 0)
+        return NULL;
+    PyObject *topic = PyUnicode_DecodeUTF8((const char *)e.topic, e.topic_len, "strict");
+    PyObject *keys = topic ? packed_keys(&e) : NULL;
+    PyObject *result = keys ? Py_BuildValue("((NiLLiLLN)n)", topic, (int)e.queue_id, (long long)e.queue_offset,
+                                            (long long)e.commit_log_offset, (int)e.size, (long long)e.tags_code,
+                                            (long long)e.store_timestamp, keys, e.next) : NULL;
+    if (result == NULL && keys == NULL)
+        Py_XDECREF(topic);
     return result;
 }
 
@@ -1733,6 +1978,68 @@ done:
     return rc;
 }
 
+/* java_hash_more of UTF-8 bytes decoded with errors="replace" (ASCII hashed as it lies). */
+static int
+java_hash_utf8(const uint8_t *p, Py_ssize_t n, uint32_t h, uint32_t *out)
+{
+    Py_ssize_t i = 0;
+    while (i < n && p[i] < 0x80)
+        h = 31u * h + p[i++];
+    if (i == n) {
+        *out = h;
+        return 0;
+    }
+    PyObject *rest = decode_replace(p + i, n - i);
+    if (rest == NULL)
+        return -1;
+    int rc = java_hash_more(rest, h, out);
+    Py_DECREF(rest);
+    return rc;
+}
+
+/* index_put_records over packed entries: the cursor is a byte position in packed. */
+static PyObject *
+index_put_packed(IndexWriting *ix, PyObject *packed, Py_ssize_t pos, Py_ssize_t k, long long min_offset)
+{
+    const uint8_t *buf = (const uint8_t *)PyBytes_AS_STRING(packed);
+    Py_ssize_t n = PyBytes_GET_SIZE(packed);
+    const uint8_t *last_topic = NULL;
+    Py_ssize_t last_len = -1;
+    uint32_t prefix_hash = 0;
+    for (; pos < n && ix->count < ix->count_max; k = 0) {
+        PackedEntry e;
+        if (packed_entry_at(buf, n, pos, &e) < 0)
+            return NULL;
+        if (e.commit_log_offset >= min_offset) {
+            if (last_topic == NULL || last_len != e.topic_len || memcmp(last_topic, e.topic, (size_t)e.topic_len)) {
+                if (java_hash_utf8(e.topic, e.topic_len, 0, &prefix_hash) < 0)
+                    return NULL;
+                prefix_hash = 31u * prefix_hash + '#';  /* "topic#": the hash goes on with each key */
+                last_topic = e.topic;
+                last_len = e.topic_len;
+            }
+            const uint8_t *at = e.keys;
+            int key = 0;
+            for (; key < e.key_count; key++) {
+                Py_ssize_t len = (Py_ssize_t)load_le(at, 2);
+                if (key >= k) {
+                    if (ix->count >= ix->count_max)
+                        break;
+                    uint32_t h;
+                    if (java_hash_utf8(at + 2, len, prefix_hash, &h) < 0)
+                        return NULL;
+                    index_put_one(ix, h, e.commit_log_offset, e.store_timestamp);
+                }
+                at += 2 + len;
+            }
+            if (key < e.key_count)  /* the file filled up inside this record */
+                return Py_BuildValue("(ni)", pos, key);
+        }
+        pos = e.next;
+    }
+    return Py_BuildValue("(nn)", pos, pos >= n ? (Py_ssize_t)0 : k);
+}
+
 /*
  * index_put_records(buf, hash_slot_count, index_count_max, entries, entry, key, min_offset)
  *     -> (entry, key)
@@ -1740,7 +2047,8 @@ done:
  * index_put_keys for every record of entries (DispatchEntry, or its fields as tuples) from
  * entries[entry]'s keys[key:] on, skipping records below min_offset, while the file has room
  * below index_count_max: where it stopped, (len(entries), 0) when every record is in. The
- * records' items are put one by one as index_put_keys puts them.
+ * records' items are put one by one as index_put_keys puts them. entries may also be
+ * bytes of packed entries: entry is then a byte position in them (len(entries) at the end).
  */
 static PyObject *
 codec_index_put_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -1757,6 +2065,16 @@ codec_index_put_records(PyObject *Py_UNUSED(module), PyObject *const *args, Py_s
         || int_arg(args[5], 0, PY_SSIZE_T_MAX, "key", &first_key) < 0
         || int_arg(args[6], LLONG_MIN, LLONG_MAX, "min_offset", &min_offset) < 0)
         return NULL;
+    if (PyBytes_Check(args[3])) {
+        Py_buffer pview;
+        if (PyObject_GetBuffer(args[0], &pview, PyBUF_WRITABLE) < 0)
+            return NULL;
+        IndexWriting pix;
+        PyObject *reached = index_writing_open(&pix, &pview, slots, count_max) < 0 ? NULL
+            : index_put_packed(&pix, args[3], (Py_ssize_t)first_entry, (Py_ssize_t)first_key, min_offset);
+        PyBuffer_Release(&pview);
+        return reached;
+    }
     PyObject *entries = PySequence_Fast(args[3], "entries must be a sequence");
     if (entries == NULL)
         return NULL;
@@ -1810,7 +2128,7 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
-/* cq_put_entries (ConsumeQueue.put, a dispatch batch at a time)           */
+/* cq_put_packed (ConsumeQueue.put, a dispatch batch at a time)            */
 /* ------------------------------------------------------------------------ */
 
 /*
@@ -1828,14 +2146,15 @@ enum { CQ_UNIT_BYTES = 20, CQ_CACHE = 16 };
 
 typedef struct {
     PyObject *cq, *topic;           /* strong references */
+    const char *topic_utf8;         /* the topic's UTF-8, held by topic */
+    Py_ssize_t topic_utf8_len;
     long long queue_id, max_offset, max_physical_end, window_start, window_end;
     Py_buffer window;
     int has_window, wrote;
 } CqState;
 
-static PyObject *cq_names[9];  /* interned at import: see cq_put_entries */
-enum { CQN_TOPIC, CQN_QUEUE_ID, CQN_QUEUE_OFFSET, CQN_CLO, CQN_SIZE, CQN_TAGS, CQN_MAX_OFFSET, CQN_MAX_PHYS,
-       CQN_WINDOW };
+static PyObject *cq_names[3];  /* interned at import: a ConsumeQueue's attributes cq_state_load reads */
+enum { CQN_MAX_OFFSET, CQN_MAX_PHYS, CQN_WINDOW };
 
 static int
 cq_long_attr(PyObject *obj, PyObject *name, long long *out)
@@ -1856,7 +2175,8 @@ cq_state_load(CqState *st, PyObject *cq, PyObject *topic, long long queue_id)
     st->cq = Py_NewRef(cq);
     st->topic = Py_NewRef(topic);
     st->queue_id = queue_id;
-    if (cq_long_attr(cq, cq_names[CQN_MAX_OFFSET], &st->max_offset) < 0
+    if ((st->topic_utf8 = PyUnicode_AsUTF8AndSize(topic, &st->topic_utf8_len)) == NULL
+        || cq_long_attr(cq, cq_names[CQN_MAX_OFFSET], &st->max_offset) < 0
         || cq_long_attr(cq, cq_names[CQN_MAX_PHYS], &st->max_physical_end) < 0
         || cq_long_attr(cq, window_start_name, &st->window_start) < 0
         || cq_long_attr(cq, window_end_name, &st->window_end) < 0)
@@ -1900,110 +2220,119 @@ cq_state_store(CqState *st, PyObject *touched)
     return rc;
 }
 
-/*
- * cq_put_entries(entries, first, min_offset, queues, touched) -> int
- *
- * ConsumeQueue.put for entries[first:] (DispatchEntry: topic, queue_id, queue_offset,
- * commit_log_offset, size, tags_code), records below min_offset skipped, while each is the
- * next unit of a queue of queues ({(topic, queue_id): ConsumeQueue}) and lies in its window.
- * Returns the index of the first entry it left to ConsumeQueue.put (len(entries) when none);
- * the queues it wrote to have their max_offset and max_physical_end moved and are added to
- * touched (a set).
- */
-static PyObject *
-codec_cq_put_entries(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+/* The state of (topic, queue_id) in cache, loaded from queues on first sight; NULL when the
+ * queue is not in queues or the cache is full (no error), or with *failed set. topic is a
+ * str, or NULL with its UTF-8 at (tb, tn): it is then decoded only if not cached. */
+static CqState *
+cq_lookup(CqState *cache, int *cached, PyObject *queues, PyObject *topic, const uint8_t *tb, Py_ssize_t tn,
+          long long queue_id, int *failed)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "cq_put_entries(entries, first, min_offset, queues, touched)");
-        return NULL;
-    }
-    long long first, min_offset;
-    if (int_arg(args[1], 0, PY_SSIZE_T_MAX, "first", &first) < 0
-        || int_arg(args[2], LLONG_MIN, LLONG_MAX, "min_offset", &min_offset) < 0)
-        return NULL;
-    PyObject *queues = args[3], *touched = args[4];
-    if (!PyDict_Check(queues) || !PySet_Check(touched)) {
-        PyErr_SetString(PyExc_TypeError, "queues must be a dict and touched a set");
-        return NULL;
-    }
-    PyObject *entries = PySequence_Fast(args[0], "entries must be a sequence");
-    if (entries == NULL)
-        return NULL;
-    CqState cache[CQ_CACHE];
-    int cached = 0, failed = 0;
-    Py_ssize_t i = (Py_ssize_t)first, n = PySequence_Fast_GET_SIZE(entries);
-    for (; i < n; i++) {
-        PyObject *entry = PySequence_Fast_GET_ITEM(entries, i);
-        long long fields[5];  /* queue_id, queue_offset, commit_log_offset, size, tags_code */
-        PyObject *topic = PyObject_GetAttr(entry, cq_names[CQN_TOPIC]);
-        if (topic == NULL) {
-            failed = 1;
-            break;
-        }
-        int bad = !PyUnicode_Check(topic);
-        for (int f = 0; f < 5 && !bad; f++)
-            bad = cq_long_attr(entry, cq_names[CQN_QUEUE_ID + f], &fields[f]) < 0;
-        if (bad) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "an entry's topic must be a str");
-            Py_DECREF(topic);
-            failed = 1;
-            break;
-        }
-        long long queue_id = fields[0], queue_offset = fields[1], clo = fields[2], size = fields[3];
-        if (clo < min_offset) {
-            Py_DECREF(topic);
+    for (int c = 0; c < *cached; c++) {
+        if (cache[c].queue_id != queue_id)
             continue;
-        }
-        CqState *st = NULL;
-        for (int c = 0; c < cached && st == NULL; c++) {
-            if (cache[c].queue_id == queue_id && (cache[c].topic == topic
-                                                  || PyUnicode_Compare(cache[c].topic, topic) == 0))
-                st = &cache[c];
-        }
-        if (st == NULL && cached < CQ_CACHE) {
-            PyObject *key = Py_BuildValue("(OL)", topic, queue_id);
-            PyObject *cq = key ? PyDict_GetItemWithError(queues, key) : NULL;  /* borrowed */
-            Py_XDECREF(key);
-            if (cq != NULL) {
-                if (cq_state_load(&cache[cached], cq, topic, queue_id) < 0) {
-                    cached++;  /* released below */
-                    Py_DECREF(topic);
-                    failed = 1;
-                    break;
-                }
-                st = &cache[cached++];
-            } else if (PyErr_Occurred()) {
-                Py_DECREF(topic);
-                failed = 1;
-                break;
-            }
-        }
-        Py_DECREF(topic);
-        long long at = queue_offset * CQ_UNIT_BYTES;
-        if (st == NULL || !st->has_window || queue_offset != st->max_offset || clo + size <= st->max_physical_end
-            || at < st->window_start || at + CQ_UNIT_BYTES > st->window_end || size < 0 || size > INT32_MAX)
-            break;  /* ConsumeQueue.put's */
-        uint8_t *unit = (uint8_t *)st->window.buf + (at - st->window_start);
-        store_u64(unit, (uint64_t)clo);
-        store_u32(unit + 8, (uint32_t)size);
-        store_u64(unit + 12, (uint64_t)fields[4]);
-        st->max_offset = queue_offset + 1;
-        st->max_physical_end = clo + size;
-        st->wrote = 1;
+        if (topic != NULL ? (cache[c].topic == topic || PyUnicode_Compare(cache[c].topic, topic) == 0)
+                          : (cache[c].topic_utf8_len == tn && memcmp(cache[c].topic_utf8, tb, (size_t)tn) == 0))
+            return &cache[c];
     }
+    if (*cached >= CQ_CACHE)
+        return NULL;
+    PyObject *name = topic != NULL ? Py_NewRef(topic) : PyUnicode_DecodeUTF8((const char *)tb, tn, "strict");
+    PyObject *key = name ? Py_BuildValue("(OL)", name, queue_id) : NULL;
+    PyObject *cq = key ? PyDict_GetItemWithError(queues, key) : NULL;  /* borrowed */
+    Py_XDECREF(key);
+    CqState *st = NULL;
+    if (cq != NULL) {
+        st = &cache[(*cached)++];  /* released by the caller, even when loading it failed */
+        if (cq_state_load(st, cq, name, queue_id) < 0) {
+            *failed = 1;
+            st = NULL;
+        }
+    } else if (PyErr_Occurred()) {
+        *failed = 1;
+    }
+    Py_XDECREF(name);
+    return st;
+}
+
+/* Write the unit if it is the queue's next one in its window: 0 when it is left to
+ * ConsumeQueue.put (st NULL: not in queues, or the cache is full). */
+static int
+cq_write_unit(CqState *st, long long queue_offset, long long clo, long long size, long long tags_code)
+{
+    long long at = queue_offset * CQ_UNIT_BYTES;
+    if (st == NULL || !st->has_window || queue_offset != st->max_offset || clo + size <= st->max_physical_end
+        || at < st->window_start || at + CQ_UNIT_BYTES > st->window_end || size < 0 || size > INT32_MAX)
+        return 0;
+    uint8_t *unit = (uint8_t *)st->window.buf + (at - st->window_start);
+    store_u64(unit, (uint64_t)clo);
+    store_u32(unit + 8, (uint32_t)size);
+    store_u64(unit + 12, (uint64_t)tags_code);
+    st->max_offset = queue_offset + 1;
+    st->max_physical_end = clo + size;
+    st->wrote = 1;
+    return 1;
+}
+
+/* Store every cached state back (the units written stay counted, also after a failure);
+ * result, or NULL when something failed. */
+static PyObject *
+cq_finish(CqState *cache, int cached, PyObject *touched, int failed, PyObject *result)
+{
     for (int c = 0; c < cached; c++) {
         if (failed) {
             PyObject *type, *value, *traceback;
             PyErr_Fetch(&type, &value, &traceback);
-            cq_state_store(&cache[c], touched);  /* the units written stay counted */
+            cq_state_store(&cache[c], touched);
             PyErr_Restore(type, value, traceback);
         } else if (cq_state_store(&cache[c], touched) < 0) {
             failed = 1;
         }
     }
-    Py_DECREF(entries);
-    return failed ? NULL : PyLong_FromSsize_t(i);
+    if (failed)
+        Py_XDECREF(result);
+    return failed ? NULL : result;
+}
+
+/*
+ * cq_put_packed(packed, pos, min_offset, queues, touched) -> int
+ *
+ * ConsumeQueue.put for the packed entries of packed[pos:] (topic, queue_id, queue_offset,
+ * commit_log_offset, size, tags_code), records below min_offset skipped, while each is the
+ * next unit of a queue of queues ({(topic, queue_id): ConsumeQueue}) and lies in its window.
+ * Returns the position of the first entry it left to ConsumeQueue.put (len(packed) when
+ * none); the queues it wrote to have their max_offset and max_physical_end moved and are
+ * added to touched (a set). ValueError for an entry that runs past the end: the units
+ * written before it stay counted.
+ */
+static PyObject *
+codec_cq_put_packed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyDict_Check(args[3]) || !PySet_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "cq_put_packed(packed: bytes, pos, min_offset, queues: dict, touched: set)");
+        return NULL;
+    }
+    long long first, min_offset;
+    if (int_arg(args[1], 0, PY_SSIZE_T_MAX, "pos", &first) < 0
+        || int_arg(args[2], LLONG_MIN, LLONG_MAX, "min_offset", &min_offset) < 0)
+        return NULL;
+    const uint8_t *buf = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = (Py_ssize_t)first;
+    CqState cache[CQ_CACHE];
+    int cached = 0, failed = 0;
+    while (pos < n) {
+        PackedEntry e;
+        if (packed_entry_at(buf, n, pos, &e) < 0) {
+            failed = 1;
+            break;
+        }
+        if (e.commit_log_offset >= min_offset) {
+            CqState *st = cq_lookup(cache, &cached, args[3], NULL, e.topic, e.topic_len, e.queue_id, &failed);
+            if (failed || !cq_write_unit(st, e.queue_offset, e.commit_log_offset, e.size, e.tags_code))
+                break;  /* ConsumeQueue.put's */
+        }
+        pos = e.next;
+    }
+    return cq_finish(cache, cached, args[4], failed, failed ? NULL : PyLong_FromSsize_t(pos));
 }
 
 /* index_header(buf): the six header fields, the count loaded with acquire first. */
@@ -2114,7 +2443,7 @@ done:
  * fixarray/array16/array32 and dicts as fixmap/map16/map32.
  */
 
-enum { BLANK_UNIT_SIZE = 0x7FFFFFFF };  /* CQ_UNIT_BYTES: cq_put_entries */
+enum { BLANK_UNIT_SIZE = 0x7FFFFFFF };  /* CQ_UNIT_BYTES: cq_put_packed */
 
 static inline uint8_t *
 mp_int(uint8_t *w, int64_t v)
@@ -3429,9 +3758,11 @@ static PyMethodDef codec_methods[] = {
      "The msgpack array of one SendResult map per stored record (see engine/codec_py.py)."},
     {"index_put_keys", (PyCFunction)(void (*)(void))codec_index_put_keys, METH_FASTCALL,
      "IndexFile#putKey for each topic#key; returns how many were added (see engine/codec_py.py)."},
-    {"cq_put_entries", (PyCFunction)(void (*)(void))codec_cq_put_entries, METH_FASTCALL,
-     "cq_put_entries(entries, first, min_offset, queues, touched) -> int: ConsumeQueue.put for the entries "
-     "that are their queue's next unit in its window; the index of the first left to it"},
+    {"cq_put_packed", (PyCFunction)(void (*)(void))codec_cq_put_packed, METH_FASTCALL,
+     "cq_put_packed(packed, pos, min_offset, queues, touched) -> int: ConsumeQueue.put for the packed entries "
+     "that are their queue's next unit in its window; the position of the first left to it"},
+    {"unpack_entry", (PyCFunction)(void (*)(void))codec_unpack_entry, METH_FASTCALL,
+     "unpack_entry(packed, pos) -> (entry, next_pos): a packed dispatch entry as a DispatchEntry tuple"},
     {"index_put_records", (PyCFunction)(void (*)(void))codec_index_put_records, METH_FASTCALL,
      "index_put_records(buf, hash_slot_count, index_count_max, entries, entry, key, min_offset) -> (entry, key): "
      "index_put_keys for the records from entries[entry].keys[key:], while the file has room"},
@@ -3488,9 +3819,8 @@ PyInit__codec(void)
     for (int i = 0; i < 4; i++)
         if (entry_names[i] == NULL && (entry_names[i] = PyUnicode_InternFromString(entry_fields[i])) == NULL)
             return NULL;
-    static const char *const cq_fields[9] = {"topic", "queue_id", "queue_offset", "commit_log_offset", "size",
-                                             "tags_code", "max_offset", "max_physical_end", "window"};
-    for (int i = 0; i < 9; i++)
+    static const char *const cq_fields[3] = {"max_offset", "max_physical_end", "window"};
+    for (int i = 0; i < 3; i++)
         if (cq_names[i] == NULL && (cq_names[i] = PyUnicode_InternFromString(cq_fields[i])) == NULL)
             return NULL;
     if (window_start_name == NULL && (window_start_name = PyUnicode_InternFromString("window_start")) == NULL)

@@ -57,6 +57,15 @@ SCAN_DAMAGE = 2   # the record at ``pos`` fails a check: decode it with ``engine
 # A ``DispatchEntry``'s fields as a tuple (see ``scan_dispatch``).
 DispatchTuple = tuple[str, int, int, int, int, int, int, list[str]]
 
+# A dispatch entry packed: how the reput dispatcher sends a receiver its entries, one
+# bytes object a batch and no object a record (``scan_dispatch(..., packed=True)``).
+#
+#   queue_offset i64 | commit_log_offset i64 | store_timestamp i64 | tags_code i64 |
+#   size i32 | queue_id i32 | topic_bytes u16 | key_count u16            44 bytes, little-endian
+#   topic (UTF-8, topic_bytes) | then per key: key_bytes u16 | key (UTF-8)
+PACKED_ENTRY = struct.Struct("<qqqqiiHH")
+PACKED_KEY = struct.Struct("<H")
+
 # One record for ``encode_records``: (body, encoded properties, flag, born_timestamp_ms) as
 # ``build_items`` makes it, or with sys_flag and prepared_transaction_offset after those.
 SendItem = tuple[bytes, bytes, int, int]
@@ -128,9 +137,40 @@ def encode_records(buf: WriteBuffer, pos: int, base_offset: int, topic: bytes, q
     return offsets, pos
 
 
+def pack_entry(entry: DispatchTuple) -> bytes:
+    """A ``DispatchEntry``'s fields packed (``PACKED_ENTRY``)."""
+    topic, queue_id, queue_offset, commit_log_offset, size, code, store_ts, keys = entry
+    name = topic.encode()
+    parts = [PACKED_ENTRY.pack(queue_offset, commit_log_offset, store_ts, code, size, queue_id, len(name), len(keys)),
+             name]
+    for key in keys:
+        raw = key.encode(errors="surrogatepass")
+        parts += [PACKED_KEY.pack(len(raw)), raw]
+    return b"".join(parts)
+
+
+def unpack_entry(packed: bytes, pos: int) -> tuple[DispatchTuple, int]:
+    """The packed entry at ``packed[pos:]`` as a ``DispatchEntry`` tuple, and where the next begins.
+    ValueError if it runs past the end of ``packed``."""
+    if not 0 <= pos <= len(packed) - PACKED_ENTRY.size:
+        raise ValueError("a packed dispatch entry runs past the end of its bytes")
+    queue_offset, clo, store_ts, code, size, queue_id, topic_bytes, key_count = PACKED_ENTRY.unpack_from(packed, pos)
+    at = pos + PACKED_ENTRY.size
+    topic = packed[at:at + topic_bytes].decode()
+    at += topic_bytes
+    keys = []
+    for _ in range(key_count):
+        (length,) = PACKED_KEY.unpack_from(packed, at)
+        keys.append(packed[at + 2:at + 2 + length].decode(errors="replace"))
+        at += 2 + length
+    if at > len(packed) or len(topic.encode()) != topic_bytes:
+        raise ValueError("a packed dispatch entry runs past the end of its bytes")
+    return (topic, queue_id, queue_offset, clo, size, code, store_ts, keys), at
+
+
 def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_records: int,
-                  owner_count: int, index_uniq: bool = True,
-                  ) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int, int, int]:
+                  owner_count: int, index_uniq: bool = True, packed: bool = False,
+                  ) -> tuple[list[Any], Any, int, int, int]:
     """Parse records from ``buf[pos:limit]`` for dispatch, without CRC checks.
 
     Returns ``(per_owner, for_index, count, pos, stop)``: per owner the entries of its
@@ -139,7 +179,19 @@ def scan_dispatch(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_r
     as a tuple: (topic, queue_id, queue_offset, commit_log_offset, size, tags_code,
     store_timestamp, keys); owners get it with no keys, the index with the UNIQ_KEY
     first (unless ``index_uniq`` is off: ``index_uniq_key_enabled``), then the user keys.
+    With ``packed``, each owner's entries and the index's are one bytes object of packed
+    entries (``PACKED_ENTRY``) instead of lists.
     """
+    per_owner, for_index, count, pos, stop = _scan_entries(buf, pos, limit, base_offset, max_records, owner_count,
+                                                           index_uniq)
+    if not packed:
+        return per_owner, for_index, count, pos, stop
+    return ([b"".join(map(pack_entry, mine)) for mine in per_owner], b"".join(map(pack_entry, for_index)), count, pos,
+            stop)
+
+
+def _scan_entries(buf: ReadBuffer, pos: int, limit: int, base_offset: int, max_records: int, owner_count: int,
+                  index_uniq: bool) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int, int, int]:
     per_owner: list[list[DispatchTuple]] = [[] for _ in range(owner_count)]
     for_index: list[DispatchTuple] = []
     count = 0
@@ -235,10 +287,11 @@ def index_put_records(buf: WriteBuffer, hash_slot_count: int, index_count_max: i
     """``index_put_keys`` for every record of ``entries`` (``DispatchEntry``s, or their fields as
     tuples) from ``entries[entry]``'s ``keys[key:]`` on, skipping records below ``min_offset``,
     while the file has room below ``index_count_max``. Returns where it stopped: ``(entry, key)``,
-    ``(len(entries), 0)`` once every record is in."""
+    ``(len(entries), 0)`` once every record is in. ``entries`` may also be bytes of packed entries
+    (``PACKED_ENTRY``): ``entry`` is then a byte position in them."""
     count = max(INDEX_HEADER.unpack_from(buf, 0)[5], 1)
     while entry < len(entries) and count < index_count_max:
-        item = entries[entry]
+        item, after = unpack_entry(entries, entry) if isinstance(entries, bytes) else (entries[entry], entry + 1)
         topic, offset, store_ts, keys = ((item[0], item[3], item[6], item[7]) if isinstance(item, tuple) else
                                          (item.topic, item.commit_log_offset, item.store_timestamp, item.keys))
         if offset >= min_offset:
@@ -246,32 +299,33 @@ def index_put_records(buf: WriteBuffer, hash_slot_count: int, index_count_max: i
             count += added
             if key + added < len(keys):
                 return entry, key + added
-        entry, key = entry + 1, 0
+        entry, key = after, 0
     return entry, key if entry < len(entries) else 0
 
 
-def cq_put_entries(entries: Sequence[Any], first: int, min_offset: int, queues: Mapping[tuple[str, int], Any],
-                   touched: set[Any]) -> int:
-    """``ConsumeQueue.put`` for ``entries[first:]`` (``DispatchEntry``s), records below
-    ``min_offset`` skipped, while each is the next unit of a queue of ``queues`` and lies in its
-    window (``ConsumeQueue.window``, ``window_start``, ``window_end``: reserved, counted for the
-    next flush). Returns the index of the first entry left to ``ConsumeQueue.put`` (a new queue
-    or file, a gap, a replay); the queues written to have ``max_offset`` and ``max_physical_end``
-    moved and are added to ``touched``."""
-    for i in range(first, len(entries)):
-        entry = entries[i]
-        if entry.commit_log_offset < min_offset:
-            continue
-        cq = queues.get((entry.topic, entry.queue_id))
-        at = entry.queue_offset * CQ_UNIT.size
-        if cq is None or cq.window is None or cq.window.closed or entry.queue_offset != cq.max_offset \
-                or entry.commit_log_offset + entry.size <= cq.max_physical_end \
-                or not cq.window_start <= at <= cq.window_end - CQ_UNIT.size or not 0 <= entry.size <= 0x7FFFFFFF:
-            return i
-        CQ_UNIT.pack_into(cq.window, at - cq.window_start, entry.commit_log_offset, entry.size, entry.tags_code)
-        cq.max_offset, cq.max_physical_end = entry.queue_offset + 1, entry.commit_log_offset + entry.size
-        touched.add(cq)
-    return len(entries)
+def cq_put_packed(packed: bytes, pos: int, min_offset: int, queues: Mapping[tuple[str, int], Any],
+                  touched: set[Any]) -> int:
+    """``ConsumeQueue.put`` for the packed entries of ``packed[pos:]``, records below ``min_offset``
+    skipped, while each is the next unit of a queue of ``queues`` and lies in its window
+    (``ConsumeQueue.window``, ``window_start``, ``window_end``: reserved, counted for the next
+    flush). Returns the position of the first entry left to ``ConsumeQueue.put`` (a new queue or
+    file, a gap, a replay), ``len(packed)`` when none; the queues written to have ``max_offset``
+    and ``max_physical_end`` moved and are added to ``touched``. ValueError for an entry that runs
+    past the end: the units written before it stay counted."""
+    while pos < len(packed):
+        (topic, queue_id, queue_offset, clo, size, code, _ts, _keys), after = unpack_entry(packed, pos)
+        if clo >= min_offset:
+            cq = queues.get((topic, queue_id))
+            at = queue_offset * CQ_UNIT.size
+            if cq is None or cq.window is None or cq.window.closed or queue_offset != cq.max_offset \
+                    or clo + size <= cq.max_physical_end \
+                    or not cq.window_start <= at <= cq.window_end - CQ_UNIT.size or not 0 <= size <= 0x7FFFFFFF:
+                return pos
+            CQ_UNIT.pack_into(cq.window, at - cq.window_start, clo, size, code)
+            cq.max_offset, cq.max_physical_end = queue_offset + 1, clo + size
+            touched.add(cq)
+        pos = after
+    return pos
 
 
 def index_header(buf: ReadBuffer) -> tuple[int, int, int, int, int, int]:

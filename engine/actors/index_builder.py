@@ -31,7 +31,7 @@ from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
 from engine.ipc import channels, endpoints
 from engine.ipc.endpoints import CRASH_START_FILE
-from engine.ipc.messages import DispatchBatch, DispatchEntry
+from engine.ipc.messages import DispatchBatch
 from engine.ipc.wire import Inbound
 from engine.services.log_slices import read_slice
 from engine.services.restart_points import index_restart, index_restart_unclean
@@ -136,7 +136,7 @@ class IndexBuilderActor(Actor):
             return
         self.applied_offset, self.behind = piece.end, piece.end < end
 
-    def apply(self, entries: Sequence[DispatchEntry] | Sequence[DispatchTuple], min_offset: int) -> bool:
+    def apply(self, entries: Sequence[DispatchTuple] | bytes, min_offset: int) -> bool:
         """Index the records at or past ``min_offset``; on a full disk stop at the record it could
         not take (False) and retry from it later."""
         try:
@@ -163,7 +163,7 @@ class IndexBuilderActor(Actor):
             self.catch_up(batch.start)
         if self.stalled or self.behind:
             return  # the tick (or the next turn) goes on from the record it reached
-        if not self.apply(batch.entries, self.applied_offset):
+        if not self.apply(batch.packed, self.applied_offset):
             return
         self.applied_offset = batch.end
         self.slots.set(INDEX_APPLIED, self.applied_offset)

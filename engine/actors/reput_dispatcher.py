@@ -15,7 +15,6 @@ commit log offset, so a restarted dispatcher may start early without harm.
 from __future__ import annotations
 
 import logging
-from typing import cast
 
 from engine import codec
 from engine.actors.base import Actor, Env, Handler, Port, main
@@ -23,7 +22,7 @@ from engine.actors.effects import Effects
 from engine.codec_py import DispatchTuple
 from engine.ipc import channels, endpoints
 from engine.ipc.channels import Channel
-from engine.ipc.messages import DispatchBatch, DispatchEntry, Wake
+from engine.ipc.messages import DispatchBatch, Wake
 from engine.ipc.wire import Inbound
 from engine.layout import END_FILE_MIN_BLANK_BYTES, Record
 from engine.services.restart_points import reput_restart
@@ -121,11 +120,11 @@ class ReputDispatcherActor(Actor):
     def work_backlog(self, out: Effects) -> None:
         self.dispatch(out)
 
-    def collect(self, start: int, end: int) -> tuple[list[list[DispatchTuple]], list[DispatchTuple], int]:
+    def collect(self, start: int, end: int) -> tuple[list[bytearray], bytearray, int]:
         """Parse up to ``dispatch_batch_records_max`` records from ``start``: the entries for
-        each owner and for the index, and the offset after the last record parsed."""
-        per_owner: list[list[DispatchTuple]] = [[] for _ in range(self.owner_count)]
-        for_index: list[DispatchTuple] = []
+        each owner and for the index, packed, and the offset after the last record parsed."""
+        per_owner = [bytearray() for _ in range(self.owner_count)]
+        for_index = bytearray()
         room = self.config.dispatch_batch_records_max
         offset = start
         while offset < end and room > 0:
@@ -136,7 +135,7 @@ class ReputDispatcherActor(Actor):
             base = segment.start_offset
             limit = min(segment.size_bytes, end - base)
             owners, index, count, pos, stop = codec.scan_dispatch(segment.mm, offset - base, limit, base, room,
-                                                                  self.owner_count, self.index_uniq)
+                                                                  self.owner_count, self.index_uniq, True)
             for mine, found in zip(per_owner, owners, strict=True):
                 mine.extend(found)
             for_index += index
@@ -149,8 +148,7 @@ class ReputDispatcherActor(Actor):
                 offset = segment.end_offset
         return per_owner, for_index, min(offset, end)
 
-    def step_over(self, offset: int, end: int, per_owner: list[list[DispatchTuple]],
-                  for_index: list[DispatchTuple]) -> int:
+    def step_over(self, offset: int, end: int, per_owner: list[bytearray], for_index: bytearray) -> int:
         """The record at ``offset`` did not parse on the fast path: let the full decoder say why."""
         item = next(iter(self.reader.scan(offset, end, check_crc=False)))
         if isinstance(item, Damage):
@@ -159,27 +157,23 @@ class ReputDispatcherActor(Actor):
         self.route(item, per_owner, for_index)
         return item.commit_log_offset + item.total_size
 
-    def route(self, record: Record, per_owner: list[list[DispatchTuple]], for_index: list[DispatchTuple]) -> None:
+    def route(self, record: Record, per_owner: list[bytearray], for_index: bytearray) -> None:
         keys = record.keys
-        uniq = record.uniq_key
+        uniq = record.uniq_key if self.index_uniq else None
         entry: DispatchTuple = (record.topic, record.queue_id, record.queue_offset, record.commit_log_offset,
                                 record.total_size, codec.tags_code(record.tags), record.store_timestamp_ms, [])
-        per_owner[codec.owner_index(record.topic, record.queue_id, self.owner_count)].append(entry)
+        per_owner[codec.owner_index(record.topic, record.queue_id, self.owner_count)] += codec.pack_entry(entry)
         if keys or uniq:
-            for_index.append((*entry[:7], [uniq, *keys] if uniq else keys))
+            for_index += codec.pack_entry((*entry[:7], [uniq, *keys] if uniq else keys))
 
-    def publish(self, out: Effects, end: int, per_owner: list[list[DispatchTuple]], for_index: list[DispatchTuple],
+    def publish(self, out: Effects, end: int, per_owner: list[bytearray], for_index: bytearray,
                 *, tick: bool = False) -> None:
         """Send each receiver what it has in the log up to ``end``; a receiver with nothing new
-        hears nothing until the next tick (its batch then starts where its last one ended).
-
-        Entries are ``DispatchEntry`` fields as tuples: msgspec encodes both as the same array."""
+        hears nothing until the next tick (its batch then starts where its last one ended)."""
         receivers = [*zip(self.owner_topics, per_owner, strict=True), (endpoints.TOPIC_INDEX, for_index)]
-        for k, (topic, entries) in enumerate(receivers):
-            if entries or tick:
-                # the tuples stand for the entries on the wire (encoded alike): a cast, not a copy
-                batch = DispatchBatch(self.sent_end[k], end, cast("list[DispatchEntry]", entries))
-                out.publish(channels.DISPATCH, topic, batch)
+        for k, (topic, packed) in enumerate(receivers):
+            if packed or tick:
+                out.publish(channels.DISPATCH, topic, DispatchBatch(self.sent_end[k], end, bytes(packed)))
                 self.sent_end[k] = end
         self.slots.set(DISPATCHED, end)
 
@@ -195,8 +189,7 @@ class ReputDispatcherActor(Actor):
             self.reader.segments.refresh()
         self.follow_log()
         self.dispatch(out)
-        empty: list[list[DispatchTuple]] = [[] for _ in range(self.owner_count)]
-        self.publish(out, self.reput_offset, empty, [], tick=True)
+        self.publish(out, self.reput_offset, [bytearray() for _ in range(self.owner_count)], bytearray(), tick=True)
 
     def detail(self) -> dict[str, int]:
         return {"reput_offset": self.reput_offset, "confirmed_offset": self.confirmed_offset,
@@ -205,7 +198,7 @@ class ReputDispatcherActor(Actor):
     def shutdown(self, out: Effects) -> None:
         self.follow_log()
         self.dispatch(out)
-        self.publish(out, self.reput_offset, [[] for _ in range(self.owner_count)], [], tick=True)
+        self.publish(out, self.reput_offset, [bytearray() for _ in range(self.owner_count)], bytearray(), tick=True)
 
 
 if __name__ == "__main__":

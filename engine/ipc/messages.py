@@ -297,7 +297,8 @@ class FlushFailed(msgspec.Struct, array_like=True, tag="flush_failed"):
 
 
 class DispatchEntry(msgspec.Struct, array_like=True):
-    """One record as the reput dispatcher found it in the log."""
+    """One record as the reput dispatcher found it in the log (in a ``DispatchBatch`` packed:
+    ``codec_py.PACKED_ENTRY``)."""
 
     topic: str
     queue_id: int
@@ -312,14 +313,16 @@ class DispatchEntry(msgspec.Struct, array_like=True):
 class DispatchBatch(msgspec.Struct, array_like=True, tag="dispatch"):
     """reput -> owner k (PUB ``cq.<k>``) and index builder (PUB ``ix``).
 
-    Covers the log range [start, end): ``entries`` are every record in it
-    for the receiver. An empty batch is a tick. A receiver whose own progress
+    Covers the log range [start, end): ``packed`` holds every record in it for
+    the receiver, as ``DispatchEntry``s packed one after another
+    (``codec_py.PACKED_ENTRY``): the receivers' C codec reads them where they lie,
+    with no object a record. An empty batch is a tick. A receiver whose own progress
     is below ``start`` has missed a batch and reads the gap from the log itself.
     """
 
     start: int
     end: int
-    entries: list[DispatchEntry]
+    packed: bytes
 
 
 class Heartbeat(msgspec.Struct, array_like=True, tag="heartbeat"):

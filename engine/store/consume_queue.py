@@ -87,7 +87,7 @@ class ConsumeQueue:
         self.unsynced_starts: set[int] = set()  # files written since take_unsynced
         # The window: bytes [window_start, window_end) of the queue, in the newest file's mapping
         # (window), reserved and in unsynced_starts, where the next units may be written without
-        # this object (codec.cq_put_entries: it moves max_offset and max_physical_end). Closed
+        # this object (codec.cq_put_packed: it moves max_offset and max_physical_end). Closed
         # (window_end 0) by whatever else changes the files or what a flush covers.
         self.window: mmap.mmap | None = None
         self.window_start = self.window_end = 0

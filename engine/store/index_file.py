@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.codec import index_header, index_key_hash, index_put_keys, index_put_records, index_select
+from engine.codec import index_header, index_key_hash, index_put_keys, index_put_records, index_select, unpack_entry
 from engine.layout import INDEX_HEADER, INDEX_ITEM, INDEX_SLOT, index_file_bytes
 from engine.names import is_decimal
 from engine.store.mapped_file import PAGE_BYTES, MappedFile, create_preallocated, fsync_dir
@@ -55,6 +55,12 @@ class IndexStalled(Exception):
     def __init__(self, commit_log_offset: int) -> None:
         super().__init__(f"the index stopped at the record at {commit_log_offset}")
         self.commit_log_offset = commit_log_offset
+
+
+def _item_at(entries: Sequence[Any] | bytes, at: int) -> tuple[Any, int]:
+    """The record at cursor ``at`` of ``entries`` and the cursor after it: an index in a list, a
+    byte position in packed entries (``codec_py.PACKED_ENTRY``, unpacked here as a tuple)."""
+    return unpack_entry(entries, at) if isinstance(entries, bytes) else (entries[at], at + 1)
 
 
 def _offset_of(entry: Any) -> int:
@@ -130,8 +136,9 @@ class IndexFile:
             self.reload_header()  # the header in the mapping is the state
         return added
 
-    def put_records(self, entries: Sequence[Any], entry: int, key: int, min_offset: int) -> tuple[int, int]:
-        """``put_keys`` for the records of ``entries`` (``DispatchEntry``s or their fields as tuples)
+    def put_records(self, entries: Sequence[Any] | bytes, entry: int, key: int, min_offset: int) -> tuple[int, int]:
+        """``put_keys`` for the records of ``entries`` (``DispatchEntry``s or their fields as tuples,
+        or packed entries: ``entry`` is then a byte position)
         from ``entries[entry]``'s ``keys[key:]`` on, records below ``min_offset`` skipped, up to
         ``PUT_RESERVE_ITEMS`` items a call (``codec.index_put_records``): where it stopped,
         ``(len(entries), 0)`` once every record is in; the file is full if it stopped short of that
@@ -270,9 +277,10 @@ class IndexService:
         """Index one record's keys (already including its UNIQ_KEY); returns items added."""
         return self.build_records([(topic, 0, 0, commit_log_offset, 0, 0, store_timestamp_ms, keys)])
 
-    def build_records(self, entries: Sequence[Any], min_offset: int = 0) -> int:
+    def build_records(self, entries: Sequence[Any] | bytes, min_offset: int = 0) -> int:
         """Index the keys of every record of ``entries`` at or past ``min_offset`` (``DispatchEntry``s,
-        or their fields as tuples, in log order; keys already including the UNIQ_KEY), in the C
+        their fields as tuples, or packed entries as a dispatch batch brings them; in log order;
+        keys already including the UNIQ_KEY), in the C
         codec a file at a time; returns items added. ``IndexStalled`` (a full disk) names the
         record to retry from: the records before it are in.
 
@@ -281,22 +289,22 @@ class IndexService:
         reused by new records, which must be indexed again.
         """
         entry = key = added = 0
-        while entry < len(entries) and _offset_of(entries[entry]) < min_offset:
-            entry += 1  # in log order: only a first run is older
+        while entry < len(entries) and _offset_of((found := _item_at(entries, entry))[0]) < min_offset:
+            entry = found[1]  # in log order: only a first run is older
         while entry < len(entries):
             index, fresh = self._writing, False
             try:
                 if index is None or index.is_full:
                     # named by the record's store time, not by the clock: close to the moment of
                     # creation (RocketMQ's name), and the same on every replay of a simulated run
-                    item = entries[entry]
+                    item = _item_at(entries, entry)[0]
                     index = self._writing = self._writable_file(item[6] if isinstance(item, tuple)
                                                                 else item.store_timestamp)
                     fresh = True
                 before = index.index_count
                 entry, key = index.put_records(entries, entry, key, min_offset)
             except OSError as exc:
-                raise IndexStalled(_offset_of(entries[entry])) from exc
+                raise IndexStalled(_offset_of(_item_at(entries, entry)[0])) from exc
             if index.index_count > before:
                 added += index.index_count - before
                 self.dirty.add(self.names[-1])

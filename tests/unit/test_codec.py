@@ -14,6 +14,7 @@ import struct
 
 import msgspec
 import pytest
+from msgspec.structs import astuple
 
 from engine import codec_py as py
 from engine.ipc.messages import DispatchEntry
@@ -161,10 +162,26 @@ def ordered(view: dict | None):
     return [(k, list(v.items()) if isinstance(v, dict) else (type(v), v)) for k, v in view.items()]
 
 
-def same_scan(buf, pos: int, limit: int, base: int = BASE, max_records: int = 1 << 30, owners: int = 3):
-    expected = py.scan_dispatch(buf, pos, limit, base, max_records, owners)
-    got = c.scan_dispatch(buf, pos, limit, base, max_records, owners)
+def unpacked(impl, blob: bytes) -> list:
+    """Packed dispatch entries back as the tuples scan_dispatch gives."""
+    entries, pos = [], 0
+    while pos < len(blob):
+        entry, pos = impl.unpack_entry(blob, pos)
+        entries.append(entry)
+    return entries
+
+
+def same_scan(buf, pos: int, limit: int, base: int = BASE, max_records: int = 1 << 30, owners: int = 3,
+              index_uniq: bool = True):
+    expected = py.scan_dispatch(buf, pos, limit, base, max_records, owners, index_uniq)
+    got = c.scan_dispatch(buf, pos, limit, base, max_records, owners, index_uniq)
     assert got == expected, (pos, limit, max_records, owners)
+    for scan in (c, py):  # packed by either, unpacked by either: the same entries
+        per_owner, for_index, *rest = scan.scan_dispatch(buf, pos, limit, base, max_records, owners, index_uniq, True)
+        assert rest == list(got[2:])
+        for impl in (c, py):
+            assert [unpacked(impl, blob) for blob in per_owner] == got[0], (scan.__name__, impl.__name__)
+            assert unpacked(impl, for_index) == got[1], (scan.__name__, impl.__name__)
     return got
 
 
@@ -313,8 +330,7 @@ def test_without_the_uniq_key_index_only_user_keys_reach_the_index():
     rng = random.Random(44)
     seg, starts = build_segment(rng, 64 * 1024, batches=12)
     with_uniq = same_scan(seg, 0, len(seg))
-    expected = py.scan_dispatch(seg, 0, len(seg), BASE, 1 << 30, 3, False)
-    assert c.scan_dispatch(seg, 0, len(seg), BASE, 1 << 30, 3, False) == expected
+    expected = same_scan(seg, 0, len(seg), index_uniq=False)
     assert expected[0] == with_uniq[0]  # the owners' entries do not change
     uniq = {decode_record(seg, start, limit=len(seg), base_offset=BASE, check_crc=False).uniq_key for start in starts}
     assert uniq - {None} and not uniq & {key for entry in expected[1] for key in entry[7]}
@@ -536,14 +552,16 @@ def test_index_put_records_is_index_put_keys_record_by_record(slots, count_max):
         return files
 
     expected = one_by_one()
+    packed = b"".join(py.pack_entry(item if isinstance(item, tuple) else astuple(item)) for item in entries)
     for impl in (py, c):
-        files = [empty_index(slots, count_max)]
-        entry = key = 0
-        while entry < len(entries):
-            if struct.unpack_from(">i", files[-1], 36)[0] >= count_max:
-                files.append(empty_index(slots, count_max))
-            entry, key = impl.index_put_records(files[-1], slots, count_max, entries, entry, key, min_offset)
-        assert files == expected, impl.__name__
+        for batch in (entries, packed):  # the packed form's cursor is a byte position
+            files = [empty_index(slots, count_max)]
+            entry = key = 0
+            while entry < len(batch):
+                if struct.unpack_from(">i", files[-1], 36)[0] >= count_max:
+                    files.append(empty_index(slots, count_max))
+                entry, key = impl.index_put_records(files[-1], slots, count_max, batch, entry, key, min_offset)
+            assert files == expected, (impl.__name__, type(batch))
     assert c.index_put_records(files[-1], slots, count_max, entries, len(entries), 0, 0) == (len(entries), 0)
 
 

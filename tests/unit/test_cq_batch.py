@@ -1,5 +1,6 @@
-"""Units written a dispatch batch at a time (``codec.cq_put_entries``) against ``ConsumeQueue.put``
-record by record: the same files, the same ends, every file written counted for the next flush."""
+"""Units written a dispatch batch at a time (``codec.cq_put_packed`` over the reput dispatcher's packed
+entries) against ``ConsumeQueue.put`` record by record: the same files, the same ends, every file
+written counted for the next flush."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from msgspec.structs import astuple
 
 from engine import codec_py as py
 from engine.ipc.messages import DispatchEntry
@@ -57,6 +59,21 @@ def files_of(store: Path) -> dict[str, bytes]:
     return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
 
 
+def put_batch(impl, batch: list[DispatchEntry], min_offset: int, store: Path,
+              queues: dict[tuple[str, int], ConsumeQueue]) -> set[ConsumeQueue]:
+    """The owner's way (``OwnedQueues.apply_batch``): the codec writes what it can, ``put`` the rest."""
+    written: set[ConsumeQueue] = set()
+    packed, pos = packed_of(batch), 0
+    while (pos := impl.cq_put_packed(packed, pos, min_offset, queues, written)) < len(packed):
+        (topic, queue_id, queue_offset, clo, size, code, _ts, _keys), pos = impl.unpack_entry(packed, pos)
+        open_queue(store, queues, topic, queue_id).put(queue_offset, clo, size, code)
+    return written
+
+
+def packed_of(entries: list[DispatchEntry]) -> bytes:
+    return b"".join(py.pack_entry(astuple(entry)) for entry in entries)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_batch_writes_the_units_put_writes_record_by_record(tmp_path: Path, impl, seed: int) -> None:
@@ -70,13 +87,7 @@ def test_a_batch_writes_the_units_put_writes_record_by_record(tmp_path: Path, im
             if entry.commit_log_offset >= min_offset:
                 open_queue(one, by_record, entry.topic, entry.queue_id).put(
                     entry.queue_offset, entry.commit_log_offset, entry.size, entry.tags_code)
-        written: set[ConsumeQueue] = set()
-        i = 0
-        while (i := impl.cq_put_entries(batch, i, min_offset, by_batch, written)) < len(batch):
-            entry = batch[i]
-            open_queue(many, by_batch, entry.topic, entry.queue_id).put(
-                entry.queue_offset, entry.commit_log_offset, entry.size, entry.tags_code)
-            i += 1
+        written = put_batch(impl, batch, min_offset, many, by_batch)
         assert all(by_batch[(cq.topic, cq.queue_id)] is cq for cq in written)
         if n % 3 == 2:  # a flush between batches: what it covers is what was written since the last one
             for cq in by_batch.values():
@@ -98,43 +109,65 @@ def test_a_window_closed_by_a_flush_or_an_unmapping_leaves_the_unit_to_put(tmp_p
     queues: dict[tuple[str, int], ConsumeQueue] = {}
     cq = open_queue(tmp_path, queues, "t", 0)
     cq.put(0, 0, 100, 0)
-    entries = [DispatchEntry("t", 0, n, n * 100, 100, 7, 0, []) for n in range(1, 4)]
+    entries = packed_of([DispatchEntry("t", 0, n, n * 100, 100, 7, 0, []) for n in range(1, 4)])
     written: set[ConsumeQueue] = set()
-    assert impl.cq_put_entries(entries, 0, 0, queues, written) == 3 and written == {cq}
+    assert impl.cq_put_packed(entries, 0, 0, queues, written) == len(entries) and written == {cq}
     assert cq.max_offset == 4 and cq.max_physical_end == 400
     assert [p.name for p in cq.take_unsynced()] == ["00000000000000000000"]
-    more = [DispatchEntry("t", 0, 4, 400, 100, 7, 0, [])]
-    assert impl.cq_put_entries(more, 0, 0, queues, set()) == 0, "after a flush the next write counts its file again"
+    more = packed_of([DispatchEntry("t", 0, 4, 400, 100, 7, 0, [])])
+    assert impl.cq_put_packed(more, 0, 0, queues, set()) == 0, "after a flush the next write counts its file again"
     cq.put(4, 400, 100, 7)
     assert [p.name for p in cq.take_unsynced()] == ["00000000000000000000"]
     cq.put(5, 500, 100, 7)
     assert cq.window is not None
     cq.window.close()  # unmapped (a mapping evicted): never written through
-    assert impl.cq_put_entries([DispatchEntry("t", 0, 6, 600, 100, 7, 0, [])], 0, 0, queues, set()) == 0
+    assert impl.cq_put_packed(packed_of([DispatchEntry("t", 0, 6, 600, 100, 7, 0, [])]), 0, 0, queues, set()) == 0
     cq.close()
 
 
 @pytest.mark.skipif(c is None, reason="engine._codec is not built")
-def test_bad_entries_are_refused_and_what_was_written_stays_counted(tmp_path: Path) -> None:
+def test_arguments_that_are_not_packed_entries_a_dict_and_a_set_are_refused(tmp_path: Path) -> None:
     queues: dict[tuple[str, int], ConsumeQueue] = {}
     cq = open_queue(tmp_path, queues, "t", 0)
     cq.put(0, 0, 100, 0)
-    written: set[ConsumeQueue] = set()
-    with pytest.raises(AttributeError):
-        c.cq_put_entries([DispatchEntry("t", 0, 1, 100, 100, 0, 0, []), object()], 0, 0, queues, written)
-    assert written == {cq} and cq.max_offset == 2 and cq.max_physical_end == 200
+    for bad in ([DispatchEntry("t", 0, 1, 100, 100, 0, 0, [])], bytearray(b"x")):  # packed entries are bytes
+        with pytest.raises(TypeError):
+            c.cq_put_packed(bad, 0, 0, queues, set())
     with pytest.raises(TypeError):
-        c.cq_put_entries([], 0, 0, [], set())
+        c.cq_put_packed(b"", 0, 0, [], set())
     with pytest.raises(TypeError):
-        c.cq_put_entries([], 0, 0, {}, [])
+        c.cq_put_packed(b"", 0, 0, {}, [])
+    with pytest.raises(ValueError):
+        c.cq_put_packed(b"", -1, 0, {}, set())
+    with pytest.raises(TypeError):
+        c.unpack_entry(bytearray(45), 0)
+    assert cq.max_offset == 1
     cq.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda m: m.__name__)
+def test_a_torn_packed_batch_is_refused_and_what_was_written_stays_counted(tmp_path: Path, impl) -> None:
+    whole = b"".join(py.pack_entry(("t", 0, n, n * 100, 100, 7, 0, [])) for n in range(1, 4))
+    for cut in (len(whole) - 1, len(whole) - py.PACKED_ENTRY.size + 3):  # in the last topic, in its head
+        queues: dict[tuple[str, int], ConsumeQueue] = {}
+        cq = open_queue(tmp_path / str(cut), queues, "t", 0)
+        cq.put(0, 0, 100, 0)
+        with pytest.raises(ValueError, match="runs past the end"):
+            impl.cq_put_packed(whole[:cut], 0, 0, queues, written := set())
+        assert written == {cq} and cq.max_offset == 3, "the two whole entries before the torn one are written"
+        cq.close()
+    with pytest.raises(ValueError, match="runs past the end"):
+        impl.unpack_entry(whole, len(whole) - 1)
+    with pytest.raises(ValueError, match="runs past the end"):
+        impl.unpack_entry(whole, -1)
 
 
 OWNER_WRITER = """
 import sys
 from pathlib import Path
 from engine.config import StoreConfig
-from engine.ipc.messages import DispatchBatch, DispatchEntry
+from engine.codec_py import pack_entry
+from engine.ipc.messages import DispatchBatch
 from engine.services.owner.owned_queues import OwnedQueues
 from tests.unit.test_cq_batch import owner_entries
 config = StoreConfig.test_min().replace(consume_queue_owner_count=1, consume_queue_file_units={file_units},
@@ -143,8 +176,8 @@ owner = OwnedQueues(Path(sys.argv[1]), config, 0)
 print("started", flush=True)
 log = owner_entries({records})
 for first in range(0, {records}, 500):  # the owner's way: a DispatchBatch at a time (apply_batch)
-    entries = [DispatchEntry(*entry) for entry in log[first:first + 500]]
-    owner.apply_batch(DispatchBatch(entries[0].commit_log_offset, entries[-1].commit_log_offset + 100, entries))
+    entries = log[first:first + 500]
+    owner.apply_batch(DispatchBatch(entries[0][3], entries[-1][3] + 100, b"".join(map(pack_entry, entries))))
 """
 
 
@@ -163,7 +196,7 @@ def owner_entries(records: int) -> list[tuple]:
 @pytest.mark.skipif(c is None, reason="engine._codec is not built")
 def test_an_owner_killed_in_the_middle_of_its_batches_leaves_the_units_put_writes_record_by_record(
         tmp_path: Path) -> None:
-    """SIGKILL an owner's batch path (``OwnedQueues.apply_batch``, on ``cq_put_entries``) at a random
+    """SIGKILL an owner's batch path (``OwnedQueues.apply_batch``, on ``cq_put_packed``) at a random
     moment: what its queues hold is a prefix of the log's records, the same for every queue, and
     byte for byte what ``ConsumeQueue.put`` writes record by record for that prefix."""
     import subprocess

@@ -211,20 +211,20 @@ def test_a_reader_finds_every_key_the_header_counts_and_none_past_it_while_a_wri
 BATCH_WRITER = """
 import sys
 from pathlib import Path
-from engine.ipc.messages import DispatchEntry
+from engine.codec_py import pack_entry
 from engine.store.index_file import IndexService
 index = IndexService(Path(sys.argv[1]), hash_slot_count={slots}, index_count_max={items}, writable=True)
 print("started", flush=True)
-for first in range(0, {records}, 1000):  # the index builder's way: a DispatchBatch's entries in one call
-    index.build_records([DispatchEntry("t", 0, n, n * 100 + 7, 100, 0, 1_700_000_000_000 + n,
-                                       [f"key-{{n}}-{{k}}" for k in range(n % 3 + 1)])
-                         for n in range(first, first + 1000)])
+for first in range(0, {records}, 1000):  # the index builder's way: a DispatchBatch's packed entries in one call
+    index.build_records(b"".join(pack_entry(("t", 0, n, n * 100 + 7, 100, 0, 1_700_000_000_000 + n,
+                                             [f"key-{{n}}-{{k}}" for k in range(n % 3 + 1)]))
+                                 for n in range(first, first + 1000)))
 """
 
 
 @compiled
 def test_a_batch_put_killed_midway_leaves_the_items_the_record_by_record_path_writes(tmp_path: Path) -> None:
-    """SIGKILL the C batch path (``build_records``) at a random moment: once repaired, the file is
+    """SIGKILL the C batch path (``build_records`` over packed entries) at a random moment: once repaired, the file is
     byte for byte the record-by-record Python path's (``codec_py.index_put_keys``) stopped after as
     many items, and the restart goes on from the record the header names."""
     records, items = 20_000, 60_000
@@ -254,3 +254,22 @@ def test_a_batch_put_killed_midway_leaves_the_items_the_record_by_record_path_wr
     assert killed.newest().end_phy_offset == last, "the restart goes on from the record of the last item counted"
     expected.close()
     killed.close()
+
+
+def test_a_packed_batch_builds_the_files_its_entries_build(tmp_path: Path) -> None:
+    """``build_records`` over a dispatch batch's packed entries (a byte cursor) and over the same
+    entries as tuples: the same files, named by the same records, the first run below
+    ``min_offset`` skipped in both."""
+    rng = random.Random(8)
+    entries = [("tópic", 0, n, n * 100, 100, 0, 1_700_000_000_000 + n * 1000,
+                [f"k{rng.randrange(50)}-é" for _ in range(rng.randint(1, 4))]) for n in range(300)]
+    packed = b"".join(py.pack_entry(entry) for entry in entries)
+    built = []
+    for name, batch in (("tuples", entries), ("packed", packed)):
+        index = IndexService(tmp_path / name, hash_slot_count=7, index_count_max=64, writable=True)
+        added = index.build_records(batch, min_offset=entries[20][3])
+        index.close()
+        files = sorted(p for p in (tmp_path / name).rglob("*") if p.is_file())
+        built.append((added, {p.name: p.read_bytes() for p in files}))
+    assert built[0] == built[1] and len(built[0][1]) > 3, "several files filled"
+    assert built[0][0] == sum(len(entry[7]) for entry in entries[20:])

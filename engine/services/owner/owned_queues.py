@@ -142,18 +142,18 @@ class OwnedQueues:
             touched = self.catch_up(batch.start)
         if self.stalled or self.behind:
             return touched  # the tick (or the next turn) goes on from the record it reached
-        # The units that are their queue's next one in its window are written by the C codec; it
-        # stops at the first entry it leaves to ConsumeQueue.put (a new queue or file, a gap, a
-        # replay, a deleted topic's record), which is put here before it goes on.
-        entries, written, i = batch.entries, set[ConsumeQueue](), 0
+        # The units that are their queue's next one in its window are written by the C codec over
+        # the packed entries; it stops at the first entry it leaves to ConsumeQueue.put (a new
+        # queue or file, a gap, a replay, a deleted topic's record), which is unpacked and put
+        # here before it goes on.
+        packed, written, pos = batch.packed, set[ConsumeQueue](), 0
         try:
-            while (i := codec.cq_put_entries(entries, i, self.applied_offset, self.queues, written)) < len(entries):
-                entry = entries[i]
-                if not self.apply(entry.topic, entry.queue_id, entry.queue_offset, entry.commit_log_offset,
-                                  entry.size, entry.tags_code):
+            while (pos := codec.cq_put_packed(packed, pos, self.applied_offset, self.queues, written)) < len(packed):
+                (topic, queue_id, queue_offset, commit_log_offset, size, code, _ts, _keys), pos = \
+                    codec.unpack_entry(packed, pos)
+                if not self.apply(topic, queue_id, queue_offset, commit_log_offset, size, code):
                     return touched
-                touched.add((entry.topic, entry.queue_id))
-                i += 1
+                touched.add((topic, queue_id))
         finally:
             touched.update((cq.topic, cq.queue_id) for cq in written)
         self.applied_offset = batch.end
