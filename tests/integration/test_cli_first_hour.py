@@ -219,9 +219,15 @@ def test_a_closed_pipe_ends_quietly(engine: EngineProcess) -> None:
 
 
 def test_ctrl_c_during_produce_prints_what_was_acknowledged(engine: EngineProcess) -> None:
-    produce = subprocess.Popen([*CLI, "produce", "--endpoint", engine.endpoint, "--topic", "stream", "--queue-id",
-                                "0", "--count", "10000000", "--batch-size", "10"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal gives it, even when this run was started in the background: a shell
+    # starts background jobs with SIGINT ignored, which a child inherits (a handler it does not)
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        produce = subprocess.Popen([*CLI, "produce", "--endpoint", engine.endpoint, "--topic", "stream",
+                                    "--queue-id", "0", "--count", "10000000", "--batch-size", "10"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     with engine.client() as client:
         until(lambda: client.list_topics() and client.queue_stats("stream", 0)["max_offset"] >= 20)
     produce.send_signal(signal.SIGINT)
@@ -231,8 +237,8 @@ def test_ctrl_c_during_produce_prints_what_was_acknowledged(engine: EngineProces
         produce.send_signal(signal.SIGUSR1)  # the CLI prints every thread's stack: where it hangs
         try:
             _out, err = produce.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
-            err = "(no stack)"
+        except subprocess.TimeoutExpired as still:  # printed its stacks, still running: what it printed
+            err = still.stderr.decode(errors="replace") if isinstance(still.stderr, bytes) else "(no stack)"
         produce.kill()
         produce.wait()
         pytest.fail(f"produce did not stop within 30 s of SIGINT; its stacks:\n{err[-6000:]}")
