@@ -2220,23 +2220,21 @@ cq_state_store(CqState *st, PyObject *touched)
     return rc;
 }
 
-/* The state of (topic, queue_id) in cache, loaded from queues on first sight; NULL when the
- * queue is not in queues or the cache is full (no error), or with *failed set. topic is a
- * str, or NULL with its UTF-8 at (tb, tn): it is then decoded only if not cached. */
+/* The state of (topic, queue_id) in cache, the topic given by its UTF-8 bytes (tb, tn), loaded
+ * from queues on first sight (the str decoded then only); NULL when the queue is not in queues
+ * or the cache is full (no error), or with *failed set. */
 static CqState *
-cq_lookup(CqState *cache, int *cached, PyObject *queues, PyObject *topic, const uint8_t *tb, Py_ssize_t tn,
-          long long queue_id, int *failed)
+cq_lookup(CqState *cache, int *cached, PyObject *queues, const uint8_t *tb, Py_ssize_t tn, long long queue_id,
+          int *failed)
 {
     for (int c = 0; c < *cached; c++) {
-        if (cache[c].queue_id != queue_id)
-            continue;
-        if (topic != NULL ? (cache[c].topic == topic || PyUnicode_Compare(cache[c].topic, topic) == 0)
-                          : (cache[c].topic_utf8_len == tn && memcmp(cache[c].topic_utf8, tb, (size_t)tn) == 0))
+        if (cache[c].queue_id == queue_id && cache[c].topic_utf8_len == tn
+            && memcmp(cache[c].topic_utf8, tb, (size_t)tn) == 0)
             return &cache[c];
     }
     if (*cached >= CQ_CACHE)
         return NULL;
-    PyObject *name = topic != NULL ? Py_NewRef(topic) : PyUnicode_DecodeUTF8((const char *)tb, tn, "strict");
+    PyObject *name = PyUnicode_DecodeUTF8((const char *)tb, tn, "strict");
     PyObject *key = name ? Py_BuildValue("(OL)", name, queue_id) : NULL;
     PyObject *cq = key ? PyDict_GetItemWithError(queues, key) : NULL;  /* borrowed */
     Py_XDECREF(key);
@@ -2326,7 +2324,7 @@ codec_cq_put_packed(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
             break;
         }
         if (e.commit_log_offset >= min_offset) {
-            CqState *st = cq_lookup(cache, &cached, args[3], NULL, e.topic, e.topic_len, e.queue_id, &failed);
+            CqState *st = cq_lookup(cache, &cached, args[3], e.topic, e.topic_len, e.queue_id, &failed);
             if (failed || !cq_write_unit(st, e.queue_offset, e.commit_log_offset, e.size, e.tags_code))
                 break;  /* ConsumeQueue.put's */
         }
