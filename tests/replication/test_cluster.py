@@ -248,17 +248,20 @@ def test_a_sets_master_killed_under_the_cluster_clients_its_replica_takes_over_n
         cluster.create_topic("orders", queue_count=8)
         acked: list[str] = []
         errors: list[str] = []
+        spans: list[tuple[str, float, float]] = []  # each send: its body, when it began and ended
         stop = threading.Event()
 
         def produce() -> None:
             with ClusterProducer(cluster, timeout_ms=3_000) as producer:
                 n = 0
                 while not stop.is_set():
+                    began = time.monotonic()
                     try:
                         producer.send("orders", f"p-{n}".encode())
                         acked.append(f"p-{n}")
                     except ClientError as exc:
                         errors.append(repr(exc))  # not acknowledged: it may be stored or not, and is not counted
+                    spans.append((f"p-{n}", began, time.monotonic()))
                     n += 1
 
         read: Counter[str] = Counter()
@@ -274,7 +277,9 @@ def test_a_sets_master_killed_under_the_cluster_clients_its_replica_takes_over_n
                     assert time.monotonic() < deadline, what
 
             read_until(lambda: len(acked) >= 300, 30, f"the first 300 sends ({len(acked)} acked; {errors[-3:]})")
+            killing = time.monotonic()
             old.kill()
+            killed = time.monotonic()
             new = set_a.wait_master(other_than=old)
             count = len(acked)
             read_until(lambda: len(acked) >= count + 300 and {b.broker_name for b in cluster.route(
@@ -298,7 +303,12 @@ def test_a_sets_master_killed_under_the_cluster_clients_its_replica_takes_over_n
                 member.close()
     assert not set(acked) - set(read)
     assert not set(acked) - set(stored), "every acknowledged message is stored"
-    assert max(stored.values()) == 1, "none is stored twice"
+    # The one send in flight when the master died may be stored twice: its connection broke before
+    # the reply (stored and replicated, or not: unknown), and a keyless send goes on with another set
+    # (SetSend.broken). Every other message is stored once.
+    in_flight = {body for body, began, ended in spans if began <= killed and ended >= killing}
+    doubled = {body for body, times in stored.items() if times > 1}
+    assert doubled <= in_flight and max(stored.values()) <= 2, f"stored twice: {sorted(doubled)[:5]} ({in_flight})"
 
 
 def cli(*args: str) -> str:
