@@ -596,6 +596,24 @@ scan_properties(const uint8_t *p, Py_ssize_t n, Wanted *wanted, PyObject *user)
     return 0;
 }
 
+/* The next non-empty part of the KEYS value from *start (split on ' '); 0 when none is left. */
+static int
+next_key(Span keys, Py_ssize_t *start, Span *part)
+{
+    while (keys.at != NULL && *start < keys.len) {
+        const uint8_t *at = keys.at + *start;
+        const uint8_t *stop = memchr(at, KEY_SEPARATOR, (size_t)(keys.len - *start));
+        Py_ssize_t len = stop ? stop - at : keys.len - *start;
+        *start += len + 1;
+        if (len > 0) {
+            part->at = at;
+            part->len = len;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /*
  * Record.keys: the KEYS value split on ' ' without the empty parts; with
  * first (the UNIQ_KEY) in front when it is not NULL. A new list.
@@ -609,14 +627,9 @@ split_keys(Span keys, PyObject *first)
     if (first != NULL && PyList_Append(list, first) < 0)
         goto error;
     Py_ssize_t start = 0;
-    while (keys.at != NULL && start < keys.len) {
-        const uint8_t *part = keys.at + start;
-        const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(keys.len - start));
-        Py_ssize_t part_len = stop ? stop - part : keys.len - start;
-        start += part_len + 1;
-        if (part_len == 0)
-            continue;
-        PyObject *key = decode_replace(part, part_len);
+    Span part;
+    while (next_key(keys, &start, &part)) {
+        PyObject *key = decode_replace(part.at, part.len);
         if (key == NULL)
             goto error;
         int rc = PyList_Append(list, key);
@@ -1246,11 +1259,13 @@ torn:
     return -1;
 }
 
-/* Pack one record's entry: its keys are [uniq if present] + the non-empty parts of keys. */
+/* Pack one record's entry, its keys [uniq if present] + the non-empty parts of keys (their
+ * count fits in u16: a record's properties are at most 32767 bytes); with skip_keyless, an
+ * entry left without a key is taken back. */
 static int
-pack_record(Packer *pk, const Layout *rec, int32_t tags_code, const Span *uniq, const Span *keys, int key_count)
+pack_record(Packer *pk, const Layout *rec, int32_t tags_code, const Span *uniq, Span keys, int skip_keyless)
 {
-    Py_ssize_t more = PACKED_HEAD_BYTES + rec->topic_len + (uniq ? 2 + uniq->len : 0) + (keys ? 2 * keys->len + 2 : 0);
+    Py_ssize_t more = PACKED_HEAD_BYTES + rec->topic_len + (uniq ? 2 + uniq->len : 0) + 2 * keys.len + 2;
     uint8_t *p = packer_room(pk, more);
     if (p == NULL)
         return -1;
@@ -1261,44 +1276,33 @@ pack_record(Packer *pk, const Layout *rec, int32_t tags_code, const Span *uniq, 
     store_le(p + 32, (uint64_t)(uint32_t)rec->size, 4);
     store_le(p + 36, (uint64_t)(uint32_t)load_i32(rec->rec + AT_QUEUE_ID), 4);
     store_le(p + 40, (uint64_t)rec->topic_len, 2);
-    store_le(p + 42, (uint64_t)key_count, 2);
     memcpy(p + PACKED_HEAD_BYTES, rec->rec + rec->topic_at, (size_t)rec->topic_len);
     uint8_t *at = p + PACKED_HEAD_BYTES + rec->topic_len;
-    if (uniq != NULL) {
-        store_le(at, (uint64_t)uniq->len, 2);
-        memcpy(at + 2, uniq->at, (size_t)uniq->len);
-        at += 2 + uniq->len;
-    }
+    int key_count = 0;
     Py_ssize_t start = 0;
-    while (keys != NULL && start < keys->len) {
-        const uint8_t *part = keys->at + start;
-        const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(keys->len - start));
-        Py_ssize_t part_len = stop ? stop - part : keys->len - start;
-        start += part_len + 1;
-        if (part_len == 0)
-            continue;
-        store_le(at, (uint64_t)part_len, 2);
-        memcpy(at + 2, part, (size_t)part_len);
-        at += 2 + part_len;
+    Span part;
+    for (int first = uniq != NULL; first || next_key(keys, &start, &part); first = 0, key_count++) {
+        if (first)
+            part = *uniq;
+        store_le(at, (uint64_t)part.len, 2);
+        memcpy(at + 2, part.at, (size_t)part.len);
+        at += 2 + part.len;
     }
-    pk->len -= more - (at - p);  /* the room taken back past the last key */
+    store_le(p + 42, (uint64_t)key_count, 2);
+    pk->len -= skip_keyless && key_count == 0 ? more : more - (at - p);  /* the room not taken back */
     return 0;
 }
 
-/* How many keys split_keys would give: non-empty parts of keys, plus uniq. */
+/* What dispatch reads in a record's properties: its tags' code, and its KEYS and UNIQ_KEY (this
+ * one only with index_uniq). -1 on error. */
 static int
-count_split_keys(const Span *uniq, const Span *keys)
+dispatch_properties(const Layout *rec, int index_uniq, Wanted *wanted, int32_t *code)
 {
-    int count = uniq != NULL;
-    Py_ssize_t start = 0;
-    while (keys != NULL && start < keys->len) {
-        const uint8_t *part = keys->at + start;
-        const uint8_t *stop = memchr(part, KEY_SEPARATOR, (size_t)(keys->len - start));
-        Py_ssize_t part_len = stop ? stop - part : keys->len - start;
-        start += part_len + 1;
-        count += part_len > 0;
-    }
-    return count;
+    *code = 0;
+    (void)scan_properties(rec->rec + rec->props_at, rec->props_len, wanted, NULL);  /* no dict: cannot fail */
+    if (!index_uniq)
+        wanted->uniq.at = NULL;
+    return wanted->tags.at != NULL ? tags_code_bytes(wanted->tags.at, wanted->tags.len, code) : 0;
 }
 
 /* Dispatch one record packed: to its owner's packer, and to the index's when it has keys. */
@@ -1307,24 +1311,14 @@ pack_dispatch_record(const Layout *rec, TopicCache *cache, long owner_count, Pac
                      int index_uniq)
 {
     Wanted wanted;
-    int32_t code = 0;
-    (void)scan_properties(rec->rec + rec->props_at, rec->props_len, &wanted, NULL);
-    if (!index_uniq)
-        wanted.uniq.at = NULL;
-    if (wanted.tags.at != NULL && tags_code_bytes(wanted.tags.at, wanted.tags.len, &code) < 0)
+    int32_t code;
+    if (dispatch_properties(rec, index_uniq, &wanted, &code) < 0)
         return -1;
     long long queue_id = load_i32(rec->rec + AT_QUEUE_ID);
-    if (pack_record(&per_owner[cached_owner(cache, queue_id, owner_count)], rec, code, NULL, NULL, 0) < 0)
+    Span none = {NULL, 0};
+    if (pack_record(&per_owner[cached_owner(cache, queue_id, owner_count)], rec, code, NULL, none, 0) < 0)
         return -1;
-    const Span *uniq = wanted.uniq.at ? &wanted.uniq : NULL, *keys = wanted.keys.at ? &wanted.keys : NULL;
-    int key_count = count_split_keys(uniq, keys);
-    if (key_count == 0)
-        return 0;
-    if (key_count > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "a record has more keys than a packed entry holds");
-        return -1;
-    }
-    return pack_record(for_index, rec, code, uniq, keys, key_count);
+    return pack_record(for_index, rec, code, wanted.uniq.at ? &wanted.uniq : NULL, wanted.keys, 1);
 }
 
 /*
@@ -1336,11 +1330,8 @@ dispatch_record(const Layout *rec, PyObject *topic, TopicCache *cache, long owne
                 PyObject *for_index, int index_uniq)
 {
     Wanted wanted;
-    int32_t code = 0;
-    (void)scan_properties(rec->rec + rec->props_at, rec->props_len, &wanted, NULL);  /* no dict: cannot fail */
-    if (!index_uniq)
-        wanted.uniq.at = NULL;
-    if (wanted.tags.at != NULL && tags_code_bytes(wanted.tags.at, wanted.tags.len, &code) < 0)
+    int32_t code;
+    if (dispatch_properties(rec, index_uniq, &wanted, &code) < 0)
         return -1;
     PyObject *empty = PyList_New(0);
     if (empty == NULL)
